@@ -1,0 +1,81 @@
+"""Example production inventory: copy this file and edit it for your fleet.
+
+24 GPU hosts in three groups, two models. Vars precedence, lowest first:
+built-in defaults < `defaults` < groups (in the order declared here) < host vars.
+
+- gpu_a: 8 hosts with one 24 GiB GPU, serving resnet50 (the latency-sensitive group);
+- gpu_b: 8 hosts with one 16 GiB GPU, serving the ranker (throughput-oriented);
+- gpu_c: 8 hosts with two 40 GiB GPUs, serving both models.
+"""
+
+from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
+from tfsdeploy.inventory import Gpu, Group, Host
+
+REGISTRY = "registry.internal.example:5000"
+
+
+def _rack(prefix: str, first_octet: int, gpus: list[Gpu]) -> list[Host]:
+    return [Host(f"{prefix}{n:02d}", f"10.20.{first_octet}.{n}", gpus=gpus) for n in range(1, 9)]
+
+
+hosts = (
+    _rack("gpu-a", 1, [Gpu(0, 24576, "NVIDIA A10")])
+    + _rack("gpu-b", 2, [Gpu(0, 16384, "NVIDIA T4")])
+    + _rack("gpu-c", 3, [Gpu(0, 40960, "NVIDIA A100-40GB"), Gpu(1, 40960, "NVIDIA A100-40GB")])
+)
+
+groups = {
+    "gpu_a": Group([h.name for h in hosts if h.name.startswith("gpu-a")],
+                   vars={"gpu_safety_margin": 1.3}),
+    "gpu_b": Group([h.name for h in hosts if h.name.startswith("gpu-b")]),
+    "gpu_c": Group([h.name for h in hosts if h.name.startswith("gpu-c")],
+                   vars={"gpu_headroom": 0.15}),
+    # a canary host per group, rolled first by the playbooks' `serial: [1, ...]`
+    "canaries": Group(["gpu-a01", "gpu-b01", "gpu-c01"]),
+}
+
+defaults = {
+    "ssh_user": "deploy",
+    "ssh_port": 22,
+    "data_root": "/srv/tfsdeploy",
+    "image": f"{REGISTRY}/tensorflow/serving:2.21.0-gpu",
+    "tfserving_version": "2.21.0",
+    "proxy_image": f"{REGISTRY}/tfsdeploy-proxy:2.6",
+    "docker_gpus": "all",
+    "grpc_max_connection_age_ms": 300000,
+}
+
+models = [
+    Model(
+        name="resnet50",
+        source="/srv/model-store/resnet50",
+        hosts="gpu_a,gpu_c",
+        signature=Signature(inputs={"input_1": TensorSpec("DT_FLOAT", (-1, 224, 224, 3))},
+                            outputs={"predictions": TensorSpec("DT_FLOAT", (-1, 1000))}),
+        memory_mib=3500,
+        latency_slo_ms=100,
+        # the article's reproducible starting point, timeout kept below SLO/3
+        batching=Batching(max_batch_size=32, batch_timeout_micros=20000, max_enqueued_batches=32,
+                          num_batch_threads=1, allowed_batch_sizes=(8, 16, 32)),
+        threads=Threads(intra_op=8, inter_op=4, grpc_max_threads=32),
+        warmup=Warmup(samples=500, p99_ms=100),
+        rollout=Rollout(serial=(1, "25%", "100%"), max_fail_percentage=0, keep_releases=5,
+                        min_healthy_s=30),
+        labels={"stable": "release"},
+    ),
+    Model(
+        name="ranker",
+        source="/srv/model-store/ranker",
+        hosts="gpu_b,gpu_c",
+        signature=Signature(inputs={"features": TensorSpec("DT_FLOAT", (-1, 256))},
+                            outputs={"scores": TensorSpec("DT_FLOAT", (-1, 1))}),
+        memory_mib=5000,
+        latency_slo_ms=300,
+        batching=Batching(max_batch_size=256, batch_timeout_micros=50000,
+                          max_enqueued_batches=16, num_batch_threads=2,
+                          allowed_batch_sizes=(64, 128, 256)),
+        threads=Threads(intra_op=4, inter_op=2, grpc_max_threads=16),
+        warmup=Warmup(samples=300, p99_ms=250),
+        rollout=Rollout(serial=(2, "50%", "100%"), max_fail_percentage=10),
+    ),
+]

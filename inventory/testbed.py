@@ -1,0 +1,78 @@
+"""The local test fleet started by `scripts/testbed up` (the default inventory).
+
+Hosts come from the testbed's hosts.json when it exists (so `up --hosts 5` gives 5 hosts);
+otherwise the default three hosts tb1..tb3 are declared, which is enough to render files.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
+from tfsdeploy.inventory import Gpu, Group, Host
+
+STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
+MODELS = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy")) / "models"
+REGISTRY = "10.87.0.1:5000"
+
+
+def _hosts() -> list[Host]:
+    state_file = STATE / "hosts.json"
+    if state_file.is_file():
+        entries = json.loads(state_file.read_text())["hosts"]
+    else:
+        entries = [{"name": f"tb{i}", "address": f"10.87.0.{10 + i}",
+                    "gpus": [{"index": 0, "memory_mib": 16384}]} for i in (1, 2, 3)]
+    return [Host(e["name"], e["address"],
+                 gpus=[Gpu(g["index"], g["memory_mib"], g.get("name", "GPU")) for g in e["gpus"]])
+            for e in entries]
+
+
+hosts = _hosts()
+
+groups = {
+    "canary": Group([hosts[0].name]),
+    "main": Group([h.name for h in hosts[1:]]),
+}
+
+defaults = {
+    "ssh_user": "root",
+    "ssh_key": str(STATE / "ssh" / "id_ed25519"),
+    "ssh_known_hosts": str(STATE / "ssh" / "known_hosts"),
+    "data_root": "/srv/tfsdeploy",
+    "image": f"{REGISTRY}/tfserving-emulator:2.21.0",
+    "tfserving_version": "2.21.0",
+    "proxy_image": f"{REGISTRY}/tfsdeploy-proxy:2.6",
+    "gpu_safety_margin": 1.2,
+    "gpu_headroom": 0.1,
+}
+
+models = [
+    Model(
+        name="half_plus_two",
+        source=str(MODELS / "half_plus_two"),
+        signature=Signature(inputs={"x": TensorSpec("DT_FLOAT", (-1, 1))},
+                            outputs={"y": TensorSpec("DT_FLOAT", (-1, 1))}),
+        memory_mib=512,
+        latency_slo_ms=50,
+        batching=Batching(max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=64,
+                          num_batch_threads=2, allowed_batch_sizes=(8, 16, 32)),
+        threads=Threads(intra_op=1, inter_op=2),
+        warmup=Warmup(samples=200),
+        rollout=Rollout(serial=(1, "100%"), min_healthy_s=3),
+        labels={"stable": "release"},
+    ),
+    Model(
+        name="resnet50",
+        source=str(MODELS / "resnet50"),
+        signature=Signature(inputs={"input_1": TensorSpec("DT_FLOAT", (-1, 224, 224, 3))},
+                            outputs={"predictions": TensorSpec("DT_FLOAT", (-1, 1000))}),
+        memory_mib=2048,
+        latency_slo_ms=1500,
+        batching=Batching(max_batch_size=8, batch_timeout_micros=20000, max_enqueued_batches=32,
+                          num_batch_threads=1, allowed_batch_sizes=(1, 2, 4, 8)),
+        threads=Threads(intra_op=2, inter_op=2),
+        warmup=Warmup(samples=20, p99_ms=1500),
+        rollout=Rollout(serial=(1, "100%"), min_healthy_s=3),
+    ),
+]

@@ -1,0 +1,1 @@
+"""Command implementations behind the `fab` tasks: parse, run, print, return an exit code."""
