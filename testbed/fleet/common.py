@@ -1,0 +1,154 @@
+"""Places, names and small process helpers shared by the testbed tools (stdlib only)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+BRIDGE = "tfsbr0"
+GATEWAY = "10.87.0.1"
+PREFIX_LEN = 24
+REGISTRY = f"{GATEWAY}:5000"
+MAX_HOSTS = 10
+DEFAULT_HOSTS = 3
+DEFAULT_GPU_MIB = 16384
+DEFAULT_GPU_NAME = "Simulated Tesla T4"
+# mount points inside every host, each backed by a private directory under the state dir
+PRIVATE_DIRS = {"run": "/run", "docker": "/var/lib/docker", "srv": "/srv/tfsdeploy", "tmp": "/tmp"}
+NVIDIA_SMI_PATH = Path("/usr/local/bin/nvidia-smi")
+FLEET_DIR = Path(__file__).resolve().parent
+
+
+class TestbedError(Exception):
+    """A step failed; the message names what failed and how to fix it."""
+
+
+@dataclass(frozen=True)
+class Places:
+    """Where the testbed keeps everything (all outside the repository)."""
+
+    state: Path
+    cache: Path
+
+    @classmethod
+    def from_env(cls) -> Places:
+        state = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
+        cache = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy"))
+        return cls(state=state, cache=cache)
+
+    @property
+    def ssh(self) -> Path:
+        return self.state / "ssh"
+
+    @property
+    def ssh_key(self) -> Path:
+        return self.ssh / "id_ed25519"
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.ssh / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.ssh / "config"
+
+    @property
+    def logs(self) -> Path:
+        return self.state / "logs"
+
+    @property
+    def bin(self) -> Path:
+        return self.state / "bin"
+
+    @property
+    def registry(self) -> Path:
+        return self.state / "registry"
+
+    @property
+    def hosts_json(self) -> Path:
+        return self.state / "hosts.json"
+
+    @property
+    def images(self) -> Path:
+        return self.cache / "images"
+
+    def host_dir(self, name: str) -> Path:
+        return self.state / "hosts" / name
+
+
+def host_name(index: int) -> str:
+    return f"tb{index}"
+
+
+def host_address(index: int) -> str:
+    return f"10.87.0.{10 + index}"
+
+
+def veth_name(index: int) -> str:
+    # the root-namespace end of host tbN's veth pair (IFNAMSIZ is 15)
+    return f"tfs-tb{index}"
+
+
+def log(message: str) -> None:
+    print(f"testbed: {message}", file=sys.stderr, flush=True)
+
+
+def run(argv: Sequence[str], *, check: bool = True, capture: bool = True,
+        input_text: str | None = None, timeout: float | None = 600) -> subprocess.CompletedProcess[str]:
+    """Run a command; on failure raise TestbedError with the command and its stderr."""
+    proc = subprocess.run(list(argv), text=True, input=input_text, timeout=timeout,
+                          stdout=subprocess.PIPE if capture else None,
+                          stderr=subprocess.PIPE if capture else None)
+    if check and proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout or "").strip()[-2000:]
+        raise TestbedError(f"command failed ({proc.returncode}): {' '.join(argv)}\n{detail}")
+    return proc
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z"
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def boot_id() -> str:
+    return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def wait_until(predicate, *, timeout: float, interval: float = 0.05, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Poll predicate() until it is true or raise TestbedError naming what did not happen."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Timer:
+    """Collects named phase durations so `up` can print where the time went."""
+
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.phases: list[tuple[str, float]] = []
+
+    def phase(self, name: str, since: float) -> None:
+        self.phases.append((name, time.monotonic() - since))
+
+    def total(self) -> float:
+        return time.monotonic() - self.start

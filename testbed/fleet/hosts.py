@@ -1,0 +1,419 @@
+"""One testbed host: a network namespace, a private mount + UTS namespace, its own sshd and dockerd.
+
+Every host process lives in netns tbN and in one mount namespace created by a small holder process
+(`sleep infinity` renamed tfsdeploy-testbed-tbN).  dockerd and sshd are entered into that mount
+namespace with nsenter, so all of a host's private mounts vanish with its last process: stopping a
+host is killing its processes, deleting its veth and its netns.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from common import (BRIDGE, GATEWAY, PREFIX_LEN, PRIVATE_DIRS, REGISTRY, Places, TestbedError,
+                    boot_id, host_address, host_name, log, pid_alive, read_pid, run, veth_name,
+                    wait_until)
+
+HOLDER_SCRIPT = r"""
+set -eu
+d=$1; name=$2
+for pair in run:/run docker:/var/lib/docker srv:/srv/tfsdeploy tmp:/tmp; do
+  mount --bind "$d/${pair%%:*}" "${pair#*:}"
+done
+hostname "$name"
+mkdir -p /run/sshd /run/lock /run/simgpu/procs
+chmod 0755 /run/sshd
+touch /run/.tfsdeploy-holder-ready
+exec -a "tfsdeploy-testbed-$name" sleep infinity
+"""
+
+
+@dataclass(frozen=True)
+class Host:
+    """Names and places of host tbN."""
+
+    index: int
+    places: Places
+
+    @property
+    def name(self) -> str:
+        return host_name(self.index)
+
+    @property
+    def address(self) -> str:
+        return host_address(self.index)
+
+    @property
+    def dir(self) -> Path:
+        return self.places.host_dir(self.name)
+
+    @property
+    def run_dir(self) -> Path:
+        """The host's /run, seen from the root namespace."""
+        return self.dir / "run"
+
+    @property
+    def docker_socket(self) -> Path:
+        return self.run_dir / "docker.sock"
+
+    @property
+    def netns_path(self) -> Path:
+        return Path("/run/netns") / self.name
+
+    def log_path(self, what: str) -> Path:
+        return self.places.logs / f"{self.name}-{what}.log"
+
+
+# ---------------------------------------------------------------- processes of a host
+
+def _ns_link(pid: int, kind: str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{kind}")
+    except OSError:
+        return None
+
+
+def _all_pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def _parent_map() -> dict[int, int]:
+    parents: dict[int, int] = {}
+    for pid in _all_pids():
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                parents[pid] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return parents
+
+
+def _saved_mntns(host: Host) -> str | None:
+    """The mount namespace recorded at the host's last start, if it was during this boot."""
+    try:
+        saved = json.loads((host.dir / "holder.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved.get("mntns") if saved.get("boot_id") == boot_id() else None
+
+
+def host_pids(host: Host) -> set[int]:
+    """Every process that belongs to the host: in its netns or mount namespace, and descendants."""
+    wanted: set[str] = set()
+    if host.netns_path.exists():
+        wanted.add(f"net:[{os.stat(host.netns_path).st_ino}]")
+    mntns = _saved_mntns(host)
+    if mntns:
+        wanted.add(mntns)
+    own = {_ns_link(1, "net"), _ns_link(1, "mnt"), _ns_link(os.getpid(), "mnt")}
+    wanted -= own  # never match the machine's own namespaces
+    found = {pid for pid in _all_pids()
+             if _ns_link(pid, "net") in wanted or _ns_link(pid, "mnt") in wanted}
+    parents = _parent_map()
+    grew = True
+    while grew:  # add descendants (containers live in namespaces of their own)
+        extra = {pid for pid, ppid in parents.items() if ppid in found and pid not in found}
+        found |= extra
+        grew = bool(extra)
+    found.discard(os.getpid())
+    found.discard(1)
+    return found
+
+
+def holder_pid(host: Host) -> int | None:
+    pid = read_pid(host.dir / "holder.pid")
+    if pid is None or not pid_alive(pid):
+        return None
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    return pid if cmdline.startswith(f"tfsdeploy-testbed-{host.name}".encode()) else None
+
+
+def daemon_pid(host: Host, pidfile: str, exe: str) -> int | None:
+    """The pid in the host's /run/<pidfile> if that process is alive and is `exe`."""
+    pid = read_pid(host.run_dir / pidfile)
+    if pid is None or not pid_alive(pid):
+        return None
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return None
+    return pid if name == exe else None
+
+
+def _kill_all(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_processes(host: Host, *, grace: float = 6.0) -> None:
+    """Stop dockerd gracefully (it stops containerd), then kill whatever else the host runs."""
+    dockerd = daemon_pid(host, "docker.pid", "dockerd")
+    if dockerd:
+        _kill_all({dockerd}, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while pid_alive(dockerd) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    deadline = time.monotonic() + 20
+    while True:
+        pids = host_pids(host)
+        if not pids:
+            return
+        if time.monotonic() > deadline:
+            raise TestbedError(f"{host.name}: processes {sorted(pids)} survive SIGKILL; "
+                               "look at them with `ps -o pid,stat,cmd -p PID` (D state = stuck I/O)")
+        _kill_all(pids, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+# ---------------------------------------------------------------- network
+
+def ensure_bridge() -> None:
+    """Bridge tfsbr0 with 10.87.0.1/24, and firewall rules so hosts can reach nothing else."""
+    if run(["ip", "link", "show", BRIDGE], check=False).returncode != 0:
+        run(["ip", "link", "add", BRIDGE, "type", "bridge", "forward_delay", "0"])
+    addrs = run(["ip", "-o", "-4", "addr", "show", "dev", BRIDGE]).stdout
+    if f"{GATEWAY}/{PREFIX_LEN}" not in addrs:
+        run(["ip", "addr", "add", f"{GATEWAY}/{PREFIX_LEN}", "dev", BRIDGE])
+    run(["ip", "link", "set", BRIDGE, "up"])
+    for rule in FIREWALL_RULES:
+        if run(["iptables", "-C", "FORWARD", *rule], check=False).returncode != 0:
+            run(["iptables", "-I", "FORWARD", *rule])
+
+
+# Hosts have no default route, and even if one were added nothing is forwarded to or from them.
+FIREWALL_RULES = [
+    ["-i", BRIDGE, "!", "-o", BRIDGE, "-m", "comment", "--comment", "tfsdeploy-testbed", "-j", "DROP"],
+    ["-o", BRIDGE, "!", "-i", BRIDGE, "-m", "comment", "--comment", "tfsdeploy-testbed", "-j", "DROP"],
+]
+
+
+def remove_bridge() -> None:
+    for rule in FIREWALL_RULES:
+        while run(["iptables", "-D", "FORWARD", *rule], check=False).returncode == 0:
+            pass
+    if run(["ip", "link", "show", BRIDGE], check=False).returncode == 0:
+        run(["ip", "link", "del", BRIDGE])
+
+
+def remove_network(host: Host) -> None:
+    if run(["ip", "link", "show", veth_name(host.index)], check=False).returncode == 0:
+        run(["ip", "link", "del", veth_name(host.index)])
+    if host.netns_path.exists() or host.name in run(["ip", "netns", "list"]).stdout.split():
+        run(["ip", "netns", "del", host.name])
+
+
+def create_network(host: Host) -> None:
+    remove_network(host)
+    run(["ip", "netns", "add", host.name])
+    run(["ip", "link", "add", veth_name(host.index), "type", "veth",
+         "peer", "name", "eth0", "netns", host.name])
+    run(["ip", "link", "set", veth_name(host.index), "master", BRIDGE, "up"])
+    ns = ["ip", "-n", host.name]
+    run([*ns, "addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", "eth0"])
+    run([*ns, "link", "set", "eth0", "up"])
+    run([*ns, "link", "set", "lo", "up"])
+
+
+# ---------------------------------------------------------------- files of a host
+
+def _host_key(host: Host) -> Path:
+    key = host.dir / "ssh_host_ed25519_key"
+    if not key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key)])
+    return key
+
+
+def _write_sshd_config(host: Host) -> Path:
+    authorized = host.places.ssh / "authorized_keys"
+    config = host.dir / "sshd_config"
+    config.write_text("\n".join([
+        "# written by scripts/testbed: sshd of testbed host " + host.name,
+        f"ListenAddress {host.address}",
+        "Port 22",
+        f"HostKey {_host_key(host)}",
+        "PidFile /run/sshd.pid",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        f"AuthorizedKeysFile {authorized}",
+        "PrintMotd no",
+        "AcceptEnv LANG LC_*",
+        "Subsystem sftp internal-sftp",
+        "MaxSessions 100",
+        "MaxStartups 100:30:200",
+        "",
+    ]))
+    return config
+
+
+def _prepare_dirs(host: Host) -> None:
+    host.dir.mkdir(parents=True, exist_ok=True)
+    for sub in PRIVATE_DIRS:
+        path = host.dir / sub
+        if sub in ("run", "tmp") and path.exists():
+            shutil.rmtree(path)  # a fresh /run and /tmp at every start, like a reboot
+        path.mkdir(parents=True, exist_ok=True)
+    (host.dir / "tmp").chmod(0o1777)
+    for target in PRIVATE_DIRS.values():
+        Path(target).mkdir(parents=True, exist_ok=True)  # mount points on the shared root fs
+    (host.dir / "daemon.json").write_text("{}\n")  # never read the machine's /etc/docker/daemon.json
+
+
+# ---------------------------------------------------------------- start
+
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+
+
+def _start_holder(host: Host) -> int:
+    argv = ["nsenter", f"--net={host.netns_path}", "unshare", "--mount", "--uts",
+            "--propagation", "private", "--", "bash", "-c", HOLDER_SCRIPT, "holder",
+            str(host.dir), host.name]
+    proc = _spawn(argv, host.log_path("holder"))
+    ready = host.run_dir / ".tfsdeploy-holder-ready"
+    try:
+        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=10,
+                   what=f"{host.name}: mount namespace holder")
+    except TestbedError:
+        proc.kill()
+        raise
+    if proc.poll() is not None:
+        raise TestbedError(f"{host.name}: the namespace holder exited ({proc.returncode}); "
+                           f"see {host.log_path('holder')}")
+    (host.dir / "holder.pid").write_text(f"{proc.pid}\n")
+    (host.dir / "holder.json").write_text(json.dumps(
+        {"pid": proc.pid, "mntns": _ns_link(proc.pid, "mnt"), "boot_id": boot_id()}) + "\n")
+    return proc.pid
+
+
+def _enter(holder: int) -> list[str]:
+    return ["nsenter", f"--target={holder}", "--mount", "--uts", "--net", "--"]
+
+
+def dockerd_argv(host: Host, runtime: Path) -> list[str]:
+    return ["dockerd", "--host=unix:///run/docker.sock", "--data-root=/var/lib/docker",
+            "--exec-root=/run/docker", "--pidfile=/run/docker.pid",
+            f"--config-file={host.dir / 'daemon.json'}", "--bridge=none", "--iptables=false",
+            "--ip-masq=false", "--ip6tables=false", "--storage-driver=overlay2",
+            f"--insecure-registry={REGISTRY}", f"--add-runtime=simgpu={runtime}",
+            "--default-runtime=simgpu", "--shutdown-timeout=2", "--log-level=warn",
+            "--max-concurrent-downloads=6"]
+
+
+def start(host: Host, *, runtime: Path, gpus: dict[str, object] | None) -> None:
+    """Start host from nothing: network, holder, simulated GPU file, dockerd, sshd."""
+    stop_processes(host)
+    create_network(host)
+    _prepare_dirs(host)
+    sshd_config = _write_sshd_config(host)
+    holder = _start_holder(host)
+    write_gpus(host, gpus)
+    _spawn([*_enter(holder), *dockerd_argv(host, runtime)], host.log_path("dockerd"))
+    _spawn([*_enter(holder), "/usr/sbin/sshd", "-D", "-f", str(sshd_config),
+            "-o", f"ListenAddress={host.address}", "-E", str(host.log_path("sshd"))],
+           host.log_path("sshd-stdout"))
+
+
+def write_gpus(host: Host, gpus: dict[str, object] | None) -> None:
+    """(Re)write the host's /run/simgpu/gpus.json; None removes it (a host without GPU)."""
+    simgpu = host.run_dir / "simgpu"
+    (simgpu / "procs").mkdir(parents=True, exist_ok=True)
+    target = simgpu / "gpus.json"
+    if gpus is None:
+        target.unlink(missing_ok=True)
+        return
+    tmp = simgpu / ".gpus.json.tmp"
+    tmp.write_text(json.dumps(gpus, indent=2) + "\n")
+    tmp.rename(target)
+
+
+# ---------------------------------------------------------------- health
+
+def docker_ping(socket_path: Path, timeout: float = 2.0) -> bool:
+    """True when the dockerd behind this unix socket answers /_ping."""
+    class _Conn(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(timeout)
+            self.sock.connect(str(socket_path))
+
+    if not socket_path.exists():
+        return False
+    try:
+        conn = _Conn("localhost", timeout=timeout)
+        conn.request("GET", "/_ping")
+        ok = conn.getresponse().status == 200
+        conn.close()
+        return ok
+    except OSError:
+        return False
+
+
+def tcp_open(address: str, port: int, timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=timeout) as sock:
+            banner = sock.recv(4) if port == 22 else b"SSH-"
+            return banner.startswith(b"SSH-")
+    except OSError:
+        return False
+
+
+@dataclass(frozen=True)
+class HostState:
+    name: str
+    address: str
+    holder: int | None
+    sshd: int | None
+    dockerd: int | None
+    docker_ok: bool
+    ssh_ok: bool
+    network_ok: bool
+
+    @property
+    def healthy(self) -> bool:
+        return all([self.holder, self.sshd, self.dockerd, self.docker_ok, self.ssh_ok,
+                    self.network_ok])
+
+
+def inspect(host: Host) -> HostState:
+    """What is running for this host right now (no side effects)."""
+    network_ok = host.netns_path.exists() and run(
+        ["ip", "link", "show", veth_name(host.index)], check=False).returncode == 0
+    return HostState(
+        name=host.name, address=host.address, holder=holder_pid(host),
+        sshd=daemon_pid(host, "sshd.pid", "sshd"), dockerd=daemon_pid(host, "docker.pid", "dockerd"),
+        docker_ok=docker_ping(host.docker_socket), ssh_ok=network_ok and tcp_open(host.address, 22),
+        network_ok=network_ok)
+
+
+def wait_ready(host: Host, *, timeout: float = 60) -> None:
+    wait_until(lambda: docker_ping(host.docker_socket, timeout=1), timeout=timeout,
+               what=f"{host.name}: dockerd on /run/docker.sock (log: {host.log_path('dockerd')})")
+    wait_until(lambda: tcp_open(host.address, 22), timeout=timeout,
+               what=f"{host.name}: sshd on {host.address}:22 (log: {host.log_path('sshd')})")
+
+
+def stop(host: Host) -> None:
+    """Stop every process of the host and remove its veth and netns."""
+    stop_processes(host)
+    remove_network(host)
+    for name in ("holder.pid",):
+        (host.dir / name).unlink(missing_ok=True)

@@ -1,0 +1,81 @@
+"""The testbed's Docker registry: Debian's docker-registry on 10.87.0.1:5000, data under the state dir."""
+from __future__ import annotations
+
+import subprocess
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from common import REGISTRY, Places, TestbedError, log, pid_alive, read_pid, wait_until
+
+CONFIG = """\
+# written by scripts/testbed
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: {data}
+  delete:
+    enabled: true
+http:
+  addr: {addr}
+"""
+
+
+def pid(places: Places) -> int | None:
+    found = read_pid(places.registry / "registry.pid")
+    if found is None or not pid_alive(found):
+        return None
+    try:
+        comm = Path(f"/proc/{found}/comm").read_text().strip()
+    except OSError:
+        return None
+    return found if comm.startswith("docker-registry") else None
+
+
+def answers(timeout: float = 1.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def ensure(places: Places) -> str:
+    """Start the registry unless it runs and answers; returns 'running' or 'started'."""
+    if pid(places) and answers():
+        return "running"
+    stop(places)
+    data = places.registry / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    config = places.registry / "config.yml"
+    config.write_text(CONFIG.format(data=data, addr=REGISTRY))
+    with open(places.logs / "registry.log", "ab") as out:
+        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    (places.registry / "registry.pid").write_text(f"{proc.pid}\n")
+    try:
+        wait_until(lambda: answers(0.5) or proc.poll() is not None, timeout=20,
+                   what=f"the registry on {REGISTRY}")
+    except TestbedError:
+        proc.kill()
+        raise
+    if proc.poll() is not None:
+        raise TestbedError(f"docker-registry exited ({proc.returncode}); see "
+                           f"{places.logs / 'registry.log'} (is 10.87.0.1 on tfsbr0, port 5000 free?)")
+    return "started"
+
+
+def stop(places: Places) -> None:
+    found = pid(places)
+    if found:
+        subprocess.run(["kill", str(found)], check=False)
+        try:
+            wait_until(lambda: not pid_alive(found), timeout=5, what="the registry to stop")
+        except TestbedError:
+            subprocess.run(["kill", "-9", str(found)], check=False)
+            log("registry killed with SIGKILL")
+    (places.registry / "registry.pid").unlink(missing_ok=True)

@@ -1,0 +1,362 @@
+#!/usr/bin/env python3
+"""scripts/testbed: bring the local test fleet up, show it, take it down.  See docs/testbed.md."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import hosts as hostlib
+import registry
+from common import (BRIDGE, DEFAULT_GPU_MIB, DEFAULT_GPU_NAME, DEFAULT_HOSTS, FLEET_DIR, MAX_HOSTS,
+                    NVIDIA_SMI_PATH, REGISTRY, Places, TestbedError, Timer, host_address,
+                    host_name, log, run)
+
+USER_MARK = "tfsdeploy-testbed"
+REQUIRED_TOOLS = ["ip", "iptables", "nsenter", "unshare", "dockerd", "docker", "runc",
+                  "docker-registry", "ssh", "ssh-keygen", "/usr/sbin/sshd"]
+
+
+# ---------------------------------------------------------------- options
+
+def parse_gpu_specs(specs: list[str], count: int) -> dict[str, list[int]]:
+    """`--gpu-mib` values -> GPU memory sizes per host.
+
+    `16384` sets every host, `tb3=8192` one host, `tb3=8192,8192` two GPUs, `tb2=0` no GPU.
+    """
+    default = [DEFAULT_GPU_MIB]
+    per_host: dict[str, list[int]] = {}
+    for spec in specs:
+        target, _, sizes = spec.rpartition("=")
+        try:
+            mibs = [int(s) for s in sizes.split(",") if int(s) > 0]
+        except ValueError:
+            raise TestbedError(f"--gpu-mib {spec!r}: sizes must be integers in MiB, "
+                               "e.g. --gpu-mib 16384 or --gpu-mib tb3=8192") from None
+        if not target:
+            default = mibs
+        elif target in [host_name(i) for i in range(1, MAX_HOSTS + 1)]:
+            per_host[target] = mibs
+        else:
+            raise TestbedError(f"--gpu-mib {spec!r}: unknown host {target!r} (tb1..tb{MAX_HOSTS})")
+    return {host_name(i): per_host.get(host_name(i), default) for i in range(1, count + 1)}
+
+
+def gpu_document(name: str, mibs: list[int]) -> dict[str, object] | None:
+    if not mibs:
+        return None
+    return {"gpus": [{"index": i, "name": DEFAULT_GPU_NAME,
+                      "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.gpu{i}.tfsdeploy")),
+                      "memory_total_mib": mib} for i, mib in enumerate(mibs)]}
+
+
+# ---------------------------------------------------------------- files on the machine
+
+def install_file(source: Path, target: Path) -> None:
+    """Copy source to target (mode 0755) unless identical; atomic so running readers never break."""
+    if target.exists() and target.read_bytes() == source.read_bytes():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp")
+    shutil.copyfile(source, tmp)
+    tmp.chmod(0o755)
+    tmp.rename(target)
+
+
+def ensure_client_key(places: Places) -> None:
+    places.ssh.mkdir(parents=True, exist_ok=True)
+    places.ssh.chmod(0o700)
+    if not places.ssh_key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tfsdeploy-testbed",
+             "-f", str(places.ssh_key)])
+    pub = Path(f"{places.ssh_key}.pub").read_text()
+    (places.ssh / "authorized_keys").write_text(pub)
+
+
+def ssh_config_text(places: Places) -> str:
+    lines = [f"# {USER_MARK}: written by scripts/testbed; ssh -F {places.ssh_config} tb1"]
+    for i in range(1, MAX_HOSTS + 1):
+        lines += [f"Host {host_name(i)}", f"    HostName {host_address(i)}"]
+    patterns = " ".join([f"tb{i}" for i in range(1, MAX_HOSTS + 1)]
+                        + [host_address(i) for i in range(1, MAX_HOSTS + 1)])
+    lines += [f"Host {patterns}", "    User root", f"    IdentityFile {places.ssh_key}",
+              "    IdentitiesOnly yes", f"    UserKnownHostsFile {places.known_hosts}",
+              "    StrictHostKeyChecking yes", "    BatchMode yes", "    LogLevel ERROR", ""]
+    return "\n".join(lines)
+
+
+def known_hosts_lines(places: Places, count: int) -> list[str]:
+    lines = []
+    for i in range(1, count + 1):
+        host = hostlib.Host(i, places)
+        keytype, key = Path(f"{host.dir}/ssh_host_ed25519_key.pub").read_text().split()[:2]
+        lines.append(f"{host.address},{host.name} {keytype} {key}")
+    return lines
+
+
+def user_ssh_dir() -> Path:
+    return Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh"
+
+
+def strip_user_entries(text: str) -> str:
+    """Remove what install_user_ssh added (a marked block in config, marked lines in known_hosts)."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.strip() == f"# BEGIN {USER_MARK}":
+            skipping = True
+        elif line.strip() == f"# END {USER_MARK}":
+            skipping = False
+        elif not skipping and not line.rstrip().endswith(f" {USER_MARK}"):
+            out.append(line)
+    return "\n".join(out) + ("\n" if out else "")
+
+
+def install_user_ssh(places: Places, count: int) -> None:
+    """Make plain `ssh root@10.87.0.11` and docker's ssh:// (paramiko or ssh binary) work.
+
+    docker-py's paramiko path reads only ~/.ssh/config (no Include) and ~/.ssh/known_hosts, so
+    the testbed block and host keys go there, marked, and `down` takes them out again.
+    """
+    ssh_dir = user_ssh_dir()
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    config, known = ssh_dir / "config", ssh_dir / "known_hosts"
+    old = strip_user_entries(config.read_text()) if config.exists() else ""
+    block = f"# BEGIN {USER_MARK}\n{ssh_config_text(places)}# END {USER_MARK}\n"
+    config.write_text(block + old)  # first match wins in ssh_config: our block goes first
+    config.chmod(0o600)
+    old_known = strip_user_entries(known.read_text()) if known.exists() else ""
+    marked = "".join(f"{line} {USER_MARK}\n" for line in known_hosts_lines(places, count))
+    known.write_text(old_known + marked)
+
+
+def remove_user_ssh() -> None:
+    for name in ("config", "known_hosts"):
+        path = user_ssh_dir() / name
+        if path.exists():
+            path.write_text(strip_user_entries(path.read_text()))
+
+
+def write_hosts_json(places: Places, gpus: dict[str, list[int]]) -> None:
+    hosts = []
+    for name, mibs in gpus.items():
+        doc = gpu_document(name, mibs) or {"gpus": []}
+        hosts.append({"name": name, "address": host_address(int(name[2:])),
+                      "gpus": [{"index": g["index"], "name": g["name"], "uuid": g["uuid"],
+                                "memory_mib": g["memory_total_mib"]} for g in doc["gpus"]]})
+    data = {"hosts": hosts, "registry": REGISTRY, "ssh_key": str(places.ssh_key),
+            "known_hosts": str(places.known_hosts), "ssh_user": "root",
+            "ssh_config": str(places.ssh_config)}
+    tmp = places.hosts_json.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.rename(places.hosts_json)
+
+
+# ---------------------------------------------------------------- commands
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise TestbedError("the testbed needs root (namespaces, bridges, dockerd): run it with sudo")
+    missing = [t for t in REQUIRED_TOOLS if not shutil.which(t)]
+    if missing:
+        raise TestbedError(f"missing tools: {', '.join(missing)}; run scripts/setup")
+
+
+def existing_hosts(places: Places) -> list[int]:
+    """Indexes of hosts that have anything on the machine (state dir, netns or veth)."""
+    netns = set(run(["ip", "netns", "list"]).stdout.split())
+    found = []
+    for i in range(1, MAX_HOSTS + 1):
+        host = hostlib.Host(i, places)
+        if host.name in netns or (host.dir / "holder.json").exists() or host.netns_path.exists():
+            found.append(i)
+    return found
+
+
+def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path) -> dict[str, str]:
+    """Start every host that is not fully healthy; returns what happened per host."""
+    def one(index: int) -> str:
+        host = hostlib.Host(index, places)
+        gpu_doc = gpu_document(host.name, gpus[host.name])
+        state = hostlib.inspect(host)
+        if state.healthy:
+            hostlib.write_gpus(host, gpu_doc)
+            return "running"
+        hostlib.start(host, runtime=runtime, gpus=gpu_doc)
+        hostlib.wait_ready(host)
+        return "started" if not (state.holder or state.sshd or state.dockerd) else "restarted"
+
+    with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
+        results = list(pool.map(one, range(1, len(gpus) + 1)))
+    return {host_name(i + 1): r for i, r in enumerate(results)}
+
+
+def check_ssh(places: Places, count: int) -> None:
+    """One real login per host with strict host-key checking, as the toolkit will do."""
+    def one(index: int) -> None:
+        out = run(["ssh", "-F", str(places.ssh_config), host_name(index), "hostname"],
+                  check=False, timeout=30)
+        if out.returncode != 0 or out.stdout.strip() != host_name(index):
+            raise TestbedError(f"ssh to {host_name(index)} failed: {out.stderr.strip()} "
+                               f"(sshd log: {places.logs / (host_name(index) + '-sshd.log')})")
+    with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
+        list(pool.map(one, range(1, count + 1)))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    preflight()
+    places = Places.from_env()
+    timer = Timer()
+    if not 1 <= args.hosts <= MAX_HOSTS:
+        raise TestbedError(f"--hosts {args.hosts}: choose 1..{MAX_HOSTS}")
+    gpus = parse_gpu_specs(args.gpu_mib, args.hosts)
+    for sub in ("logs", "bin", "hosts", "registry"):
+        (places.state / sub).mkdir(parents=True, exist_ok=True)
+    t = time.monotonic()
+    ensure_client_key(places)
+    runtime = places.bin / "simgpu-runtime"
+    install_file(FLEET_DIR / "simgpu_runtime.py", runtime)
+    install_file(FLEET_DIR / "nvidia_smi.py", NVIDIA_SMI_PATH)
+    for extra in existing_hosts(places):
+        if extra > args.hosts:
+            log(f"stopping {host_name(extra)} (beyond --hosts {args.hosts})")
+            hostlib.stop(hostlib.Host(extra, places))
+    hostlib.ensure_bridge()
+    reg = registry.ensure(places)
+    timer.phase("bridge+registry", t)
+    t = time.monotonic()
+    states = bring_up_hosts(places, gpus, runtime)
+    (places.ssh / "known_hosts").write_text("\n".join(known_hosts_lines(places, args.hosts)) + "\n")
+    places.ssh_config.write_text(ssh_config_text(places))
+    write_hosts_json(places, gpus)
+    if not args.no_user_ssh:
+        install_user_ssh(places, args.hosts)
+    check_ssh(places, args.hosts)
+    timer.phase("hosts", t)
+    if not args.no_images:
+        import images
+        images.ensure(places, [hostlib.Host(i, places) for i in range(1, args.hosts + 1)], timer)
+    print_summary(places, states, reg, gpus, timer)
+    return 0
+
+
+def print_summary(places: Places, states: dict[str, str], reg: str,
+                  gpus: dict[str, list[int]], timer: Timer) -> None:
+    print(f"testbed up: {len(states)} hosts, registry {REGISTRY} ({reg})")
+    for name, what in states.items():
+        mib = "+".join(str(m) for m in gpus[name]) or "no"
+        print(f"  {name}  {host_address(int(name[2:])):<11}  {what:<9}  GPU {mib} MiB   "
+              f"ssh -F {places.ssh_config} {name}")
+    print(f"  ssh:    ssh -i {places.ssh_key} -o UserKnownHostsFile={places.known_hosts} "
+          "root@10.87.0.11 docker ps")
+    print('  docker: docker -H ssh://root@10.87.0.11 ps   |   '
+          'docker.DockerClient(base_url="ssh://root@10.87.0.11")')
+    print(f"  hosts:  {places.hosts_json}")
+    figures = ", ".join(f"{name} {secs:.1f}s" for name, secs in timer.phases)
+    print(f"  timing: total {timer.total():.1f}s ({figures})")
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    preflight()
+    places = Places.from_env()
+    t = time.monotonic()
+    indexes = existing_hosts(places)
+
+    def one(index: int) -> None:
+        hostlib.stop(hostlib.Host(index, places))
+    with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
+        list(pool.map(one, indexes))
+    registry.stop(places)
+    try:
+        import images
+        images.stop_builder(places)
+    except ImportError:
+        pass
+    hostlib.remove_bridge()
+    remove_user_ssh()
+    unmount_empty_netns_dir()
+    if args.purge:
+        shutil.rmtree(places.state, ignore_errors=True)
+    print(f"testbed down: stopped {len(indexes)} hosts, registry, bridge "
+          f"({time.monotonic() - t:.1f}s){'; state purged' if args.purge else ''}")
+    return 0
+
+
+def unmount_empty_netns_dir() -> None:
+    """`ip netns add` mounts /run/netns on itself; take that away once no namespace is left."""
+    netns_dir = Path("/run/netns")
+    if netns_dir.is_dir() and not any(netns_dir.iterdir()):
+        mounts = Path("/proc/self/mountinfo").read_text().split("\n")
+        if any(line.split(" ")[4:5] == ["/run/netns"] for line in mounts if line):
+            subprocess.run(["umount", "/run/netns"], check=False)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    places = Places.from_env()
+    indexes = existing_hosts(places)
+    with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
+        states = list(pool.map(lambda i: hostlib.inspect(hostlib.Host(i, places)), indexes))
+    reg_pid = registry.pid(places)
+    reg_ok = registry.answers()
+    report = {"hosts": [{"name": s.name, "address": s.address, "healthy": s.healthy,
+                         "holder": s.holder, "sshd": s.sshd, "dockerd": s.dockerd,
+                         "docker_answers": s.docker_ok, "ssh_answers": s.ssh_ok,
+                         "network": s.network_ok} for s in states],
+              "registry": {"address": REGISTRY, "pid": reg_pid, "answers": reg_ok},
+              "bridge": run(["ip", "link", "show", BRIDGE], check=False).returncode == 0}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        def mark(ok: object, pid: int | None = None) -> str:
+            return (f"up({pid})" if pid else "up") if ok else "DOWN"
+        print(f"bridge {BRIDGE}: {'up' if report['bridge'] else 'DOWN'}   registry {REGISTRY}: "
+              f"{mark(reg_ok, reg_pid)}   state: {places.state}")
+        if not states:
+            print("no hosts (start them with scripts/testbed up)")
+        for s in states:
+            images = docker_images(hostlib.Host(int(s.name[2:]), places)) if s.docker_ok else "-"
+            print(f"  {s.name} {s.address:<11} sshd {mark(s.ssh_ok and s.sshd, s.sshd):<12} "
+                  f"dockerd {mark(s.docker_ok and s.dockerd, s.dockerd):<12} images: {images}")
+    healthy = bool(states) and all(s.healthy for s in states) and reg_ok
+    return 0 if healthy else 3
+
+
+def docker_images(host: hostlib.Host) -> str:
+    out = run(["docker", "-H", f"unix://{host.docker_socket}", "images", "--format",
+               "{{.Repository}}:{{.Tag}}"], check=False, timeout=10)
+    names = [n.rsplit("/", 1)[-1] for n in out.stdout.split()]
+    return ", ".join(names) or "none"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/testbed", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start (or repair) the local fleet; idempotent")
+    up.add_argument("--hosts", type=int, default=DEFAULT_HOSTS, help="number of hosts, 1..10")
+    up.add_argument("--gpu-mib", action="append", default=[], metavar="[tbN=]MIB[,MIB]",
+                    help="simulated GPU memory: for all hosts, or one host; 0 = no GPU")
+    up.add_argument("--no-images", action="store_true", help="skip building/pushing/pulling images")
+    up.add_argument("--no-user-ssh", action="store_true",
+                    help="do not add the testbed to ~/.ssh/config and ~/.ssh/known_hosts")
+    down = sub.add_parser("down", help="stop everything; keeps docker data unless --purge")
+    down.add_argument("--purge", action="store_true", help="also delete all testbed state")
+    status = sub.add_parser("status", help="show hosts, daemons and registry (exit 3 if not healthy)")
+    status.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    handler = {"up": cmd_up, "down": cmd_down, "status": cmd_status}[args.command]
+    try:
+        return handler(args)
+    except TestbedError as exc:
+        print(f"testbed {args.command}: FAILED: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
