@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -125,11 +126,18 @@ def _render_one(env: jinja2.Environment, name: str, context: dict[str, object]) 
                                   fix=f"restore templates/{template_name} or set "
                                       f"{TEMPLATES_ENV}", file=template_name)) from exc
     except (jinja2.UndefinedError, jinja2.TemplateSyntaxError) as exc:
-        line = getattr(exc, "lineno", None)
+        line = getattr(exc, "lineno", None) or _template_line(exc, template_name)
         raise ConfigError(Problem(f"template error: {exc}",
                                   fix="define the variable or fix the template syntax",
                                   file=f"{template_name}:{line}" if line else template_name)
                           ) from exc
+
+
+def _template_line(exc: BaseException, template_name: str) -> int | None:
+    """The template line of a render error (Jinja rewrites tracebacks to template lines)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if f.filename.endswith(template_name)]
+    return frames[-1].lineno if frames else None
 
 
 def render_fleet(inventory: Inventory, model: Model, version: int,

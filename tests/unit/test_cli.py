@@ -1,0 +1,72 @@
+"""`fab` as a user types it, from the repository root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+FAB = str(Path(sys.executable).with_name("fab"))
+
+
+def _fab(*args: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, TFSDEPLOY_TESTBED_DIR=str(tmp_path / "no-testbed"))
+    return subprocess.run([FAB, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def test_fab_list_shows_tasks(tmp_path: Path) -> None:
+    result = _fab("--list", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "render" in result.stdout and "hosts" in result.stdout
+
+
+def test_fab_render_writes_one_folder_per_host(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = _fab("render", "--model", "resnet50", "--version", "2", "--hosts", "tb1,tb3",
+                  "--out", str(out), tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["tb1", "tb3"]
+    assert sorted(p.name for p in (out / "tb1" / "resnet50").iterdir()) == [
+        "batching.config", "models.config", "monitoring.config", "tfserving.flags"]
+    assert "versions: 2" in (out / "tb3" / "resnet50" / "models.config").read_text()
+    assert "tb1" in result.stdout and "0.150" in result.stdout
+
+
+def test_fab_render_invalid_input_exits_1_and_writes_nothing(tmp_path: Path) -> None:
+    inventory = tmp_path / "bad.py"
+    inventory.write_text(
+        (ROOT / "inventory" / "testbed.py").read_text()
+        .replace("batch_timeout_micros=2000,", "batch_timeout_micros=90000,"))
+    out = tmp_path / "out"
+    result = _fab("render", "--model", "half_plus_two", "--version", "1", "--inventory",
+                  str(inventory), "--out", str(out), tmp_path=tmp_path)
+    assert result.returncode == 1
+    assert "batch_timeout_micros 90000 exceeds a third of the 50 ms latency SLO" in result.stderr
+    assert "host tb1" in result.stderr and "fix:" in result.stderr
+    assert not out.exists()
+
+
+def test_fab_render_unknown_model_and_bad_version(tmp_path: Path) -> None:
+    result = _fab("render", "--model", "nope", tmp_path=tmp_path)
+    assert result.returncode == 1 and "model 'nope' is not in the catalog" in result.stderr
+    result = _fab("render", "--model", "resnet50", "--version", "0", tmp_path=tmp_path)
+    assert result.returncode == 1 and "must be a positive integer" in result.stderr
+
+
+def test_render_path_never_imports_tensorflow(tmp_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from tfsdeploy.cli.render import RenderRequest, render_and_validate\n"
+        "render_and_validate(RenderRequest(model='resnet50', version=1))\n"
+        "import tasks\n"
+        "print(sorted(m for m in sys.modules if m == 'tensorflow' or m.startswith('tensorflow.')))\n"
+    )
+    env = dict(os.environ, TFSDEPLOY_TESTBED_DIR=str(tmp_path / "none"),
+               PYTHONPATH=f"{ROOT}:{ROOT / 'src'}")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
