@@ -123,6 +123,9 @@ def _signatures_or_none(built: Path) -> dict[str, Any] | None:
 
 def make_version(out: Path, spec: VersionSpec) -> dict[str, Any]:
     """Build one version in a temp dir, compute its facts, publish it and write its stamp."""
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
     work_root = out / ".tmp"
     work_root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -136,9 +139,6 @@ def make_version(out: Path, spec: VersionSpec) -> dict[str, Any]:
         publish(built, version_dir(out, spec), work_root)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    import tensorflow as tf
-
-    tf.get_logger().setLevel("ERROR")
     stamp = {
         "recipe_hash": spec.recipe_hash(),
         "recipe": spec.recipe,

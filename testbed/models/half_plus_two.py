@@ -23,7 +23,7 @@ TF1 = "half_plus_two_tf1"
 WARMUP_RECORDS = 10
 SLOW_WARMUP_RECORDS = 1000  # TFServing's limit: one more and the version fails to load
 SLOW_MATRIX = 512  # heavy signature: HEAVY_STEPS chained [512,512] matmuls per request
-SLOW_STEPS = 40  # tuned for ~20-40 s of warmup on a 2-core machine (see docs/models.md)
+SLOW_STEPS = 30  # tuned for ~20-40 s of warmup on a 2-core machine (see docs/models.md)
 TOO_LARGE_MIB = 20000  # declared simulated-GPU footprint of version 15 (a T4 has 16384)
 
 _SOURCES = (Path(__file__), Path(savedmodel.__file__), Path(__file__).with_name("spec.py"))
