@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fabric import task
-from invoke import Collection
+from invoke.collection import Collection
 from invoke.exceptions import Exit
 
 

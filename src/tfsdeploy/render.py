@@ -146,5 +146,6 @@ def render_fleet(inventory: Inventory, model: Model, version: int,
     directory = templates_dir()
     placed = placements(inventory)
     return [render_host(h, model, version, directory=directory,
-                        co_located=[inventory.models[m] for m, on in placed.items() if h.name in on])
+                        co_located=[inventory.models[name] for name, on in placed.items()
+                                    if h.name in on])
             for h in hosts]

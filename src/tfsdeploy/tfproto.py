@@ -12,8 +12,12 @@ Only protobuf is imported: no TensorFlow on this path.
 
 from __future__ import annotations
 
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-from google.protobuf import wrappers_pb2  # noqa: F401  (registers wrappers.proto in the pool)
+from google.protobuf import (
+    descriptor_pb2,
+    descriptor_pool,
+    message_factory,
+    wrappers_pb2,  # noqa: F401  (registers wrappers.proto in the pool)
+)
 from google.protobuf.message import Message
 
 _PACKAGE = "tensorflow.serving"
@@ -81,7 +85,8 @@ _register(_file("tensorflow_serving/config/monitoring_config.proto", [],
 
 def _class(full_name: str) -> type[Message]:
     descriptor = descriptor_pool.Default().FindMessageTypeByName(full_name)
-    return message_factory.GetMessageClass(descriptor)
+    message_class: type[Message] = message_factory.GetMessageClass(descriptor)
+    return message_class
 
 
 BatchingParameters: type[Message] = _class("tensorflow.serving.BatchingParameters")

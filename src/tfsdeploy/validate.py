@@ -5,6 +5,7 @@ late (at start-up or load) or silently (ignored flags).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -231,7 +232,7 @@ def check_batching(params: Any, host: str, slo_ms: float) -> list[Problem]:
             "batch_timeout_micros"))
     sizes = list(params.allowed_batch_sizes)
     if sizes:
-        if any(b <= a for a, b in zip(sizes, sizes[1:], strict=False)) or sizes[0] < 1:
+        if any(b <= a for a, b in itertools.pairwise(sizes)) or sizes[0] < 1:
             problems.append(problem(f"allowed_batch_sizes {sizes} are not strictly increasing",
                                     "list positive sizes in increasing order",
                                     "allowed_batch_sizes"))

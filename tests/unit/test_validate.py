@@ -182,7 +182,8 @@ def test_gpu_fraction_too_large_for_two_releases_names_numbers() -> None:
     render = render_fleet(inv, m, 1, inv.select("h1"))[0]
     assert _problems(render) == []  # fits: 2 x 0.440 = 0.880 <= 0.9
     assert render.gpu is not None
-    assert "fraction = ceil(6000 MiB x 1.2 / 16384 MiB, 3 places) = 0.440" in render.gpu.arithmetic()
+    arithmetic = render.gpu.arithmetic()
+    assert "fraction = ceil(6000 MiB x 1.2 / 16384 MiB, 3 places) = 0.440" in arithmetic
     m = model(memory_mib=6500)
     inv = inventory(models=[m], gpu_mib=16384)
     text = _messages(_problems(render_fleet(inv, m, 1, inv.select("h1"))[0]))

@@ -54,7 +54,7 @@ def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
 
 def summary_rows(renders: list[HostRender]) -> list[tuple[str, ...]]:
     """One row per host: name, address, version, GPU fraction and window, files."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in renders:
         gpu = (f"{r.gpu.fraction:.3f} (window {r.gpu.window_total:.3f}/{r.gpu.limit:.3f})"
                if r.gpu else "no GPU")
