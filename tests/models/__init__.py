@@ -1,0 +1,1 @@
+"""Tests of the testbed's model generator (testbed/models, scripts/make-models)."""
