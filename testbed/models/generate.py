@@ -88,12 +88,14 @@ def is_current(out: Path, spec: VersionSpec) -> bool:
 
 
 def _write_json(path: Path, data: Any) -> None:
-    """Write JSON atomically (temp file in the same dir, then rename)."""
+    """Write JSON atomically (temp file in the same dir, then rename); same content: no write."""
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    if path.is_file() and path.read_text() == text:
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
-        handle.write("\n")
+        handle.write(text)
     os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
