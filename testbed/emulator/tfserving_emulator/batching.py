@@ -1,0 +1,289 @@
+"""Dynamic batching: one shared batch scheduler, one queue per (servable, signature).
+
+Follows TF's SharedBatchScheduler (core/kernels/batching_util/shared_batch_scheduler.h) and
+TFServing's BatchingSession (batching/batching_session.cc):
+- a task larger than max_batch_size fails with INVALID_ARGUMENT;
+- a task that does not fit the open batch starts a new batch, unless the queue already holds
+  max_enqueued_batches batches: then UNAVAILABLE "The batch scheduling queue to which this
+  task was submitted is full";
+- a batch is processed when full, or when batch_timeout_micros have passed since it opened
+  (0: as soon as a batch thread is free), by one of num_batch_threads threads shared by all
+  queues;
+- inputs are concatenated along dimension 0, padded to the next allowed_batch_sizes entry
+  (by repeating the first row), run once, and the outputs split back per task.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .metrics import Metrics
+from .status import Code, ServingError, invalid_argument
+
+DEFAULT_MAX_BATCH_SIZE = 1000  # SharedBatchScheduler QueueOptions.input_batch_size_limit
+DEFAULT_MAX_ENQUEUED_BATCHES = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingOptions:
+    """The effective BatchingParameters (defaults filled in like TFServing does)."""
+
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    batch_timeout_micros: int = 0
+    max_enqueued_batches: int = DEFAULT_MAX_ENQUEUED_BATCHES
+    num_batch_threads: int = os.cpu_count() or 1
+    thread_pool_name: str = "batch_threads"
+    allowed_batch_sizes: tuple[int, ...] = ()
+    pad_variable_length_inputs: bool = False
+
+
+def options_from_proto(params: object) -> BatchingOptions:
+    """Build BatchingOptions from a BatchingParameters message (unset -> default)."""
+    def wrapped(name: str, default: object) -> object:
+        return getattr(params, name).value if params.HasField(name) else default  # type: ignore[attr-defined]
+
+    return BatchingOptions(
+        max_batch_size=int(wrapped("max_batch_size", DEFAULT_MAX_BATCH_SIZE)),  # type: ignore[arg-type]
+        batch_timeout_micros=int(wrapped("batch_timeout_micros", 0)),  # type: ignore[arg-type]
+        max_enqueued_batches=int(wrapped("max_enqueued_batches",  # type: ignore[arg-type]
+                                         DEFAULT_MAX_ENQUEUED_BATCHES)),
+        num_batch_threads=int(wrapped("num_batch_threads", os.cpu_count() or 1)),  # type: ignore[arg-type]
+        thread_pool_name=str(wrapped("thread_pool_name", "batch_threads")),
+        allowed_batch_sizes=tuple(int(x) for x in params.allowed_batch_sizes),  # type: ignore[attr-defined]
+        pad_variable_length_inputs=bool(params.pad_variable_length_inputs),  # type: ignore[attr-defined]
+    )
+
+
+def validate_for_session(options: BatchingOptions) -> None:
+    """Checks made when a version's session is wrapped (bundle_factory_util.cc,
+    batching_session.cc); a failure here is a failed load of that version."""
+    sizes = options.allowed_batch_sizes
+    if sizes:
+        if sizes[-1] != options.max_batch_size:
+            raise invalid_argument(
+                "Last entry in allowed_batch_sizes must match max_batch_size; last entry was "
+                f"{sizes[-1]}; expected {options.max_batch_size}")
+        if any(b <= a for a, b in itertools.pairwise(sizes)):
+            raise invalid_argument("allowed_batch_sizes entries must be monotonically "
+                                   "increasing")
+
+
+class Task:
+    """One request's inputs waiting for its slice of a batch's outputs."""
+
+    __slots__ = ("done", "enqueued", "error", "inputs", "outputs", "size")
+
+    def __init__(self, inputs: dict[str, np.ndarray], size: int) -> None:
+        self.inputs = inputs
+        self.size = size
+        self.enqueued = time.monotonic()
+        self.done = threading.Event()
+        self.outputs: dict[str, np.ndarray] | None = None
+        self.error: ServingError | None = None
+
+    def wait(self) -> dict[str, np.ndarray]:
+        """Block until the batch ran; return this task's outputs or raise its error."""
+        self.done.wait()
+        if self.error is not None:
+            raise self.error
+        assert self.outputs is not None
+        return self.outputs
+
+
+class _Batch:
+    __slots__ = ("closed", "opened", "size", "tasks")
+
+    def __init__(self) -> None:
+        self.tasks: list[Task] = []
+        self.size = 0
+        self.opened = 0.0
+        self.closed = False
+
+
+RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+class BatchQueue:
+    """The queue of one servable version's signature inside the shared scheduler."""
+
+    def __init__(self, scheduler: SharedBatchScheduler, options: BatchingOptions,
+                 run: RunFn) -> None:
+        self.scheduler = scheduler
+        self.options = options
+        self.run = run
+        self.batches: collections.deque[_Batch] = collections.deque([_Batch()])
+
+    def schedule(self, task: Task) -> None:
+        """Enqueue ``task`` (called with the scheduler lock held)."""
+        if task.size > self.options.max_batch_size:
+            raise invalid_argument(f"Task size {task.size} is larger than maximum input batch "
+                                   f"size {self.options.max_batch_size}")
+        open_batch = self.batches[-1] if self.batches else None
+        if open_batch is None or open_batch.closed or (
+                open_batch.size + task.size > self.options.max_batch_size):
+            if len(self.batches) >= self.options.max_enqueued_batches:
+                raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which "
+                                   "this task was submitted is full")
+            if open_batch is not None:
+                open_batch.closed = True
+            open_batch = _Batch()
+            self.batches.append(open_batch)
+        if not open_batch.tasks:
+            open_batch.opened = task.enqueued
+        open_batch.tasks.append(task)
+        open_batch.size += task.size
+        if open_batch.size >= self.options.max_batch_size:
+            open_batch.closed = True
+
+    def ready_batch(self, now: float) -> tuple[_Batch | None, float | None]:
+        """The front batch if it may run now, else (None, seconds until it may)."""
+        while self.batches and not self.batches[0].tasks and len(self.batches) > 1:
+            self.batches.popleft()
+        if not self.batches or not self.batches[0].tasks:
+            return None, None
+        front = self.batches[0]
+        timeout = self.options.batch_timeout_micros / 1e6
+        if front.closed or now - front.opened >= timeout:
+            self.batches.popleft()
+            if not self.batches:
+                self.batches.append(_Batch())
+            return front, None
+        return None, front.opened + timeout - now
+
+
+class SharedBatchScheduler:
+    """num_batch_threads threads serving every queue, round robin."""
+
+    def __init__(self, num_threads: int, pool_name: str, metrics: Metrics) -> None:
+        self.pool_name = pool_name
+        self.metrics = metrics
+        self._cv = threading.Condition()
+        self._queues: list[BatchQueue] = []
+        self._next = 0
+        for index in range(max(1, num_threads)):
+            threading.Thread(target=self._work, name=f"{pool_name}_{index}",
+                             daemon=True).start()
+
+    def add_queue(self, options: BatchingOptions, run: RunFn) -> BatchQueue:
+        """Register a queue; ``run`` executes one merged batch."""
+        queue = BatchQueue(self, options, run)
+        with self._cv:
+            self._queues.append(queue)
+        return queue
+
+    def remove_queue(self, queue: BatchQueue) -> None:
+        """Drop a queue; callers drain their requests first (unload waits for them)."""
+        with self._cv:
+            if queue in self._queues:
+                self._queues.remove(queue)
+
+    def submit(self, queue: BatchQueue, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Schedule one request's inputs on ``queue`` and wait for its outputs."""
+        task = Task(inputs, _batch_size(inputs))
+        with self._cv:
+            queue.schedule(task)
+            self._cv.notify()
+        return task.wait()
+
+    def _take(self) -> tuple[BatchQueue, _Batch]:
+        with self._cv:
+            while True:
+                now = time.monotonic()
+                wait: float | None = None
+                count = len(self._queues)
+                for offset in range(count):
+                    queue = self._queues[(self._next + offset) % count]
+                    batch, delay = queue.ready_batch(now)
+                    if batch is not None:
+                        self._next = (self._next + offset + 1) % max(1, count)
+                        return queue, batch
+                    if delay is not None:
+                        wait = delay if wait is None else min(wait, delay)
+                self._cv.wait(wait)
+
+    def _work(self) -> None:
+        while True:
+            queue, batch = self._take()
+            started = time.monotonic()
+            for task in batch.tasks:
+                self.metrics.queuing_latency.observe((started - task.enqueued) * 1e6,
+                                                     self.pool_name)
+            _run_batch(queue, batch, self.metrics)
+
+
+def _batch_size(inputs: dict[str, np.ndarray]) -> int:
+    sizes = set()
+    for array in inputs.values():
+        if array.ndim == 0:
+            raise invalid_argument("Batching session Run() input tensors must have at least "
+                                   "one dimension")
+        sizes.add(int(array.shape[0]))
+    if len(sizes) != 1:
+        raise invalid_argument("Batching session Run() input tensors must have equal "
+                               "0th-dimension size")
+    return sizes.pop()
+
+
+def _padded_size(size: int, allowed: tuple[int, ...]) -> int:
+    for candidate in allowed:
+        if candidate >= size:
+            return candidate
+    return size
+
+
+def _merge(batch: _Batch, options: BatchingOptions) -> tuple[dict[str, np.ndarray], int]:
+    padded = _padded_size(batch.size, options.allowed_batch_sizes)
+    merged = {}
+    for name in batch.tasks[0].inputs:
+        parts = [task.inputs[name] for task in batch.tasks]
+        if len({p.shape[1:] for p in parts}) > 1:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                f"Tensors with name '{name}' from different tasks have different shapes and "
+                "padding is turned off. Set pad_variable_length_inputs to true, or ensure that "
+                "all tensors with the same name have equal dimensions starting with the first "
+                "dim.")
+        if padded > batch.size:
+            first = parts[0][:1]
+            parts.append(np.repeat(first, padded - batch.size, axis=0))
+        merged[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return merged, padded
+
+
+def _run_batch(queue: BatchQueue, batch: _Batch, metrics: Metrics) -> None:
+    try:
+        merged, padded = _merge(batch, queue.options)
+        metrics.input_batch_size.observe(batch.size)
+        metrics.processed_batch_size.observe(padded)
+        metrics.padding_size.observe(padded - batch.size, str(padded))
+        metrics.wrapped_run_count.add()
+        outputs = queue.run(merged)
+        for value in outputs.values():
+            if value.ndim == 0:
+                raise ServingError(Code.FAILED_PRECONDITION,
+                                   "Batched output tensor has 0 dimensions")
+            if value.shape[0] != padded:
+                raise ServingError(
+                    Code.FAILED_PRECONDITION,
+                    "Batched output tensor's 0th dimension does not equal the sum of the 0th "
+                    "dimension sizes of the input tensors")
+        offset = 0
+        for task in batch.tasks:
+            task.outputs = {k: v[offset:offset + task.size] for k, v in outputs.items()}
+            offset += task.size
+    except ServingError as exc:
+        for task in batch.tasks:
+            task.error = exc
+    except Exception as exc:
+        for task in batch.tasks:
+            task.error = ServingError(Code.INTERNAL, str(exc))
+    for task in batch.tasks:
+        task.done.set()

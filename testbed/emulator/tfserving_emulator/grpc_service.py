@@ -1,0 +1,176 @@
+"""gRPC front end: tensorflow.serving.PredictionService and ModelService.
+
+Behaviour per model_servers/prediction_service_impl.cc, model_service_impl.cc,
+get_model_status_impl.cc and servables/tensorflow/get_model_metadata_impl.cc.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import grpc
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_management_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+    status_pb2,
+)
+
+from . import log
+from .core import ServerCore
+from .metrics import Metrics
+from .servable import Servable
+from .status import Code, ServingError, invalid_argument
+
+SIGNATURE_DEF = "signature_def"
+
+
+def record_request(metrics: Metrics, model: str, api: str, entrypoint: str,
+                   error: ServingError | None, started: float) -> None:
+    """request_count for every request; request_latency for successful ones only."""
+    metrics.request_count.add(model, error.code.name if error else "OK")
+    if error is None:
+        metrics.request_latency.observe((time.monotonic() - started) * 1e6, model, api,
+                                        entrypoint)
+
+
+def model_metadata(servable: Servable) -> get_model_metadata_pb2.GetModelMetadataResponse:
+    """GetModelMetadataResponse with every SignatureDef of the version's MetaGraphDef."""
+    response = get_model_metadata_pb2.GetModelMetadataResponse()
+    response.model_spec.name = servable.name
+    response.model_spec.version.value = servable.version
+    signature_map = get_model_metadata_pb2.SignatureDefMap()
+    for key, signature in servable.model.meta_graph.signature_def.items():
+        signature_map.signature_def[key].CopyFrom(signature)
+    response.metadata[SIGNATURE_DEF].Pack(signature_map)
+    return response
+
+
+def get_metadata(core: ServerCore, request: get_model_metadata_pb2.GetModelMetadataRequest
+                 ) -> get_model_metadata_pb2.GetModelMetadataResponse:
+    """GetModelMetadataImpl::GetModelMetadata."""
+    if not request.HasField("model_spec"):
+        raise invalid_argument("Missing ModelSpec")
+    if not request.metadata_field:
+        raise invalid_argument("GetModelMetadataRequest must specify at least one "
+                               "metadata_field")
+    for field in request.metadata_field:
+        if field != SIGNATURE_DEF:
+            raise invalid_argument(f"Metadata field {field} is not supported")
+    result = core.with_servable(request.model_spec, model_metadata)
+    assert isinstance(result, get_model_metadata_pb2.GetModelMetadataResponse)
+    return result
+
+
+def get_status(core: ServerCore, request: get_model_status_pb2.GetModelStatusRequest
+               ) -> get_model_status_pb2.GetModelStatusResponse:
+    """GetModelStatusImpl::GetModelStatus (a version_label in the spec is ignored)."""
+    if not request.HasField("model_spec"):
+        raise invalid_argument("Missing ModelSpec")
+    spec = request.model_spec
+    version = spec.version.value if spec.HasField("version") else None
+    response = get_model_status_pb2.GetModelStatusResponse()
+    for number, state, error in core.version_states(spec.name, version):
+        entry = response.model_version_status.add(version=number, state=int(state))
+        entry.status.SetInParent()  # the real server always fills status (OK included)
+        if error is not None:
+            entry.status.error_code = int(error.code)
+            entry.status.error_message = error.message
+    return response
+
+
+def _abort(context: grpc.ServicerContext, error: ServingError) -> Any:
+    context.abort(error.grpc_code, error.message)
+
+
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+    """Predict and GetModelMetadata (Classify/Regress/MultiInference stay UNIMPLEMENTED)."""
+
+    def __init__(self, core: ServerCore, metrics: Metrics) -> None:
+        self.core = core
+        self.metrics = metrics
+
+    def Predict(self, request: predict_pb2.PredictRequest,
+                context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
+        """PredictionService.Predict."""
+        started = time.monotonic()
+        error: ServingError | None = None
+        response = None
+        try:
+            response = self.core.with_servable(request.model_spec,
+                                               lambda s: s.predict(request))
+        except ServingError as exc:
+            error = exc
+        record_request(self.metrics, request.model_spec.name, "Predict", "GRPC", error,
+                       started)
+        if error is not None:
+            return _abort(context, error)
+        return response  # type: ignore[return-value]
+
+    def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,
+                         context: grpc.ServicerContext
+                         ) -> get_model_metadata_pb2.GetModelMetadataResponse:
+        """PredictionService.GetModelMetadata."""
+        try:
+            return get_metadata(self.core, request)
+        except ServingError as exc:
+            return _abort(context, exc)
+
+
+class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+    """GetModelStatus and HandleReloadConfigRequest."""
+
+    def __init__(self, core: ServerCore, metrics: Metrics) -> None:
+        self.core = core
+        self.metrics = metrics
+
+    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest,
+                       context: grpc.ServicerContext
+                       ) -> get_model_status_pb2.GetModelStatusResponse:
+        """ModelService.GetModelStatus."""
+        try:
+            return get_status(self.core, request)
+        except ServingError as exc:
+            return _abort(context, exc)
+
+    def HandleReloadConfigRequest(
+            self, request: model_management_pb2.ReloadConfigRequest,
+            context: grpc.ServicerContext) -> model_management_pb2.ReloadConfigResponse:
+        """ModelService.HandleReloadConfigRequest: replace the model list, wait for new ones."""
+        before = {name: self._metric_value(name) for name in request.metric_names}
+        error: ServingError | None = None
+        if request.config.WhichOneof("config") != "model_config_list":
+            error = invalid_argument(
+                "ServerModelConfig type not supported by HandleReloadConfigRequest. Only "
+                "ModelConfigList is currently supported")
+        else:
+            for index, config in enumerate(request.config.model_config_list.config):
+                log.info("model_service_impl.cc:47",
+                         f"\nConfig entry\n\tindex : {index}\n\tpath : {config.base_path}"
+                         f"\n\tname : {config.name}\n\tplatform : {config.model_platform}")
+            try:
+                self.core.reload_config(request.config)
+            except ServingError as exc:
+                error = exc
+        if error is not None:
+            log.error("model_service_impl.cc:64", f"ReloadConfig failed: {error.message}")
+            return _abort(context, error)
+        response = model_management_pb2.ReloadConfigResponse()
+        response.status.CopyFrom(status_pb2.StatusProto(error_code=int(Code.OK)))
+        for name in request.metric_names:
+            response.metric.add(name=name,
+                                int64_value_increase=self._metric_value(name) - before[name])
+        return response
+
+    def _metric_value(self, name: str) -> int:
+        for metric in vars(self.metrics).values():
+            if metric.name == name and hasattr(metric, "value"):
+                cells = getattr(metric, "_cells", {})
+                if cells:
+                    first = next(iter(cells.values()))
+                    return int(first) if isinstance(first, int) else 0
+        return 0
