@@ -41,10 +41,11 @@ def save_resnet(path: Path, random_seed: int) -> None:
     module = tf.Module()
     module.net = net
 
-    @tf.function(input_signature=[tf.TensorSpec([None, *SHAPE], tf.float32, name=INPUT)])
-    def serve(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
+    def predict(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
         return {OUTPUT: net(inputs, training=False)}
 
+    spec = tf.TensorSpec([None, *SHAPE], tf.float32, name=INPUT)
+    serve = tf.function(predict, input_signature=[spec])
     module.serve = serve
     tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
 

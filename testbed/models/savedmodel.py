@@ -45,7 +45,8 @@ def predict_log(model: str, signature: str, inputs: Mapping[str, np.ndarray]) ->
     log = prediction_log_pb2.PredictionLog(
         predict_log=prediction_log_pb2.PredictLog(request=request)
     )
-    return log.SerializeToString()
+    data: bytes = log.SerializeToString()
+    return data
 
 
 def write_warmup(version_dir: Path, records: Sequence[bytes]) -> None:

@@ -30,7 +30,8 @@ def signature_shapes(fn: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 def run(path: Path, x: list[list[float]], signature: str = "serving_default") -> np.ndarray:
     """Run ``signature`` of the SavedModel at ``path`` on ``x`` and return output ``y``."""
     fn = tf.saved_model.load(str(path)).signatures[signature]
-    return fn(x=tf.constant(x, tf.float32))["y"].numpy()
+    y: np.ndarray = fn(x=tf.constant(x, tf.float32))["y"].numpy()
+    return y
 
 
 def test_model_base_paths_hold_only_numeric_version_dirs(models_out: Path) -> None:
