@@ -320,6 +320,9 @@ def pull_everywhere(hosts: list[hostlib.Host], wanted: dict[str, str]) -> int:
             if host_image_id(host, ref) != image_id:
                 raise TestbedError(f"{host.name}: pulled {ref} but its id is not {image_id}")
             pulls += 1
+        if pulls:  # drop the previous versions' tags-less images (layers in use stay)
+            run(["docker", "-H", f"unix://{host.docker_socket}", "image", "prune", "--force"],
+                check=False)
         return pulls
     with ThreadPoolExecutor(max_workers=len(hosts) or 1) as pool:
         return sum(pool.map(one, hosts))
@@ -346,6 +349,7 @@ def ensure(places: Places, hosts: list[hostlib.Host], timer: Timer) -> dict[str,
                 stamps[img.repo] = {"hash": digests[img.repo],
                                     "id": build_and_push(places, img, contexts[img.repo], base)}
                 save_stamps(places, stamps)
+        run([*builder_cli(places), "image", "prune", "--force"], check=False)
     timer.phase(f"images ({len(stale)} built)" if stale else "images (cached)", t)
     t = time.monotonic()
     wanted = {img.ref: stamps[img.repo]["id"] for img in IMAGES}
