@@ -48,8 +48,8 @@ def port_open(port: int) -> bool:
 class Emulator:
     """One server process; output goes to a log file that tests can read."""
 
-    def __init__(self, args: list[str], log_path: pathlib.Path, *, env: dict[str, str] | None = None,
-                 argv0: list[str] | None = None) -> None:
+    def __init__(self, args: list[str], log_path: pathlib.Path, *,
+                 env: dict[str, str] | None = None, argv0: list[str] | None = None) -> None:
         self.args = args
         self.log_path = log_path
         full_env = dict(os.environ)

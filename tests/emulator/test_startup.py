@@ -125,7 +125,8 @@ def test_allowed_batch_sizes_last_must_equal_max(emulator, tmp_path, sources) ->
     batching = write(tmp_path / "b.txt", "max_batch_size { value: 8 } allowed_batch_sizes: 2 "
                      "allowed_batch_sizes: 4")
     code, out = run_to_exit(emulator, [f"--port={free_port()}", f"--model_base_path={base}",
-                                       "--enable_batching", f"--batching_parameters_file={batching}",
+                                       "--enable_batching",
+                                       f"--batching_parameters_file={batching}",
                                        "--max_num_load_retries=0"])
     assert code == 255
     assert ("Last entry in allowed_batch_sizes must match max_batch_size; last entry was 4; "
@@ -178,4 +179,4 @@ def test_entrypoint_appends_flags_and_same_ports_skip_rest(emulator, tmp_path, s
     while "Skipped exporting HTTP/REST API." not in server.output():
         assert time.monotonic() < deadline, server.output()
         time.sleep(0.1)
-    assert "Running gRPC ModelServer at 0.0.0.0:%d ..." % port in server.output()
+    assert f"Running gRPC ModelServer at 0.0.0.0:{port} ..." in server.output()
