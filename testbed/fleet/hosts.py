@@ -18,9 +18,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from common import (BRIDGE, GATEWAY, PREFIX_LEN, PRIVATE_DIRS, REGISTRY, Places, TestbedError,
-                    boot_id, host_address, host_name, log, pid_alive, read_pid, run, veth_name,
-                    wait_until)
+from common import (
+    BRIDGE,
+    GATEWAY,
+    PREFIX_LEN,
+    PRIVATE_DIRS,
+    REGISTRY,
+    Places,
+    TestbedError,
+    boot_id,
+    host_address,
+    host_name,
+    pid_alive,
+    read_pid,
+    run,
+    veth_name,
+    wait_until,
+)
 
 HOLDER_SCRIPT = r"""
 set -eu
@@ -272,7 +286,9 @@ def _prepare_dirs(host: Host) -> None:
     (host.dir / "tmp").chmod(0o1777)
     for target in PRIVATE_DIRS.values():
         Path(target).mkdir(parents=True, exist_ok=True)  # mount points on the shared root fs
-    (host.dir / "daemon.json").write_text("{}\n")  # never read the machine's /etc/docker/daemon.json
+    # never read the machine's /etc/docker/daemon.json; an own key.json gives each engine its own ID
+    (host.dir / "daemon.json").write_text(
+        json.dumps({"deprecated-key-path": str(host.dir / "engine-key.json")}) + "\n")
 
 
 # ---------------------------------------------------------------- start

@@ -21,8 +21,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hosts as hostlib
-from common import (FLEET_DIR, GATEWAY, REGISTRY, Places, TestbedError, Timer, log, pid_alive,
-                    read_pid, run, wait_until)
+from common import (
+    FLEET_DIR,
+    GATEWAY,
+    REGISTRY,
+    Places,
+    TestbedError,
+    Timer,
+    log,
+    pid_alive,
+    read_pid,
+    run,
+    wait_until,
+)
 
 REPO = FLEET_DIR.parent.parent
 RECIPES = REPO / "testbed" / "images"
@@ -97,7 +108,8 @@ def start_builder(places: Places) -> None:
     stop_builder(places)
     bdir = builder_dir(places)
     (bdir / "exec").mkdir(parents=True, exist_ok=True)
-    (bdir / "daemon.json").write_text("{}\n")
+    (bdir / "daemon.json").write_text(
+        json.dumps({"deprecated-key-path": str(bdir / "engine-key.json")}) + "\n")
     data = places.images / "docker"
     data.mkdir(parents=True, exist_ok=True)
     argv = ["dockerd", f"--host=unix://{builder_socket(places)}", f"--data-root={data}",
@@ -234,7 +246,7 @@ class WheelServer:
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         pass
 
 

@@ -16,9 +16,23 @@ from pathlib import Path
 
 import hosts as hostlib
 import registry
-from common import (BRIDGE, DEFAULT_GPU_MIB, DEFAULT_GPU_NAME, DEFAULT_HOSTS, FLEET_DIR, MAX_HOSTS,
-                    NVIDIA_SMI_PATH, REGISTRY, Places, TestbedError, Timer, host_address,
-                    host_name, log, run)
+from common import (
+    BRIDGE,
+    DEFAULT_GPU_MIB,
+    DEFAULT_GPU_NAME,
+    DEFAULT_HOSTS,
+    FLEET_DIR,
+    MAX_HOSTS,
+    NVIDIA_SMI_PATH,
+    REGISTRY,
+    Places,
+    TestbedError,
+    Timer,
+    host_address,
+    host_name,
+    log,
+    run,
+)
 
 USER_MARK = "tfsdeploy-testbed"
 REQUIRED_TOOLS = ["ip", "iptables", "nsenter", "unshare", "dockerd", "docker", "runc",

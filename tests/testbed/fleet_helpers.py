@@ -1,0 +1,86 @@
+"""Helpers for the testbed tests: what hosts.json says, ssh and docker on a host, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TESTBED = REPO / "scripts" / "testbed"
+STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
+
+
+@dataclass(frozen=True)
+class TestbedHost:
+    __test__ = False
+    name: str
+    address: str
+    gpus: list[dict[str, object]]
+
+    @property
+    def private_dir(self) -> Path:
+        """The host's private directories as seen from the machine (run/, docker/, srv/, tmp/)."""
+        return STATE / "hosts" / self.name
+
+
+@dataclass(frozen=True)
+class Testbed:
+    __test__ = False
+    hosts: list[TestbedHost]
+    registry: str
+    ssh_key: Path
+    known_hosts: Path
+    ssh_config: Path
+    started_here: bool
+
+    def ssh_argv(self, host: TestbedHost, command: str) -> list[str]:
+        """ssh exactly as a client of a real host would (strict host-key checking on)."""
+        return ["ssh", "-i", str(self.ssh_key), "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+                "-o", "ConnectTimeout=10", f"root@{host.address}", command]
+
+    def ssh(self, host: TestbedHost, command: str, *, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(self.ssh_argv(host, command), capture_output=True, text=True,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"ssh {host.name} {command!r} -> {proc.returncode}\n"
+                                 f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}")
+        return proc
+
+    def docker(self, host: TestbedHost, *args: str, check: bool = True,
+               timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.ssh(host, "docker " + " ".join(shlex.quote(a) for a in args), check=check,
+                        timeout=timeout)
+
+    def image(self, name: str) -> str:
+        tags = {"tfserving-emulator": "2.21.0", "tfsdeploy-proxy": "2.6"}
+        return f"{self.registry}/{name}:{tags[name]}"
+
+
+def run_testbed_cli(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(TESTBED), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def testbed_healthy() -> bool:
+    return run_testbed_cli("status", "--json", timeout=60).returncode == 0
+
+
+def load_testbed(started_here: bool) -> Testbed:
+    data = json.loads((STATE / "hosts.json").read_text())
+    return Testbed(
+        hosts=[TestbedHost(h["name"], h["address"], h["gpus"]) for h in data["hosts"]],
+        registry=data["registry"], ssh_key=Path(data["ssh_key"]),
+        known_hosts=Path(data["known_hosts"]),
+        ssh_config=Path(data.get("ssh_config", STATE / "ssh" / "config")), started_here=started_here)
+
+
+def ensure_up() -> None:
+    proc = run_testbed_cli("up")
+    if proc.returncode != 0:
+        raise RuntimeError(f"scripts/testbed up failed ({proc.returncode}):\n{proc.stdout}\n"
+                           f"{proc.stderr}")
