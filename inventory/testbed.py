@@ -61,11 +61,12 @@ models = [
         warmup=Warmup(samples=200),
         rollout=Rollout(serial=(1, "100%"), min_healthy_s=3),
         labels={"stable": "release"},
+        golden=str(MODELS / "half_plus_two" / "catalog.json"),
     ),
     Model(
         name="resnet50",
         source=str(MODELS / "resnet50"),
-        signature=Signature(inputs={"input_1": TensorSpec("DT_FLOAT", (-1, 224, 224, 3))},
+        signature=Signature(inputs={"inputs": TensorSpec("DT_FLOAT", (-1, 224, 224, 3))},
                             outputs={"predictions": TensorSpec("DT_FLOAT", (-1, 1000))}),
         memory_mib=2048,
         latency_slo_ms=1500,
@@ -74,5 +75,6 @@ models = [
         threads=Threads(intra_op=2, inter_op=2),
         warmup=Warmup(samples=20, p99_ms=1500),
         rollout=Rollout(serial=(1, "100%"), min_healthy_s=3),
+        golden=str(MODELS / "resnet50" / "catalog.json"),
     ),
 ]

@@ -111,6 +111,7 @@ class Model:
     rollout: Rollout = field(default_factory=Rollout)
     labels: Mapping[str, int | str] = field(default_factory=dict)
     golden: str | None = None  # JSON file of golden requests and expected outputs
+    port_offset: int = 0  # added to every port, so that co-located models do not clash
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", _frozen(self.labels))

@@ -65,6 +65,10 @@ class HostVars:
     file_system_poll_wait_seconds: int = 1
     grpc_max_connection_age_ms: int = 0
     enable_model_warmup: bool = True
+    # TFServing retries a failed load 5 times a minute apart by default: a bad release would
+    # hold its gate for 5 minutes. One quick retry covers transient file-system errors.
+    max_num_load_retries: int = 1
+    load_retry_interval_micros: int = 5_000_000
     docker_gpus: str | None = None
 
     def __post_init__(self) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfsdeploy.errors import ConfigError
-from tfsdeploy.inventory import load_inventory
+from tfsdeploy.inventory import Inventory, load_inventory
 from tfsdeploy.render import HostRender, render_fleet
 from tfsdeploy.validate import validate_model, validate_render
 from tfsdeploy.versions import choose_version
@@ -25,7 +25,11 @@ class RenderRequest:
 
 def render_and_validate(request: RenderRequest) -> list[HostRender]:
     """Load, render and validate; raises ConfigError with every problem found."""
-    inventory = load_inventory(request.inventory)
+    return render_inventory(load_inventory(request.inventory), request)
+
+
+def render_inventory(inventory: Inventory, request: RenderRequest) -> list[HostRender]:
+    """Render and validate ``request`` against a loaded inventory."""
     model = inventory.model(request.model)
     problems = validate_model(model, inventory.path)
     if problems:

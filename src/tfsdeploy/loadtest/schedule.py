@@ -71,7 +71,10 @@ class Schedule:
             return True
         if self.max_duration > 0 and t >= self.max_duration:
             return True
-        return self.end > 0 and self.value_at(t) == self.end
+        value = self.value_at(t)
+        if self.step < 0 and value <= 0:
+            return True
+        return self.end > 0 and value == self.end
 
     def segments(self) -> Iterator[tuple[float, float, float]]:
         """``(start, end, value)`` of each constant piece; the last one has end = inf."""

@@ -1,0 +1,210 @@
+"""`fab deploy`: render, validate, lock, then run the deploy playbook over the fleet."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
+
+from tfsdeploy import lock
+from tfsdeploy.actions import HostJob, Release, discover_state
+from tfsdeploy.cli.render import RenderRequest, render_inventory
+from tfsdeploy.errors import ConfigError, ExitCode, Problem
+from tfsdeploy.gates import Clock, SystemClock
+from tfsdeploy.golden import load_golden
+from tfsdeploy.inventory import Inventory, ResolvedHost, load_inventory
+from tfsdeploy.layout import host_paths, new_release_id
+from tfsdeploy.playbook import load_playbook, project_dir
+from tfsdeploy.remote import Runner, SshRunner
+from tfsdeploy.render import HostRender
+from tfsdeploy.rollout import CancellableClock, DeployResult, Reporter, make_roll
+from tfsdeploy.rollout import deploy_phases as run_deploy_phases
+
+RunnerFactory = Callable[[ResolvedHost], Runner]
+
+
+@dataclass(frozen=True)
+class DeployRequest:
+    """What `fab deploy` was asked for."""
+
+    model: str
+    inventory: str | None = None
+    hosts: str | None = None
+    limit: str | None = None
+    version: int | str | None = None
+    playbook: str | None = None
+    lock_wait: float = 0.0
+
+
+class LineReporter:
+    """Progress lines as steps finish: elapsed, host, phase, step, status, duration, detail."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._start = time.monotonic()
+        self._lock = threading.Lock()
+
+    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+             detail: str) -> None:
+        """Print one finished step."""
+        first, *rest = (detail or "").splitlines() or [""]
+        with self._lock:
+            print(f"[{time.monotonic() - self._start:7.1f}s] {host:<10} {phase:<9} {task:<15} "
+                  f"{status:<7} {seconds:6.2f}s  {first}", file=self._stream, flush=True)
+            for line in rest:
+                print(f"{'':>60}{line}", file=self._stream, flush=True)
+
+    def note(self, text: str) -> None:
+        """Print a fleet-level message."""
+        with self._lock:
+            print(f"[{time.monotonic() - self._start:7.1f}s] == {text}", file=self._stream,
+                  flush=True)
+
+
+def build_release(inventory: Inventory, renders: list[HostRender], clock: Clock) -> Release:
+    """The fleet-wide release facts; the version directory must exist locally."""
+    model = renders[0].model
+    version = renders[0].version
+    source = Path(model.source) / str(version)
+    if not (source / "saved_model.pb").is_file():
+        raise ConfigError(Problem(
+            f"version {version} of {model.name} is not in its source ({source} has no "
+            "saved_model.pb)", fix="pick a version that exists (see --version) or fix the "
+            "model's source", file=inventory.path, field=f"models.{model.name}.source"))
+    golden = load_golden(model.golden, version) if model.golden else []
+    return Release(model=model, version=version, release_id=new_release_id(version),
+                   image=renders[0].host.vars.image, source_dir=str(source), golden=golden,
+                   who=lock.current_user(), clock=clock)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (cron, systemd) is handled like Ctrl-C: finish the step, restore, unlock."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def deploy(request: DeployRequest, *, reporter: Reporter,
+           runner_factory: RunnerFactory = SshRunner, clock: Clock | None = None,
+           client_factory: Callable[[str, int, str], Any] | None = None) -> DeployResult:
+    """Validate everything, take the lock, run the playbook; always release the lock."""
+    inventory = load_inventory(request.inventory)
+    renders = render_inventory(inventory, RenderRequest(
+        model=request.model, inventory=request.inventory, hosts=request.hosts,
+        limit=request.limit, version=request.version))
+    playbook = load_playbook(request.playbook or project_dir() / "playbooks" / "deploy.yml")
+    cancel = threading.Event()
+    release = build_release(inventory, renders, CancellableClock(clock or SystemClock(), cancel))
+    release.client_factory = client_factory
+    model = release.model
+    lock_host = inventory.select(None, model=model)[0]
+    runners = {r.host.name: runner_factory(r.host) for r in renders}
+    lock_runner = runners.get(lock_host.name) or runner_factory(lock_host)
+    lock_dir = host_paths(lock_host, model).lock_dir
+    info = lock.new_lock_info(f"deploy {model.name} v{release.version}")
+    jobs = [HostJob(release=release, host=r.host, runner=runners[r.host.name], render=r)
+            for r in renders]
+    started = time.monotonic()
+    try:
+        with sigterm_as_interrupt():
+            lock.acquire(lock_runner, lock_dir, info, wait_s=request.lock_wait,
+                         clock=clock or SystemClock(), model=model.name)
+            reporter.note(f"deploy {model.name} version {release.version} as "
+                          f"{release.release_id} to {len(jobs)} host(s); lock on "
+                          f"{lock_host.name}")
+            try:
+                roll = make_roll(playbook=playbook, release=release, jobs=jobs,
+                                 reporter=reporter, cancel=cancel)
+                result = run_deploy_phases(roll)
+            finally:
+                lock.release(lock_runner, lock_dir, info)
+    finally:
+        for runner in {id(r): r for r in [*runners.values(), lock_runner]}.values():
+            runner.close()
+        if release.archive:
+            os.unlink(release.archive)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def summary_rows(result: DeployResult) -> list[tuple[str, ...]]:
+    """Per host: result, and time in each phase and gate."""
+    rows: list[tuple[str, ...]] = []
+    for name, outcome in result.hosts.items():
+        by_phase: dict[str, float] = {}
+        for step in outcome.steps:
+            by_phase[step["phase"]] = by_phase.get(step["phase"], 0.0) + step["seconds"]
+        gates = {s["step"]: s["seconds"] for s in outcome.steps if s["step"].startswith("gate_")}
+        rows.append((name, outcome.status,
+                     " ".join(f"{p} {s:.1f}s" for p, s in by_phase.items()),
+                     " ".join(f"{g[5:]} {s:.1f}s" for g, s in gates.items()),
+                     (outcome.error.splitlines() or [""])[0][:80]))
+    return rows
+
+
+def plan(request: DeployRequest, *, diff: bool, runner_factory: RunnerFactory = SshRunner
+         ) -> list[dict[str, Any]]:
+    """`--check`: what a deploy would do on each host, and file diffs; touches nothing."""
+    inventory = load_inventory(request.inventory)
+    renders = render_inventory(inventory, RenderRequest(
+        model=request.model, inventory=request.inventory, hosts=request.hosts,
+        limit=request.limit, version=request.version))
+    release = build_release(inventory, renders, SystemClock())
+    rows = []
+    for render in renders:
+        runner = runner_factory(render.host)
+        try:
+            job = HostJob(release=release, host=render.host, runner=runner, render=render)
+            try:
+                seen = discover_state(job)
+            except Exception as error:
+                rows.append({"host": render.host.name, "action": "unreachable",
+                             "detail": str(error), "diff": ""})
+                continue
+            action = ("nothing (unchanged)" if job.unchanged else
+                      f"roll {job.old.release} -> v{release.version} in {job.new_slot}"
+                      if job.old else f"first release v{release.version} in blue")
+            rows.append({"host": render.host.name, "action": action, "detail": seen,
+                         "diff": _diff(job) if diff else ""})
+        finally:
+            runner.close()
+    return rows
+
+
+def _diff(job: HostJob) -> str:
+    current = job.paths.current
+    chunks: list[str] = []
+    for rendered in job.render.files:
+        live = job.runner.run(["cat", f"{current}/{rendered.name}"])
+        before = live.stdout if live.ok else ""
+        chunks += difflib.unified_diff(before.splitlines(keepends=True),
+                                       rendered.text.splitlines(keepends=True),
+                                       fromfile=f"{job.host.name}:live/{rendered.name}",
+                                       tofile=f"{job.host.name}:new/{rendered.name}")
+    return "".join(chunks)
+
+
+def print_json(data: Any) -> None:
+    """Machine-readable output on stdout."""
+    json.dump(data, sys.stdout, indent=2, default=str)
+    print()
+
+
+__all__ = ["DeployRequest", "ExitCode", "LineReporter", "deploy", "plan", "print_json",
+           "summary_rows"]

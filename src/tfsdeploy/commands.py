@@ -1,0 +1,142 @@
+"""Pure builders of the commands run on hosts: argument lists, never shell strings.
+
+Quoting happens once, at the SSH boundary (``remote``). Each builder is a small function that
+tests compare against the exact argv.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tfsdeploy.layout import LABEL_PREFIX, HostPaths, Ports, container_name, proxy_name
+from tfsdeploy.render import CONTAINER_CONFIG_DIR, CONTAINER_MODEL_ROOT
+
+Argv = list[str]
+SERVER_BINARY = "/usr/bin/tensorflow_model_server"
+
+
+def docker_version() -> Argv:
+    """The engine's version: proves the engine answers."""
+    return ["docker", "version", "--format", "{{.Server.Version}}"]
+
+
+def docker_pull(image: str) -> Argv:
+    """Pull an image."""
+    return ["docker", "pull", "--quiet", image]
+
+
+def image_id(image: str) -> Argv:
+    """The local image id, or a non-zero exit when absent."""
+    return ["docker", "image", "inspect", "--format", "{{.Id}}", image]
+
+
+def list_containers(model: str) -> Argv:
+    """All containers (running or not) of a model, one JSON object per line."""
+    return ["docker", "ps", "--all", "--no-trunc", "--filter",
+            f"label={LABEL_PREFIX}.model={model}", "--format", "{{json .}}"]
+
+
+def inspect_state(name: str) -> Argv:
+    """Status, restart count and exit code of a container."""
+    return ["docker", "inspect", "--format",
+            "{{.State.Status}} {{.RestartCount}} {{.State.ExitCode}}", name]
+
+
+def container_logs(name: str, lines: int = 30) -> Argv:
+    """The tail of a container's log (TFServing logs on stderr)."""
+    return ["docker", "logs", "--tail", str(lines), name]
+
+
+def run_slot(*, model: str, release_id: str, slot: str, version: int, image: str,
+             paths: HostPaths, ports: Ports, flags: Sequence[str], gpus: str | None) -> Argv:
+    """Start one release in ``slot``: host network, model and release files read-only."""
+    argv = ["docker", "run", "--detach", "--name", container_name(model, release_id),
+            "--network", "host", "--restart", "unless-stopped",
+            "--label", f"{LABEL_PREFIX}.model={model}",
+            "--label", f"{LABEL_PREFIX}.release={release_id}",
+            "--label", f"{LABEL_PREFIX}.slot={slot}",
+            "--label", f"{LABEL_PREFIX}.version={version}",
+            "--volume", f"{paths.model_dir}:{CONTAINER_MODEL_ROOT}/{model}:ro",
+            "--volume", f"{paths.release_dir(release_id)}:{CONTAINER_CONFIG_DIR}:ro",
+            "--entrypoint", SERVER_BINARY]
+    if gpus:
+        argv += ["--gpus", gpus]
+    return [*argv, image, *flags, f"--port={ports.slot_grpc(slot)}",
+            f"--rest_api_port={ports.slot_rest(slot)}"]
+
+
+def run_proxy(*, model: str, image: str, paths: HostPaths) -> Argv:
+    """Start the model's traffic switch (HAProxy) with its config directory read-only."""
+    return ["docker", "run", "--detach", "--name", proxy_name(model), "--network", "host",
+            "--restart", "unless-stopped", "--label", f"{LABEL_PREFIX}.proxy={model}",
+            "--volume", f"{paths.proxy_dir}:/usr/local/etc/haproxy:ro", image]
+
+
+def start(name: str) -> Argv:
+    """Start a stopped container."""
+    return ["docker", "start", name]
+
+
+def stop(name: str, grace_s: int = 2) -> Argv:
+    """Stop a container. TFServing ignores SIGTERM, so drain first and keep the grace short."""
+    return ["docker", "stop", "--time", str(grace_s), name]
+
+
+def remove(name: str) -> Argv:
+    """Remove a container, running or not."""
+    return ["docker", "rm", "--force", name]
+
+
+def mkdir(path: str) -> Argv:
+    """Create a directory and its parents."""
+    return ["mkdir", "-p", path]
+
+
+def point_symlink(target: str, link: str) -> Argv:
+    """Replace ``link`` atomically with a symlink to ``target`` (rename over the old link)."""
+    return ["sh", "-c", 'ln -sfn "$1" "$2.new" && mv -T "$2.new" "$2"', "sh", target, link]
+
+
+def read_file(path: str) -> Argv:
+    """A file's content; a non-zero exit when it does not exist."""
+    return ["cat", path]
+
+
+def append_line(path: str, line: str) -> Argv:
+    """Append one line to a file (the audit log)."""
+    return ["sh", "-c", 'printf "%s\\n" "$1" >> "$2"', "sh", line, path]
+
+
+def remove_tree(path: str) -> Argv:
+    """Remove a directory tree."""
+    return ["rm", "-rf", "--", path]
+
+
+def gpu_memory() -> Argv:
+    """Total and used memory of each GPU, in MiB."""
+    return ["nvidia-smi", "--query-gpu=index,memory.total,memory.used",
+            "--format=csv,noheader,nounits"]
+
+
+def free_disk_mib(path: str) -> Argv:
+    """Free space under ``path`` (its nearest existing parent), in MiB."""
+    return ["sh", "-c", 'p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
+            'df -Pm "$p" | tail -n 1', "sh", path]
+
+
+def verify_and_publish(staging: str, final: str) -> Argv:
+    """Check the staged files against their SHA256SUMS, then rename into place atomically.
+
+    TFServing loads a version directory the moment it appears, so the directory is only ever
+    published whole, and an existing (possibly live) version directory is never touched.
+    """
+    script = ('set -e; cd "$1"; sha256sum --quiet --check SHA256SUMS; rm SHA256SUMS; cd /; '
+              'if [ -e "$2" ]; then rm -rf "$1"; echo exists; else mv -T "$1" "$2"; '
+              'echo published; fi')
+    return ["sh", "-c", script, "sh", staging, final]
+
+
+def extract_tar(archive: str, into: str) -> Argv:
+    """Unpack an uploaded tar archive into a fresh directory, then delete the archive."""
+    return ["sh", "-c", 'rm -rf "$2" && mkdir -p "$2" && tar -xf "$1" -C "$2" && rm -f "$1"',
+            "sh", archive, into]

@@ -1,0 +1,136 @@
+"""The only place that talks SSH: run argument lists on a host, upload files, open tunnels.
+
+Host keys are always checked: keys come from the host's ``ssh_known_hosts`` file (or the user's
+~/.ssh/known_hosts), and an unknown or changed key refuses the connection.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from tfsdeploy.inventory import ResolvedHost
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a command did."""
+
+    argv: tuple[str, ...]
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        """Whether the command exited 0."""
+        return self.code == 0
+
+    def tail(self, lines: int = 5) -> str:
+        """The last lines of stderr (or stdout), for error messages."""
+        text = (self.stderr.strip() or self.stdout.strip()).splitlines()
+        return "\n".join(text[-lines:])
+
+
+class HostUnreachable(Exception):
+    """SSH could not connect, authenticate, or verify the host key."""
+
+
+class Runner(Protocol):
+    """What the rollout needs from a host; tests pass a recording fake."""
+
+    host: ResolvedHost
+
+    def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
+        """Run ``argv`` on the host."""
+
+    def put_bytes(self, data: bytes, path: str) -> None:
+        """Write ``data`` to ``path`` on the host."""
+
+    def put_file(self, local: str, path: str) -> None:
+        """Upload a local file to ``path`` on the host."""
+
+    def tunnel(self, port: int) -> socket.socket:
+        """A socket connected to 127.0.0.1:``port`` on the host, through SSH."""
+
+    def close(self) -> None:
+        """Close the connection."""
+
+
+def quiet_paramiko() -> None:
+    """paramiko logs every refused tunnel; the gates report what matters instead."""
+    import logging
+
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+
+class SshRunner:
+    """A Runner over one Fabric connection (opened lazily, reused for every command)."""
+
+    def __init__(self, host: ResolvedHost, *, connect_timeout: float = 10.0) -> None:
+        from fabric import Connection
+        from paramiko import RejectPolicy
+
+        quiet_paramiko()
+        self.host = host
+        v = host.vars
+        kwargs: dict[str, Any] = {"allow_agent": v.ssh_key is None,
+                                  "look_for_keys": v.ssh_key is None}
+        if v.ssh_key:
+            kwargs["key_filename"] = [v.ssh_key]
+        self._conn = Connection(host.address, user=v.ssh_user, port=v.ssh_port,
+                                connect_timeout=int(connect_timeout), connect_kwargs=kwargs)
+        client = self._conn.client
+        if v.ssh_known_hosts:
+            client.load_host_keys(v.ssh_known_hosts)
+        else:
+            client.load_system_host_keys()
+        client.set_missing_host_key_policy(RejectPolicy())
+
+    def _open(self) -> None:
+        if self._conn.is_connected:
+            return
+        try:
+            self._conn.open()
+        except Exception as exc:  # paramiko/socket errors all mean: this host is unreachable
+            raise HostUnreachable(f"{self.host.name} ({self.host.address}): "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
+    def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
+        """Run ``argv`` (quoted here, once) and capture its output."""
+        self._open()
+        try:
+            out = self._conn.run(shlex.join(argv), hide=True, warn=True, in_stream=False,
+                                 timeout=timeout)
+        except (OSError, EOFError) as exc:
+            raise HostUnreachable(f"{self.host.name}: connection lost: {exc}") from exc
+        return Result(tuple(argv), out.exited, out.stdout, out.stderr)
+
+    def put_bytes(self, data: bytes, path: str) -> None:
+        """Write ``data`` to ``path`` over SFTP."""
+        self._open()
+        self._conn.put(io.BytesIO(data), path)
+
+    def put_file(self, local: str, path: str) -> None:
+        """Upload a local file over SFTP."""
+        self._open()
+        self._conn.put(str(Path(local)), path)
+
+    def tunnel(self, port: int) -> socket.socket:
+        """A direct-tcpip channel to the host's loopback (HAProxy's admin socket)."""
+        self._open()
+        transport = self._conn.client.get_transport()
+        if transport is None:
+            raise HostUnreachable(f"{self.host.name}: no SSH transport")
+        channel = transport.open_channel("direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0),
+                                         timeout=10)
+        sock: socket.socket = channel  # a paramiko Channel behaves as a socket
+        return sock
+
+    def close(self) -> None:
+        """Close the SSH connection."""
+        self._conn.close()

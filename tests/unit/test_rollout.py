@@ -1,0 +1,218 @@
+"""The rolling deploy against fake hosts and a frozen clock: batches, gates, restore, revert,
+policy, lock and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tfsdeploy.cli.deploy import DeployRequest, deploy
+from tfsdeploy.errors import ExitCode
+from tfsdeploy.lock import LockHeld
+from tfsdeploy.rollout import DeployResult
+
+from .fakes import FakeHost, FakeRunner, FakeSlot, FrozenClock
+
+INVENTORY = '''
+from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec
+from tfsdeploy.inventory import Gpu, Host
+
+hosts = [Host(f"h{{i}}", f"10.9.0.{{i}}", gpus=[Gpu(0, 16384)]) for i in (1, 2, 3, 4)]
+defaults = {{"image": "reg/tfs:2.21.0", "proxy_image": "reg/proxy:2.6"}}
+models = [Model(name="hp2", source="{source}", golden="{golden}",
+                signature=Signature(inputs={{"x": TensorSpec("DT_FLOAT", (-1, 1))}},
+                                    outputs={{"y": TensorSpec("DT_FLOAT", (-1, 1))}}),
+                memory_mib=512, latency_slo_ms=60,
+                batching=Batching(max_batch_size=8, allowed_batch_sizes=(8,)),
+                rollout=Rollout(serial={serial}, on_failure="{on_failure}",
+                                max_fail_percentage={max_fail}, min_healthy_s=1,
+                                load_timeout_s=30))]
+'''
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.steps: list[tuple[str, str, str, str]] = []
+        self.notes: list[str] = []
+
+    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+             detail: str) -> None:
+        self.steps.append((host, phase, task, status))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+@pytest.fixture()
+def world(tmp_path: Path) -> dict[str, Any]:
+    source = tmp_path / "models"
+    golden: dict[str, Any] = {"version_details": {}}
+    for version in (1, 2, 3):
+        (source / str(version)).mkdir(parents=True)
+        (source / str(version) / "saved_model.pb").write_bytes(b"pb")
+        golden["version_details"][str(version)] = {"golden": [{
+            "signature": "serving_default",
+            "inputs": {"x": {"dtype": "DT_FLOAT", "shape": [2, 1], "values": [[1.0], [3.0]]}},
+            "outputs": {"y": {"dtype": "DT_FLOAT", "shape": [2, 1],
+                              "values": [[2.5 + version - 1], [3.5 + version - 1]]}}}]}
+    (tmp_path / "golden.json").write_text(json.dumps(golden))
+    FakeSlot.behaviour = {}
+    return {"tmp": tmp_path, "source": source, "golden": tmp_path / "golden.json",
+            "fleet": {}}
+
+
+def _inventory(world: dict[str, Any], *, serial: str = '(1, "100%")',
+               on_failure: str = "revert", max_fail: float = 0) -> str:
+    path = world["tmp"] / f"inv-{serial.count(',')}-{on_failure}-{max_fail}.py"
+    path.write_text(INVENTORY.format(source=world["source"], golden=world["golden"],
+                                     serial=serial, on_failure=on_failure, max_fail=max_fail))
+    return str(path)
+
+
+def _deploy(world: dict[str, Any], version: int, recorder: Recorder | None = None,
+            **inventory: Any) -> DeployResult:
+    fleet: dict[str, FakeHost] = world["fleet"]
+    return deploy(DeployRequest(model="hp2", inventory=_inventory(world, **inventory),
+                                version=version),
+                  reporter=recorder or Recorder(),
+                  runner_factory=lambda host: FakeRunner(host, fleet),
+                  clock=FrozenClock(), client_factory=FakeSlot)
+
+
+def _serving(host: FakeHost) -> list[str]:
+    return sorted(c.labels["tfsdeploy.release"] for c in host.containers.values() if c.running
+                  and "tfsdeploy.release" in c.labels)
+
+
+def test_first_deploy_then_roll_to_v2(world: dict[str, Any]) -> None:
+    recorder = Recorder()
+    first = _deploy(world, 1, recorder)
+    assert first.exit_code == ExitCode.OK, first.message
+    assert {o.status for o in first.hosts.values()} == {"rolled"}
+    assert recorder.notes[1:3] == ["batch 1/2: h1", "batch 2/2: h2, h3, h4"]
+    fleet: dict[str, FakeHost] = world["fleet"]
+    for host in fleet.values():
+        assert len(host.ran("docker", "run")) == 2  # the slot, then the proxy
+        assert _serving(host) == [first.release_id]
+        assert host.files["/srv/tfsdeploy/hp2/current"] == f"->releases/{first.release_id}".encode()
+    second = _deploy(world, 2)
+    assert second.exit_code == ExitCode.OK, second.message
+    h1 = fleet["h1"]
+    assert h1.admin[-3:] == ["show stat", "set server grpc/blue state maint",
+                             "set server rest/blue state maint"]
+    assert "set server grpc/green state ready" in h1.admin
+    assert "set server grpc/blue state drain" in h1.admin
+    # the old slot was stopped (kept for rollback), the new one serves
+    assert _serving(h1) == [second.release_id]
+    assert len(h1.containers) == 3  # proxy + two releases
+    record = json.loads(h1.files[f"/srv/tfsdeploy/hp2/releases/{second.release_id}/manifest.json"])
+    assert record["status"] == "serving" and record["slot"] == "green"
+    assert record["previous"] == first.release_id and record["version"] == 2
+    assert [g["gate"] for g in record["gates"]] == ["available", "signature", "warmup", "health"]
+    assert b'"event": "switch_traffic"' in h1.files["/srv/tfsdeploy/hp2/audit.log"]
+
+
+def test_same_release_again_changes_nothing(world: dict[str, Any]) -> None:
+    _deploy(world, 1)
+    before = {n: len(h.ran("docker", "run")) for n, h in world["fleet"].items()}
+    again = _deploy(world, 1)
+    assert again.exit_code == ExitCode.OK
+    assert {o.status for o in again.hosts.values()} == {"unchanged"}
+    assert {n: len(h.ran("docker", "run")) for n, h in world["fleet"].items()} == before
+
+
+def test_broken_version_stops_at_first_host_and_restores_it(world: dict[str, Any]) -> None:
+    first = _deploy(world, 1)
+    FakeSlot.behaviour = {"10.9.0.1": "broken"}
+    result = _deploy(world, 3)
+    assert result.exit_code == ExitCode.ROLLED_BACK
+    assert result.hosts["h1"].status == "restored"
+    assert "Could not load the SavedModel" in result.hosts["h1"].error
+    assert {result.hosts[h].status for h in ("h2", "h3", "h4")} == {"skipped"}
+    fleet: dict[str, FakeHost] = world["fleet"]
+    assert _serving(fleet["h1"]) == [first.release_id]
+    assert not any(a[:2] == ["set", "server"] for a in fleet["h1"].admin)  # traffic never moved
+    for name in ("h2", "h3", "h4"):
+        assert len(fleet[name].ran("docker", "run")) == 2  # only the v1 deploy's
+
+
+def test_slow_version_hits_its_deadline(world: dict[str, Any]) -> None:
+    _deploy(world, 1)
+    FakeSlot.behaviour = {"10.9.0.1": "slow"}
+    result = _deploy(world, 2)
+    assert result.exit_code == ExitCode.ROLLED_BACK
+    assert "after 30 s (deadline)" in result.hosts["h1"].error
+
+
+def test_failure_in_second_batch_reverts_rolled_hosts(world: dict[str, Any]) -> None:
+    first = _deploy(world, 1, serial="(1, 1)")
+    FakeSlot.behaviour = {"10.9.0.2": "broken"}
+    result = _deploy(world, 2, serial="(1, 1)")
+    assert result.exit_code == ExitCode.ROLLED_BACK, result.message
+    assert result.hosts["h1"].status == "reverted"
+    assert result.hosts["h2"].status == "restored"
+    fleet: dict[str, FakeHost] = world["fleet"]
+    assert _serving(fleet["h1"]) == [first.release_id]
+    assert fleet["h1"].admin[-2:] == ["set server grpc/green state maint",
+                                      "set server rest/green state maint"]
+    assert fleet["h1"].files["/srv/tfsdeploy/hp2/current"] == \
+        f"->releases/{first.release_id}".encode()
+
+
+def test_stay_policy_keeps_rolled_hosts_and_exits_3(world: dict[str, Any]) -> None:
+    _deploy(world, 1, serial="(1, 1)", on_failure="stay")
+    FakeSlot.behaviour = {"10.9.0.2": "broken"}
+    result = _deploy(world, 2, serial="(1, 1)", on_failure="stay")
+    assert result.exit_code == ExitCode.INCONSISTENT
+    assert result.hosts["h1"].status == "rolled"
+    h1 = world["fleet"]["h1"]
+    assert h1.files["/srv/tfsdeploy/hp2/current"] == f"->releases/{result.release_id}".encode()
+    assert h1.admin[-1] == "set server rest/blue state maint"
+    # the old release is drained but kept running: a person decides, rollback stays instant
+    assert result.release_id in _serving(h1) and len(_serving(h1)) == 2
+
+
+def test_threshold_is_inclusive(world: dict[str, Any]) -> None:
+    _deploy(world, 1, serial="(1,)", max_fail=25)
+    FakeSlot.behaviour = {"10.9.0.2": "broken"}
+    result = _deploy(world, 2, serial="(1,)", max_fail=25)  # 1 of 4 = 25%: tolerated
+    assert [result.hosts[h].status for h in ("h1", "h2", "h3", "h4")] == [
+        "rolled", "restored", "rolled", "rolled"]
+    assert result.exit_code == ExitCode.INCONSISTENT
+    FakeSlot.behaviour = {"10.9.0.2": "broken", "10.9.0.3": "broken"}
+    result = _deploy(world, 3, serial="(1,)", max_fail=25)  # the second failure stops it
+    assert result.hosts["h4"].status == "skipped"
+    assert result.exit_code == ExitCode.ROLLED_BACK
+
+
+def test_unreachable_host_in_preflight_changes_nothing(world: dict[str, Any]) -> None:
+    _deploy(world, 1)
+    world["fleet"]["h3"].unreachable = True
+    result = _deploy(world, 2)
+    assert result.exit_code == ExitCode.INVALID
+    assert result.hosts["h3"].status == "unreachable"
+    assert all(len(world["fleet"][h].ran("docker", "run")) == 2 for h in ("h1", "h2", "h4"))
+
+
+def test_gpu_without_room_is_refused_in_preflight(world: dict[str, Any]) -> None:
+    _deploy(world, 1)
+    world["fleet"]["h2"].gpu_used_mib = 16000
+    result = _deploy(world, 2)
+    assert result.exit_code == ExitCode.INVALID
+    assert "623 MiB free on GPU 0" in result.hosts["h2"].error
+    assert "384 MiB free (16000 of 16384 MiB used)" in result.hosts["h2"].error
+
+
+def test_held_lock_exits_4_and_names_holder(world: dict[str, Any]) -> None:
+    _deploy(world, 1)
+    holder = {"token": "t", "who": "alice", "machine": "elsewhere", "pid": 7,
+              "started": "2026-11-30T10:00:00+00:00", "command": "deploy hp2 v9"}
+    world["fleet"]["h1"].files["/srv/tfsdeploy/hp2/lock/info.json"] = json.dumps(holder).encode()
+    with pytest.raises(LockHeld) as error:
+        _deploy(world, 2)
+    assert error.value.exit_code == ExitCode.LOCKED
+    assert "deploy hp2 v9 by alice@elsewhere (pid 7)" in str(error.value)
+    assert "fab lock --model hp2 --break" in str(error.value)
