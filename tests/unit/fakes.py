@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -186,7 +186,7 @@ class FakeRunner:
 class FakeSlot:
     """A TFServing slot: AVAILABLE unless the host is set to fail; half_plus_two outputs."""
 
-    behaviour: dict[str, str] = {}
+    behaviour: ClassVar[dict[str, str]] = {}
 
     def __init__(self, address: str, port: int, model: str) -> None:
         self.address = address
