@@ -66,7 +66,9 @@ def live(tmp_path_factory: pytest.TempPathFactory, sources: dict[str, pathlib.Pa
         f"--port={grpc_port}", f"--rest_api_port={rest_port}", f"--model_config_file={config}",
         f"--monitoring_config_file={monitoring}", "--file_system_poll_wait_seconds=1",
         "--max_num_load_retries=1", "--load_retry_interval_micros=100000", "--enable_batching",
-        "--num_request_iterations_for_warmup=2"], root / "server.log")
+        "--num_request_iterations_for_warmup=2",
+        "--grpc_channel_arguments=grpc.max_connection_age_ms=2000,grpc.http2.max_pings_without_data=0"],
+        root / "server.log")
     try:
         server.wait_port(rest_port)
         yield Live(server, grpc_port, rest_port, root, sources)

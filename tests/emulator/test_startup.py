@@ -180,3 +180,24 @@ def test_entrypoint_appends_flags_and_same_ports_skip_rest(emulator, tmp_path, s
         assert time.monotonic() < deadline, server.output()
         time.sleep(0.1)
     assert f"Running gRPC ModelServer at 0.0.0.0:{port} ..." in server.output()
+
+
+def test_model_config_file_is_re_read(emulator, tmp_path, sources) -> None:
+    from conftest import status_of, stubs, wait_for
+
+    base = tmp_path / "m"
+    modelgen.copy_version(sources["hpt1"], base, 1)
+    entry = f'config {{ name: "%s" base_path: "{base}" model_platform: "tensorflow" }}'
+    config = write(tmp_path / "models.config", f"model_config_list {{ {entry % 'a'} }}")
+    port = free_port()
+    server = emulator([f"--port={port}", f"--model_config_file={config}",
+                       "--model_config_file_poll_wait_seconds=1"])
+    server.wait_port(port)
+    _predict, models, _channel = stubs(port)
+    write(tmp_path / "models.config", "this is { not a config")
+    time.sleep(1.5)
+    assert status_of(models, "a") == {1: (30, 0)}  # a bad file is logged and ignored
+    assert "Failed to read ModelServerConfig file: Invalid protobuf file:" in server.output()
+    write(tmp_path / "models.config", f"model_config_list {{ {entry % 'b'} }}")
+    wait_for(lambda: status_of(models, "b") == {1: (30, 0)}, what="model b loaded")
+    wait_for(lambda: status_of(models, "a") == {1: (50, 0)}, what="model a unloaded")

@@ -395,6 +395,7 @@ class ServerCore:
         try:
             model = self._load_model(record.path, list(options.tags))
             servable = Servable(record.name, record.version, model, options)
+            servable.metrics = self.metrics
             if self.scheduler is not None and options.batching is not None:
                 servable.attach_batching(self.scheduler)
             if options.enable_warmup:

@@ -51,6 +51,7 @@ class Servable:
         self.version = version
         self.model = model
         self.options = options
+        self.metrics: Metrics | None = None
         self.queues: dict[str, BatchQueue] = {}
         self._inflight = 0
         self._idle = threading.Condition()
@@ -117,7 +118,11 @@ class Servable:
                     f"be in the set {{{','.join(sorted(signature.inputs))}}}.")
             inputs[alias] = to_numpy(proto)
         aliases = _output_aliases(signature, list(request.output_filter))
+        started = time.monotonic()
         outputs = self.run(signature.key, inputs)
+        if self.metrics is not None:
+            self.metrics.runtime_latency.observe((time.monotonic() - started) * 1e6, self.name,
+                                                 "Predict", "TF1")
         response = predict_pb2.PredictResponse()
         response.model_spec.name = self.name
         response.model_spec.version.value = self.version
