@@ -112,7 +112,9 @@ def start_builder(places: Places) -> None:
         json.dumps({"deprecated-key-path": str(bdir / "engine-key.json")}) + "\n")
     data = places.images / "docker"
     data.mkdir(parents=True, exist_ok=True)
-    argv = ["dockerd", f"--host=unix://{builder_socket(places)}", f"--data-root={data}",
+    # its own mount namespace: the overlay and netns mounts it makes vanish with it
+    argv = ["unshare", "--mount", "--propagation", "private", "--",
+            "dockerd", f"--host=unix://{builder_socket(places)}", f"--data-root={data}",
             f"--exec-root={bdir / 'exec'}", f"--pidfile={bdir / 'dockerd.pid'}",
             f"--config-file={bdir / 'daemon.json'}", "--bridge=none", "--iptables=false",
             "--ip-masq=false", "--ip6tables=false", "--storage-driver=overlay2",

@@ -295,12 +295,26 @@ def cmd_down(args: argparse.Namespace) -> int:
         pass
     hostlib.remove_bridge()
     remove_user_ssh()
+    unmount_leftovers(places)
     unmount_empty_netns_dir()
     if args.purge:
         shutil.rmtree(places.state, ignore_errors=True)
     print(f"testbed down: stopped {len(indexes)} hosts, registry, bridge "
           f"({time.monotonic() - t:.1f}s){'; state purged' if args.purge else ''}")
     return 0
+
+
+def unmount_leftovers(places: Places) -> None:
+    """Lazily unmount anything still mounted under the state dir or the image cache
+    (a daemon killed with SIGKILL in an older version could leave such mounts)."""
+    roots = (f"{places.state}/", f"{places.images}/")
+    points = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = line.split(" ")[4].encode().decode("unicode_escape")
+        if point.startswith(roots):
+            points.append(point)
+    for point in sorted(points, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 def unmount_empty_netns_dir() -> None:

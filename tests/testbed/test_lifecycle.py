@@ -1,0 +1,119 @@
+"""Stopping and breaking the fleet: `down` leaves nothing behind, `up` repairs a killed host.
+
+These take the fleet down or kill its daemons, so they only run on a fleet this test session
+started itself, or with TFSDEPLOY_TESTBED_DESTRUCTIVE=1 (see conftest.py).  Each one leaves the
+fleet up and healthy again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+from fleet_helpers import STATE, Testbed, load_testbed, run_testbed_cli
+
+pytestmark = pytest.mark.testbed
+
+OUR_DAEMONS = {"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2",
+               "docker-registry"}
+
+
+def up(*args: str) -> str:
+    proc = run_testbed_cli("up", *args)
+    assert proc.returncode == 0, f"scripts/testbed up failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+def status() -> tuple[int, dict[str, object]]:
+    proc = run_testbed_cli("status", "--json")
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def leftover_processes() -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z":
+            continue
+        if comm in OUR_DAEMONS or str(STATE) in cmdline or "tfsdeploy-testbed-" in cmdline:
+            found.append(f"{entry.name} {comm}: {cmdline[:120]}")
+    return found
+
+
+def leftover_mounts() -> list[str]:
+    lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    return [ln for ln in lines if "tfsdeploy" in ln or "/run/netns/tb" in ln]
+
+
+def test_up_recovers_after_kill_9_of_the_daemons(destructive: Testbed) -> None:
+    code, before = status()
+    assert code == 0
+    tb1 = before["hosts"][0]  # type: ignore[index]
+    victims = [tb1["sshd"], tb1["dockerd"], before["registry"]["pid"]]  # type: ignore[index]
+    victims.append(int((STATE / "hosts" / "tb1" / "holder.pid").read_text()))
+    for pid in victims:
+        os.kill(int(pid), signal.SIGKILL)
+    code, broken = status()
+    assert code != 0 and not broken["hosts"][0]["healthy"]  # type: ignore[index]
+    up("--hosts", str(len(destructive.hosts)), "--no-images")
+    code, after = status()
+    assert code == 0, after
+    assert after["hosts"][0]["dockerd"] not in victims  # type: ignore[index]
+    assert destructive.ssh(destructive.hosts[0], "hostname").stdout.strip() == "tb1"
+    assert destructive.docker(destructive.hosts[0], "ps").returncode == 0
+    containerds = [p for p in leftover_processes() if " containerd:" in p]
+    assert len(containerds) == len(destructive.hosts), containerds  # none left over from tb1
+
+
+def test_gpu_memory_can_be_set_per_host(destructive: Testbed) -> None:
+    n = str(len(destructive.hosts))
+    try:
+        up("--hosts", n, "--no-images", "--gpu-mib", "tb2=8192")
+        fleet = load_testbed(destructive.started_here)
+        mib = {h.name: h.gpus[0]["memory_mib"] for h in fleet.hosts}
+        assert mib["tb1"] == 16384 and mib["tb2"] == 8192
+        query = "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits"
+        assert fleet.ssh(fleet.hosts[1], query).stdout.strip() == "8192"
+        assert fleet.ssh(fleet.hosts[0], query).stdout.strip() == "16384"
+        up("--hosts", n, "--no-images", "--gpu-mib", "tb2=0")
+        proc = fleet.ssh(fleet.hosts[1], query, check=False)
+        assert proc.returncode != 0 and "couldn't communicate with the NVIDIA driver" in proc.stdout
+    finally:
+        up("--hosts", n, "--no-images")
+
+
+def test_down_leaves_nothing_behind_and_up_keeps_images(destructive: Testbed) -> None:
+    tb1 = destructive.hosts[0]
+    destructive.docker(tb1, "rm", "-f", "lifecycle-probe", check=False)
+    destructive.docker(tb1, "run", "-d", "--network", "host", "--name", "lifecycle-probe",
+                       "--entrypoint", "sleep", destructive.image("tfsdeploy-proxy"), "600")
+    proc = run_testbed_cli("down")
+    assert proc.returncode == 0, proc.stderr
+    try:
+        netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        assert not [n for n in netns.split() if n.startswith("tb")], netns
+        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        assert "tfsbr0" not in links and "tfs-tb" not in links
+        assert leftover_processes() == []
+        assert leftover_mounts() == []
+        rules = subprocess.run(["iptables", "-S"], capture_output=True, text=True).stdout
+        assert "tfsdeploy-testbed" not in rules
+        ssh_config = Path.home() / ".ssh" / "config"
+        assert not ssh_config.exists() or "tfsdeploy-testbed" not in ssh_config.read_text()
+    finally:
+        out = up("--hosts", str(len(destructive.hosts)))
+    assert "pulls (0)" in out, f"host images should survive down/up:\n{out}"
+    assert status()[0] == 0
+    ps = destructive.docker(tb1, "ps", "-a", "--format", "{{.Names}}").stdout.split()
+    assert "lifecycle-probe" in ps  # the host's engine state survived, like a rebooted machine
+    destructive.docker(tb1, "rm", "-f", "lifecycle-probe")
