@@ -159,6 +159,21 @@ def test_bad_warmup_fails_the_load(live: Live, source: str, version: int, code: 
     assert live.served_version() == 6
 
 
+def test_reload_reports_new_models_that_fail(live: Live) -> None:
+    modelgen.copy_version(live.sources["corrupt"], live.root / "broken", 1)
+    text = CONFIG.format(root=live.root, policy="specific { versions: 1 versions: 3 }")
+    text = text.rstrip().rstrip("}") + (f'config {{ name: "broken" base_path: '
+                                        f'"{live.root}/broken" model_platform: "tensorflow" }}}}')
+    config = text_format.Parse(text, model_server_config_pb2.ModelServerConfig())
+    with pytest.raises(grpc.RpcError) as info:
+        live.models.HandleReloadConfigRequest(
+            model_management_pb2.ReloadConfigRequest(config=config), timeout=60)
+    assert info.value.code() == grpc.StatusCode.UNKNOWN
+    assert info.value.details().startswith(
+        "1 model(s) did not become available: {{{name: broken version: 1} due to error: "
+        "DATA_LOSS: ")
+
+
 def _reload(live: Live, policy: str) -> None:
     text = CONFIG.format(root=live.root, policy=policy)
     config = text_format.Parse(text, model_server_config_pb2.ModelServerConfig())

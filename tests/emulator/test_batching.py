@@ -1,0 +1,81 @@
+"""Batching parameters really shape batches: timeout, max batch size and threads."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import time
+from typing import Any
+
+import modelgen
+import pytest
+from conftest import Emulator, free_port, http, predict_request, stubs, write
+
+BATCHING = """max_batch_size { value: 8 }
+batch_timeout_micros { value: 400000 }
+max_enqueued_batches { value: 4 }
+num_batch_threads { value: 1 }
+thread_pool_name { value: "bench_pool" }
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, sources: dict[str, Any]) -> Any:
+    root = tmp_path_factory.mktemp("batching")
+    modelgen.copy_version(sources["hpt1"], root / "hpt", 1)
+    batching = write(root / "batching.config", BATCHING)
+    monitoring = write(root / "monitoring.config",
+                       'prometheus_config { enable: true path: "/custom/metrics" }\n')
+    grpc_port, rest_port = free_port(), free_port()
+    emulator = Emulator([f"--port={grpc_port}", f"--rest_api_port={rest_port}",
+                         f"--model_base_path={root / 'hpt'}", "--model_name=hpt",
+                         "--enable_batching", f"--batching_parameters_file={batching}",
+                         f"--monitoring_config_file={monitoring}"], root / "server.log")
+    try:
+        emulator.wait_port(rest_port)
+        predict, _models, _channel = stubs(grpc_port)
+        yield predict, f"http://127.0.0.1:{rest_port}"
+    finally:
+        emulator.stop()
+
+
+def batches(rest: str) -> tuple[int, int]:
+    status, page = http("GET", rest + "/custom/metrics")
+    assert status == 200
+    count = re.search(r"^:tensorflow:serving:batching_session:input_batch_size_count\{\} (\d+)$",
+                      page, re.M)
+    total = re.search(r"^:tensorflow:serving:batching_session:input_batch_size_sum\{\} (\S+)$",
+                      page, re.M)
+    assert 'queuing_latency_count{thread_pool_name="bench_pool"}' in page or not count
+    return (int(count.group(1)) if count else 0, int(float(total.group(1))) if total else 0)
+
+
+def concurrent_latencies(predict: Any, n: int) -> list[float]:
+    def call(_: int) -> float:
+        started = time.monotonic()
+        predict.Predict(predict_request("hpt", [[1.0]]), timeout=30)
+        return time.monotonic() - started
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=n) as pool:
+        return list(pool.map(call, range(n)))
+
+
+def test_partial_batch_waits_for_the_timeout(server: Any) -> None:
+    predict, rest = server
+    before = batches(rest)
+    latencies = concurrent_latencies(predict, 3)
+    after = batches(rest)
+    assert after[1] - before[1] == 3
+    assert after[0] - before[0] <= 2  # merged into one batch (rarely two)
+    assert min(latencies) >= 0.3  # nobody filled the batch: it ran at the 400 ms timeout
+
+
+def test_full_batch_runs_without_waiting(server: Any) -> None:
+    predict, rest = server
+    before = batches(rest)
+    request = predict_request("hpt", [[1.0]] * 8)
+    started = time.monotonic()
+    predict.Predict(request, timeout=30)
+    assert time.monotonic() - started < 0.3  # a full batch (8 = max_batch_size) goes at once
+    after = batches(rest)
+    assert after == (before[0] + 1, before[1] + 8)
