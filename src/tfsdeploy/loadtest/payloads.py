@@ -77,15 +77,15 @@ class Payloads:
 def _tensor_from_array(array: np.ndarray[Any, Any], dtype: str) -> Message:
     """A TensorProto holding ``array`` (tensor_content for numbers, string_val for text)."""
     tensor = protos.new_message(protos.TENSOR_PROTO)
-    tensor.dtype = protos.dtype_value(dtype)  # type: ignore[attr-defined]
+    tensor.dtype = protos.dtype_value(dtype)
     for size in array.shape:
-        tensor.tensor_shape.dim.add(size=int(size))  # type: ignore[attr-defined]
+        tensor.tensor_shape.dim.add(size=int(size))
     if dtype == "DT_STRING":
-        tensor.string_val.extend(_to_bytes(v) for v in array.reshape(-1))  # type: ignore[attr-defined]
+        tensor.string_val.extend(_to_bytes(v) for v in array.reshape(-1))
         return tensor
     if dtype not in _DTYPES:
         raise PayloadError(f"unsupported dtype {dtype} (use one of {sorted(_DTYPES)} or DT_STRING)")
-    tensor.tensor_content = array.astype(_DTYPES[dtype][0]).tobytes()  # type: ignore[attr-defined]
+    tensor.tensor_content = array.astype(_DTYPES[dtype][0]).tobytes()
     return tensor
 
 
@@ -191,9 +191,9 @@ def request_from_json(obj: Any, dtypes: Mapping[str, str]) -> Message:
     else:
         raise PayloadError('expected "inputs", "instances" or a protobuf-JSON PredictRequest')
     for name, values in columns.items():
-        request.inputs[name].CopyFrom(tensor_from_json(name, values, dtypes))  # type: ignore[attr-defined]
+        request.inputs[name].CopyFrom(tensor_from_json(name, values, dtypes))
     if obj.get("signature_name"):
-        request.model_spec.signature_name = str(obj["signature_name"])  # type: ignore[attr-defined]
+        request.model_spec.signature_name = str(obj["signature_name"])
     return request
 
 
@@ -274,5 +274,5 @@ def build_payloads(requests: Sequence[Message], spec: RequestSpec, *, rest: bool
         apply_spec(request, spec)
     grpc_bodies = tuple(r.SerializeToString() for r in requests)
     rest_bodies = tuple((rest_path(r), rest_body(r)) for r in requests) if rest else ()
-    model = str(requests[0].model_spec.name)  # type: ignore[attr-defined]
+    model = str(requests[0].model_spec.name)
     return Payloads(grpc=grpc_bodies, rest=rest_bodies, model=model)

@@ -131,7 +131,8 @@ def _pool() -> descriptor_pool.DescriptorPool:
 def message_class(full_name: str) -> type[Message]:
     """The generated class for a message of the private pool, e.g. ``PREDICT_REQUEST``."""
     descriptor = _pool().FindMessageTypeByName(full_name)
-    return message_factory.GetMessageClass(descriptor)
+    cls: type[Message] = message_factory.GetMessageClass(descriptor)
+    return cls
 
 
 def new_message(full_name: str, **fields: Any) -> Message:

@@ -1,0 +1,141 @@
+"""Capacity planning: how many TFServing instances a target QPS needs.
+
+    instances = target_qps / (per_instance_qps x load_factor x availability_factor)
+
+``per_instance_qps`` must be measured at the SLO (the best point under the SLO of a
+concurrency sweep), never the raw peak. ``load_factor`` (default 0.65) leaves 35% for daily
+swings; ``availability_factor`` (default 0.9) covers rolling releases and one failed instance.
+
+* minimum = ceil(instances)
+* recommended = max(ceil(minimum x (1 + headroom)), minimum + spares), with headroom 15% and
+  one spare per failure domain (default 1 domain). The article's example, 100,000 QPS at 8,000
+  per instance: 100000 / (8000 x 0.65 x 0.9) = 21.37 -> minimum 22 -> recommended 26
+  (22 x 1.15 = 25.3 -> 26, and 22 + 1 = 23), inside its "deploy 24-28".
+
+Pure: no I/O except ``load_sweep_report``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_LOAD_FACTOR = 0.65
+DEFAULT_AVAILABILITY_FACTOR = 0.9
+DEFAULT_HEADROOM = 0.15
+DEFAULT_FAILURE_DOMAINS = 1
+SWEEP_KIND = "tfsdeploy.sweep"
+
+
+class CapacityError(ValueError):
+    """Inputs that do not allow a plan."""
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    """The result, with every input kept so the arithmetic can be shown."""
+
+    target_qps: float
+    per_instance_qps: float
+    load_factor: float
+    availability_factor: float
+    headroom: float
+    failure_domains: int
+    exact: float
+    minimum: int
+    recommended: int
+    source: str = ""
+
+    @property
+    def usable_per_instance_qps(self) -> float:
+        """What one instance is planned to carry: measured x load x availability."""
+        return self.per_instance_qps * self.load_factor * self.availability_factor
+
+    def explain(self) -> str:
+        """The arithmetic, line by line, for people and for the runbook."""
+        by_headroom = math.ceil(round(self.minimum * (1 + self.headroom), 9))
+        lines = [
+            f"per-instance QPS at the SLO: {self.per_instance_qps:,.1f}"
+            + (f" (from {self.source})" if self.source else ""),
+            "instances = target / (per-instance x load factor x availability factor)",
+            f"          = {self.target_qps:,.0f} / ({self.per_instance_qps:,.1f} x "
+            f"{self.load_factor:g} x {self.availability_factor:g})",
+            f"          = {self.target_qps:,.0f} / {self.usable_per_instance_qps:,.1f}"
+            f" = {self.exact:.2f}",
+            f"minimum: ceil({self.exact:.2f}) = {self.minimum}",
+            f"recommended: max(ceil({self.minimum} x {1 + self.headroom:g}) = {by_headroom}, "
+            f"{self.minimum} + {self.failure_domains} spare per failure domain = "
+            f"{self.minimum + self.failure_domains}) = {self.recommended}",
+        ]
+        return "\n".join(lines)
+
+    def as_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"targetQps": self.target_qps, "perInstanceQps": self.per_instance_qps,
+                "loadFactor": self.load_factor, "availabilityFactor": self.availability_factor,
+                "headroom": self.headroom, "failureDomains": self.failure_domains,
+                "exact": self.exact, "minimum": self.minimum,
+                "recommended": self.recommended, "source": self.source}
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not 0 < value <= 1:
+        raise CapacityError(f"{name} must be in (0, 1], got {value:g}")
+
+
+def plan(target_qps: float, per_instance_qps: float, *,
+         load_factor: float = DEFAULT_LOAD_FACTOR,
+         availability_factor: float = DEFAULT_AVAILABILITY_FACTOR,
+         headroom: float = DEFAULT_HEADROOM,
+         failure_domains: int = DEFAULT_FAILURE_DOMAINS,
+         source: str = "") -> CapacityPlan:
+    """Minimum and recommended instance counts for ``target_qps``."""
+    if target_qps <= 0:
+        raise CapacityError(f"target QPS must be positive, got {target_qps:g}")
+    if per_instance_qps <= 0:
+        raise CapacityError(f"per-instance QPS must be positive, got {per_instance_qps:g}")
+    _check_fraction("load factor", load_factor)
+    _check_fraction("availability factor", availability_factor)
+    if headroom < 0 or failure_domains < 0:
+        raise CapacityError("headroom and failure domains must not be negative")
+    exact = target_qps / (per_instance_qps * load_factor * availability_factor)
+    # round() first: 21.000000000000004 from float noise must not become 22
+    minimum = max(math.ceil(round(exact, 9)), 1)
+    recommended = max(math.ceil(round(minimum * (1 + headroom), 9)), minimum + failure_domains)
+    return CapacityPlan(target_qps, per_instance_qps, load_factor, availability_factor,
+                        headroom, failure_domains, exact, minimum, recommended, source)
+
+
+def per_instance_qps_from_sweep(report: Mapping[str, Any]) -> float:
+    """The per-instance QPS of a sweep report: its best point under the SLO / instances."""
+    if report.get("kind") != SWEEP_KIND:
+        raise CapacityError("not a sweep report (run scripts/loadtest --sweep first)")
+    value = report.get("perInstanceQps")
+    if value is None:
+        raise CapacityError("the sweep found no point under the SLO: no per-instance figure")
+    return float(value)
+
+
+def load_sweep_report(path: Path) -> dict[str, Any]:
+    """Read a sweep report file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise CapacityError(f"{path}: {err}") from err
+    if not isinstance(data, dict):
+        raise CapacityError(f"{path}: not a JSON object")
+    return data
+
+
+def plan_from_sweep(target_qps: float, path: Path, **factors: Any) -> CapacityPlan:
+    """``plan`` with the per-instance figure read from a sweep report file."""
+    report = load_sweep_report(path)
+    qps = per_instance_qps_from_sweep(report)
+    best = report.get("best") or {}
+    source = (f"{path}: best point under the SLO, concurrency {best.get('concurrency')}, "
+              f"p99 {best.get('p99_ms', 0):.2f} ms, over {report.get('instances', 1)} instance(s)")
+    return plan(target_qps, qps, source=source, **factors)
