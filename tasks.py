@@ -86,26 +86,69 @@ def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
     _run(body)
 
 
-@task(help={
+UNATTENDED = {
+    "json": "print the result as JSON on stdout (progress goes to stderr)",
+    "log_file": "also append the progress lines, time-stamped, to this file",
+    "json_file": "write the JSON result to this file (atomically)",
+    "metrics_file": "update this Prometheus textfile (node_exporter textfile collector)",
+}
+SELECT = {
     "model": "model name from the inventory's catalog (required)",
     "inventory": "inventory file (default: $TFSDEPLOY_INVENTORY or inventory/testbed.py)",
     "hosts": "hosts, groups or globs, comma-separated (default: the model's hosts)",
     "limit": "further narrow the hosts",
+}
+
+
+def _finish(command: str, result: Any, *, json: bool, json_file: str | None,
+            metrics_file: str | None) -> int:
+    """Print the summary (or JSON), write the unattended outputs, return the exit code."""
+    from tfsdeploy.cli import deploy as cmd
+    from tfsdeploy.cli.output import print_table
+    from tfsdeploy.cli.unattended import update_textfile, write_json_file
+
+    data = {"command": command, **result.as_dict()}
+    if json:
+        cmd.print_json(data)
+    else:
+        print_table(f"{command} {result.model} v{result.version} ({result.release_id}): "
+                    f"{result.exit_code.name.lower()} in {result.seconds:.1f} s",
+                    ("host", "result", "time per phase", "gates", "error"),
+                    cmd.summary_rows(result))
+        print(result.message)
+    if json_file:
+        write_json_file(json_file, data)
+    if metrics_file:
+        update_textfile(metrics_file, model=result.model, command=command,
+                        exit_code=int(result.exit_code), seconds=result.seconds,
+                        release=result.release_id, version=result.version)
+    return int(result.exit_code)
+
+
+def _reporter(json: bool, log_file: str | None) -> Any:
+    import sys
+
+    from tfsdeploy.cli.deploy import LineReporter
+
+    return LineReporter(sys.stderr if json else sys.stdout, log_file)
+
+
+@task(help={
+    **SELECT,
     "version": "model version to deploy (default: the newest in the model's source)",
     "playbook": "playbook file (default: playbooks/deploy.yml)",
     "lock_wait": "seconds to wait for another deploy's lock before exiting 4 (default 0)",
     "check": "show the per-host plan; touch nothing",
     "diff": "with --check: also diff every file against what is live",
-    "json": "print the result as JSON on stdout (progress goes to stderr)",
+    **UNATTENDED,
 })
 def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
            limit: str | None = None, version: str | None = None, playbook: str | None = None,
            lock_wait: float = 0.0, check: bool = False, diff: bool = False,
-           json: bool = False) -> None:
+           json: bool = False, log_file: str | None = None, json_file: str | None = None,
+           metrics_file: str | None = None) -> None:
     """Roll a model release host by host in a dual-version window, gated on health."""
     def body() -> int:
-        import sys
-
         from tfsdeploy.cli import deploy as cmd
         from tfsdeploy.cli.output import print_table
 
@@ -124,17 +167,147 @@ def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None =
                 if row["diff"]:
                     print(row["diff"])
             return 0
-        result = cmd.deploy(request, reporter=cmd.LineReporter(sys.stderr if json else
-                                                                sys.stdout))
+        result = cmd.deploy(request, reporter=_reporter(json, log_file))
+        return _finish("deploy", result, json=json, json_file=json_file,
+                       metrics_file=metrics_file)
+
+    _run(body)
+
+
+@task(help={
+    **SELECT,
+    "to": "release id to return to (default: the newest release good on every host)",
+    "playbook": "playbook file (default: playbooks/rollback.yml)",
+    "lock_wait": "seconds to wait for another deploy's lock before exiting 4 (default 0)",
+    **UNATTENDED,
+})
+def rollback(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+             limit: str | None = None, to: str | None = None, playbook: str | None = None,
+             lock_wait: float = 0.0, json: bool = False, log_file: str | None = None,
+             json_file: str | None = None, metrics_file: str | None = None) -> None:
+    """Return hosts to a retained release: a gated switch back within the window."""
+    def body() -> int:
+        from tfsdeploy.cli.rollback import RollbackRequest
+        from tfsdeploy.cli.rollback import rollback as run_rollback
+
+        result = run_rollback(RollbackRequest(model=model, inventory=inventory, hosts=hosts,
+                                              limit=limit, to=to, playbook=playbook,
+                                              lock_wait=float(lock_wait)),
+                              reporter=_reporter(json, log_file))
+        return _finish("rollback", result, json=json, json_file=json_file,
+                       metrics_file=metrics_file)
+
+    _run(body)
+
+
+@task(help={**SELECT, "json": "print JSON instead of a table"})
+def status(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+           limit: str | None = None, json: bool = False) -> None:
+    """Per host: live release, slots, traffic, version states, drift and the lock."""
+    def body() -> int:
+        from tfsdeploy.cli.deploy import print_json
+        from tfsdeploy.cli.fleet import FleetRequest
+        from tfsdeploy.cli.fleet import status as fleet_status
+        from tfsdeploy.cli.output import print_table
+
+        rows = fleet_status(FleetRequest(model, inventory, hosts, limit))
         if json:
-            cmd.print_json(result.as_dict())
+            print_json(rows)
         else:
-            print_table(f"deploy {model} v{result.version} ({result.release_id}): "
-                        f"{result.exit_code.name.lower()} in {result.seconds:.1f} s",
-                        ("host", "result", "time per phase", "gates", "error"),
-                        cmd.summary_rows(result))
-            print(result.message)
-        return int(result.exit_code)
+            print_table(f"{model}: status", ("host", "release", "version", "traffic", "slots",
+                                             "drift", "lock"),
+                        [_status_row(r) for r in rows])
+        return 0 if all(r["reachable"] for r in rows) else 3
+
+    _run(body)
+
+
+def _status_row(row: dict[str, Any]) -> tuple[str, ...]:
+    if not row["reachable"]:
+        return (row["host"], "UNREACHABLE", "", "", row.get("error", "")[:60], "", "")
+    slots = "; ".join(
+        f"{slot}: " + ", ".join(
+            f"{c['release']} {'running' if c['running'] else 'stopped'}"
+            + "".join(f" [{v.get('version', '?')} {v.get('state', v.get('error'))}]"
+                      for v in c["versions"])
+            for c in containers)
+        for slot, containers in row["slots"].items() if containers)
+    return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
+            str(row["traffic_slot"] or "-"), slots or "-", ", ".join(row["drift"]) or "none",
+            row["lock"] or "free")
+
+
+@task(help={**SELECT, "json": "print JSON instead of tables"})
+def history(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+            limit: str | None = None, json: bool = False) -> None:
+    """Releases per host with results and durations, and the audit log."""
+    def body() -> int:
+        from tfsdeploy.cli.deploy import print_json
+        from tfsdeploy.cli.fleet import FleetRequest
+        from tfsdeploy.cli.fleet import history as fleet_history
+        from tfsdeploy.cli.output import print_table
+
+        rows = fleet_history(FleetRequest(model, inventory, hosts, limit))
+        if json:
+            print_json(rows)
+            return 0
+        for row in rows:
+            if not row["reachable"]:
+                print(f"{row['host']}: UNREACHABLE ({row['error']})")
+                continue
+            print_table(f"{row['host']}: releases of {model}",
+                        ("release", "version", "status", "slot", "by", "at", "seconds", "gates"),
+                        [(r["id"], str(r["version"]), str(r["status"]), str(r["slot"]),
+                          str(r["by"]), str(r["at"]), str(r["seconds"]),
+                          " ".join(f"{g} {s:.1f}s" for g, s in r["gates"].items()))
+                         for r in row["releases"]])
+            for entry in row["audit"][-15:]:
+                extra = {k: v for k, v in entry.items()
+                         if k not in ("time", "who", "host", "model", "event", "release")}
+                print(f"  {entry.get('time')} {entry.get('who')} {entry.get('event')} "
+                      f"{entry.get('release')} {extra or ''}")
+        return 0 if all(r["reachable"] for r in rows) else 3
+
+    _run(body)
+
+
+@task(help={
+    **SELECT,
+    "max_error_rate": "act above this error rate (default 0.01 = 1%)",
+    "slo_p99_ms": "act above this P99 in ms (default: the model's latency SLO)",
+    "for_s": "only after the breach lasted this long (default 30 s)",
+    "interval_s": "seconds between metric reads (default 5)",
+    "duration_s": "stop watching after this long (default: until a rollback)",
+    "min_requests": "ignore windows with fewer requests (default 20)",
+    "log_file": UNATTENDED["log_file"],
+    "metrics_file": UNATTENDED["metrics_file"],
+})
+def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+          limit: str | None = None, max_error_rate: float = 0.01,
+          slo_p99_ms: float | None = None, for_s: float = 30.0, interval_s: float = 5.0,
+          duration_s: float | None = None, min_requests: int = 20,
+          log_file: str | None = None, metrics_file: str | None = None) -> None:
+    """Watch TFServing's metrics; roll back automatically when the SLO breaks."""
+    def body() -> int:
+        import time
+
+        from tfsdeploy.cli.guard import GuardRequest
+        from tfsdeploy.cli.guard import guard as run_guard
+        from tfsdeploy.cli.unattended import update_textfile
+
+        started = time.monotonic()
+        code, message = run_guard(GuardRequest(
+            model=model, inventory=inventory, hosts=hosts, limit=limit,
+            max_error_rate=float(max_error_rate),
+            slo_p99_ms=float(slo_p99_ms) if slo_p99_ms else None, for_s=float(for_s),
+            interval_s=float(interval_s),
+            duration_s=float(duration_s) if duration_s else None,
+            min_requests=int(min_requests)), reporter=_reporter(False, log_file))
+        print(message)
+        if metrics_file:
+            update_textfile(metrics_file, model=model, command="guard", exit_code=int(code),
+                            seconds=time.monotonic() - started, release="", version=None)
+        return int(code)
 
     _run(body)
 
@@ -174,4 +347,4 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
     _run(body)
 
 
-ns = Collection(render, hosts, deploy, lock)
+ns = Collection(render, hosts, deploy, rollback, status, history, guard, lock)

@@ -67,6 +67,7 @@ class Release:
     stage_lock: threading.Lock = field(default_factory=threading.Lock)
     archive: str | None = None
     client_factory: Callable[[str, int, str], Any] | None = None  # tests pass a fake
+    rollback: bool = False  # rolling back to a retained release (its record stays as it is)
 
 
 def slot_client(job: HostJob) -> Any:
@@ -91,7 +92,9 @@ class HostJob:
     new_slot: str = "blue"
     old: Container | None = None
     unchanged: bool = False
-    started: bool = False
+    started: bool = False  # we created the new container (restore removes it)
+    resumed: bool = False  # we started a retained, stopped container (restore stops it)
+    warm: bool = False  # the target container was already running and loaded
     switched: bool = False
     gates: list[dict[str, Any]] = field(default_factory=list)
     steps: list[dict[str, Any]] = field(default_factory=list)
@@ -167,7 +170,7 @@ def check_docker(job: HostJob) -> str:
 @action("discover")
 def discover_state(job: HostJob) -> str:
     """Read what is live and choose the free slot; detect a release that is already live."""
-    job.state = discover(job.runner, job.release.model.name, job.paths)
+    job.state = discover(job.runner, job.release.model.name, job.paths, job.ports.admin)
     job.old = job.state.serving
     job.new_slot = other_slot(job.old.slot) if job.old else "blue"
     current = job.state.current or {}
@@ -204,11 +207,16 @@ def check_gpu(job: HostJob) -> str:
     gpu = job.render.gpu
     if gpu is None or job.unchanged:
         return "no GPU" if gpu is None else "unchanged"
+    if any(c.release == job.release.release_id and c.running for c in job.state.containers):
+        return "the release's container already runs"
     rows = job.must(commands.gpu_memory(), "check_gpu").strip().splitlines()
     need = gpu.fraction * gpu.gpu_memory_mib
+    # a drained old release still running in the slot we take is replaced, freeing its share
+    reclaim = need if any(c.running for c in job.state.in_slot(job.new_slot)
+                          if c != job.old) else 0.0
     for row in rows:
         index, total, used = (int(float(x)) for x in row.split(","))
-        free = total - used
+        free = total - used + int(reclaim)
         if free < need:
             raise GateFailed(
                 "check_gpu", f"{need:.0f} MiB free on GPU {index} for the new release "
@@ -237,6 +245,9 @@ def stage_model(job: HostJob) -> str:
     final = job.paths.version_dir(job.release.version)
     if job.runner.run(["test", "-f", f"{final}/saved_model.pb"]).ok:
         return f"version {job.release.version} already staged"
+    if not Path(job.release.source_dir, "saved_model.pb").is_file():
+        raise GateFailed("stage_model", f"version {job.release.version} on the host or in "
+                         f"the model's source ({job.release.source_dir})", "neither has it")
     archive = _version_archive(job.release)
     staging = f"{job.paths.model_dir}/.staging-{job.release.version}-{job.release.release_id}"
     job.must(commands.mkdir(job.paths.model_dir), "stage_model")
@@ -311,6 +322,34 @@ def start_slot(job: HostJob) -> str:
     job.must(argv, "start_slot")
     job.audit("start_slot", slot=job.new_slot, container=job.container)
     return f"{job.container} in {job.new_slot} (:{job.ports.slot_grpc(job.new_slot)})"
+
+
+@action("resume_release")
+def resume_release(job: HostJob) -> str:
+    """Bring a retained release back in the free slot: already running (warm), started
+    again (stopped, same slot), or re-created from its record (its files are on the host)."""
+    name = job.container
+    retained = [c for c in job.state.containers if c.release == job.release.release_id]
+    if retained and retained[0].slot == job.new_slot:
+        if retained[0].running:
+            job.warm = True
+            return f"{name} still running in {job.new_slot}: warm, no model load"
+        job.must(commands.start(name), "resume_release")
+        job.resumed = True
+        job.audit("resume_release", container=name, how="start")
+        return f"{name} started again in {job.new_slot}"
+    for container in job.state.in_slot(job.new_slot):
+        if container.running:
+            job.must(commands.remove(container.name), "resume_release")
+    job.runner.run(commands.remove(name))
+    argv = commands.run_slot(model=job.release.model.name, release_id=job.release.release_id,
+                             slot=job.new_slot, version=job.release.version,
+                             image=job.release.image, paths=job.paths, ports=job.ports,
+                             flags=flag_lines(job.render), gpus=job.host.vars.docker_gpus)
+    job.started = True
+    job.must(argv, "resume_release")
+    job.audit("resume_release", container=name, how="re-created from its record")
+    return f"{name} re-created from its record in {job.new_slot}"
 
 
 def _container_problem(job: HostJob) -> str | None:
@@ -419,8 +458,10 @@ def _requests(job: HostJob) -> list[GoldenExample]:
 
 
 @action("gate_warmup")
-def gate_warmup(job: HostJob, rounds: int = 20) -> str:
+def gate_warmup(job: HostJob, rounds: int = 20, skip_if_warm: bool = False) -> str:
     """Representative requests straight to the new slot until P99 is under the threshold."""
+    if skip_if_warm and job.warm:
+        return "skipped: the container was already running and warm"
     model = job.release.model
     threshold = (model.warmup.p99_ms or model.latency_slo_ms) / 1000
     examples = _requests(job)
@@ -565,8 +606,21 @@ def record_release(job: HostJob) -> str:
                          f"{directory}/manifest.json")
     job.must(commands.point_symlink(f"releases/{job.release.release_id}", job.paths.current),
              "record_release")
+    if job.release.rollback and job.old:
+        set_release_status(job, job.old.release, "rolled_back")
     job.audit("record_release", version=job.release.version, slot=job.new_slot)
     return f"current -> {job.release.release_id}"
+
+
+def set_release_status(job: HostJob, release_id: str, status: str) -> None:
+    """Rewrite one retained release's status (a release rolled back from is no longer good)."""
+    path = f"{job.paths.release_dir(release_id)}/manifest.json"
+    found = job.runner.run(commands.read_file(path))
+    if not found.ok:
+        return
+    record = json.loads(found.stdout)
+    record.update(status=status, updated_at=_now())
+    job.runner.put_bytes(json.dumps(record, indent=2).encode(), path)
 
 
 # -- finalize -----------------------------------------------------------------------------
@@ -575,7 +629,11 @@ def record_release(job: HostJob) -> str:
 def retire_old(job: HostJob) -> str:
     """Stop the drained old slot (kept for rollback) and prune releases beyond the limit."""
     notes = []
-    if job.old and not job.unchanged:
+    window = job.release.model.rollout.window_s
+    if job.old and not job.unchanged and window > 0:
+        notes.append(f"{job.old.name} kept running (drained) for the {window:g} s rollback "
+                     "window; `fab retire` or the next deploy stops it")
+    elif job.old and not job.unchanged:
         job.must(commands.stop(job.old.name), "retire_old", timeout=120)
         job.audit("retire_old", container=job.old.name)
         notes.append(f"stopped {job.old.name}")

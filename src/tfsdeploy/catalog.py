@@ -88,6 +88,9 @@ class Rollout:
     health_timeout_s: float = 60.0
     min_healthy_s: float = 5.0
     drain_timeout_s: float = 30.0
+    # after a successful roll the drained old release stays running this long, so that a
+    # rollback is a switch back with no model load (0: stop it at the end of the roll)
+    window_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -86,8 +87,12 @@ def read_lock(runner: Runner, lock_dir: str) -> LockInfo | None:
 
 
 def acquire(runner: Runner, lock_dir: str, info: LockInfo, *, wait_s: float, clock: Clock,
-            model: str) -> None:
-    """Take the lock, waiting up to ``wait_s``; raise LockHeld naming the holder."""
+            model: str, on_stale: Callable[[str], None] | None = None) -> None:
+    """Take the lock, waiting up to ``wait_s``; raise LockHeld naming the holder.
+
+    A lock left by a dead process of this machine (kill -9, a crashed cron job) is broken
+    and reported; a lock from another machine is never broken here.
+    """
     record = json.dumps(info.__dict__)
     end = clock.now() + wait_s
     while True:
@@ -96,6 +101,11 @@ def acquire(runner: Runner, lock_dir: str, info: LockInfo, *, wait_s: float, clo
         holder = read_lock(runner, lock_dir)
         if holder is None:
             continue  # released between our attempts: try again at once
+        if is_stale(holder):
+            break_lock(runner, lock_dir)
+            if on_stale:
+                on_stale(f"broke a stale lock: {holder.describe()} (that process is gone)")
+            continue
         if clock.now() >= end:
             stale = " It looks STALE: that process is gone." if is_stale(holder) else ""
             raise LockHeld(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from tfsdeploy.errors import TfsDeployError
 from tfsdeploy.inventory import ResolvedHost
 
 
@@ -36,7 +37,7 @@ class Result:
         return "\n".join(text[-lines:])
 
 
-class HostUnreachable(Exception):
+class HostUnreachable(TfsDeployError):
     """SSH could not connect, authenticate, or verify the host key."""
 
 

@@ -268,8 +268,10 @@ def restore_host(roll: Roll, job: HostJob) -> str:
             _switch_back(job)
         if job.started:
             job.runner.run(commands.remove(job.container))
+        elif job.resumed:
+            job.runner.run(commands.stop(job.container))
         directory = job.paths.release_dir(job.release.release_id)
-        if job.started:
+        if job.started and not job.release.rollback:
             status = "reverted" if was_rolled else "failed"
             job.runner.put_bytes(_json(manifest(job, status)), f"{directory}/manifest.json")
         job.audit("restore", previous=job.old.release if job.old else None)

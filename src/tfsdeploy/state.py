@@ -30,10 +30,20 @@ class HostState:
     containers: list[Container] = field(default_factory=list)
     current: dict[str, Any] | None = None  # the current release's manifest
     proxy_running: bool = False
+    traffic_slot: str | None = None  # the slot the proxy sends requests to, when it runs
 
     @property
     def serving(self) -> Container | None:
-        """The container of the current release, if it runs."""
+        """The container that takes traffic.
+
+        The proxy is the truth: a deploy killed between switch and record leaves ``current``
+        on the old release while the new one already serves, and the next run must treat the
+        serving container as the live one.
+        """
+        if self.traffic_slot:
+            live = [c for c in self.in_slot(self.traffic_slot) if c.running]
+            if live:
+                return live[-1]
         if not self.current:
             return None
         return next((c for c in self.containers
@@ -64,7 +74,17 @@ def parse_containers(ps_output: str) -> list[Container]:
     return sorted(found, key=lambda c: c.release)
 
 
-def discover(runner: Runner, model: str, paths: HostPaths) -> HostState:
+def traffic_slot(stat_csv: str) -> str | None:
+    """The slot HAProxy's gRPC backend sends new requests to (neither drained nor in maint)."""
+    from tfsdeploy.proxy import parse_states
+
+    ready = [server for (backend, server), status in parse_states(stat_csv).items()
+             if backend == "grpc" and not status.upper().startswith(("MAINT", "DRAIN"))]
+    return ready[0] if len(ready) == 1 else None
+
+
+def discover(runner: Runner, model: str, paths: HostPaths, admin_port: int | None = None
+             ) -> HostState:
     """Read the model's containers, current manifest and proxy state (read-only)."""
     listed = runner.run(commands.list_containers(model))
     if not listed.ok:
@@ -75,4 +95,50 @@ def discover(runner: Runner, model: str, paths: HostPaths) -> HostState:
         state.current = json.loads(manifest.stdout)
     proxy = runner.run(commands.inspect_state(proxy_name(model)))
     state.proxy_running = proxy.ok and proxy.stdout.startswith("running")
+    if state.proxy_running and admin_port is not None:
+        from tfsdeploy.proxy import ProxyAdmin
+
+        try:
+            state.traffic_slot = traffic_slot(ProxyAdmin(runner, admin_port).stat())
+        except Exception:  # an unreadable proxy: fall back to the recorded release
+            state.traffic_slot = None
     return state
+
+
+def parse_json_stream(text: str) -> list[dict[str, Any]]:
+    """Concatenated JSON objects (one `cat` of many manifests) -> list."""
+    decoder = json.JSONDecoder()
+    found: list[dict[str, Any]] = []
+    position = 0
+    while True:
+        while position < len(text) and text[position].isspace():
+            position += 1
+        if position >= len(text):
+            return found
+        try:
+            value, position = decoder.raw_decode(text, position)
+        except json.JSONDecodeError:
+            return found  # a manifest being written: the rest is unreadable now
+        if isinstance(value, dict):
+            found.append(value)
+
+
+def read_releases(runner: Runner, paths: HostPaths) -> list[dict[str, Any]]:
+    """Every retained release's manifest on the host, oldest first."""
+    script = ('for f in "$1"/*/manifest.json; do [ -f "$f" ] && cat "$f" && echo; done; true')
+    result = runner.run(["sh", "-c", script, "sh", paths.releases])
+    return sorted(parse_json_stream(result.stdout), key=lambda m: str(m.get("id", "")))
+
+
+GOOD = frozenset({"serving"})
+
+
+def common_good_release(histories: dict[str, list[dict[str, Any]]],
+                        current: dict[str, str | None]) -> str | None:
+    """The newest release that served well on every host and is not current anywhere."""
+    sets = [{m["id"] for m in releases if m.get("status") in GOOD}
+            for releases in histories.values()]
+    if not sets:
+        return None
+    candidates = set.intersection(*sets) - {c for c in current.values() if c}
+    return max(candidates) if candidates else None

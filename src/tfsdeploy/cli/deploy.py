@@ -24,7 +24,7 @@ from tfsdeploy.gates import Clock, SystemClock
 from tfsdeploy.golden import load_golden
 from tfsdeploy.inventory import Inventory, ResolvedHost, load_inventory
 from tfsdeploy.layout import host_paths, new_release_id
-from tfsdeploy.playbook import load_playbook, project_dir
+from tfsdeploy.playbook import Playbook, load_playbook, project_dir
 from tfsdeploy.remote import Runner, SshRunner
 from tfsdeploy.render import HostRender
 from tfsdeploy.rollout import CancellableClock, DeployResult, Reporter, make_roll
@@ -49,26 +49,33 @@ class DeployRequest:
 class LineReporter:
     """Progress lines as steps finish: elapsed, host, phase, step, status, duration, detail."""
 
-    def __init__(self, stream: TextIO) -> None:
-        self._stream = stream
+    def __init__(self, stream: TextIO, log_file: str | None = None) -> None:
+        self._streams = [stream]
+        if log_file:
+            Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+            self._streams.append(open(log_file, "a", buffering=1))  # noqa: SIM115
         self._start = time.monotonic()
         self._lock = threading.Lock()
+
+    def _print(self, text: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        for index, stream in enumerate(self._streams):
+            print(f"{stamp} {text}" if index else text, file=stream, flush=True)
 
     def step(self, host: str, phase: str, task: str, status: str, seconds: float,
              detail: str) -> None:
         """Print one finished step."""
         first, *rest = (detail or "").splitlines() or [""]
         with self._lock:
-            print(f"[{time.monotonic() - self._start:7.1f}s] {host:<10} {phase:<9} {task:<15} "
-                  f"{status:<7} {seconds:6.2f}s  {first}", file=self._stream, flush=True)
+            self._print(f"[{time.monotonic() - self._start:7.1f}s] {host:<10} {phase:<9} "
+                        f"{task:<15} {status:<7} {seconds:6.2f}s  {first}")
             for line in rest:
-                print(f"{'':>60}{line}", file=self._stream, flush=True)
+                self._print(f"{'':>60}{line}")
 
     def note(self, text: str) -> None:
         """Print a fleet-level message."""
         with self._lock:
-            print(f"[{time.monotonic() - self._start:7.1f}s] == {text}", file=self._stream,
-                  flush=True)
+            self._print(f"[{time.monotonic() - self._start:7.1f}s] == {text}")
 
 
 def build_release(inventory: Inventory, renders: list[HostRender], clock: Clock) -> Release:
@@ -112,21 +119,33 @@ def deploy(request: DeployRequest, *, reporter: Reporter,
     cancel = threading.Event()
     release = build_release(inventory, renders, CancellableClock(clock or SystemClock(), cancel))
     release.client_factory = client_factory
+    runners = {r.host.name: runner_factory(r.host) for r in renders}
+    return execute(inventory=inventory, playbook=playbook, release=release, renders=renders,
+                   runners=runners, reporter=reporter, cancel=cancel,
+                   lock_wait=request.lock_wait, clock=clock, runner_factory=runner_factory,
+                   verb="deploy")
+
+
+def execute(*, inventory: Inventory, playbook: Playbook, release: Release,
+            renders: list[HostRender], runners: dict[str, Runner], reporter: Reporter,
+            cancel: threading.Event, lock_wait: float, clock: Clock | None,
+            runner_factory: RunnerFactory, verb: str) -> DeployResult:
+    """Take the fleet lock, run the playbook's phases, always release the lock."""
     model = release.model
     lock_host = inventory.select(None, model=model)[0]
-    runners = {r.host.name: runner_factory(r.host) for r in renders}
     lock_runner = runners.get(lock_host.name) or runner_factory(lock_host)
     lock_dir = host_paths(lock_host, model).lock_dir
-    info = lock.new_lock_info(f"deploy {model.name} v{release.version}")
+    info = lock.new_lock_info(f"{verb} {model.name} v{release.version}")
     jobs = [HostJob(release=release, host=r.host, runner=runners[r.host.name], render=r)
             for r in renders]
     started = time.monotonic()
     try:
         with sigterm_as_interrupt():
-            lock.acquire(lock_runner, lock_dir, info, wait_s=request.lock_wait,
-                         clock=clock or SystemClock(), model=model.name)
-            reporter.note(f"deploy {model.name} version {release.version} as "
-                          f"{release.release_id} to {len(jobs)} host(s); lock on "
+            lock.acquire(lock_runner, lock_dir, info, wait_s=lock_wait,
+                         clock=clock or SystemClock(), model=model.name,
+                         on_stale=reporter.note)
+            reporter.note(f"{verb} {model.name} version {release.version} as "
+                          f"{release.release_id} on {len(jobs)} host(s); lock on "
                           f"{lock_host.name}")
             try:
                 roll = make_roll(playbook=playbook, release=release, jobs=jobs,

@@ -1,0 +1,111 @@
+"""The automatic guard: read each host's TFServing metrics and decide when a release breaks
+its SLO for long enough to roll it back.
+
+Pure parsing and arithmetic here; scraping and the rollback itself are done by the caller
+(`fab guard`). TFServing exports `:tensorflow:serving:request_count{model_name,status}` and
+the `:tensorflow:serving:request_latency` histogram (microseconds, successful requests only).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+REQUEST_COUNT = ":tensorflow:serving:request_count"
+LATENCY_BUCKET = ":tensorflow:serving:request_latency_bucket"
+LINE = re.compile(r'^(?P<name>[^\s{]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
+LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """The counters of one model at one moment."""
+
+    requests: Mapping[str, float]  # status -> count
+    buckets: Mapping[float, float]  # le (microseconds) -> cumulative count
+
+
+def parse_metrics(text: str, model: str) -> Scrape:
+    """Sum the model's request counts by status and latency buckets by bound."""
+    requests: dict[str, float] = {}
+    buckets: dict[float, float] = {}
+    for line in text.splitlines():
+        match = LINE.match(line)
+        if not match or line.startswith("#"):
+            continue
+        labels = dict(LABEL.findall(match["labels"] or ""))
+        if labels.get("model_name") != model:
+            continue
+        value = float(match["value"])
+        if match["name"] == REQUEST_COUNT:
+            status = labels.get("status", "OK")
+            requests[status] = requests.get(status, 0.0) + value
+        elif match["name"] == LATENCY_BUCKET:
+            bound = math.inf if labels.get("le") in ("+Inf", "inf") else float(labels["le"])
+            buckets[bound] = buckets.get(bound, 0.0) + value
+    return Scrape(requests, buckets)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Traffic between two scrapes."""
+
+    total: float
+    errors: float
+    p99_ms: float | None
+
+    @property
+    def error_rate(self) -> float:
+        """Failed requests over all requests (0 with no traffic)."""
+        return self.errors / self.total if self.total else 0.0
+
+
+def window(before: Scrape, after: Scrape) -> Window:
+    """Requests, errors and P99 latency between two scrapes (counter resets read as 0)."""
+    delta = {s: max(0.0, after.requests.get(s, 0.0) - before.requests.get(s, 0.0))
+             for s in after.requests}
+    total = sum(delta.values())
+    errors = total - delta.get("OK", 0.0)
+    counts = sorted((le, max(0.0, after.buckets[le] - before.buckets.get(le, 0.0)))
+                    for le in after.buckets)
+    return Window(total=total, errors=errors, p99_ms=_quantile(counts, 0.99))
+
+
+def _quantile(cumulative: list[tuple[float, float]], q: float) -> float | None:
+    if not cumulative or cumulative[-1][1] <= 0:
+        return None
+    target = q * cumulative[-1][1]
+    for bound, count in cumulative:
+        if count >= target:
+            finite = bound if math.isfinite(bound) else cumulative[-2][0] if len(
+                cumulative) > 1 else 0.0
+            return finite / 1000.0
+    return None
+
+
+@dataclass
+class Breach:
+    """How long a host has been out of its SLO."""
+
+    since: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, host: str, w: Window, *, now: float, max_error_rate: float,
+                slo_p99_ms: float, min_requests: int = 20) -> str | None:
+        """Record one window; returns why the host is breaking its SLO, or None."""
+        reason = None
+        if w.total >= min_requests and w.error_rate > max_error_rate:
+            reason = (f"error rate {w.error_rate:.2%} > {max_error_rate:.2%} "
+                      f"({w.errors:.0f} of {w.total:.0f})")
+        elif w.total >= min_requests and w.p99_ms is not None and w.p99_ms > slo_p99_ms:
+            reason = f"P99 {w.p99_ms:.0f} ms > SLO {slo_p99_ms:g} ms"
+        if reason is None:
+            self.since.pop(host, None)
+        else:
+            self.since.setdefault(host, now)
+        return reason
+
+    def sustained(self, host: str, *, now: float, for_s: float) -> bool:
+        """Whether the host has been breaking its SLO for at least ``for_s``."""
+        return host in self.since and now - self.since[host] >= for_s
