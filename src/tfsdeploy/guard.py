@@ -62,14 +62,19 @@ class Window:
         return self.errors / self.total if self.total else 0.0
 
 
+def _increase(before: float, after: float) -> float:
+    """A counter's increase; a smaller value means the server restarted (a switch to the
+    other slot does that): everything it counted is new."""
+    return after - before if after >= before else after
+
+
 def window(before: Scrape, after: Scrape) -> Window:
-    """Requests, errors and P99 latency between two scrapes (counter resets read as 0)."""
-    delta = {s: max(0.0, after.requests.get(s, 0.0) - before.requests.get(s, 0.0))
-             for s in after.requests}
+    """Requests, errors and P99 latency between two scrapes."""
+    delta = {s: _increase(before.requests.get(s, 0.0), v) for s, v in after.requests.items()}
     total = sum(delta.values())
     errors = total - delta.get("OK", 0.0)
-    counts = sorted((le, max(0.0, after.buckets[le] - before.buckets.get(le, 0.0)))
-                    for le in after.buckets)
+    counts = sorted((le, _increase(before.buckets.get(le, 0.0), v))
+                    for le, v in after.buckets.items())
     return Window(total=total, errors=errors, p99_ms=_quantile(counts, 0.99))
 
 

@@ -45,6 +45,7 @@ class FakeHost:
     log: list[list[str]] = field(default_factory=list)
     unreachable: bool = False
     gpu_used_mib: int = 1000
+    servers: dict[tuple[str, str], str] = field(default_factory=dict)  # HAProxy's states
 
     def ran(self, *prefix: str) -> list[list[str]]:
         """Commands that start with ``prefix``."""
@@ -61,9 +62,15 @@ class FakeSocket:
     def sendall(self, data: bytes) -> None:
         commands = [c.strip() for c in data.decode().strip().split(";")]
         self.host.admin += commands
+        states = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}
+        for command in commands:
+            words = command.split()
+            if words[:2] == ["set", "server"]:
+                backend, server = words[2].split("/")
+                self.host.servers[(backend, server)] = states[words[-1]]
         if "show stat" in commands:
             rows = ["# pxname,svname,scur,status"]
-            rows += [f"{b},{s},0,UP" for b in ("grpc", "rest") for s in ("blue", "green")]
+            rows += [f"{b},{s},0,{state}" for (b, s), state in self.host.servers.items()]
             self.reply = ("\n".join(rows) + "\n").encode()
 
     def recv(self, size: int) -> bytes:
@@ -104,6 +111,8 @@ class FakeRunner:
             name = argv[argv.index("--name") + 1]
             labels = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--label")
             fake.containers[name] = FakeContainer(labels)
+            if name.startswith("tfs-proxy-"):
+                self._proxy_started(name.removeprefix("tfs-proxy-"))
             return 0, name
         if argv[:2] == ["docker", "inspect"]:
             c = fake.containers.get(argv[-1])
@@ -121,6 +130,17 @@ class FakeRunner:
             return 0, "24.0.0"
         if argv[0] == "nvidia-smi":
             return 0, f"0, 16384, {fake.gpu_used_mib}\n"
+        if argv[0] == "readlink":
+            link = fake.files.get(argv[1], b"")
+            return (0, link[2:].decode()) if link.startswith(b"->") else (1, "")
+        if argv[0] == "tail":
+            data = fake.files.get(argv[-1])
+            return (0, data.decode()) if data is not None else (1, "")
+        if argv[:2] == ["docker", "start"]:
+            if argv[-1] not in fake.containers:
+                return 1, ""
+            fake.containers[argv[-1]].running = True
+            return 0, ""
         if argv[0] == "cat":
             data = fake.files.get(self._resolve(argv[1]))
             return (0, data.decode()) if data is not None else (1, "")
@@ -140,6 +160,15 @@ class FakeRunner:
             return self._script(argv)
         return 0, ""
 
+    def _proxy_started(self, model: str) -> None:
+        config = self.fake.files[f"/srv/tfsdeploy/{model}/proxy/haproxy.cfg"].decode()
+        for line in config.splitlines():
+            words = line.split()
+            if words[:1] == ["backend"]:
+                backend = words[1]
+            elif words[:1] == ["server"]:
+                self.fake.servers[(backend, words[1])] = "MAINT" if "disabled" in words else "UP"
+
     def _script(self, argv: list[str]) -> tuple[int, str]:
         script, args = argv[2], argv[4:]
         fake = self.fake
@@ -156,6 +185,10 @@ class FakeRunner:
         if "sha256sum" in script:
             fake.files[f"{args[1]}/saved_model.pb"] = b"pb"
             return 0, "published\n"
+        if "manifest.json; do" in script:  # read every retained release's manifest
+            prefix = args[0] + "/"
+            return 0, "\n".join(v.decode() for k, v in sorted(fake.files.items())
+                                 if k.startswith(prefix) and k.endswith("/manifest.json"))
         if ">>" in script:
             fake.files[args[1]] = fake.files.get(args[1], b"") + args[0].encode() + b"\n"
         return 0, ""

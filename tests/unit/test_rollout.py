@@ -4,7 +4,6 @@ policy, lock and exit codes."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,7 +28,7 @@ models = [Model(name="hp2", source="{source}", golden="{golden}",
                 batching=Batching(max_batch_size=8, allowed_batch_sizes=(8,)),
                 rollout=Rollout(serial={serial}, on_failure="{on_failure}",
                                 max_fail_percentage={max_fail}, min_healthy_s=1,
-                                load_timeout_s=30))]
+                                load_timeout_s=30, window_s={window}))]
 '''
 
 
@@ -46,29 +45,12 @@ class Recorder:
         self.notes.append(text)
 
 
-@pytest.fixture()
-def world(tmp_path: Path) -> dict[str, Any]:
-    source = tmp_path / "models"
-    golden: dict[str, Any] = {"version_details": {}}
-    for version in (1, 2, 3):
-        (source / str(version)).mkdir(parents=True)
-        (source / str(version) / "saved_model.pb").write_bytes(b"pb")
-        golden["version_details"][str(version)] = {"golden": [{
-            "signature": "serving_default",
-            "inputs": {"x": {"dtype": "DT_FLOAT", "shape": [2, 1], "values": [[1.0], [3.0]]}},
-            "outputs": {"y": {"dtype": "DT_FLOAT", "shape": [2, 1],
-                              "values": [[2.5 + version - 1], [3.5 + version - 1]]}}}]}
-    (tmp_path / "golden.json").write_text(json.dumps(golden))
-    FakeSlot.behaviour = {}
-    return {"tmp": tmp_path, "source": source, "golden": tmp_path / "golden.json",
-            "fleet": {}}
-
-
 def _inventory(world: dict[str, Any], *, serial: str = '(1, "100%")',
-               on_failure: str = "revert", max_fail: float = 0) -> str:
-    path = world["tmp"] / f"inv-{serial.count(',')}-{on_failure}-{max_fail}.py"
+               on_failure: str = "revert", max_fail: float = 0, window: float = 0) -> str:
+    path = world["tmp"] / f"inv-{serial.count(',')}-{on_failure}-{max_fail}-{window}.py"
     path.write_text(INVENTORY.format(source=world["source"], golden=world["golden"],
-                                     serial=serial, on_failure=on_failure, max_fail=max_fail))
+                                     serial=serial, on_failure=on_failure, max_fail=max_fail,
+                                     window=window))
     return str(path)
 
 
