@@ -323,10 +323,11 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
         from tfsdeploy.layout import host_paths
         from tfsdeploy.remote import SshRunner
 
+        from tfsdeploy.cli.deploy import lock_holder_host
+
         inv = load_inventory(inventory)
         catalog = inv.model(model)
-        lock_host = inv.select(None, model=catalog)[0]
-        runner = SshRunner(lock_host)
+        lock_host, runner = lock_holder_host(inv, catalog, {}, SshRunner)
         try:
             lock_dir = host_paths(lock_host, catalog).lock_dir
             if break_:

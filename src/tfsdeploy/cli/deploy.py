@@ -25,7 +25,7 @@ from tfsdeploy.golden import load_golden
 from tfsdeploy.inventory import Inventory, ResolvedHost, load_inventory
 from tfsdeploy.layout import host_paths, new_release_id
 from tfsdeploy.playbook import Playbook, load_playbook, project_dir
-from tfsdeploy.remote import Runner, SshRunner
+from tfsdeploy.remote import HostUnreachable, Runner, SshRunner
 from tfsdeploy.render import HostRender
 from tfsdeploy.rollout import CancellableClock, DeployResult, Reporter, make_roll
 from tfsdeploy.rollout import deploy_phases as run_deploy_phases
@@ -132,8 +132,7 @@ def execute(*, inventory: Inventory, playbook: Playbook, release: Release,
             runner_factory: RunnerFactory, verb: str) -> DeployResult:
     """Take the fleet lock, run the playbook's phases, always release the lock."""
     model = release.model
-    lock_host = inventory.select(None, model=model)[0]
-    lock_runner = runners.get(lock_host.name) or runner_factory(lock_host)
+    lock_host, lock_runner = lock_holder_host(inventory, model, runners, runner_factory)
     lock_dir = host_paths(lock_host, model).lock_dir
     info = lock.new_lock_info(f"{verb} {model.name} v{release.version}")
     jobs = [HostJob(release=release, host=r.host, runner=runners[r.host.name], render=r)
@@ -160,6 +159,26 @@ def execute(*, inventory: Inventory, playbook: Playbook, release: Release,
             os.unlink(release.archive)
     result.seconds = time.monotonic() - started
     return result
+
+
+def lock_holder_host(inventory: Inventory, model: Any, runners: dict[str, Runner],
+                     runner_factory: RunnerFactory) -> tuple[ResolvedHost, Runner]:
+    """The host that keeps the model's lock: the first of the model's hosts that answers.
+
+    Every deploy and rollback of the model, whatever its --hosts, looks in the same order, so
+    they meet on the same host; an unreachable first host does not block a rollback.
+    """
+    errors = []
+    for host in inventory.select(None, model=model):
+        runner = runners.get(host.name) or runner_factory(host)
+        try:
+            runner.run(["true"])
+        except HostUnreachable as error:
+            errors.append(str(error))
+            continue
+        return host, runner
+    raise HostUnreachable("no host of the model answers, so the lock cannot be taken: "
+                          + "; ".join(errors))
 
 
 def summary_rows(result: DeployResult) -> list[tuple[str, ...]]:
