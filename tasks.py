@@ -319,11 +319,10 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
     """Show the deploy lock of a model's fleet, or break a stale one with --break."""
     def body() -> int:
         from tfsdeploy import lock as locks
+        from tfsdeploy.cli.deploy import lock_holder_host
         from tfsdeploy.inventory import load_inventory
         from tfsdeploy.layout import host_paths
         from tfsdeploy.remote import SshRunner
-
-        from tfsdeploy.cli.deploy import lock_holder_host
 
         inv = load_inventory(inventory)
         catalog = inv.model(model)
