@@ -38,8 +38,9 @@ def _free_port() -> int:
 def _write_model(base: pathlib.Path) -> None:
     import tensorflow as tf
 
-    class HalfPlusTwo(tf.Module):
-        @tf.function(input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
+    class HalfPlusTwo(tf.Module):  # type: ignore[misc]
+        @tf.function(  # type: ignore[untyped-decorator]
+            input_signature=[tf.TensorSpec([None, 1], tf.float32, name="x")])
         def serve(self, x: tf.Tensor) -> dict[str, tf.Tensor]:
             return {"y": 0.5 * x + 2.0}
 
@@ -47,7 +48,7 @@ def _write_model(base: pathlib.Path) -> None:
     tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
 
 
-def _start_server(work: pathlib.Path, args: argparse.Namespace) -> tuple[subprocess.Popen, int]:
+def _start_server(work: pathlib.Path, args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], int]:
     _write_model(work / "hpt")
     batching = work / "batching.config"
     batching.write_text(BATCHING.format(max_batch=args.max_batch_size,

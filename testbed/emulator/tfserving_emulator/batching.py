@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -45,20 +46,19 @@ class BatchingOptions:
     pad_variable_length_inputs: bool = False
 
 
-def options_from_proto(params: object) -> BatchingOptions:
+def options_from_proto(params: Any) -> BatchingOptions:
     """Build BatchingOptions from a BatchingParameters message (unset -> default)."""
-    def wrapped(name: str, default: object) -> object:
-        return getattr(params, name).value if params.HasField(name) else default  # type: ignore[attr-defined]
+    def wrapped(name: str, default: Any) -> Any:
+        return getattr(params, name).value if params.HasField(name) else default
 
     return BatchingOptions(
-        max_batch_size=int(wrapped("max_batch_size", DEFAULT_MAX_BATCH_SIZE)),  # type: ignore[arg-type]
-        batch_timeout_micros=int(wrapped("batch_timeout_micros", 0)),  # type: ignore[arg-type]
-        max_enqueued_batches=int(wrapped("max_enqueued_batches",  # type: ignore[arg-type]
-                                         DEFAULT_MAX_ENQUEUED_BATCHES)),
-        num_batch_threads=int(wrapped("num_batch_threads", os.cpu_count() or 1)),  # type: ignore[arg-type]
+        max_batch_size=int(wrapped("max_batch_size", DEFAULT_MAX_BATCH_SIZE)),
+        batch_timeout_micros=int(wrapped("batch_timeout_micros", 0)),
+        max_enqueued_batches=int(wrapped("max_enqueued_batches", DEFAULT_MAX_ENQUEUED_BATCHES)),
+        num_batch_threads=int(wrapped("num_batch_threads", os.cpu_count() or 1)),
         thread_pool_name=str(wrapped("thread_pool_name", "batch_threads")),
-        allowed_batch_sizes=tuple(int(x) for x in params.allowed_batch_sizes),  # type: ignore[attr-defined]
-        pad_variable_length_inputs=bool(params.pad_variable_length_inputs),  # type: ignore[attr-defined]
+        allowed_batch_sizes=tuple(int(x) for x in params.allowed_batch_sizes),
+        pad_variable_length_inputs=bool(params.pad_variable_length_inputs),
     )
 
 

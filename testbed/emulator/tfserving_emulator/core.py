@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 
 from tensorflow_serving.apis import model_pb2
-from tensorflow_serving.config import model_server_config_pb2
+from tensorflow_serving.config.model_server_config_pb2 import ModelConfig, ModelServerConfig
 
 from . import log
 from .batching import SharedBatchScheduler
@@ -29,8 +29,6 @@ from .simgpu import GpuReservation
 from .status import Code, ServingError, failed_precondition, invalid_argument, not_found
 from .versions import aspired_versions
 
-ModelConfig = model_server_config_pb2.ModelConfig
-ModelServerConfig = model_server_config_pb2.ModelServerConfig
 TENSORFLOW_PLATFORM = "tensorflow"
 
 
@@ -101,7 +99,7 @@ def _platform(config: ModelConfig) -> str:
         raise invalid_argument(
             "Illegal setting neither ModelServerConfig::model_type (deprecated) nor "
             f"ModelServerConfig::model_platform, model name is {config.name}")
-    return config.model_platform
+    return str(config.model_platform)
 
 
 def validate_config_list(configs: list[ModelConfig]) -> None:

@@ -87,7 +87,7 @@ def _abort(context: grpc.ServicerContext, error: ServingError) -> Any:
     context.abort(error.grpc_code, error.message)
 
 
-class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
+class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc]
     """Predict and GetModelMetadata (Classify/Regress/MultiInference stay UNIMPLEMENTED)."""
 
     def __init__(self, core: ServerCore, metrics: Metrics) -> None:
@@ -109,7 +109,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
                        started)
         if error is not None:
             return _abort(context, error)
-        return response  # type: ignore[return-value]
+        return response
 
     def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,
                          context: grpc.ServicerContext
@@ -121,7 +121,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):
             return _abort(context, exc)
 
 
-class ModelService(model_service_pb2_grpc.ModelServiceServicer):
+class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore[misc]
     """GetModelStatus and HandleReloadConfigRequest."""
 
     def __init__(self, core: ServerCore, metrics: Metrics) -> None:

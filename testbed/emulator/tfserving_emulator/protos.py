@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import pathlib
 import re
-from typing import TypeVar
+from typing import TypeVar, cast
 
 from google.protobuf import (
     descriptor_pb2,
@@ -94,7 +94,8 @@ def _pool() -> descriptor_pool.DescriptorPool:
 
 def message_class(full_name: str) -> type[Message]:
     """The generated class of one of our own messages, e.g. tensorflow.serving.MonitoringConfig."""
-    return message_factory.GetMessageClass(_pool().FindMessageTypeByName(full_name))
+    return cast(type[Message],
+                message_factory.GetMessageClass(_pool().FindMessageTypeByName(full_name)))
 
 
 def batching_parameters() -> Message:

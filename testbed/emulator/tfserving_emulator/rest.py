@@ -86,7 +86,8 @@ class RestApi:
     def _status(self, spec: model_pb2.ModelSpec) -> str:
         request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)
         response = get_status(self.core, request)
-        return json_format.MessageToJson(response, always_print_fields_with_no_presence=True)
+        return str(json_format.MessageToJson(response,
+                                             always_print_fields_with_no_presence=True))
 
     def _metadata(self, spec: model_pb2.ModelSpec) -> str:
         request = get_model_metadata_pb2.GetModelMetadataRequest(

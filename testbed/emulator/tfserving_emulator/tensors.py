@@ -49,8 +49,8 @@ def numpy_dtype(dtype: int) -> Any:
 def tf_dtype(array: np.ndarray) -> int:
     """TF DataType for a numpy array."""
     if array.dtype == object or array.dtype.kind in ("S", "U"):
-        return types_pb2.DT_STRING
-    return _BY_NUMPY[array.dtype]
+        return int(types_pb2.DT_STRING)
+    return int(_BY_NUMPY[array.dtype])
 
 
 def _shape(proto: tensor_pb2.TensorProto) -> tuple[int, ...]:
