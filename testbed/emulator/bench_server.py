@@ -48,7 +48,8 @@ def _write_model(base: pathlib.Path) -> None:
     tf.saved_model.save(module, str(base / "1"), signatures={"serving_default": module.serve})
 
 
-def _start_server(work: pathlib.Path, args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], int]:
+def _start_server(work: pathlib.Path, args: argparse.Namespace
+                  ) -> tuple[subprocess.Popen[bytes], int]:
     _write_model(work / "hpt")
     batching = work / "batching.config"
     batching.write_text(BATCHING.format(max_batch=args.max_batch_size,
