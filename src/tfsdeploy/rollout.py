@@ -318,6 +318,9 @@ def _json(data: dict[str, Any]) -> bytes:
 def _finish(roll: Roll, code: ExitCode, message: str) -> None:
     roll.result.exit_code = code
     roll.result.message = message
+    for job in roll.jobs:  # every host appears in the result, even those never reached
+        if roll.outcome(job).status == "pending":
+            roll.outcome(job).status = "skipped"
 
 
 def make_roll(*, playbook: Playbook, release: Release, jobs: list[HostJob], reporter: Reporter,
