@@ -1,0 +1,55 @@
+"""Capacity arithmetic (the article's worked example) and sweep-report input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tfsdeploy import capacity
+from tfsdeploy.loadtest.cli import plan_capacity
+
+
+def test_article_example() -> None:
+    result = capacity.plan(100_000, 8_000)
+    assert round(result.exact, 2) == 21.37
+    assert result.minimum == 22
+    assert result.recommended == 26  # ceil(22 x 1.15) = 26 > 22 + 1
+    text = result.explain()
+    assert "100,000 / (8,000.0 x 0.65 x 0.9)" in text and "21.37" in text
+
+
+def test_exact_division_is_not_rounded_up() -> None:
+    result = capacity.plan(441, 700, load_factor=0.7, availability_factor=0.9)
+    assert result.exact > 1  # 441 / (700 x 0.7 x 0.9) = 1.0000000000000002 in floats
+    assert result.minimum == 1
+
+
+def test_spares_win_for_small_fleets() -> None:
+    result = capacity.plan(500, 1000, failure_domains=2)
+    assert (result.minimum, result.recommended) == (1, 3)
+
+
+@pytest.mark.parametrize("args", [(0, 1000), (100, 0), (100, 1000, 1.5)])
+def test_bad_inputs(args: tuple[float, ...]) -> None:
+    with pytest.raises(capacity.CapacityError):
+        capacity.plan(args[0], args[1], **({"load_factor": args[2]} if len(args) > 2 else {}))
+
+
+def test_from_sweep_report(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"kind": "tfsdeploy.sweep", "instances": 2,
+                                "perInstanceQps": 8000.0,
+                                "best": {"concurrency": 256, "p99_ms": 41.0}}))
+    result = capacity.plan_from_sweep(100_000, path)
+    assert result.minimum == 22 and "concurrency 256" in result.source
+    code, text = plan_capacity(100_000, str(path))
+    assert code == 0 and "minimum 22 instances, recommended 26" in text
+
+
+def test_sweep_without_a_point_under_the_slo(tmp_path: Path) -> None:
+    path = tmp_path / "sweep.json"
+    path.write_text(json.dumps({"kind": "tfsdeploy.sweep", "perInstanceQps": None}))
+    code, text = plan_capacity(1000, path)
+    assert code == 1 and "no point under the SLO" in text
