@@ -258,8 +258,7 @@ def stage_context(places: Places, image: Image, req: tuple[str, str]) -> Path:
     """Copy the recipe (and for the emulator its code and pins) into a build context dir."""
     ctx = places.images / "context" / image.recipe
     shutil.rmtree(ctx, ignore_errors=True)
-    shutil.copytree(RECIPES / image.recipe, ctx,
-                    ignore=shutil.ignore_patterns(*LAUNCHERS, "__pycache__", "*.pyc"))
+    shutil.copytree(RECIPES / image.recipe, ctx, ignore=shutil.ignore_patterns("__pycache__"))
     if image.recipe == "tfserving-emulator":
         (ctx / "requirements.txt").write_text(req[0])
         (ctx / "requirements-nodeps.txt").write_text(req[1])
@@ -268,20 +267,18 @@ def stage_context(places: Places, image: Image, req: tuple[str, str]) -> Path:
 
 
 def stage_emulator(rootfs: Path) -> None:
-    target = rootfs / "opt" / "tfs" / "emulator"
+    """Lay testbed/emulator out as docs/emulator.md ("What the image needs") says."""
+    package = EMULATOR_SRC / "tfserving_emulator"
+    missing = [p for p in (package, *(EMULATOR_SRC / n for n in LAUNCHERS)) if not p.exists()]
+    if missing:
+        raise TestbedError(f"the emulator image needs {', '.join(map(str, missing))}; "
+                           "is the checkout complete?")
+    shutil.copytree(package, rootfs / "opt" / "tfserving_emulator" / "tfserving_emulator",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     bindir = rootfs / "usr" / "bin"
     bindir.mkdir(parents=True)
-    if EMULATOR_SRC.is_dir():
-        shutil.copytree(EMULATOR_SRC, target, ignore=shutil.ignore_patterns(
-            "__pycache__", "*.pyc", "tests", ".pytest_cache", *LAUNCHERS))
-    else:
-        target.mkdir(parents=True)
     for name in LAUNCHERS:
-        found = sorted(EMULATOR_SRC.rglob(name)) if EMULATOR_SRC.is_dir() else []
-        source = found[0] if found else RECIPES / "tfserving-emulator" / name
-        if not found:
-            log(f"testbed/emulator has no {name} yet: the image uses the fallback in testbed/images")
-        shutil.copyfile(source, bindir / name)
+        shutil.copyfile(EMULATOR_SRC / name, bindir / name)
         (bindir / name).chmod(0o755)
 
 
