@@ -29,11 +29,16 @@ def render_proxy_config(host: ResolvedHost, model: Model, ports: Ports, active: 
 
 
 def switch_commands(new: str, old: str | None) -> list[str]:
-    """Runtime commands that send new requests to ``new`` and start draining ``old``."""
+    """Runtime commands that send new requests to ``new`` and start draining ``old``.
+
+    With no live old release (its container died), the other slot goes straight to
+    maintenance so that no request is sent to a dead server.
+    """
     commands = [f"set server {b}/{new} state ready" for b in BACKENDS]
     if old:
-        commands += [f"set server {b}/{old} state drain" for b in BACKENDS]
-    return commands
+        return commands + [f"set server {b}/{old} state drain" for b in BACKENDS]
+    other = next(s for s in SLOTS if s != new)
+    return commands + maint_commands(other)
 
 
 def maint_commands(slot: str) -> list[str]:
