@@ -1,4 +1,5 @@
 """Places, names and small process helpers shared by the testbed tools (stdlib only)."""
+
 from __future__ import annotations
 
 import os
@@ -97,12 +98,23 @@ def log(message: str) -> None:
     print(f"testbed: {message}", file=sys.stderr, flush=True)
 
 
-def run(argv: Sequence[str], *, check: bool = True, capture: bool = True,
-        input_text: str | None = None, timeout: float | None = 600) -> subprocess.CompletedProcess[str]:
+def run(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    capture: bool = True,
+    input_text: str | None = None,
+    timeout: float | None = 600,
+) -> subprocess.CompletedProcess[str]:
     """Run a command; on failure raise TestbedError with the command and its stderr."""
-    proc = subprocess.run(list(argv), text=True, input=input_text, timeout=timeout,
-                          stdout=subprocess.PIPE if capture else None,
-                          stderr=subprocess.PIPE if capture else None)
+    proc = subprocess.run(
+        list(argv),
+        text=True,
+        input=input_text,
+        timeout=timeout,
+        stdout=subprocess.PIPE if capture else None,
+        stderr=subprocess.PIPE if capture else None,
+    )
     if check and proc.returncode != 0:
         detail = (proc.stderr or proc.stdout or "").strip()[-2000:]
         raise TestbedError(f"command failed ({proc.returncode}): {' '.join(argv)}\n{detail}")

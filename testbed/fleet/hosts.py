@@ -5,8 +5,10 @@ Every host process lives in netns tbN and in one mount namespace created by a sm
 namespace with nsenter, so all of a host's private mounts vanish with its last process: stopping a
 host is killing its processes, deleting its veth and its netns.
 """
+
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -17,6 +19,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from common import (
     BRIDGE,
@@ -88,6 +91,7 @@ class Host:
 
 # ---------------------------------------------------------------- processes of a host
 
+
 def _ns_link(pid: int, kind: str) -> str | None:
     try:
         return os.readlink(f"/proc/{pid}/ns/{kind}")
@@ -129,8 +133,11 @@ def host_pids(host: Host) -> set[int]:
         wanted.add(mntns)
     own = {_ns_link(1, "net"), _ns_link(1, "mnt"), _ns_link(os.getpid(), "mnt")}
     wanted -= own  # never match the machine's own namespaces
-    found = {pid for pid in _all_pids()
-             if _ns_link(pid, "net") in wanted or _ns_link(pid, "mnt") in wanted}
+    found = {
+        pid
+        for pid in _all_pids()
+        if _ns_link(pid, "net") in wanted or _ns_link(pid, "mnt") in wanted
+    }
     parents = _parent_map()
     grew = True
     while grew:  # add descendants (containers live in namespaces of their own)
@@ -167,10 +174,8 @@ def daemon_pid(host: Host, pidfile: str, exe: str) -> int | None:
 
 def _kill_all(pids: set[int], sig: int) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def stop_processes(host: Host, *, grace: float = 6.0) -> None:
@@ -187,13 +192,16 @@ def stop_processes(host: Host, *, grace: float = 6.0) -> None:
         if not pids:
             return
         if time.monotonic() > deadline:
-            raise TestbedError(f"{host.name}: processes {sorted(pids)} survive SIGKILL; "
-                               "look at them with `ps -o pid,stat,cmd -p PID` (D state = stuck I/O)")
+            raise TestbedError(
+                f"{host.name}: processes {sorted(pids)} survive SIGKILL; "
+                "look at them with `ps -o pid,stat,cmd -p PID` (D state = stuck I/O)"
+            )
         _kill_all(pids, signal.SIGKILL)
         time.sleep(0.1)
 
 
 # ---------------------------------------------------------------- network
+
 
 def ensure_bridge() -> None:
     """Bridge tfsbr0 with 10.87.0.1/24, and firewall rules so hosts can reach nothing else."""
@@ -210,8 +218,32 @@ def ensure_bridge() -> None:
 
 # Hosts have no default route, and even if one were added nothing is forwarded to or from them.
 FIREWALL_RULES = [
-    ["-i", BRIDGE, "!", "-o", BRIDGE, "-m", "comment", "--comment", "tfsdeploy-testbed", "-j", "DROP"],
-    ["-o", BRIDGE, "!", "-i", BRIDGE, "-m", "comment", "--comment", "tfsdeploy-testbed", "-j", "DROP"],
+    [
+        "-i",
+        BRIDGE,
+        "!",
+        "-o",
+        BRIDGE,
+        "-m",
+        "comment",
+        "--comment",
+        "tfsdeploy-testbed",
+        "-j",
+        "DROP",
+    ],
+    [
+        "-o",
+        BRIDGE,
+        "!",
+        "-i",
+        BRIDGE,
+        "-m",
+        "comment",
+        "--comment",
+        "tfsdeploy-testbed",
+        "-j",
+        "DROP",
+    ],
 ]
 
 
@@ -233,8 +265,21 @@ def remove_network(host: Host) -> None:
 def create_network(host: Host) -> None:
     remove_network(host)
     run(["ip", "netns", "add", host.name])
-    run(["ip", "link", "add", veth_name(host.index), "type", "veth",
-         "peer", "name", "eth0", "netns", host.name])
+    run(
+        [
+            "ip",
+            "link",
+            "add",
+            veth_name(host.index),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            host.name,
+        ]
+    )
     run(["ip", "link", "set", veth_name(host.index), "master", BRIDGE, "up"])
     ns = ["ip", "-n", host.name]
     run([*ns, "addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", "eth0"])
@@ -244,35 +289,53 @@ def create_network(host: Host) -> None:
 
 # ---------------------------------------------------------------- files of a host
 
+
 def _host_key(host: Host) -> Path:
     key = host.dir / "ssh_host_ed25519_key"
     if not key.exists():
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key)])
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"root@{host.name}",
+                "-f",
+                str(key),
+            ]
+        )
     return key
 
 
 def _write_sshd_config(host: Host) -> Path:
     authorized = host.places.ssh / "authorized_keys"
     config = host.dir / "sshd_config"
-    config.write_text("\n".join([
-        "# written by scripts/testbed: sshd of testbed host " + host.name,
-        f"ListenAddress {host.address}",
-        "Port 22",
-        f"HostKey {_host_key(host)}",
-        "PidFile /run/sshd.pid",
-        "PermitRootLogin prohibit-password",
-        "PubkeyAuthentication yes",
-        "PasswordAuthentication no",
-        "KbdInteractiveAuthentication no",
-        "UsePAM no",
-        f"AuthorizedKeysFile {authorized}",
-        "PrintMotd no",
-        "AcceptEnv LANG LC_*",
-        "Subsystem sftp internal-sftp",
-        "MaxSessions 100",
-        "MaxStartups 100:30:200",
-        "",
-    ]))
+    config.write_text(
+        "\n".join(
+            [
+                "# written by scripts/testbed: sshd of testbed host " + host.name,
+                f"ListenAddress {host.address}",
+                "Port 22",
+                f"HostKey {_host_key(host)}",
+                "PidFile /run/sshd.pid",
+                "PermitRootLogin prohibit-password",
+                "PubkeyAuthentication yes",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                f"AuthorizedKeysFile {authorized}",
+                "PrintMotd no",
+                "AcceptEnv LANG LC_*",
+                "Subsystem sftp internal-sftp",
+                "MaxSessions 100",
+                "MaxStartups 100:30:200",
+                "",
+            ]
+        )
+    )
     return config
 
 
@@ -288,35 +351,63 @@ def _prepare_dirs(host: Host) -> None:
         Path(target).mkdir(parents=True, exist_ok=True)  # mount points on the shared root fs
     # never read the machine's /etc/docker/daemon.json; an own key.json gives each engine its own ID
     (host.dir / "daemon.json").write_text(
-        json.dumps({"deprecated-key-path": str(host.dir / "engine-key.json")}) + "\n")
+        json.dumps({"deprecated-key-path": str(host.dir / "engine-key.json")}) + "\n"
+    )
 
 
 # ---------------------------------------------------------------- start
 
+
 def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as out:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, close_fds=True)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
 
 
 def _start_holder(host: Host) -> int:
-    argv = ["nsenter", f"--net={host.netns_path}", "unshare", "--mount", "--uts",
-            "--propagation", "private", "--", "bash", "-c", HOLDER_SCRIPT, "holder",
-            str(host.dir), host.name]
+    argv = [
+        "nsenter",
+        f"--net={host.netns_path}",
+        "unshare",
+        "--mount",
+        "--uts",
+        "--propagation",
+        "private",
+        "--",
+        "bash",
+        "-c",
+        HOLDER_SCRIPT,
+        "holder",
+        str(host.dir),
+        host.name,
+    ]
     proc = _spawn(argv, host.log_path("holder"))
     ready = host.run_dir / ".tfsdeploy-holder-ready"
     try:
-        wait_until(lambda: ready.exists() or proc.poll() is not None, timeout=10,
-                   what=f"{host.name}: mount namespace holder")
+        wait_until(
+            lambda: ready.exists() or proc.poll() is not None,
+            timeout=10,
+            what=f"{host.name}: mount namespace holder",
+        )
     except TestbedError:
         proc.kill()
         raise
     if proc.poll() is not None:
-        raise TestbedError(f"{host.name}: the namespace holder exited ({proc.returncode}); "
-                           f"see {host.log_path('holder')}")
+        raise TestbedError(
+            f"{host.name}: the namespace holder exited ({proc.returncode}); "
+            f"see {host.log_path('holder')}"
+        )
     (host.dir / "holder.pid").write_text(f"{proc.pid}\n")
-    (host.dir / "holder.json").write_text(json.dumps(
-        {"pid": proc.pid, "mntns": _ns_link(proc.pid, "mnt"), "boot_id": boot_id()}) + "\n")
+    (host.dir / "holder.json").write_text(
+        json.dumps({"pid": proc.pid, "mntns": _ns_link(proc.pid, "mnt"), "boot_id": boot_id()})
+        + "\n"
+    )
     return proc.pid
 
 
@@ -325,16 +416,28 @@ def _enter(holder: int) -> list[str]:
 
 
 def dockerd_argv(host: Host, runtime: Path) -> list[str]:
-    return ["dockerd", "--host=unix:///run/docker.sock", "--data-root=/var/lib/docker",
-            "--exec-root=/run/docker", "--pidfile=/run/docker.pid",
-            f"--config-file={host.dir / 'daemon.json'}", "--bridge=none", "--iptables=false",
-            "--ip-masq=false", "--ip6tables=false", "--storage-driver=overlay2",
-            f"--insecure-registry={REGISTRY}", f"--add-runtime=simgpu={runtime}",
-            "--default-runtime=simgpu", "--shutdown-timeout=2", "--log-level=warn",
-            "--max-concurrent-downloads=6"]
+    return [
+        "dockerd",
+        "--host=unix:///run/docker.sock",
+        "--data-root=/var/lib/docker",
+        "--exec-root=/run/docker",
+        "--pidfile=/run/docker.pid",
+        f"--config-file={host.dir / 'daemon.json'}",
+        "--bridge=none",
+        "--iptables=false",
+        "--ip-masq=false",
+        "--ip6tables=false",
+        "--storage-driver=overlay2",
+        f"--insecure-registry={REGISTRY}",
+        f"--add-runtime=simgpu={runtime}",
+        "--default-runtime=simgpu",
+        "--shutdown-timeout=2",
+        "--log-level=warn",
+        "--max-concurrent-downloads=6",
+    ]
 
 
-def start(host: Host, *, runtime: Path, gpus: dict[str, object] | None) -> None:
+def start(host: Host, *, runtime: Path, gpus: dict[str, Any] | None) -> None:
     """Start host from nothing: network, holder, simulated GPU file, dockerd, sshd."""
     stop_processes(host)
     create_network(host)
@@ -343,12 +446,23 @@ def start(host: Host, *, runtime: Path, gpus: dict[str, object] | None) -> None:
     holder = _start_holder(host)
     write_gpus(host, gpus)
     _spawn([*_enter(holder), *dockerd_argv(host, runtime)], host.log_path("dockerd"))
-    _spawn([*_enter(holder), "/usr/sbin/sshd", "-D", "-f", str(sshd_config),
-            "-o", f"ListenAddress={host.address}", "-E", str(host.log_path("sshd"))],
-           host.log_path("sshd-stdout"))
+    _spawn(
+        [
+            *_enter(holder),
+            "/usr/sbin/sshd",
+            "-D",
+            "-f",
+            str(sshd_config),
+            "-o",
+            f"ListenAddress={host.address}",
+            "-E",
+            str(host.log_path("sshd")),
+        ],
+        host.log_path("sshd-stdout"),
+    )
 
 
-def write_gpus(host: Host, gpus: dict[str, object] | None) -> None:
+def write_gpus(host: Host, gpus: dict[str, Any] | None) -> None:
     """(Re)write the host's /run/simgpu/gpus.json; None removes it (a host without GPU)."""
     simgpu = host.run_dir / "simgpu"
     (simgpu / "procs").mkdir(parents=True, exist_ok=True)
@@ -363,8 +477,10 @@ def write_gpus(host: Host, gpus: dict[str, object] | None) -> None:
 
 # ---------------------------------------------------------------- health
 
+
 def docker_ping(socket_path: Path, timeout: float = 2.0) -> bool:
     """True when the dockerd behind this unix socket answers /_ping."""
+
     class _Conn(http.client.HTTPConnection):
         def connect(self) -> None:
             self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -405,26 +521,40 @@ class HostState:
 
     @property
     def healthy(self) -> bool:
-        return all([self.holder, self.sshd, self.dockerd, self.docker_ok, self.ssh_ok,
-                    self.network_ok])
+        return all(
+            [self.holder, self.sshd, self.dockerd, self.docker_ok, self.ssh_ok, self.network_ok]
+        )
 
 
 def inspect(host: Host) -> HostState:
     """What is running for this host right now (no side effects)."""
-    network_ok = host.netns_path.exists() and run(
-        ["ip", "link", "show", veth_name(host.index)], check=False).returncode == 0
+    network_ok = (
+        host.netns_path.exists()
+        and run(["ip", "link", "show", veth_name(host.index)], check=False).returncode == 0
+    )
     return HostState(
-        name=host.name, address=host.address, holder=holder_pid(host),
-        sshd=daemon_pid(host, "sshd.pid", "sshd"), dockerd=daemon_pid(host, "docker.pid", "dockerd"),
-        docker_ok=docker_ping(host.docker_socket), ssh_ok=network_ok and tcp_open(host.address, 22),
-        network_ok=network_ok)
+        name=host.name,
+        address=host.address,
+        holder=holder_pid(host),
+        sshd=daemon_pid(host, "sshd.pid", "sshd"),
+        dockerd=daemon_pid(host, "docker.pid", "dockerd"),
+        docker_ok=docker_ping(host.docker_socket),
+        ssh_ok=network_ok and tcp_open(host.address, 22),
+        network_ok=network_ok,
+    )
 
 
 def wait_ready(host: Host, *, timeout: float = 60) -> None:
-    wait_until(lambda: docker_ping(host.docker_socket, timeout=1), timeout=timeout,
-               what=f"{host.name}: dockerd on /run/docker.sock (log: {host.log_path('dockerd')})")
-    wait_until(lambda: tcp_open(host.address, 22), timeout=timeout,
-               what=f"{host.name}: sshd on {host.address}:22 (log: {host.log_path('sshd')})")
+    wait_until(
+        lambda: docker_ping(host.docker_socket, timeout=1),
+        timeout=timeout,
+        what=f"{host.name}: dockerd on /run/docker.sock (log: {host.log_path('dockerd')})",
+    )
+    wait_until(
+        lambda: tcp_open(host.address, 22),
+        timeout=timeout,
+        what=f"{host.name}: sshd on {host.address}:22 (log: {host.log_path('sshd')})",
+    )
 
 
 def stop(host: Host) -> None:

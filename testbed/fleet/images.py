@@ -3,6 +3,7 @@ registry, pulled by every host.  Nothing is pulled from outside: the base is a d
 Debian, Python wheels are downloaded once with pip into the cache and served to the build from
 10.87.0.1:5080.  Every step is skipped when its inputs' hash is unchanged.
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,13 @@ EMULATOR_SRC = REPO / "testbed" / "emulator"
 WHEEL_PORT = 5080
 SUITE = "bookworm"
 # fallbacks for the venv pins when the toolkit venv cannot be asked
-DEFAULT_PINS = {"tensorflow": "2.21.0", "tensorflow-serving-api": "2.21.0", "grpcio": "1.85.3",
-                "numpy": "2.4.6", "protobuf": "7.36.2"}
+DEFAULT_PINS = {
+    "tensorflow": "2.21.0",
+    "tensorflow-serving-api": "2.21.0",
+    "grpcio": "1.85.3",
+    "numpy": "2.4.6",
+    "protobuf": "7.36.2",
+}
 LAUNCHERS = ("tf_serving_entrypoint.sh", "tensorflow_model_server")
 
 
@@ -57,11 +63,14 @@ class Image:
         return f"{REGISTRY}/{self.repo}:{self.tag}"
 
 
-IMAGES = [Image("tfserving-emulator", "2.21.0", "tfserving-emulator"),
-          Image("tfsdeploy-proxy", "2.6", "tfsdeploy-proxy")]
+IMAGES = [
+    Image("tfserving-emulator", "2.21.0", "tfserving-emulator"),
+    Image("tfsdeploy-proxy", "2.6", "tfsdeploy-proxy"),
+]
 
 
 # ---------------------------------------------------------------- hashing and stamps
+
 
 def tree_hash(root: Path, *extra: str) -> str:
     """Content hash of a directory (paths, exec bits, bytes) plus extra strings."""
@@ -90,6 +99,7 @@ def save_stamps(places: Places, stamps: dict[str, dict[str, str]]) -> None:
 
 # ---------------------------------------------------------------- build dockerd
 
+
 def builder_dir(places: Places) -> Path:
     return places.state / "build"
 
@@ -109,21 +119,45 @@ def start_builder(places: Places) -> None:
     bdir = builder_dir(places)
     (bdir / "exec").mkdir(parents=True, exist_ok=True)
     (bdir / "daemon.json").write_text(
-        json.dumps({"deprecated-key-path": str(bdir / "engine-key.json")}) + "\n")
+        json.dumps({"deprecated-key-path": str(bdir / "engine-key.json")}) + "\n"
+    )
     data = places.images / "docker"
     data.mkdir(parents=True, exist_ok=True)
     # its own mount namespace: the overlay and netns mounts it makes vanish with it
-    argv = ["unshare", "--mount", "--propagation", "private", "--",
-            "dockerd", f"--host=unix://{builder_socket(places)}", f"--data-root={data}",
-            f"--exec-root={bdir / 'exec'}", f"--pidfile={bdir / 'dockerd.pid'}",
-            f"--config-file={bdir / 'daemon.json'}", "--bridge=none", "--iptables=false",
-            "--ip-masq=false", "--ip6tables=false", "--storage-driver=overlay2",
-            f"--insecure-registry={REGISTRY}", "--log-level=warn", "--max-concurrent-uploads=6"]
+    argv = [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "dockerd",
+        f"--host=unix://{builder_socket(places)}",
+        f"--data-root={data}",
+        f"--exec-root={bdir / 'exec'}",
+        f"--pidfile={bdir / 'dockerd.pid'}",
+        f"--config-file={bdir / 'daemon.json'}",
+        "--bridge=none",
+        "--iptables=false",
+        "--ip-masq=false",
+        "--ip6tables=false",
+        "--storage-driver=overlay2",
+        f"--insecure-registry={REGISTRY}",
+        "--log-level=warn",
+        "--max-concurrent-uploads=6",
+    ]
     with open(places.logs / "build-dockerd.log", "ab") as out:
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                         start_new_session=True)
-    wait_until(lambda: hostlib.docker_ping(builder_socket(places)), timeout=60,
-               what=f"the build dockerd (log: {places.logs / 'build-dockerd.log'})")
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    wait_until(
+        lambda: hostlib.docker_ping(builder_socket(places)),
+        timeout=60,
+        what=f"the build dockerd (log: {places.logs / 'build-dockerd.log'})",
+    )
 
 
 def stop_builder(places: Places) -> None:
@@ -140,6 +174,7 @@ def stop_builder(places: Places) -> None:
 
 
 # ---------------------------------------------------------------- base image
+
 
 def base_recipe_hash() -> str:
     return tree_hash(RECIPES / "base", SUITE, "minbase")
@@ -161,20 +196,35 @@ def ensure_base(places: Places, digest: str) -> str:
         shutil.rmtree(root, ignore_errors=True)
         log(f"debootstrap {SUITE} (minbase + {', '.join(base_packages())}); about a minute")
         t = time.monotonic()
-        out = run(["debootstrap", "--variant=minbase", f"--include={','.join(base_packages())}",
-                   SUITE, str(root)], check=False, timeout=1800)
+        out = run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(base_packages())}",
+                SUITE,
+                str(root),
+            ],
+            check=False,
+            timeout=1800,
+        )
         (places.logs / "debootstrap.log").write_text(out.stdout + out.stderr)
         if out.returncode != 0:
-            raise TestbedError(f"debootstrap failed; see {places.logs / 'debootstrap.log'} "
-                               "(needs the Debian package mirror)")
+            raise TestbedError(
+                f"debootstrap failed; see {places.logs / 'debootstrap.log'} "
+                "(needs the Debian package mirror)"
+            )
         run([str(RECIPES / "base" / "slim.sh"), str(root)])
         run(["tar", "-C", str(root), "--numeric-owner", "-cf", f"{tarball}.tmp", "."])
         os.rename(f"{tarball}.tmp", tarball)
         shutil.rmtree(root)
         log(f"base rootfs ready in {time.monotonic() - t:.0f}s")
     with open(tarball, "rb") as src:
-        proc = subprocess.run([*builder_cli(places), "import", "--change", 'CMD ["/bin/bash"]',
-                               "-", tag], stdin=src, capture_output=True, text=True)
+        proc = subprocess.run(
+            [*builder_cli(places), "import", "--change", 'CMD ["/bin/bash"]', "-", tag],
+            stdin=src,
+            capture_output=True,
+            text=True,
+        )
     if proc.returncode != 0:
         raise TestbedError(f"docker import of the base failed: {proc.stderr.strip()}")
     return tag
@@ -182,15 +232,18 @@ def ensure_base(places: Places, digest: str) -> str:
 
 # ---------------------------------------------------------------- wheels
 
+
 def venv_pins(places: Places) -> dict[str, str]:
     """Versions of the toolkit venv, so the image runs exactly what the tests run."""
     python = places.cache / "venv" / "bin" / "python"
-    code = ("import importlib.metadata as m, json, sys\n"
-            "out = {}\n"
-            "for n in sys.argv[1:]:\n"
-            "    try: out[n] = m.version(n)\n"
-            "    except m.PackageNotFoundError: pass\n"
-            "print(json.dumps(out))")
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "out = {}\n"
+        "for n in sys.argv[1:]:\n"
+        "    try: out[n] = m.version(n)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(out))"
+    )
     pins = dict(DEFAULT_PINS)
     if python.exists():
         out = run([str(python), "-c", code, *DEFAULT_PINS], check=False)
@@ -201,7 +254,8 @@ def venv_pins(places: Places) -> dict[str, str]:
 
 def requirements(pins: dict[str, str]) -> tuple[str, str]:
     main = [f"tensorflow-cpu=={pins['tensorflow']}"] + [
-        f"{name}=={pins[name]}" for name in ("grpcio", "numpy", "protobuf")]
+        f"{name}=={pins[name]}" for name in ("grpcio", "numpy", "protobuf")
+    ]
     nodeps = [f"tensorflow-serving-api=={pins['tensorflow-serving-api']}"]
     return "\n".join(main) + "\n", "\n".join(nodeps) + "\n"
 
@@ -214,9 +268,17 @@ def ensure_wheels(places: Places, req: str, nodeps: str) -> Path:
     if stamp.exists() and stamp.read_text().strip() == digest:
         return wheels
     wheels.mkdir(parents=True, exist_ok=True)
-    pip = [str(places.cache / "venv" / "bin" / "pip") if (places.cache / "venv").exists()
-           else "pip3", "download", "--quiet", "--only-binary=:all:", "--dest", str(wheels),
-           "--cache-dir", str(places.cache / "pip"), "--disable-pip-version-check"]
+    pip = [
+        str(places.cache / "venv" / "bin" / "pip") if (places.cache / "venv").exists() else "pip3",
+        "download",
+        "--quiet",
+        "--only-binary=:all:",
+        "--dest",
+        str(wheels),
+        "--cache-dir",
+        str(places.cache / "pip"),
+        "--disable-pip-version-check",
+    ]
     req_file, nodeps_file = wheels / ".requirements.txt", wheels / ".requirements-nodeps.txt"
     req_file.write_text(req)
     nodeps_file.write_text(nodeps)
@@ -224,8 +286,10 @@ def ensure_wheels(places: Places, req: str, nodeps: str) -> Path:
     for extra in (["-r", str(req_file)], ["--no-deps", "-r", str(nodeps_file)]):
         out = run([*pip, *extra], check=False, timeout=1800)
         if out.returncode != 0:
-            raise TestbedError(f"pip download failed: {out.stderr.strip()[-1500:]} "
-                               "(needs the Python package index; see scripts/setup)")
+            raise TestbedError(
+                f"pip download failed: {out.stderr.strip()[-1500:]} "
+                "(needs the Python package index; see scripts/setup)"
+            )
     stamp.write_text(digest + "\n")
     return wheels
 
@@ -254,6 +318,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 # ---------------------------------------------------------------- contexts
 
+
 def stage_context(places: Places, image: Image, req: tuple[str, str]) -> Path:
     """Copy the recipe (and for the emulator its code and pins) into a build context dir."""
     ctx = places.images / "context" / image.recipe
@@ -271,10 +336,14 @@ def stage_emulator(rootfs: Path) -> None:
     package = EMULATOR_SRC / "tfserving_emulator"
     missing = [p for p in (package, *(EMULATOR_SRC / n for n in LAUNCHERS)) if not p.exists()]
     if missing:
-        raise TestbedError(f"the emulator image needs {', '.join(map(str, missing))}; "
-                           "is the checkout complete?")
-    shutil.copytree(package, rootfs / "opt" / "tfserving_emulator" / "tfserving_emulator",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        raise TestbedError(
+            f"the emulator image needs {', '.join(map(str, missing))}; is the checkout complete?"
+        )
+    shutil.copytree(
+        package,
+        rootfs / "opt" / "tfserving_emulator" / "tfserving_emulator",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
     bindir = rootfs / "usr" / "bin"
     bindir.mkdir(parents=True)
     for name in LAUNCHERS:
@@ -284,11 +353,13 @@ def stage_emulator(rootfs: Path) -> None:
 
 # ---------------------------------------------------------------- registry and hosts
 
+
 def registry_image_id(image: Image) -> str | None:
     """The image id (config digest) the registry holds under image.ref, or None."""
     request = urllib.request.Request(
         f"http://{REGISTRY}/v2/{image.repo}/manifests/{image.tag}",
-        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=5) as resp:
             return str(json.loads(resp.read())["config"]["digest"])
@@ -297,8 +368,20 @@ def registry_image_id(image: Image) -> str | None:
 
 
 def host_image_id(host: hostlib.Host, ref: str) -> str | None:
-    out = run(["docker", "-H", f"unix://{host.docker_socket}", "image", "inspect", "--format",
-               "{{.Id}}", ref], check=False, timeout=30)
+    out = run(
+        [
+            "docker",
+            "-H",
+            f"unix://{host.docker_socket}",
+            "image",
+            "inspect",
+            "--format",
+            "{{.Id}}",
+            ref,
+        ],
+        check=False,
+        timeout=30,
+    )
     return out.stdout.strip() if out.returncode == 0 else None
 
 
@@ -306,14 +389,30 @@ def build_and_push(places: Places, image: Image, ctx: Path, base: str) -> str:
     t = time.monotonic()
     env = {**os.environ, "DOCKER_BUILDKIT": "0"}
     with open(places.logs / f"build-{image.repo}.log", "w") as out:
-        proc = subprocess.run([*builder_cli(places), "build", "--network", "host", "--build-arg",
-                               f"BASE={base}", "-t", image.ref, str(ctx)],
-                              stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.run(
+            [
+                *builder_cli(places),
+                "build",
+                "--network",
+                "host",
+                "--build-arg",
+                f"BASE={base}",
+                "-t",
+                image.ref,
+                str(ctx),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     if proc.returncode != 0:
-        raise TestbedError(f"docker build of {image.ref} failed; see "
-                           f"{places.logs / f'build-{image.repo}.log'}")
+        raise TestbedError(
+            f"docker build of {image.ref} failed; see {places.logs / f'build-{image.repo}.log'}"
+        )
     built = time.monotonic() - t
-    image_id = run([*builder_cli(places), "image", "inspect", "--format", "{{.Id}}", image.ref]).stdout.strip()
+    image_id = run(
+        [*builder_cli(places), "image", "inspect", "--format", "{{.Id}}", image.ref]
+    ).stdout.strip()
     if registry_image_id(image) != image_id:
         run([*builder_cli(places), "push", image.ref], timeout=3600)
     log(f"{image.ref}: built {built:.0f}s, pushed {time.monotonic() - t - built:.0f}s")
@@ -322,19 +421,26 @@ def build_and_push(places: Places, image: Image, ctx: Path, base: str) -> str:
 
 def pull_everywhere(hosts: list[hostlib.Host], wanted: dict[str, str]) -> int:
     """Pull each image on each host that lacks its id; hosts in parallel.  Returns pull count."""
+
     def one(host: hostlib.Host) -> int:
         pulls = 0
         for ref, image_id in wanted.items():
             if host_image_id(host, ref) == image_id:
                 continue
-            run(["docker", "-H", f"unix://{host.docker_socket}", "pull", "--quiet", ref], timeout=3600)
+            run(
+                ["docker", "-H", f"unix://{host.docker_socket}", "pull", "--quiet", ref],
+                timeout=3600,
+            )
             if host_image_id(host, ref) != image_id:
                 raise TestbedError(f"{host.name}: pulled {ref} but its id is not {image_id}")
             pulls += 1
         if pulls:  # drop the previous versions' tags-less images (layers in use stay)
-            run(["docker", "-H", f"unix://{host.docker_socket}", "image", "prune", "--force"],
-                check=False)
+            run(
+                ["docker", "-H", f"unix://{host.docker_socket}", "image", "prune", "--force"],
+                check=False,
+            )
         return pulls
+
     with ThreadPoolExecutor(max_workers=len(hosts) or 1) as pool:
         return sum(pool.map(one, hosts))
 
@@ -348,17 +454,22 @@ def ensure(places: Places, hosts: list[hostlib.Host], timer: Timer) -> dict[str,
     req = requirements(venv_pins(places))
     contexts = {img.repo: stage_context(places, img, req) for img in IMAGES}
     digests = {img.repo: tree_hash(contexts[img.repo], base_digest) for img in IMAGES}
-    stale = [img for img in IMAGES
-             if stamps.get(img.repo, {}).get("hash") != digests[img.repo]
-             or registry_image_id(img) != stamps.get(img.repo, {}).get("id")]
+    stale = [
+        img
+        for img in IMAGES
+        if stamps.get(img.repo, {}).get("hash") != digests[img.repo]
+        or registry_image_id(img) != stamps.get(img.repo, {}).get("id")
+    ]
     if stale:
         start_builder(places)
         base = ensure_base(places, base_digest)
         wheels = ensure_wheels(places, *req)
         with WheelServer(wheels):
             for img in stale:
-                stamps[img.repo] = {"hash": digests[img.repo],
-                                    "id": build_and_push(places, img, contexts[img.repo], base)}
+                stamps[img.repo] = {
+                    "hash": digests[img.repo],
+                    "id": build_and_push(places, img, contexts[img.repo], base),
+                }
                 save_stamps(places, stamps)
         run([*builder_cli(places), "image", "prune", "--force"], check=False)
     timer.phase(f"images ({len(stale)} built)" if stale else "images (cached)", t)

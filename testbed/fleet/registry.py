@@ -1,4 +1,5 @@
-"""The testbed's Docker registry: Debian's docker-registry on 10.87.0.1:5000, data under the state dir."""
+"""The testbed registry: Debian's docker-registry on 10.87.0.1:5000, data in the state dir."""
+
 from __future__ import annotations
 
 import subprocess
@@ -54,18 +55,28 @@ def ensure(places: Places) -> str:
     config = places.registry / "config.yml"
     config.write_text(CONFIG.format(data=data, addr=REGISTRY))
     with open(places.logs / "registry.log", "ab") as out:
-        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdin=subprocess.DEVNULL,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["docker-registry", "serve", str(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     (places.registry / "registry.pid").write_text(f"{proc.pid}\n")
     try:
-        wait_until(lambda: answers(0.5) or proc.poll() is not None, timeout=20,
-                   what=f"the registry on {REGISTRY}")
+        wait_until(
+            lambda: answers(0.5) or proc.poll() is not None,
+            timeout=20,
+            what=f"the registry on {REGISTRY}",
+        )
     except TestbedError:
         proc.kill()
         raise
     if proc.poll() is not None:
-        raise TestbedError(f"docker-registry exited ({proc.returncode}); see "
-                           f"{places.logs / 'registry.log'} (is 10.87.0.1 on tfsbr0, port 5000 free?)")
+        raise TestbedError(
+            f"docker-registry exited ({proc.returncode}); see "
+            f"{places.logs / 'registry.log'} (is 10.87.0.1 on tfsbr0, port 5000 free?)"
+        )
     return "started"
 
 

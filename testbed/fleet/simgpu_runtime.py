@@ -5,6 +5,7 @@ Like nvidia-container-runtime does for real GPUs, it edits the bundle's config.j
 `create` (and `run`) so that every container gets the host's /run/simgpu bind-mounted at the
 same path, then execs runc with the unchanged arguments.  Stdlib only: containerd's shim runs it.
 """
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,14 @@ def add_simgpu_mount(config_path: str) -> None:
     mounts = config.setdefault("mounts", [])
     if any(m.get("destination") == SIMGPU for m in mounts):
         return
-    mounts.append({"destination": SIMGPU, "type": "bind", "source": SIMGPU,
-                   "options": ["rbind", "rw", "nosuid", "nodev"]})
+    mounts.append(
+        {
+            "destination": SIMGPU,
+            "type": "bind",
+            "source": SIMGPU,
+            "options": ["rbind", "rw", "nosuid", "nodev"],
+        }
+    )
     tmp = config_path + ".simgpu.tmp"
     with open(tmp, "w") as f:
         json.dump(config, f)
@@ -59,7 +66,7 @@ def main() -> None:
     args = sys.argv[1:]
     command, pos = find_command(args)
     if command in ("create", "run") and os.path.isdir(SIMGPU):
-        add_simgpu_mount(os.path.join(find_bundle(args[pos + 1:]), "config.json"))
+        add_simgpu_mount(os.path.join(find_bundle(args[pos + 1 :]), "config.json"))
     os.execv(RUNC, [RUNC, *args])
 
 

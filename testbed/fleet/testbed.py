@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
 """scripts/testbed: bring the local test fleet up, show it, take it down.  See docs/testbed.md."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import hosts as hostlib
 import registry
@@ -35,11 +37,23 @@ from common import (
 )
 
 USER_MARK = "tfsdeploy-testbed"
-REQUIRED_TOOLS = ["ip", "iptables", "nsenter", "unshare", "dockerd", "docker", "runc",
-                  "docker-registry", "ssh", "ssh-keygen", "/usr/sbin/sshd"]
+REQUIRED_TOOLS = [
+    "ip",
+    "iptables",
+    "nsenter",
+    "unshare",
+    "dockerd",
+    "docker",
+    "runc",
+    "docker-registry",
+    "ssh",
+    "ssh-keygen",
+    "/usr/sbin/sshd",
+]
 
 
 # ---------------------------------------------------------------- options
+
 
 def parse_gpu_specs(specs: list[str], count: int) -> dict[str, list[int]]:
     """`--gpu-mib` values -> GPU memory sizes per host.
@@ -53,8 +67,10 @@ def parse_gpu_specs(specs: list[str], count: int) -> dict[str, list[int]]:
         try:
             mibs = [int(s) for s in sizes.split(",") if int(s) > 0]
         except ValueError:
-            raise TestbedError(f"--gpu-mib {spec!r}: sizes must be integers in MiB, "
-                               "e.g. --gpu-mib 16384 or --gpu-mib tb3=8192") from None
+            raise TestbedError(
+                f"--gpu-mib {spec!r}: sizes must be integers in MiB, "
+                "e.g. --gpu-mib 16384 or --gpu-mib tb3=8192"
+            ) from None
         if not target:
             default = mibs
         elif target in [host_name(i) for i in range(1, MAX_HOSTS + 1)]:
@@ -64,15 +80,24 @@ def parse_gpu_specs(specs: list[str], count: int) -> dict[str, list[int]]:
     return {host_name(i): per_host.get(host_name(i), default) for i in range(1, count + 1)}
 
 
-def gpu_document(name: str, mibs: list[int]) -> dict[str, object] | None:
+def gpu_document(name: str, mibs: list[int]) -> dict[str, Any] | None:
     if not mibs:
         return None
-    return {"gpus": [{"index": i, "name": DEFAULT_GPU_NAME,
-                      "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.gpu{i}.tfsdeploy")),
-                      "memory_total_mib": mib} for i, mib in enumerate(mibs)]}
+    return {
+        "gpus": [
+            {
+                "index": i,
+                "name": DEFAULT_GPU_NAME,
+                "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.gpu{i}.tfsdeploy")),
+                "memory_total_mib": mib,
+            }
+            for i, mib in enumerate(mibs)
+        ]
+    }
 
 
 # ---------------------------------------------------------------- files on the machine
+
 
 def install_file(source: Path, target: Path) -> None:
     """Copy source to target (mode 0755) unless identical; atomic so running readers never break."""
@@ -89,8 +114,20 @@ def ensure_client_key(places: Places) -> None:
     places.ssh.mkdir(parents=True, exist_ok=True)
     places.ssh.chmod(0o700)
     if not places.ssh_key.exists():
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "tfsdeploy-testbed",
-             "-f", str(places.ssh_key)])
+        run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                "tfsdeploy-testbed",
+                "-f",
+                str(places.ssh_key),
+            ]
+        )
     pub = Path(f"{places.ssh_key}.pub").read_text()
     (places.ssh / "authorized_keys").write_text(pub)
 
@@ -99,11 +136,21 @@ def ssh_config_text(places: Places) -> str:
     lines = [f"# {USER_MARK}: written by scripts/testbed; ssh -F {places.ssh_config} tb1"]
     for i in range(1, MAX_HOSTS + 1):
         lines += [f"Host {host_name(i)}", f"    HostName {host_address(i)}"]
-    patterns = " ".join([f"tb{i}" for i in range(1, MAX_HOSTS + 1)]
-                        + [host_address(i) for i in range(1, MAX_HOSTS + 1)])
-    lines += [f"Host {patterns}", "    User root", f"    IdentityFile {places.ssh_key}",
-              "    IdentitiesOnly yes", f"    UserKnownHostsFile {places.known_hosts}",
-              "    StrictHostKeyChecking yes", "    BatchMode yes", "    LogLevel ERROR", ""]
+    patterns = " ".join(
+        [f"tb{i}" for i in range(1, MAX_HOSTS + 1)]
+        + [host_address(i) for i in range(1, MAX_HOSTS + 1)]
+    )
+    lines += [
+        f"Host {patterns}",
+        "    User root",
+        f"    IdentityFile {places.ssh_key}",
+        "    IdentitiesOnly yes",
+        f"    UserKnownHostsFile {places.known_hosts}",
+        "    StrictHostKeyChecking yes",
+        "    BatchMode yes",
+        "    LogLevel ERROR",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -121,7 +168,7 @@ def user_ssh_dir() -> Path:
 
 
 def strip_user_entries(text: str) -> str:
-    """Remove what install_user_ssh added (a marked block in config, marked lines in known_hosts)."""
+    """Remove what install_user_ssh added (a marked config block, marked known_hosts lines)."""
     out, skipping = [], False
     for line in text.splitlines():
         if line.strip() == f"# BEGIN {USER_MARK}":
@@ -162,12 +209,29 @@ def write_hosts_json(places: Places, gpus: dict[str, list[int]]) -> None:
     hosts = []
     for name, mibs in gpus.items():
         doc = gpu_document(name, mibs) or {"gpus": []}
-        hosts.append({"name": name, "address": host_address(int(name[2:])),
-                      "gpus": [{"index": g["index"], "name": g["name"], "uuid": g["uuid"],
-                                "memory_mib": g["memory_total_mib"]} for g in doc["gpus"]]})
-    data = {"hosts": hosts, "registry": REGISTRY, "ssh_key": str(places.ssh_key),
-            "known_hosts": str(places.known_hosts), "ssh_user": "root",
-            "ssh_config": str(places.ssh_config)}
+        hosts.append(
+            {
+                "name": name,
+                "address": host_address(int(name[2:])),
+                "gpus": [
+                    {
+                        "index": g["index"],
+                        "name": g["name"],
+                        "uuid": g["uuid"],
+                        "memory_mib": g["memory_total_mib"],
+                    }
+                    for g in doc["gpus"]
+                ],
+            }
+        )
+    data = {
+        "hosts": hosts,
+        "registry": REGISTRY,
+        "ssh_key": str(places.ssh_key),
+        "known_hosts": str(places.known_hosts),
+        "ssh_user": "root",
+        "ssh_config": str(places.ssh_config),
+    }
     tmp = places.hosts_json.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     tmp.rename(places.hosts_json)
@@ -175,9 +239,12 @@ def write_hosts_json(places: Places, gpus: dict[str, list[int]]) -> None:
 
 # ---------------------------------------------------------------- commands
 
+
 def preflight() -> None:
     if os.geteuid() != 0:
-        raise TestbedError("the testbed needs root (namespaces, bridges, dockerd): run it with sudo")
+        raise TestbedError(
+            "the testbed needs root (namespaces, bridges, dockerd): run it with sudo"
+        )
     missing = [t for t in REQUIRED_TOOLS if not shutil.which(t)]
     if missing:
         raise TestbedError(f"missing tools: {', '.join(missing)}; run scripts/setup")
@@ -196,6 +263,7 @@ def existing_hosts(places: Places) -> list[int]:
 
 def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path) -> dict[str, str]:
     """Start every host that is not fully healthy; returns what happened per host."""
+
     def one(index: int) -> str:
         host = hostlib.Host(index, places)
         gpu_doc = gpu_document(host.name, gpus[host.name])
@@ -214,12 +282,19 @@ def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path) ->
 
 def check_ssh(places: Places, count: int) -> None:
     """One real login per host with strict host-key checking, as the toolkit will do."""
+
     def one(index: int) -> None:
-        out = run(["ssh", "-F", str(places.ssh_config), host_name(index), "hostname"],
-                  check=False, timeout=30)
+        out = run(
+            ["ssh", "-F", str(places.ssh_config), host_name(index), "hostname"],
+            check=False,
+            timeout=30,
+        )
         if out.returncode != 0 or out.stdout.strip() != host_name(index):
-            raise TestbedError(f"ssh to {host_name(index)} failed: {out.stderr.strip()} "
-                               f"(sshd log: {places.logs / (host_name(index) + '-sshd.log')})")
+            raise TestbedError(
+                f"ssh to {host_name(index)} failed: {out.stderr.strip()} "
+                f"(sshd log: {places.logs / (host_name(index) + '-sshd.log')})"
+            )
+
     with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
         list(pool.map(one, range(1, count + 1)))
 
@@ -256,22 +331,30 @@ def cmd_up(args: argparse.Namespace) -> int:
     timer.phase("hosts", t)
     if not args.no_images:
         import images
+
         images.ensure(places, [hostlib.Host(i, places) for i in range(1, args.hosts + 1)], timer)
     print_summary(places, states, reg, gpus, timer)
     return 0
 
 
-def print_summary(places: Places, states: dict[str, str], reg: str,
-                  gpus: dict[str, list[int]], timer: Timer) -> None:
+def print_summary(
+    places: Places, states: dict[str, str], reg: str, gpus: dict[str, list[int]], timer: Timer
+) -> None:
     print(f"testbed up: {len(states)} hosts, registry {REGISTRY} ({reg})")
     for name, what in states.items():
         mib = "+".join(str(m) for m in gpus[name]) or "no"
-        print(f"  {name}  {host_address(int(name[2:])):<11}  {what:<9}  GPU {mib} MiB   "
-              f"ssh -F {places.ssh_config} {name}")
-    print(f"  ssh:    ssh -i {places.ssh_key} -o UserKnownHostsFile={places.known_hosts} "
-          "root@10.87.0.11 docker ps")
-    print('  docker: docker -H ssh://root@10.87.0.11 ps   |   '
-          'docker.DockerClient(base_url="ssh://root@10.87.0.11")')
+        print(
+            f"  {name}  {host_address(int(name[2:])):<11}  {what:<9}  GPU {mib} MiB   "
+            f"ssh -F {places.ssh_config} {name}"
+        )
+    print(
+        f"  ssh:    ssh -i {places.ssh_key} -o UserKnownHostsFile={places.known_hosts} "
+        "root@10.87.0.11 docker ps"
+    )
+    print(
+        "  docker: docker -H ssh://root@10.87.0.11 ps   |   "
+        'docker.DockerClient(base_url="ssh://root@10.87.0.11")'
+    )
     print(f"  hosts:  {places.hosts_json}")
     figures = ", ".join(f"{name} {secs:.1f}s" for name, secs in timer.phases)
     print(f"  timing: total {timer.total():.1f}s ({figures})")
@@ -285,11 +368,13 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     def one(index: int) -> None:
         hostlib.stop(hostlib.Host(index, places))
+
     with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
         list(pool.map(one, indexes))
     registry.stop(places)
     try:
         import images
+
         images.stop_builder(places)
     except ImportError:
         pass
@@ -299,8 +384,10 @@ def cmd_down(args: argparse.Namespace) -> int:
     unmount_empty_netns_dir()
     if args.purge:
         shutil.rmtree(places.state, ignore_errors=True)
-    print(f"testbed down: stopped {len(indexes)} hosts, registry, bridge "
-          f"({time.monotonic() - t:.1f}s){'; state purged' if args.purge else ''}")
+    print(
+        f"testbed down: stopped {len(indexes)} hosts, registry, bridge "
+        f"({time.monotonic() - t:.1f}s){'; state purged' if args.purge else ''}"
+    )
     return 0
 
 
@@ -333,32 +420,60 @@ def cmd_status(args: argparse.Namespace) -> int:
         states = list(pool.map(lambda i: hostlib.inspect(hostlib.Host(i, places)), indexes))
     reg_pid = registry.pid(places)
     reg_ok = registry.answers()
-    report = {"hosts": [{"name": s.name, "address": s.address, "healthy": s.healthy,
-                         "holder": s.holder, "sshd": s.sshd, "dockerd": s.dockerd,
-                         "docker_answers": s.docker_ok, "ssh_answers": s.ssh_ok,
-                         "network": s.network_ok} for s in states],
-              "registry": {"address": REGISTRY, "pid": reg_pid, "answers": reg_ok},
-              "bridge": run(["ip", "link", "show", BRIDGE], check=False).returncode == 0}
+    report = {
+        "hosts": [
+            {
+                "name": s.name,
+                "address": s.address,
+                "healthy": s.healthy,
+                "holder": s.holder,
+                "sshd": s.sshd,
+                "dockerd": s.dockerd,
+                "docker_answers": s.docker_ok,
+                "ssh_answers": s.ssh_ok,
+                "network": s.network_ok,
+            }
+            for s in states
+        ],
+        "registry": {"address": REGISTRY, "pid": reg_pid, "answers": reg_ok},
+        "bridge": run(["ip", "link", "show", BRIDGE], check=False).returncode == 0,
+    }
     if args.json:
         print(json.dumps(report, indent=2))
     else:
+
         def mark(ok: object, pid: int | None = None) -> str:
             return (f"up({pid})" if pid else "up") if ok else "DOWN"
-        print(f"bridge {BRIDGE}: {'up' if report['bridge'] else 'DOWN'}   registry {REGISTRY}: "
-              f"{mark(reg_ok, reg_pid)}   state: {places.state}")
+
+        print(
+            f"bridge {BRIDGE}: {'up' if report['bridge'] else 'DOWN'}   registry {REGISTRY}: "
+            f"{mark(reg_ok, reg_pid)}   state: {places.state}"
+        )
         if not states:
             print("no hosts (start them with scripts/testbed up)")
         for s in states:
             images = docker_images(hostlib.Host(int(s.name[2:]), places)) if s.docker_ok else "-"
-            print(f"  {s.name} {s.address:<11} sshd {mark(s.ssh_ok and s.sshd, s.sshd):<12} "
-                  f"dockerd {mark(s.docker_ok and s.dockerd, s.dockerd):<12} images: {images}")
+            print(
+                f"  {s.name} {s.address:<11} sshd {mark(s.ssh_ok and s.sshd, s.sshd):<12} "
+                f"dockerd {mark(s.docker_ok and s.dockerd, s.dockerd):<12} images: {images}"
+            )
     healthy = bool(states) and all(s.healthy for s in states) and reg_ok
     return 0 if healthy else 3
 
 
 def docker_images(host: hostlib.Host) -> str:
-    out = run(["docker", "-H", f"unix://{host.docker_socket}", "images", "--format",
-               "{{.Repository}}:{{.Tag}}"], check=False, timeout=10)
+    out = run(
+        [
+            "docker",
+            "-H",
+            f"unix://{host.docker_socket}",
+            "images",
+            "--format",
+            "{{.Repository}}:{{.Tag}}",
+        ],
+        check=False,
+        timeout=10,
+    )
     names = [n.rsplit("/", 1)[-1] for n in out.stdout.split()]
     return ", ".join(names) or "none"
 
@@ -368,14 +483,24 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start (or repair) the local fleet; idempotent")
     up.add_argument("--hosts", type=int, default=DEFAULT_HOSTS, help="number of hosts, 1..10")
-    up.add_argument("--gpu-mib", action="append", default=[], metavar="[tbN=]MIB[,MIB]",
-                    help="simulated GPU memory: for all hosts, or one host; 0 = no GPU")
+    up.add_argument(
+        "--gpu-mib",
+        action="append",
+        default=[],
+        metavar="[tbN=]MIB[,MIB]",
+        help="simulated GPU memory: for all hosts, or one host; 0 = no GPU",
+    )
     up.add_argument("--no-images", action="store_true", help="skip building/pushing/pulling images")
-    up.add_argument("--no-user-ssh", action="store_true",
-                    help="do not add the testbed to ~/.ssh/config and ~/.ssh/known_hosts")
+    up.add_argument(
+        "--no-user-ssh",
+        action="store_true",
+        help="do not add the testbed to ~/.ssh/config and ~/.ssh/known_hosts",
+    )
     down = sub.add_parser("down", help="stop everything; keeps docker data unless --purge")
     down.add_argument("--purge", action="store_true", help="also delete all testbed state")
-    status = sub.add_parser("status", help="show hosts, daemons and registry (exit 3 if not healthy)")
+    status = sub.add_parser(
+        "status", help="show hosts, daemons and registry (exit 3 if not healthy)"
+    )
     status.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     handler = {"up": cmd_up, "down": cmd_down, "status": cmd_status}[args.command]

@@ -8,6 +8,7 @@ down at the end unless TFSDEPLOY_TESTBED_KEEP=1.
 Tests that stop or break the fleet (tests/testbed/test_lifecycle.py) run only when this session
 started the fleet or TFSDEPLOY_TESTBED_DESTRUCTIVE=1; TFSDEPLOY_TESTBED_DESTRUCTIVE=0 skips them.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,6 +35,8 @@ def destructive(testbed: Testbed) -> Testbed:
     """For tests that stop or break the fleet: only on a fleet nobody else is using."""
     allowed = os.environ.get("TFSDEPLOY_TESTBED_DESTRUCTIVE")
     if allowed == "0" or (allowed != "1" and not testbed.started_here):
-        pytest.skip("the fleet was already up (someone may be using it); set "
-                    "TFSDEPLOY_TESTBED_DESTRUCTIVE=1 to run tests that stop and break it")
+        pytest.skip(
+            "the fleet was already up (someone may be using it); set "
+            "TFSDEPLOY_TESTBED_DESTRUCTIVE=1 to run tests that stop and break it"
+        )
     return testbed

@@ -39,23 +39,43 @@ class Testbed:
 
     def ssh_argv(self, host: TestbedHost, command: str) -> list[str]:
         """ssh exactly as a client of a real host would (strict host-key checking on)."""
-        return ["ssh", "-i", str(self.ssh_key), "-o", f"UserKnownHostsFile={self.known_hosts}",
-                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-                "-o", "ConnectTimeout=10", f"root@{host.address}", command]
+        return [
+            "ssh",
+            "-i",
+            str(self.ssh_key),
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "ConnectTimeout=10",
+            f"root@{host.address}",
+            command,
+        ]
 
-    def ssh(self, host: TestbedHost, command: str, *, check: bool = True,
-            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run(self.ssh_argv(host, command), capture_output=True, text=True,
-                              timeout=timeout)
+    def ssh(
+        self, host: TestbedHost, command: str, *, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            self.ssh_argv(host, command), capture_output=True, text=True, timeout=timeout
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"ssh {host.name} {command!r} -> {proc.returncode}\n"
-                                 f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}")
+            raise AssertionError(
+                f"ssh {host.name} {command!r} -> {proc.returncode}\n"
+                f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}"
+            )
         return proc
 
-    def docker(self, host: TestbedHost, *args: str, check: bool = True,
-               timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return self.ssh(host, "docker " + " ".join(shlex.quote(a) for a in args), check=check,
-                        timeout=timeout)
+    def docker(
+        self, host: TestbedHost, *args: str, check: bool = True, timeout: float = 300
+    ) -> subprocess.CompletedProcess[str]:
+        return self.ssh(
+            host, "docker " + " ".join(shlex.quote(a) for a in args), check=check, timeout=timeout
+        )
 
     def image(self, name: str) -> str:
         tags = {"tfserving-emulator": "2.21.0", "tfsdeploy-proxy": "2.6"}
@@ -74,13 +94,17 @@ def load_testbed(started_here: bool) -> Testbed:
     data = json.loads((STATE / "hosts.json").read_text())
     return Testbed(
         hosts=[TestbedHost(h["name"], h["address"], h["gpus"]) for h in data["hosts"]],
-        registry=data["registry"], ssh_key=Path(data["ssh_key"]),
+        registry=data["registry"],
+        ssh_key=Path(data["ssh_key"]),
         known_hosts=Path(data["known_hosts"]),
-        ssh_config=Path(data.get("ssh_config", STATE / "ssh" / "config")), started_here=started_here)
+        ssh_config=Path(data.get("ssh_config", STATE / "ssh" / "config")),
+        started_here=started_here,
+    )
 
 
 def ensure_up() -> None:
     proc = run_testbed_cli("up")
     if proc.returncode != 0:
-        raise RuntimeError(f"scripts/testbed up failed ({proc.returncode}):\n{proc.stdout}\n"
-                           f"{proc.stderr}")
+        raise RuntimeError(
+            f"scripts/testbed up failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )

@@ -1,4 +1,5 @@
 """Each testbed host behaves like a separate machine: own address, hostname, sshd and engine."""
+
 from __future__ import annotations
 
 import json
@@ -42,13 +43,18 @@ def test_sshd_listens_only_on_the_hosts_own_address(testbed: Testbed) -> None:
 
 def test_strict_host_key_checking_rejects_another_hosts_key(testbed: Testbed, tmp_path) -> None:
     tb1, tb2 = testbed.hosts[0], testbed.hosts[1]
-    pinned = {ln.split()[0].split(",")[0]: ln.split()[1:3]
-              for ln in testbed.known_hosts.read_text().splitlines() if ln.strip()}
+    pinned = {
+        ln.split()[0].split(",")[0]: ln.split()[1:3]
+        for ln in testbed.known_hosts.read_text().splitlines()
+        if ln.strip()
+    }
     assert pinned[tb1.address] != pinned[tb2.address], "hosts must have their own host keys"
     wrong = tmp_path / "known_hosts"
     wrong.write_text(f"{tb1.address} {' '.join(pinned[tb2.address])}\n")
-    argv = [a if not a.startswith("UserKnownHostsFile=") else f"UserKnownHostsFile={wrong}"
-            for a in testbed.ssh_argv(tb1, "true")]
+    argv = [
+        a if not a.startswith("UserKnownHostsFile=") else f"UserKnownHostsFile={wrong}"
+        for a in testbed.ssh_argv(tb1, "true")
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0
     assert "HOST IDENTIFICATION HAS CHANGED" in proc.stderr or "verification failed" in proc.stderr
@@ -56,9 +62,19 @@ def test_strict_host_key_checking_rejects_another_hosts_key(testbed: Testbed, tm
 
 def test_root_password_login_is_refused(testbed: Testbed) -> None:
     host = testbed.hosts[0]
-    argv = ["ssh", "-o", f"UserKnownHostsFile={testbed.known_hosts}", "-o", "BatchMode=yes",
-            "-o", "PubkeyAuthentication=no", "-o", "PreferredAuthentications=password,keyboard-interactive",
-            f"root@{host.address}", "true"]
+    argv = [
+        "ssh",
+        "-o",
+        f"UserKnownHostsFile={testbed.known_hosts}",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "PubkeyAuthentication=no",
+        "-o",
+        "PreferredAuthentications=password,keyboard-interactive",
+        f"root@{host.address}",
+        "true",
+    ]
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 255 and "Permission denied" in proc.stderr
 
@@ -75,11 +91,24 @@ def test_each_host_has_its_own_docker_engine(testbed: Testbed) -> None:
     ids = {testbed.docker(h, "info", "--format", "{{.ID}}").stdout.strip() for h in testbed.hosts}
     assert len(ids) == len(testbed.hosts)
     name = f"probe-{uuid.uuid4().hex[:8]}"
-    testbed.docker(tb1, "run", "-d", "--name", name, "--entrypoint", "sleep",
-                   testbed.image("tfsdeploy-proxy"), "300")
+    testbed.docker(
+        tb1,
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--entrypoint",
+        "sleep",
+        testbed.image("tfsdeploy-proxy"),
+        "300",
+    )
     try:
-        seen_on_tb1 = testbed.docker(tb1, "ps", "-a", "--filter", f"name={name}", "-q").stdout.split()
-        seen_on_tb2 = testbed.docker(tb2, "ps", "-a", "--filter", f"name={name}", "-q").stdout.split()
+        seen_on_tb1 = testbed.docker(
+            tb1, "ps", "-a", "--filter", f"name={name}", "-q"
+        ).stdout.split()
+        seen_on_tb2 = testbed.docker(
+            tb2, "ps", "-a", "--filter", f"name={name}", "-q"
+        ).stdout.split()
         assert len(seen_on_tb1) == 1 and seen_on_tb2 == []
     finally:
         testbed.docker(tb1, "rm", "-f", name, check=False)
@@ -89,8 +118,9 @@ def test_docker_sdk_over_ssh_with_paramiko_and_with_the_ssh_binary(testbed: Test
     docker = pytest.importorskip("docker")
     for use_ssh_client in (False, True):
         for host in testbed.hosts[:2]:
-            client = docker.DockerClient(base_url=f"ssh://root@{host.address}",
-                                         use_ssh_client=use_ssh_client, timeout=60)
+            client = docker.DockerClient(
+                base_url=f"ssh://root@{host.address}", use_ssh_client=use_ssh_client, timeout=60
+            )
             try:
                 assert client.info()["Name"] == host.name
             finally:
@@ -103,8 +133,20 @@ def test_two_hosts_serve_the_same_port_with_host_networking(testbed: Testbed) ->
     script = "mkdir -p /w && hostname > /w/name && cd /w && exec python3 -m http.server 8500"
     try:
         for host in (tb1, tb2):
-            testbed.docker(host, "run", "-d", "--network", "host", "--name", name, "--entrypoint",
-                           "sh", testbed.image("tfserving-emulator"), "-c", script)
+            testbed.docker(
+                host,
+                "run",
+                "-d",
+                "--network",
+                "host",
+                "--name",
+                name,
+                "--entrypoint",
+                "sh",
+                testbed.image("tfserving-emulator"),
+                "-c",
+                script,
+            )
         for host in (tb1, tb2):
             body = _get_with_retry(f"http://{host.address}:8500/name")
             assert body.strip() == host.name
@@ -163,24 +205,40 @@ def test_every_host_has_both_images(testbed: Testbed) -> None:
 def test_emulator_image_starts_like_tensorflow_serving(testbed: Testbed) -> None:
     host = testbed.hosts[0]
     fmt = "{{json .Config.Entrypoint}} {{json .Config.Env}} {{json .Config.ExposedPorts}}"
-    out = testbed.docker(host, "image", "inspect", "--format", fmt,
-                         testbed.image("tfserving-emulator")).stdout
+    out = testbed.docker(
+        host, "image", "inspect", "--format", fmt, testbed.image("tfserving-emulator")
+    ).stdout
     assert '["/usr/bin/tf_serving_entrypoint.sh"]' in out
     assert "MODEL_NAME=model" in out and "MODEL_BASE_PATH=/models" in out
     assert "8500/tcp" in out and "8501/tcp" in out
-    versions = testbed.docker(host, "run", "--rm", "--entrypoint", "python", testbed.image(
-        "tfserving-emulator"), "-c", "import importlib.metadata as m; print(m.version("
-        "'tensorflow-cpu'), m.version('tensorflow-serving-api'))").stdout.split()
+    versions = testbed.docker(
+        host,
+        "run",
+        "--rm",
+        "--entrypoint",
+        "python",
+        testbed.image("tfserving-emulator"),
+        "-c",
+        "import importlib.metadata as m; print(m.version("
+        "'tensorflow-cpu'), m.version('tensorflow-serving-api'))",
+    ).stdout.split()
     assert versions == ["2.21.0", "2.21.0"]
 
 
 def test_proxy_image_runs_haproxy_2_6(testbed: Testbed) -> None:
     host = testbed.hosts[0]
-    out = testbed.docker(host, "run", "--rm", "--entrypoint", "haproxy",
-                         testbed.image("tfsdeploy-proxy"), "-v").stdout
+    out = testbed.docker(
+        host, "run", "--rm", "--entrypoint", "haproxy", testbed.image("tfsdeploy-proxy"), "-v"
+    ).stdout
     assert "version 2.6" in out
-    entry = testbed.docker(host, "image", "inspect", "--format", "{{json .Config.Entrypoint}}",
-                           testbed.image("tfsdeploy-proxy")).stdout
+    entry = testbed.docker(
+        host,
+        "image",
+        "inspect",
+        "--format",
+        "{{json .Config.Entrypoint}}",
+        testbed.image("tfsdeploy-proxy"),
+    ).stdout
     assert json.loads(entry) == ["haproxy", "-W", "-db", "-f", "/usr/local/etc/haproxy/haproxy.cfg"]
 
 
@@ -189,7 +247,8 @@ def test_up_on_a_healthy_fleet_changes_nothing(testbed: Testbed) -> None:
     proc = run_testbed_cli("up", "--hosts", str(len(testbed.hosts)), "--no-images")
     assert proc.returncode == 0, proc.stderr
     after = json.loads(run_testbed_cli("status", "--json").stdout)
-    assert [(h["sshd"], h["dockerd"]) for h in before["hosts"]] == \
-           [(h["sshd"], h["dockerd"]) for h in after["hosts"]]
+    assert [(h["sshd"], h["dockerd"]) for h in before["hosts"]] == [
+        (h["sshd"], h["dockerd"]) for h in after["hosts"]
+    ]
     assert "restarted" not in proc.stdout and "started" not in proc.stdout.replace("(running)", "")
     assert TESTBED.exists()

@@ -4,6 +4,7 @@ These take the fleet down or kill its daemons, so they only run on a fleet this 
 started itself, or with TFSDEPLOY_TESTBED_DESTRUCTIVE=1 (see conftest.py).  Each one leaves the
 fleet up and healthy again.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,13 @@ from fleet_helpers import STATE, Testbed, load_testbed, run_testbed_cli
 
 pytestmark = pytest.mark.testbed
 
-OUR_DAEMONS = {"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2",
-               "docker-registry"}
+OUR_DAEMONS = {
+    "dockerd",
+    "containerd",
+    "containerd-shim",
+    "containerd-shim-runc-v2",
+    "docker-registry",
+}
 
 
 def up(*args: str) -> str:
@@ -95,8 +101,19 @@ def test_gpu_memory_can_be_set_per_host(destructive: Testbed) -> None:
 def test_down_leaves_nothing_behind_and_up_keeps_images(destructive: Testbed) -> None:
     tb1 = destructive.hosts[0]
     destructive.docker(tb1, "rm", "-f", "lifecycle-probe", check=False)
-    destructive.docker(tb1, "run", "-d", "--network", "host", "--name", "lifecycle-probe",
-                       "--entrypoint", "sleep", destructive.image("tfsdeploy-proxy"), "600")
+    destructive.docker(
+        tb1,
+        "run",
+        "-d",
+        "--network",
+        "host",
+        "--name",
+        "lifecycle-probe",
+        "--entrypoint",
+        "sleep",
+        destructive.image("tfsdeploy-proxy"),
+        "600",
+    )
     proxy = destructive.image("tfsdeploy-proxy")
     proxy_id = destructive.docker(tb1, "image", "inspect", "--format", "{{.Id}}", proxy).stdout
     proc = run_testbed_cli("down")
@@ -117,7 +134,9 @@ def test_down_leaves_nothing_behind_and_up_keeps_images(destructive: Testbed) ->
     assert status()[0] == 0
     # the engine's data root survived: same image without a pull (the emulator image may have
     # been rebuilt meanwhile if testbed/emulator changed, so it is not the witness)
-    assert destructive.docker(tb1, "image", "inspect", "--format", "{{.Id}}", proxy).stdout == proxy_id
+    assert (
+        destructive.docker(tb1, "image", "inspect", "--format", "{{.Id}}", proxy).stdout == proxy_id
+    )
     ps = destructive.docker(tb1, "ps", "-a", "--format", "{{.Names}}").stdout.split()
     assert "lifecycle-probe" in ps  # the host's engine state survived, like a rebooted machine
     destructive.docker(tb1, "rm", "-f", "lifecycle-probe")

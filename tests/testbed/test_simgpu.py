@@ -1,4 +1,5 @@
 """The simulated GPU: nvidia-smi answers from /run/simgpu, the runtime mounts it into containers."""
+
 from __future__ import annotations
 
 import fcntl
@@ -21,7 +22,9 @@ def gpu_host(testbed: Testbed) -> TestbedHost:
     for host in testbed.hosts:
         if host.gpus:
             return host
-    pytest.fail("no testbed host has a simulated GPU (scripts/testbed up gives each one by default)")
+    pytest.fail(
+        "no testbed host has a simulated GPU (scripts/testbed up gives each one by default)"
+    )
 
 
 @contextmanager
@@ -32,9 +35,18 @@ def reservation(host: TestbedHost, used_mib: int) -> Iterator[str]:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, json.dumps({"gpu": 0, "used_mib": used_mib, "pid": 4242,
-                                 "process_name": "tensorflow_model_server",
-                                 "container": "probe"}).encode())
+        os.write(
+            fd,
+            json.dumps(
+                {
+                    "gpu": 0,
+                    "used_mib": used_mib,
+                    "pid": 4242,
+                    "process_name": "tensorflow_model_server",
+                    "container": "probe",
+                }
+            ).encode(),
+        )
         yield token
     finally:
         os.close(fd)  # releases the lock: the owner is "dead" from now on
@@ -44,8 +56,7 @@ def test_nvidia_smi_reports_the_configured_gpu(testbed: Testbed) -> None:
     host = gpu_host(testbed)
     gpu = host.gpus[0]
     out = testbed.ssh(host, f"nvidia-smi {GPU_QUERY} --format=csv").stdout.splitlines()
-    assert out[0] == ("index, name, uuid, memory.total [MiB], memory.used [MiB], "
-                      "memory.free [MiB]")
+    assert out[0] == ("index, name, uuid, memory.total [MiB], memory.used [MiB], memory.free [MiB]")
     index, name, gpu_uuid, total, used, free = out[1].split(", ")
     assert (index, name) == ("0", gpu["name"])
     assert gpu_uuid.startswith("GPU-") and gpu_uuid == gpu.get("uuid", gpu_uuid)
@@ -58,8 +69,11 @@ def test_nvidia_smi_reports_the_configured_gpu(testbed: Testbed) -> None:
 
 
 def test_gpu_files_are_private_to_each_host(testbed: Testbed) -> None:
-    uuids = [testbed.ssh(h, "nvidia-smi --query-gpu=uuid --format=csv,noheader").stdout
-             for h in testbed.hosts if h.gpus]
+    uuids = [
+        testbed.ssh(h, "nvidia-smi --query-gpu=uuid --format=csv,noheader").stdout
+        for h in testbed.hosts
+        if h.gpus
+    ]
     assert len(set(uuids)) == len(uuids)
 
 
@@ -67,14 +81,16 @@ def test_reservation_shows_as_used_memory_and_a_process(testbed: Testbed) -> Non
     host = gpu_host(testbed)
     total = host.gpus[0]["memory_mib"]
     with reservation(host, 4096):
-        used = testbed.ssh(host, "nvidia-smi --query-gpu=memory.used,memory.free "
-                                 "--format=csv,noheader,nounits").stdout.strip()
+        used = testbed.ssh(
+            host, "nvidia-smi --query-gpu=memory.used,memory.free --format=csv,noheader,nounits"
+        ).stdout.strip()
         used_mib, free_mib = (int(v) for v in used.split(", "))
         assert used_mib >= 4096 and used_mib + free_mib == total
         apps = testbed.ssh(host, f"nvidia-smi {APPS_QUERY} --format=csv").stdout.splitlines()
         assert apps[0] == "pid, process_name, used_gpu_memory [MiB], gpu_uuid"
-        assert any(line.startswith("4242, tensorflow_model_server, 4096 MiB, GPU-")
-                   for line in apps[1:])
+        assert any(
+            line.startswith("4242, tensorflow_model_server, 4096 MiB, GPU-") for line in apps[1:]
+        )
 
 
 def test_reservation_of_a_dead_owner_is_cleaned(testbed: Testbed) -> None:
@@ -96,8 +112,15 @@ def test_nvidia_smi_rejects_unknown_fields_like_the_real_one(testbed: Testbed) -
 def test_every_container_gets_run_simgpu(testbed: Testbed) -> None:
     host = gpu_host(testbed)
     # a plain `docker run`: the host's default runtime (the simgpu wrapper) adds the mount
-    out = testbed.docker(host, "run", "--rm", "--entrypoint", "cat",
-                         testbed.image("tfsdeploy-proxy"), "/run/simgpu/gpus.json").stdout
+    out = testbed.docker(
+        host,
+        "run",
+        "--rm",
+        "--entrypoint",
+        "cat",
+        testbed.image("tfsdeploy-proxy"),
+        "/run/simgpu/gpus.json",
+    ).stdout
     assert json.loads(out)["gpus"][0]["memory_total_mib"] == host.gpus[0]["memory_mib"]
     runtime = testbed.docker(host, "info", "--format", "{{.DefaultRuntime}}").stdout.strip()
     assert runtime == "simgpu"
@@ -106,10 +129,20 @@ def test_every_container_gets_run_simgpu(testbed: Testbed) -> None:
 def test_a_container_sees_reservations_and_its_lock_is_shared(testbed: Testbed) -> None:
     host = gpu_host(testbed)
     with reservation(host, 1024) as token:
-        script = ("import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR)\n"
-                  "try:\n    fcntl.flock(fd, fcntl.LOCK_EX|fcntl.LOCK_NB); print('free')\n"
-                  "except OSError:\n    print('held')")
-        out = testbed.docker(host, "run", "--rm", "--entrypoint", "python3",
-                             testbed.image("tfsdeploy-proxy"), "-c", script,
-                             f"/run/simgpu/procs/{token}.json").stdout.strip()
+        script = (
+            "import fcntl,os,sys; fd=os.open(sys.argv[1], os.O_RDWR)\n"
+            "try:\n    fcntl.flock(fd, fcntl.LOCK_EX|fcntl.LOCK_NB); print('free')\n"
+            "except OSError:\n    print('held')"
+        )
+        out = testbed.docker(
+            host,
+            "run",
+            "--rm",
+            "--entrypoint",
+            "python3",
+            testbed.image("tfsdeploy-proxy"),
+            "-c",
+            script,
+            f"/run/simgpu/procs/{token}.json",
+        ).stdout.strip()
     assert out == "held"
