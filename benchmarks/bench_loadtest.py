@@ -31,11 +31,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tfsdeploy.loadtest import payloads, stats  # noqa: E402
-from tfsdeploy.loadtest.engine import ProcPlan  # noqa: E402
-from tfsdeploy.loadtest.parallel import run_processes  # noqa: E402
-from tfsdeploy.loadtest.protos import PREDICT_METHOD  # noqa: E402
-from tfsdeploy.loadtest.schedule import Schedule  # noqa: E402
+from tfsdeploy.loadtest import payloads, stats
+from tfsdeploy.loadtest.engine import ProcPlan
+from tfsdeploy.loadtest.parallel import run_processes
+from tfsdeploy.loadtest.protos import PREDICT_METHOD
+from tfsdeploy.loadtest.schedule import Schedule
 
 
 def request_body() -> bytes:

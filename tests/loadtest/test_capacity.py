@@ -31,10 +31,11 @@ def test_spares_win_for_small_fleets() -> None:
     assert (result.minimum, result.recommended) == (1, 3)
 
 
-@pytest.mark.parametrize("args", [(0, 1000), (100, 0), (100, 1000, 1.5)])
-def test_bad_inputs(args: tuple[float, ...]) -> None:
+@pytest.mark.parametrize(("target", "per_instance", "load_factor"),
+                         [(0, 1000, 0.65), (100, 0, 0.65), (100, 1000, 1.5), (100, 1000, 0)])
+def test_bad_inputs(target: float, per_instance: float, load_factor: float) -> None:
     with pytest.raises(capacity.CapacityError):
-        capacity.plan(args[0], args[1], **({"load_factor": args[2]} if len(args) > 2 else {}))
+        capacity.plan(target, per_instance, load_factor=load_factor)
 
 
 def test_from_sweep_report(tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ def test_ghz_protobuf_json_is_parsed_as_is() -> None:
 
 
 def test_ragged_input_is_rejected() -> None:
-    with pytest.raises(payloads.PayloadError, match="ragged|rectangular"):
+    with pytest.raises(payloads.PayloadError, match=r"ragged|rectangular"):
         _request({"inputs": {"x": [[1.0], [2.0, 3.0]]}})
 
 

@@ -173,6 +173,8 @@ def draw_plot(points: Sequence[SweepPoint], path: Path, limits: SweepLimits) -> 
         ax_qps.plot([best.concurrency], [best.rps], "*", color="gold", markersize=16,
                     markeredgecolor="black", label="best under SLO")
     ax_qps.set_xscale("log", base=2)
+    ax_qps.set_xticks(xs, [str(x) for x in xs])
+    ax_qps.minorticks_off()
     ax_qps.set_xlabel("concurrency (requests in flight)")
     ax_qps.set_ylabel("throughput (QPS)")
     ax_lat.set_ylabel("latency (ms)")
