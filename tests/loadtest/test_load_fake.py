@@ -148,3 +148,45 @@ def test_unreachable_target_exits_1() -> None:
 def test_run_bench_rejects_unknown_options() -> None:
     with pytest.raises(TypeError, match="unknown option"):
         cli.run_bench(["127.0.0.1:1"], concurrencyy=3)
+
+
+def test_concurrency_schedule_raises_workers_in_steps(
+        tmp_path: Path, fake_server: Callable[..., Server]) -> None:
+    # 1, 2, 3, 4 workers for 0.5 s each against a 50 ms server: about (1+2+3+4) x 10 = 100
+    server = fake_server(latency_ms=50)
+    code, data = _run(tmp_path, server.grpc, "-c", "4", "-z", "2s", "--concurrency-schedule",
+                      "step", "--concurrency-start", "1", "--concurrency-step", "1",
+                      "--concurrency-end", "4", "--concurrency-step-duration", "500ms")
+    assert code == 0
+    assert 80 <= data["count"] <= 104
+    seconds = [s["count"] for s in data["tfsdeploy"]["perSecond"]]
+    assert seconds[0] < seconds[1]  # 1-2 workers in the first second, 3-4 in the second
+
+
+def test_duration_stop_close_counts_cut_requests_as_canceled(
+        tmp_path: Path, fake_server: Callable[..., Server]) -> None:
+    server = fake_server(latency_ms=400)
+    code, data = _run(tmp_path, server.grpc, "-c", "4", "-z", "1s", "--duration-stop", "close",
+                      "--max-error-rate", "100")
+    assert code == 0
+    assert data["endReason"] == "timeout"
+    assert data["statusCodeDistribution"] == {"OK": 8, "Canceled": 4}
+    assert data["total"] == pytest.approx(1e9, rel=0.05)
+    code, data = _run(tmp_path, server.grpc, "-c", "4", "-z", "1s", "--duration-stop", "wait")
+    assert data["statusCodeDistribution"] == {"OK": 12}
+    assert data["total"] >= 1.2e9  # waited for the third round
+
+
+def test_targets_share_the_load(tmp_path: Path, fake_server: Callable[..., Server]) -> None:
+    failing = fake_server(error_every=1)  # every request fails
+    healthy = fake_server()
+    code, data = _run(tmp_path, f"{failing.grpc},{healthy.grpc}", "-c", "4", "-n", "200",
+                      "--connections", "2", "--details", "10")
+    assert code == 2
+    # two connections, one per target, workers alternate between them; the shared request
+    # count lets the faster (failing) side take a few more
+    codes = data["statusCodeDistribution"]
+    assert codes["OK"] + codes["Unavailable"] == 200
+    assert codes["OK"] == pytest.approx(100, abs=15)
+    assert len(data["details"]) == 10
+    assert set(data["details"][0]) == {"timestamp", "latency", "error", "status"}
