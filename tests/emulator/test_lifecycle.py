@@ -196,3 +196,16 @@ def test_deleted_version_directory_is_unloaded(live: Live) -> None:
     shutil.rmtree(live.root / "pol" / "3")
     wait_for(lambda: status_of(live.models, "pol") == {3: (END, 0), 2: (AVAILABLE, 0),
                                                        1: (AVAILABLE, 0)}, what="v3 unloaded")
+
+
+def test_max_connection_age_closes_idle_connections(live: Live) -> None:
+    # --grpc_channel_arguments=grpc.max_connection_age_ms=2000: the server sends GOAWAY, so a
+    # client channel drops back from READY to IDLE without any client action.
+    _predict, models, channel = stubs(int(live.server.args[0].split("=")[1]))
+    states: list[grpc.ChannelConnectivity] = []
+    channel.subscribe(states.append, try_to_connect=False)
+    status_of(models, "live")
+    wait_for(lambda: grpc.ChannelConnectivity.READY in states, what="READY")
+    wait_for(lambda: states[-1] != grpc.ChannelConnectivity.READY, timeout=15,
+             what="connection aged out")
+    channel.close()
