@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -107,27 +108,38 @@ def ours(targets: list[str], body: bytes, concurrency: int, seconds: float,
     return merged.count / merged.wall_s, merged.count / cpu
 
 
+def _median(pairs: list[tuple[float, float]]) -> tuple[float, float]:
+    """Median of each figure over the repeats."""
+    return (statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs))
+
+
 def main() -> int:
     """Run the three measurements and print them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--servers", type=int, default=1,
                         help="fake server processes (load spread over them)")
     args = parser.parse_args()
     servers, targets = start_servers(args.servers)
     body = request_body()
+    runs: dict[str, list[tuple[float, float]]] = {"bare": [], "one": [], "two": []}
     try:
         ours(targets, body, 4, 0.5, 1)  # warm the server
-        b_rps, b_core = bare(targets[0], body, args.concurrency, args.seconds)
-        o_rps, o_core = ours(targets[:1], body, args.concurrency, args.seconds, 1)
-        t_rps, t_core = ours(targets, body, args.concurrency, args.seconds, 2)
+        for _ in range(args.repeat):  # interleaved, so drifting background load hits all three
+            runs["bare"].append(bare(targets[0], body, args.concurrency, args.seconds))
+            runs["one"].append(ours(targets[:1], body, args.concurrency, args.seconds, 1))
+            runs["two"].append(ours(targets, body, args.concurrency, args.seconds, 2))
     finally:
         for proc in servers:
             proc.terminate()
             proc.wait(timeout=5)
-    print(f"machine: {os.cpu_count()} CPUs; server: {args.servers} fake server process(es); "
-          f"concurrency {args.concurrency}; {args.seconds:g} s per measurement")
+    (b_rps, b_core), (o_rps, o_core), (t_rps, t_core) = (
+        _median(runs[k]) for k in ("bare", "one", "two"))
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; server: "
+          f"{args.servers} fake server process(es); concurrency {args.concurrency}; "
+          f"median of {args.repeat} x {args.seconds:g} s")
     print(f"bare grpc.aio loop     : {b_rps:8.0f} req/s  {b_core:8.0f} req per client CPU-s")
     print(f"loadtest, 1 process    : {o_rps:8.0f} req/s  {o_core:8.0f} req per client CPU-s"
           f"  -> {o_core / b_core * 100:5.1f}% of bare per core (target >= 90%)")

@@ -64,6 +64,7 @@ def test_open_loop_exposes_a_stall_that_closed_loop_hides(
     assert _pct(shown, 99) > 500
     assert _pct(shown, 75) > 100
     assert shown["count"] == pytest.approx(300, abs=2)
+    assert shown["tfsdeploy"]["lateSends"] >= 90  # the requests due during the stall
 
 
 def test_gates_pass_and_fail_at_thresholds(

@@ -38,6 +38,7 @@ from tfsdeploy.loadtest.transport import (
 
 NS = 1_000_000_000
 DURATION_STOPS = ("wait", "close", "ignore")
+LATE_NS = 10_000_000  # a paced request sent 10 ms late means no worker was free
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class _Run:
         self.remaining = (split_count(plan.total, plan.procs, plan.proc_index)
                           if plan.total else -1)
         self.ticks = self._local_ticks() if plan.rate is not None else None
-        self.unsent = 0
+        self.late_sends = 0  # paced requests sent more than LATE_NS after their time
 
     def _local_ticks(self) -> Iterator[int]:
         """Intended send times (ns) of this process's share of the paced requests."""
@@ -175,6 +176,8 @@ async def _send_paced(run: _Run, worker: int, send: Sender, bodies: tuple[Any, .
         body = bodies[i % n]
         i += 1
         sent = clock()
+        if sent - due > LATE_NS:
+            run.late_sends += 1
         origin = due if open_loop else sent
         try:
             await send(body)
@@ -274,7 +277,7 @@ async def _measured(plan: ProcPlan, senders: _Senders, workers: list[int],
     cpu1 = os.times()
     return stats.finish(rec, start_ns=start_ns, end_ns=end_ns,
                         cpu_user_s=cpu1.user - cpu0.user, cpu_system_s=cpu1.system - cpu0.system,
-                        end_reason=reason, unsent=run.unsent)
+                        end_reason=reason, late_sends=run.late_sends)
 
 
 async def _wait_end(run: _Run, tasks: list[asyncio.Task[None]]) -> str:

@@ -91,7 +91,7 @@ def _extension(merged: stats.Merged, hist: HdrHistogram, run: Mapping[str, Any])
         "clientCpu": _client_cpu(merged),
         "perSecond": [{"second": s, "count": c, "errors": e}
                       for s, (c, e) in merged.per_second.items()],
-        "unsent": merged.unsent,
+        "lateSends": merged.late_sends,
         "hdrHistogram": hist.encode().decode("ascii"),
     }
     if merged.service_hist is not None:
@@ -167,6 +167,10 @@ def summary_lines(report: Mapping[str, Any]) -> list[str]:
         st = {p["percentile"]: p["latency"] for p in ext["serviceTime"]["percentiles"]}
         lines.append(f"  service time from actual send: p50 {_ms(st[50.0])}, "
                      f"p99 {_ms(st[99.0])}, p99.9 {_ms(st[99.9])}")
+    if ext.get("lateSends"):
+        share = ext["lateSends"] / max(report["count"], 1) * 100
+        lines.append(f"  {ext['lateSends']} requests ({share:.1f}%) were sent > 10 ms after "
+                     "their intended time: all workers busy (raise -c) or client saturated")
     lines += ["", "Status code distribution:"]
     lines += [f"  [{k}] {v} responses" for k, v in sorted(report["statusCodeDistribution"].items())]
     if report["errorDistribution"]:

@@ -130,7 +130,7 @@ class ProcResult:
     cpu_user_s: float
     cpu_system_s: float
     end_reason: str
-    unsent: int = 0
+    late_sends: int = 0
     details: list[tuple[int, int, str, str]] = field(default_factory=list)
 
 
@@ -181,7 +181,7 @@ class Merged:
     cpu_user_s: float
     cpu_system_s: float
     end_reason: str
-    unsent: int
+    late_sends: int
     details: list[tuple[int, int, str, str]]
 
     @property
@@ -227,7 +227,7 @@ def merge_results(results: Sequence[ProcResult]) -> Merged:
         cpu_user_s=sum(r.cpu_user_s for r in results),
         cpu_system_s=sum(r.cpu_system_s for r in results),
         end_reason=_end_reason([r.end_reason for r in results]),
-        unsent=sum(r.unsent for r in results),
+        late_sends=sum(r.late_sends for r in results),
         details=sorted(d for r in results for d in r.details))
 
 
