@@ -106,3 +106,17 @@ def test_without_simgpu_dir_runs_on_cpu(emulator, tmp_path, sources) -> None:
         assert status_of(models, "m") == {1: (30, 0)}
     except grpc.RpcError as exc:  # pragma: no cover - diagnostic
         raise AssertionError(server.output()) from exc
+
+
+def test_allow_growth_takes_memory_on_demand(emulator, tmp_path, sources) -> None:
+    gpu = make_gpu(tmp_path)
+    base = tmp_path / "m"
+    modelgen.copy_version(sources["hpt1"], base, 1)
+    session = tmp_path / "session.config"
+    session.write_text("gpu_options { allow_growth: true }\n")
+    first, port1 = start(emulator, base, gpu, f"--tensorflow_session_config_file={session}")
+    second, port2 = start(emulator, base, gpu, env={"TF_FORCE_GPU_ALLOW_GROWTH": "true"})
+    first.wait_port(port1)
+    second.wait_port(port2)
+    # CUDA context (256 MiB) plus the model's default footprint (tiny variables x 2 + 64 MiB)
+    assert [p["used_mib"] for p in procs(gpu)] == [320, 320]

@@ -90,12 +90,19 @@ def _check_parallelism(values: dict[str, Any]) -> None:
             "configure all.")
 
 
-def _session_config(values: dict[str, Any]) -> None:
+def _session_config(values: dict[str, Any]) -> bool:
+    """Parse --tensorflow_session_config_file; returns the effective gpu allow_growth."""
+    allow_growth = False
     path = values["tensorflow_session_config_file"]
     if path:
         from tensorflow.core.protobuf import config_pb2
 
-        protos.parse_text_file(path, config_pb2.ConfigProto())
+        config = protos.parse_text_file(path, config_pb2.ConfigProto())
+        allow_growth = bool(config.gpu_options.allow_growth)
+    forced = os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").lower()
+    if forced in ("true", "false"):  # the env var overrides the config (gpu_device.cc)
+        allow_growth = forced == "true"
+    return allow_growth
 
 
 def _configure_tensorflow(values: dict[str, Any]) -> None:
@@ -137,15 +144,15 @@ class Server:
             log.warning("server.cc", "--platform_config_file is not supported by the TFServing "
                         "emulator; using the flags instead")
         batching = _batching_parameters(values)
-        _session_config(values)
+        allow_growth = _session_config(values)
         _check_parallelism(values)
-        self.core = self._create_core(batching)
+        self.core = self._create_core(batching, allow_growth)
         self.core.reload_config(config)
         self._start_config_poller()
         self._start_grpc()
         self._start_rest()
 
-    def _create_core(self, batching: Any | None) -> Any:
+    def _create_core(self, batching: Any | None, allow_growth: bool) -> Any:
         from .batching import SharedBatchScheduler, options_from_proto
         from .core import CoreOptions, ServerCore
         from .metrics import Metrics
@@ -155,7 +162,7 @@ class Server:
         _configure_tensorflow(self.values)
         values = self.values
         self.metrics = Metrics()
-        gpu = reserve(values["per_process_gpu_memory_fraction"])
+        gpu = reserve(values["per_process_gpu_memory_fraction"], allow_growth=allow_growth)
         self._gpu = gpu  # keeps the reservation (and its flock) alive
         batching_options = options_from_proto(batching) if batching is not None else None
         scheduler = None

@@ -68,13 +68,21 @@ def _footprint_mib(export_dir: str) -> int:
 
 
 class GpuReservation:
-    """This process's reservation on one simulated GPU, and the charges against it."""
+    """This process's reservation on one simulated GPU, and the charges against it.
 
-    def __init__(self, directory: pathlib.Path, gpu: dict[str, Any], reserved_mib: int,
-                 handle: IO[str]) -> None:
+    Without allow_growth the whole limit is taken at start-up. With allow_growth (session
+    config ``gpu_options { allow_growth: true }`` or TF_FORCE_GPU_ALLOW_GROWTH=true) the pool
+    starts at the CUDA context size and grows on demand up to the limit, as long as the GPU has
+    free memory; like TF's BFC allocator it never shrinks.
+    """
+
+    def __init__(self, directory: pathlib.Path, gpu: dict[str, Any], limit_mib: int,
+                 pool_mib: int, handle: IO[str], *, growth: bool) -> None:
         self.directory = directory
         self.gpu = gpu
-        self.reserved_mib = reserved_mib
+        self.reserved_mib = limit_mib
+        self.pool_mib = pool_mib
+        self.growth = growth
         self._handle = handle  # keeps the flock for the process lifetime
         self._charges: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -89,13 +97,29 @@ class GpuReservation:
         need = _footprint_mib(export_dir)
         with self._lock:
             used = sum(self._charges.values())
-            if used + need > self.reserved_mib:
-                raise ServingError(
-                    Code.RESOURCE_EXHAUSTED,
-                    f"OOM when allocating tensor of {need} MiB for {export_dir} on "
-                    f"{self.device} by allocator GPU_0_bfc: {self.reserved_mib - used} MiB "
-                    f"free of {self.reserved_mib} MiB reserved by this process")
+            base = MIN_CONTEXT_MIB if self.growth else 0
+            if base + used + need > self.reserved_mib:
+                raise self._oom(need, self.reserved_mib - base - used)
+            if self.growth and base + used + need > self.pool_mib:
+                self._grow(base + used + need, need)
             self._charges[key] = need
+
+    def _grow(self, new_pool: int, need: int) -> None:
+        with _locked(self.directory / "lock"):
+            others = _live_usage(self.directory / "procs", int(self.gpu["index"]),
+                                 exclude=self._handle.name)
+            free = int(self.gpu["memory_total_mib"]) - others - self.pool_mib
+            if new_pool - self.pool_mib > free:
+                raise self._oom(need, free)
+            self.pool_mib = new_pool
+            _rewrite(self._handle, int(self.gpu["index"]), new_pool)
+
+    def _oom(self, need: int, free: int) -> ServingError:
+        return ServingError(
+            Code.RESOURCE_EXHAUSTED,
+            f"OOM when allocating tensor of {need} MiB on {self.device} by allocator "
+            f"GPU_0_bfc: {max(free, 0)} MiB free (limit {self.reserved_mib} MiB for this "
+            "process)")
 
     def release(self, key: str) -> None:
         """Give back a version's charge (on unload or failed load)."""
@@ -113,10 +137,12 @@ def _locked(path: pathlib.Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _live_usage(procs: pathlib.Path, gpu_index: int) -> int:
+def _live_usage(procs: pathlib.Path, gpu_index: int, exclude: str = "") -> int:
     """MiB held on ``gpu_index`` by live owners; files of dead owners are deleted."""
     used = 0
     for path in sorted(procs.glob("*.json")):
+        if exclude and os.path.samefile(path, exclude):
+            continue
         try:
             with open(path) as handle:
                 try:
@@ -143,7 +169,7 @@ def _oom(need_mib: int) -> ServingError:
         "CUDA_ERROR_OUT_OF_MEMORY: out of memory")
 
 
-def reserve(fraction: float) -> GpuReservation | None:
+def reserve(fraction: float, *, allow_growth: bool = False) -> GpuReservation | None:
     """Reserve GPU memory at start-up; None when this host/container has no simulated GPU."""
     directory = simgpu_dir()
     config = directory / "gpus.json"
@@ -159,18 +185,27 @@ def reserve(fraction: float) -> GpuReservation | None:
     total = int(gpu["memory_total_mib"])
     with _locked(directory / "lock"):
         free = total - _live_usage(procs, int(gpu["index"]))
-        if fraction > 0:
-            want = int(total * fraction)
-            if want > free:
-                raise _oom(want)
-        else:
-            want = free
-            if want < MIN_CONTEXT_MIB:
-                raise _oom(total)
-        handle = _write_proc_file(procs, int(gpu["index"]), want)
+        limit = int(total * fraction) if fraction > 0 else free
+        pool = MIN_CONTEXT_MIB if allow_growth else limit
+        if pool > free or free < MIN_CONTEXT_MIB:
+            raise _oom(pool if fraction > 0 else total)
+        handle = _write_proc_file(procs, int(gpu["index"]), pool)
     log.info("gpu_device.cc", f"Created device /job:localhost/replica:0/task:0/device:GPU:0 "
-             f"with {want} MB memory:  -> device: 0, name: {gpu.get('name', 'GPU')}")
-    return GpuReservation(directory, gpu, want, handle)
+             f"with {limit} MB memory:  -> device: 0, name: {gpu.get('name', 'GPU')}")
+    return GpuReservation(directory, gpu, limit, pool, handle, growth=allow_growth)
+
+
+def _record(gpu_index: int, used_mib: int) -> str:
+    return json.dumps({"gpu": gpu_index, "used_mib": used_mib, "pid": os.getpid(),
+                       "process_name": "tensorflow_model_server",
+                       "container": socket.gethostname()})
+
+
+def _rewrite(handle: IO[str], gpu_index: int, used_mib: int) -> None:
+    handle.seek(0)
+    handle.truncate()
+    handle.write(_record(gpu_index, used_mib))
+    handle.flush()
 
 
 def _write_proc_file(procs: pathlib.Path, gpu_index: int, used_mib: int) -> IO[str]:
@@ -178,8 +213,5 @@ def _write_proc_file(procs: pathlib.Path, gpu_index: int, used_mib: int) -> IO[s
     path = procs / f"{token}.json"
     handle = open(path, "w+")  # noqa: SIM115 - held open (and locked) for the process lifetime
     fcntl.flock(handle, fcntl.LOCK_EX)
-    handle.write(json.dumps({"gpu": gpu_index, "used_mib": used_mib, "pid": os.getpid(),
-                             "process_name": "tensorflow_model_server",
-                             "container": socket.gethostname()}))
-    handle.flush()
+    _rewrite(handle, gpu_index, used_mib)
     return handle
