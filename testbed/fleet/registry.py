@@ -80,12 +80,28 @@ def ensure(places: Places) -> str:
     return "started"
 
 
+def stray_pids(places: Places) -> set[int]:
+    """docker-registry processes serving our config (e.g. after the pid file was lost)."""
+    config = str(places.registry / "config.yml").encode()
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[0].endswith(b"docker-registry") and config in argv:
+                found.add(int(entry.name))
+    return found
+
+
 def stop(places: Places) -> None:
-    found = pid(places)
-    if found:
+    victims = stray_pids(places) | ({p} if (p := pid(places)) else set())
+    for found in victims:
         subprocess.run(["kill", str(found)], check=False)
+    for found in victims:
         try:
-            wait_until(lambda: not pid_alive(found), timeout=5, what="the registry to stop")
+            wait_until(lambda f=found: not pid_alive(f), timeout=5, what="the registry to stop")
         except TestbedError:
             subprocess.run(["kill", "-9", str(found)], check=False)
             log("registry killed with SIGKILL")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import pwd
@@ -12,11 +13,13 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import hosts as hostlib
+import images
 import registry
 from common import (
     BRIDGE,
@@ -330,8 +333,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     check_ssh(places, args.hosts)
     timer.phase("hosts", t)
     if not args.no_images:
-        import images
-
         images.ensure(places, [hostlib.Host(i, places) for i in range(1, args.hosts + 1)], timer)
     print_summary(places, states, reg, gpus, timer)
     return 0
@@ -366,18 +367,14 @@ def cmd_down(args: argparse.Namespace) -> int:
     t = time.monotonic()
     indexes = existing_hosts(places)
 
-    def one(index: int) -> None:
-        hostlib.stop(hostlib.Host(index, places))
-
-    with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
-        list(pool.map(one, indexes))
-    registry.stop(places)
-    try:
-        import images
-
-        images.stop_builder(places)
-    except ImportError:
-        pass
+    jobs: list[Callable[[], None]] = [
+        functools.partial(registry.stop, places),
+        functools.partial(images.stop_builder, places),
+    ]
+    jobs += [functools.partial(hostlib.stop, hostlib.Host(i, places)) for i in indexes]
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        for future in [pool.submit(job) for job in jobs]:
+            future.result()
     hostlib.remove_bridge()
     remove_user_ssh()
     unmount_leftovers(places)
