@@ -9,6 +9,9 @@ latency) within 10%.
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -191,3 +194,17 @@ def test_targets_share_the_load(tmp_path: Path, fake_server: Callable[..., Serve
     assert codes["OK"] == pytest.approx(100, abs=15)
     assert len(data["details"]) == 10
     assert set(data["details"][0]) == {"timestamp", "latency", "error", "status"}
+
+
+def test_ctrl_c_reports_what_was_measured(
+        tmp_path: Path, fake_server: Callable[..., Server]) -> None:
+    server = fake_server(latency_ms=10)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        code, data = _run(tmp_path, server.grpc, "-c", "2", "-z", "10s")
+    finally:
+        timer.cancel()
+    assert code == cli.EXIT_INTERRUPTED
+    assert data["endReason"] == "cancel"
+    assert 0.8e9 < data["total"] < 3e9 and data["count"] > 50

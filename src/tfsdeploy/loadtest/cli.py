@@ -343,6 +343,8 @@ def single_run(ns: argparse.Namespace, bodies: payloads.Payloads) -> int:
     results = gates.evaluate(data, gate_spec(ns))
     data["tfsdeploy"]["gates"] = [r.as_json() for r in results]
     emit(data, ns, [r.line() for r in results])
+    if data["endReason"] == "cancel":
+        return EXIT_INTERRUPTED
     return EXIT_OK if gates.all_passed(results) else EXIT_GATE_FAILED
 
 

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import math
 import os
+import signal
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ class _Run:
         self.start_ns = start_ns
         self.stop_ns = start_ns + int(plan.duration_s * NS) if plan.duration_s > 0 else 0
         self.running = True
-        self.timed_out = False
+        self.cancelled = False
         self.remaining = (split_count(plan.total, plan.procs, plan.proc_index)
                           if plan.total else -1)
         self.ticks = self._local_ticks() if plan.rate is not None else None
@@ -270,7 +271,10 @@ async def _measured(plan: ProcPlan, senders: _Senders, workers: list[int],
     cpu0 = os.times()
     tasks = [asyncio.create_task(loop_fn(run, g, s, senders.bodies))
              for g, s in zip(workers, senders.per_worker, strict=True)]
-    reason = await _wait_end(run, tasks)
+    with _cancel_on_sigint(run, tasks):
+        reason = await _wait_end(run, tasks)
+    if run.cancelled:
+        reason = "cancel"
     end_ns = time.perf_counter_ns()
     if run.stop_ns and plan.duration_stop != "wait":
         end_ns = min(end_ns, max(run.stop_ns, start_ns))
@@ -278,6 +282,30 @@ async def _measured(plan: ProcPlan, senders: _Senders, workers: list[int],
     return stats.finish(rec, start_ns=start_ns, end_ns=end_ns,
                         cpu_user_s=cpu1.user - cpu0.user, cpu_system_s=cpu1.system - cpu0.system,
                         end_reason=reason, late_sends=run.late_sends)
+
+
+@contextlib.contextmanager
+def _cancel_on_sigint(run: _Run, tasks: list[asyncio.Task[None]]) -> Iterator[None]:
+    """Ctrl-C ends the measured window early; what was measured is still reported."""
+
+    def cancel() -> None:
+        run.cancelled = True
+        run.running = False
+        for task in tasks:
+            task.cancel()
+
+    loop = asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        loop.add_signal_handler(signal.SIGINT, cancel)
+    except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        signal.signal(signal.SIGINT, previous)
 
 
 async def _wait_end(run: _Run, tasks: list[asyncio.Task[None]]) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import multiprocessing.connection
+import os
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,6 +31,9 @@ class WorkerFailed(RuntimeError):
 
 def _child_main(conn: multiprocessing.connection.Connection, plan: ProcPlan) -> None:
     """Entry point of a worker process."""
+    # Ctrl-C reaches the children through the parent (or the terminal's process group); it
+    # only ends the measured window (engine), never kills a child before it reports
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     async def ready() -> int:
         conn.send(("ready", None))
@@ -96,7 +101,15 @@ def run_processes(plan: ProcPlan, procs: int) -> list[stats.ProcResult]:
         start_ns = time.perf_counter_ns() + START_DELAY_NS
         for conn in parents:
             conn.send(start_ns)
-        results: list[stats.ProcResult] = _receive(parents, "result", children)
+        try:
+            results: list[stats.ProcResult] = _receive(parents, "result", children)
+        except KeyboardInterrupt:
+            # end the children's windows (they may have had the terminal's Ctrl-C already:
+            # a second one is harmless) and report what they measured
+            for child in children:
+                if child.pid is not None and child.is_alive():
+                    os.kill(child.pid, signal.SIGINT)
+            results = _receive(parents, "result", children)
         return results
     finally:
         for child in children:
