@@ -7,11 +7,14 @@ import re
 import time
 from typing import Any
 
+import grpc
 import modelgen
 import pytest
 from conftest import Emulator, free_port, http, predict_request, stubs, write
 
-BATCHING = """max_batch_size { value: 8 }
+BATCHING = """max_batch_size { value: 16 }
+enable_large_batch_splitting { value: true }
+max_execution_batch_size { value: 8 }
 batch_timeout_micros { value: 400000 }
 max_enqueued_batches { value: 4 }
 num_batch_threads { value: 1 }
@@ -76,6 +79,23 @@ def test_full_batch_runs_without_waiting(server: Any) -> None:
     request = predict_request("hpt", [[1.0]] * 8)
     started = time.monotonic()
     predict.Predict(request, timeout=30)
-    assert time.monotonic() - started < 0.3  # a full batch (8 = max_batch_size) goes at once
+    assert time.monotonic() - started < 0.3  # a full batch (8 = execution limit) goes at once
     after = batches(rest)
     assert after == (before[0] + 1, before[1] + 8)
+
+
+def test_large_requests_are_split_across_batches(server: Any) -> None:
+    import tensorflow as tf
+
+    predict, rest = server
+    before = batches(rest)
+    values = [[float(i)] for i in range(12)]
+    response = predict.Predict(predict_request("hpt", values), timeout=30)
+    assert tf.make_ndarray(response.outputs["y"]).ravel().tolist() == \
+        [0.5 * i + 2 for i in range(12)]
+    after = batches(rest)
+    assert after == (before[0] + 2, before[1] + 12)  # 8 + 4
+    with pytest.raises(grpc.RpcError) as info:
+        predict.Predict(predict_request("hpt", [[1.0]] * 17), timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "Task size 17 is larger than maximum input batch size 16"

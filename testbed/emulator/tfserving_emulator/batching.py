@@ -44,6 +44,14 @@ class BatchingOptions:
     thread_pool_name: str = "batch_threads"
     allowed_batch_sizes: tuple[int, ...] = ()
     pad_variable_length_inputs: bool = False
+    enable_large_batch_splitting: bool = False
+    max_execution_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+
+    @property
+    def execution_limit(self) -> int:
+        """Largest batch that runs at once (max_execution_batch_size only with splitting)."""
+        return self.max_execution_batch_size if self.enable_large_batch_splitting \
+            else self.max_batch_size
 
 
 def options_from_proto(params: Any) -> BatchingOptions:
@@ -51,14 +59,18 @@ def options_from_proto(params: Any) -> BatchingOptions:
     def wrapped(name: str, default: Any) -> Any:
         return getattr(params, name).value if params.HasField(name) else default
 
+    max_batch_size = int(wrapped("max_batch_size", DEFAULT_MAX_BATCH_SIZE))
     return BatchingOptions(
-        max_batch_size=int(wrapped("max_batch_size", DEFAULT_MAX_BATCH_SIZE)),
+        max_batch_size=max_batch_size,
         batch_timeout_micros=int(wrapped("batch_timeout_micros", 0)),
         max_enqueued_batches=int(wrapped("max_enqueued_batches", DEFAULT_MAX_ENQUEUED_BATCHES)),
         num_batch_threads=int(wrapped("num_batch_threads", os.cpu_count() or 1)),
         thread_pool_name=str(wrapped("thread_pool_name", "batch_threads")),
         allowed_batch_sizes=tuple(int(x) for x in params.allowed_batch_sizes),
         pad_variable_length_inputs=bool(params.pad_variable_length_inputs),
+        enable_large_batch_splitting=bool(wrapped("enable_large_batch_splitting", False)),
+        # bundle_factory_util.h GetQueueOptions: falls back to max_batch_size
+        max_execution_batch_size=int(wrapped("max_execution_batch_size", max_batch_size)),
     )
 
 
@@ -121,27 +133,51 @@ class BatchQueue:
         self.run = run
         self.batches: collections.deque[_Batch] = collections.deque([_Batch()])
 
-    def schedule(self, task: Task) -> None:
-        """Enqueue ``task`` (called with the scheduler lock held)."""
+    def schedule(self, task: Task) -> list[Task]:
+        """Enqueue ``task`` (called with the scheduler lock held); returns the tasks actually
+        queued: ``[task]``, or its pieces when large-batch splitting cuts it up."""
+        limit = self.options.execution_limit
         if task.size > self.options.max_batch_size:
             raise invalid_argument(f"Task size {task.size} is larger than maximum input batch "
                                    f"size {self.options.max_batch_size}")
-        open_batch = self.batches[-1] if self.batches else None
-        if open_batch is None or open_batch.closed or (
-                open_batch.size + task.size > self.options.max_batch_size):
-            if len(self.batches) >= self.options.max_enqueued_batches:
-                raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which "
-                                   "this task was submitted is full")
-            if open_batch is not None:
-                open_batch.closed = True
-            open_batch = _Batch()
-            self.batches.append(open_batch)
-        if not open_batch.tasks:
-            open_batch.opened = task.enqueued
-        open_batch.tasks.append(task)
-        open_batch.size += task.size
-        if open_batch.size >= self.options.max_batch_size:
-            open_batch.closed = True
+        open_batch = self.batches[-1] if self.batches and not self.batches[-1].closed else None
+        room = limit - open_batch.size if open_batch is not None else 0
+        if task.size <= room:
+            assert open_batch is not None
+            self._add(open_batch, task)
+            return [task]
+        if not self.options.enable_large_batch_splitting:
+            self._reserve_batches(1)
+            batch = self._new_batch()
+            self._add(batch, task)
+            return [task]
+        sizes = ([room] if room > 0 else []) + _chunks(task.size - max(room, 0), limit)
+        self._reserve_batches(len(sizes) - (1 if room > 0 else 0))
+        pieces = _split(task, sizes)
+        for index, piece in enumerate(pieces):
+            target = open_batch if index == 0 and room > 0 else None
+            self._add(target or self._new_batch(), piece)
+        return pieces
+
+    def _reserve_batches(self, count: int) -> None:
+        if len(self.batches) + count > self.options.max_enqueued_batches:
+            raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which this task "
+                               "was submitted is full")
+
+    def _new_batch(self) -> _Batch:
+        if self.batches:
+            self.batches[-1].closed = True
+        batch = _Batch()
+        self.batches.append(batch)
+        return batch
+
+    def _add(self, batch: _Batch, task: Task) -> None:
+        if not batch.tasks:
+            batch.opened = task.enqueued
+        batch.tasks.append(task)
+        batch.size += task.size
+        if batch.size >= self.options.execution_limit:
+            batch.closed = True
 
     def ready_batch(self, now: float) -> tuple[_Batch | None, float | None]:
         """The front batch if it may run now, else (None, seconds until it may)."""
@@ -189,9 +225,12 @@ class SharedBatchScheduler:
         """Schedule one request's inputs on ``queue`` and wait for its outputs."""
         task = Task(inputs, _batch_size(inputs))
         with self._cv:
-            queue.schedule(task)
-            self._cv.notify()
-        return task.wait()
+            tasks = queue.schedule(task)
+            self._cv.notify(len(tasks))
+        if len(tasks) == 1:
+            return tasks[0].wait()
+        parts = [t.wait() for t in tasks]
+        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def _take(self) -> tuple[BatchQueue, _Batch]:
         with self._cv:
@@ -230,6 +269,21 @@ def _batch_size(inputs: dict[str, np.ndarray]) -> int:
         raise invalid_argument("Batching session Run() input tensors must have equal "
                                "0th-dimension size")
     return sizes.pop()
+
+
+def _chunks(total: int, limit: int) -> list[int]:
+    return [min(limit, total - start) for start in range(0, total, limit)]
+
+
+def _split(task: Task, sizes: list[int]) -> list[Task]:
+    pieces = []
+    offset = 0
+    for size in sizes:
+        piece = Task({k: v[offset:offset + size] for k, v in task.inputs.items()}, size)
+        piece.enqueued = task.enqueued
+        pieces.append(piece)
+        offset += size
+    return pieces
 
 
 def _padded_size(size: int, allowed: tuple[int, ...]) -> int:
