@@ -1,9 +1,10 @@
 """End-to-end runs against the fake PredictionService with known injected latency.
 
-Tolerances: the fake server adds its own Python/gRPC overhead (measured ~1-3 ms on the shared
-2-core machine) and asyncio timers fire up to ~1 ms late, so latencies may exceed the injected
-value by a few ms but never undercut it; QPS must match Little's law (concurrency / mean
-latency) within 10%.
+Tolerances: the fake server adds its own Python/gRPC overhead (~1-3 ms on an idle 2-core
+machine, more when other work shares the cores) and asyncio timers fire up to ~1 ms late, so
+with 20 ms injected: fastest >= 20 ms (never below), p50 in [20, 30] ms, p99 <= 60 ms, QPS in
+[8/0.030, 8/0.020] for 8 workers, and QPS = concurrency / mean latency (Little's law) within
+10%.
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ def test_qps_and_percentiles_match_injected_latency(
     code, data = _run(tmp_path, server.grpc, "-c", "8", "-z", "2s", "--skip-first", "16")
     assert code == 0
     assert data["fastest"] / 1e6 >= 20.0
-    assert 20.0 <= _pct(data, 50) <= 25.0
-    assert _pct(data, 99) <= 35.0
+    assert 20.0 <= _pct(data, 50) <= 30.0
+    assert _pct(data, 99) <= 60.0
     mean_s = data["average"] / 1e9
     assert data["rps"] == pytest.approx(8 / mean_s, rel=0.10)  # Little's law
-    assert 8 / 0.025 <= data["rps"] <= 8 / 0.020
+    assert 8 / 0.030 <= data["rps"] <= 8 / 0.020
 
 
 def test_open_loop_exposes_a_stall_that_closed_loop_hides(
