@@ -79,7 +79,8 @@ def api(tmp_path_factory: pytest.TempPathFactory, sources: dict[str, pathlib.Pat
         f"--rest_api_port={rest_port}", f"--model_config_file={config}",
         "--allow_version_labels_for_unavailable_models", "--enable_batching",
         f"--batching_parameters_file={batching}", f"--monitoring_config_file={monitoring}",
-        "--file_system_poll_wait_seconds=1", "--bogus_flag=1"], root / "server.log")
+        "--file_system_poll_wait_seconds=1", "--bogus_flag=1",
+        "--enable_grpc_healthcheck_service"], root / "server.log")
     try:
         server.wait_port(rest_port)
         yield Api(server, grpc_port, rest_port, root)
@@ -386,3 +387,15 @@ def test_sigterm_is_ignored(api: Api) -> None:
     time.sleep(1.0)
     assert api.server.proc.poll() is None
     assert post(api, "/v1/models/tf1:predict", {"instances": [1.0]})[0] == 200
+
+
+def test_grpc_health_service(api: Api) -> None:
+    check = api.channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+    # HealthCheckRequest{service: "ModelService"} -> HealthCheckResponse{status: SERVING}
+    assert check(b"\n\x0cModelService", timeout=10) == b"\x08\x01"
+    assert check(b"", timeout=10) == b"\x08\x01"
+    with pytest.raises(grpc.RpcError) as info:
+        check(b"\n\x04nope", timeout=10)
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND

@@ -209,3 +209,12 @@ def test_max_connection_age_closes_idle_connections(live: Live) -> None:
     wait_for(lambda: states[-1] != grpc.ChannelConnectivity.READY, timeout=15,
              what="connection aged out")
     channel.close()
+
+
+def test_no_health_service_without_the_flag(live: Live) -> None:
+    check = live.channel.unary_unary("/grpc.health.v1.Health/Check",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+    with pytest.raises(grpc.RpcError) as info:
+        check(b"", timeout=10)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED

@@ -87,7 +87,7 @@ def _pool() -> descriptor_pool.DescriptorPool:
     wrappers = descriptor_pb2.FileDescriptorProto()
     wrappers_pb2.DESCRIPTOR.CopyToProto(wrappers)
     pool.Add(wrappers)
-    for name in ("session_bundle_config.proto", "monitoring_config.proto"):
+    for name in ("session_bundle_config.proto", "monitoring_config.proto", "health.proto"):
         pool.Add(file_descriptor_from_proto(PROTO_DIR / name))
     return pool
 

@@ -229,6 +229,10 @@ class Server:
             ModelService(self.core, self.metrics), server)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
             PredictionService(self.core, self.metrics), server)
+        if values["enable_grpc_healthcheck_service"]:
+            from .health import handler
+
+            server.add_generic_rpc_handlers((handler(),))
         address = f"0.0.0.0:{values['port']}"
         try:
             if values["port"] != 0 and server.add_insecure_port(address) == 0:

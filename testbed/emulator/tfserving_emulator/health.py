@@ -1,0 +1,55 @@
+"""The standard gRPC health service (--enable_grpc_healthcheck_service).
+
+As in server.cc: the services "ModelService" and "PredictionService" (and the overall server,
+"") report SERVING from the moment the gRPC server starts, with no model check; any other
+service name is NOT_FOUND.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from .protos import message_class
+
+SERVING = 1
+SERVICES = ("", "ModelService", "PredictionService")
+
+
+def _request_class() -> Any:
+    return message_class("grpc.health.v1.HealthCheckRequest")
+
+
+def _response_class() -> Any:
+    return message_class("grpc.health.v1.HealthCheckResponse")
+
+
+def _check(request: Any, context: grpc.ServicerContext) -> Any:
+    if request.service not in SERVICES:
+        context.abort(grpc.StatusCode.NOT_FOUND, "service name unknown")
+    return _response_class()(status=SERVING)
+
+
+def _watch(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    status = SERVING if request.service in SERVICES else 3  # SERVICE_UNKNOWN
+    yield _response_class()(status=status)
+    done = threading.Event()
+    context.add_callback(done.set)
+    done.wait()
+
+
+def handler() -> grpc.GenericRpcHandler:
+    """The grpc.health.v1.Health service as a generic handler."""
+    request = _request_class()
+    methods = {
+        "Check": grpc.unary_unary_rpc_method_handler(
+            _check, request_deserializer=request.FromString,
+            response_serializer=lambda m: m.SerializeToString()),
+        "Watch": grpc.unary_stream_rpc_method_handler(
+            _watch, request_deserializer=request.FromString,
+            response_serializer=lambda m: m.SerializeToString()),
+    }
+    return grpc.method_handlers_generic_handler("grpc.health.v1.Health", methods)
