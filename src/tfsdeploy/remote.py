@@ -6,6 +6,7 @@ Host keys are always checked: keys come from the host's ``ssh_known_hosts`` file
 
 from __future__ import annotations
 
+import contextlib
 import io
 import shlex
 import socket
@@ -35,6 +36,11 @@ class Result:
         """The last lines of stderr (or stdout), for error messages."""
         text = (self.stderr.strip() or self.stdout.strip()).splitlines()
         return "\n".join(text[-lines:])
+
+
+COMMAND_TIMEOUT_S = 120.0
+KEEPALIVE_S = 5
+USER_TIMEOUT_MS = 30_000
 
 
 class HostUnreachable(TfsDeployError):
@@ -100,15 +106,37 @@ class SshRunner:
         except Exception as exc:  # paramiko/socket errors all mean: this host is unreachable
             raise HostUnreachable(f"{self.host.name} ({self.host.address}): "
                                   f"{type(exc).__name__}: {exc}") from exc
+        # A host that vanishes without a reset (network down, machine off) must become an
+        # error within seconds, not a read that blocks forever: SSH keepalives, and a TCP
+        # user timeout on unacknowledged data.
+        transport = self._conn.client.get_transport()
+        if transport is not None:
+            transport.set_keepalive(KEEPALIVE_S)
+            with contextlib.suppress(OSError, AttributeError):
+                transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                          USER_TIMEOUT_MS)
 
     def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
-        """Run ``argv`` (quoted here, once) and capture its output."""
+        """Run ``argv`` (quoted here, once) and capture its output.
+
+        Every command has a deadline (``COMMAND_TIMEOUT_S`` unless given); a command whose
+        connection died, or that exceeded its deadline, raises HostUnreachable.
+        """
+        from invoke.exceptions import CommandTimedOut
+
         self._open()
+        limit = timeout or COMMAND_TIMEOUT_S
         try:
             out = self._conn.run(shlex.join(argv), hide=True, warn=True, in_stream=False,
-                                 timeout=timeout)
+                                 timeout=limit)
+        except CommandTimedOut as exc:
+            raise HostUnreachable(f"{self.host.name}: `{argv[0]} ...` gave no answer in "
+                                  f"{limit:g} s") from exc
         except (OSError, EOFError) as exc:
             raise HostUnreachable(f"{self.host.name}: connection lost: {exc}") from exc
+        if out.exited == -1:  # the channel closed without an exit status: the link died
+            self._conn.close()
+            raise HostUnreachable(f"{self.host.name}: connection lost during `{argv[0]}`")
         return Result(tuple(argv), out.exited, out.stdout, out.stderr)
 
     def put_bytes(self, data: bytes, path: str) -> None:
