@@ -15,6 +15,7 @@ TFServing's BatchingSession (batching/batching_session.cc):
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import itertools
@@ -91,7 +92,7 @@ def validate_for_session(options: BatchingOptions) -> None:
 class Task:
     """One request's inputs waiting for its slice of a batch's outputs."""
 
-    __slots__ = ("done", "enqueued", "error", "inputs", "outputs", "size")
+    __slots__ = ("done", "enqueued", "error", "inputs", "on_done", "outputs", "size")
 
     def __init__(self, inputs: dict[str, np.ndarray], size: int) -> None:
         self.inputs = inputs
@@ -100,6 +101,7 @@ class Task:
         self.done = threading.Event()
         self.outputs: dict[str, np.ndarray] | None = None
         self.error: ServingError | None = None
+        self.on_done: Callable[[], None] | None = None
 
     def wait(self) -> dict[str, np.ndarray]:
         """Block until the batch ran; return this task's outputs or raise its error."""
@@ -227,10 +229,39 @@ class SharedBatchScheduler:
         with self._cv:
             tasks = queue.schedule(task)
             self._cv.notify(len(tasks))
-        if len(tasks) == 1:
-            return tasks[0].wait()
-        parts = [t.wait() for t in tasks]
-        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        return _gather(tasks)
+
+    def submit_async(self, queue: BatchQueue, inputs: dict[str, np.ndarray]
+                     ) -> asyncio.Future[dict[str, np.ndarray]]:
+        """Like submit, but returns a future of the running event loop instead of blocking."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
+        task = Task(inputs, _batch_size(inputs))
+        with self._cv:
+            tasks = queue.schedule(task)
+            remaining = [len(tasks)]
+            count_lock = threading.Lock()
+
+            def finish() -> None:
+                if future.done():
+                    return
+                try:
+                    future.set_result(_gather(tasks))
+                except ServingError as exc:
+                    future.set_exception(exc)
+
+            def piece_done() -> None:
+                with count_lock:
+                    remaining[0] -= 1
+                    last = remaining[0] == 0
+                if last:
+                    loop.call_soon_threadsafe(finish)
+
+            # set before any worker can take these tasks: workers need the lock we hold
+            for piece in tasks:
+                piece.on_done = piece_done
+            self._cv.notify(len(tasks))
+        return future
 
     def _take(self) -> tuple[BatchQueue, _Batch]:
         with self._cv:
@@ -269,6 +300,13 @@ def _batch_size(inputs: dict[str, np.ndarray]) -> int:
         raise invalid_argument("Batching session Run() input tensors must have equal "
                                "0th-dimension size")
     return sizes.pop()
+
+
+def _gather(tasks: list[Task]) -> dict[str, np.ndarray]:
+    if len(tasks) == 1:
+        return tasks[0].wait()
+    parts = [t.wait() for t in tasks]
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
 def _chunks(total: int, limit: int) -> list[int]:
@@ -341,3 +379,5 @@ def _run_batch(queue: BatchQueue, batch: _Batch, metrics: Metrics) -> None:
             task.error = ServingError(Code.INTERNAL, str(exc))
     for task in batch.tasks:
         task.done.set()
+        if task.on_done is not None:
+            task.on_done()

@@ -6,8 +6,9 @@ get_model_status_impl.cc and servables/tensorflow/get_model_metadata_impl.cc.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
-from typing import Any
 
 import grpc
 from tensorflow_serving.apis import (
@@ -83,64 +84,78 @@ def get_status(core: ServerCore, request: get_model_status_pb2.GetModelStatusReq
     return response
 
 
-def _abort(context: grpc.ServicerContext, error: ServingError) -> Any:
-    context.abort(error.grpc_code, error.message)
-
-
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc]
-    """Predict and GetModelMetadata (Classify/Regress/MultiInference stay UNIMPLEMENTED)."""
+    """Predict and GetModelMetadata on grpc.aio (Classify/Regress/MultiInference stay
+    UNIMPLEMENTED). Requests wait in batch queues as futures, not as blocked threads."""
 
-    def __init__(self, core: ServerCore, metrics: Metrics) -> None:
+    def __init__(self, core: ServerCore, metrics: Metrics,
+                 executor: concurrent.futures.Executor) -> None:
         self.core = core
         self.metrics = metrics
+        self.executor = executor
 
-    def Predict(self, request: predict_pb2.PredictRequest,
-                context: grpc.ServicerContext) -> predict_pb2.PredictResponse:
+    async def Predict(self, request: predict_pb2.PredictRequest,
+                      context: grpc.aio.ServicerContext) -> predict_pb2.PredictResponse:
         """PredictionService.Predict."""
         started = time.monotonic()
         error: ServingError | None = None
         response = None
         try:
-            response = self.core.with_servable(request.model_spec,
-                                               lambda s: s.predict(request))
+            servable = self.core.acquire(request.model_spec)
+            try:
+                response = await servable.predict_async(request, self.executor)
+            finally:
+                servable.release()
         except ServingError as exc:
             error = exc
         record_request(self.metrics, request.model_spec.name, "Predict", "GRPC", error,
                        started)
         if error is not None:
-            return _abort(context, error)
+            await context.abort(error.grpc_code, error.message)
         return response
 
-    def GetModelMetadata(self, request: get_model_metadata_pb2.GetModelMetadataRequest,
-                         context: grpc.ServicerContext
-                         ) -> get_model_metadata_pb2.GetModelMetadataResponse:
+    async def GetModelMetadata(
+            self, request: get_model_metadata_pb2.GetModelMetadataRequest,
+            context: grpc.aio.ServicerContext) -> get_model_metadata_pb2.GetModelMetadataResponse:
         """PredictionService.GetModelMetadata."""
         try:
             return get_metadata(self.core, request)
         except ServingError as exc:
-            return _abort(context, exc)
+            await context.abort(exc.grpc_code, exc.message)
+            raise
 
 
 class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore[misc]
     """GetModelStatus and HandleReloadConfigRequest."""
 
-    def __init__(self, core: ServerCore, metrics: Metrics) -> None:
+    def __init__(self, core: ServerCore, metrics: Metrics,
+                 executor: concurrent.futures.Executor) -> None:
         self.core = core
         self.metrics = metrics
+        self.executor = executor
 
-    def GetModelStatus(self, request: get_model_status_pb2.GetModelStatusRequest,
-                       context: grpc.ServicerContext
-                       ) -> get_model_status_pb2.GetModelStatusResponse:
+    async def GetModelStatus(
+            self, request: get_model_status_pb2.GetModelStatusRequest,
+            context: grpc.aio.ServicerContext) -> get_model_status_pb2.GetModelStatusResponse:
         """ModelService.GetModelStatus."""
         try:
             return get_status(self.core, request)
         except ServingError as exc:
-            return _abort(context, exc)
+            await context.abort(exc.grpc_code, exc.message)
+            raise
 
-    def HandleReloadConfigRequest(
+    async def HandleReloadConfigRequest(
             self, request: model_management_pb2.ReloadConfigRequest,
-            context: grpc.ServicerContext) -> model_management_pb2.ReloadConfigResponse:
+            context: grpc.aio.ServicerContext) -> model_management_pb2.ReloadConfigResponse:
         """ModelService.HandleReloadConfigRequest: replace the model list, wait for new ones."""
+        loop = asyncio.get_running_loop()
+        response, error = await loop.run_in_executor(self.executor, self._reload, request)
+        if error is not None:
+            await context.abort(error.grpc_code, error.message)
+        return response
+
+    def _reload(self, request: model_management_pb2.ReloadConfigRequest
+                ) -> tuple[model_management_pb2.ReloadConfigResponse, ServingError | None]:
         before = {name: self._metric_value(name) for name in request.metric_names}
         error: ServingError | None = None
         if request.config.WhichOneof("config") != "model_config_list":
@@ -156,15 +171,15 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore
                 self.core.reload_config(request.config)
             except ServingError as exc:
                 error = exc
+        response = model_management_pb2.ReloadConfigResponse()
         if error is not None:
             log.error("model_service_impl.cc:64", f"ReloadConfig failed: {error.message}")
-            return _abort(context, error)
-        response = model_management_pb2.ReloadConfigResponse()
+            return response, error
         response.status.CopyFrom(status_pb2.StatusProto(error_code=int(Code.OK)))
         for name in request.metric_names:
             response.metric.add(name=name,
                                 int64_value_increase=self._metric_value(name) - before[name])
-        return response
+        return response, None
 
     def _metric_value(self, name: str) -> int:
         for metric in vars(self.metrics).values():

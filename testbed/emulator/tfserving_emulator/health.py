@@ -7,8 +7,8 @@ service name is NOT_FOUND.
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
@@ -27,22 +27,20 @@ def _response_class() -> Any:
     return message_class("grpc.health.v1.HealthCheckResponse")
 
 
-def _check(request: Any, context: grpc.ServicerContext) -> Any:
+async def _check(request: Any, context: grpc.aio.ServicerContext) -> Any:
     if request.service not in SERVICES:
-        context.abort(grpc.StatusCode.NOT_FOUND, "service name unknown")
+        await context.abort(grpc.StatusCode.NOT_FOUND, "service name unknown")
     return _response_class()(status=SERVING)
 
 
-def _watch(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+async def _watch(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
     status = SERVING if request.service in SERVICES else 3  # SERVICE_UNKNOWN
     yield _response_class()(status=status)
-    done = threading.Event()
-    context.add_callback(done.set)
-    done.wait()
+    await asyncio.Event().wait()  # statuses never change; ends when the client cancels
 
 
 def handler() -> grpc.GenericRpcHandler:
-    """The grpc.health.v1.Health service as a generic handler."""
+    """The grpc.health.v1.Health service as a generic handler (for grpc.aio)."""
     request = _request_class()
     methods = {
         "Check": grpc.unary_unary_rpc_method_handler(

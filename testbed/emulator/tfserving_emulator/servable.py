@@ -8,6 +8,8 @@ for a non-TFRecord file, each record replayed num_request_iterations times, insi
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import dataclasses
 import os
 import threading
@@ -106,7 +108,28 @@ class Servable:
             raise failed_precondition(f'Serving signature key "{key}" not found.') from exc
 
     def predict(self, request: predict_pb2.PredictRequest) -> predict_pb2.PredictResponse:
-        """Run a PredictRequest and build the PredictResponse."""
+        """Run a PredictRequest and build the PredictResponse (blocking)."""
+        signature, inputs, aliases = self._prepare(request)
+        started = time.monotonic()
+        outputs = self.run(signature.key, inputs)
+        return self._respond(signature, outputs, aliases, started)
+
+    async def predict_async(self, request: predict_pb2.PredictRequest,
+                            executor: concurrent.futures.Executor | None
+                            ) -> predict_pb2.PredictResponse:
+        """Predict from an event loop: batch queues are awaited, direct runs go to ``executor``."""
+        signature, inputs, aliases = self._prepare(request)
+        started = time.monotonic()
+        queue = self.queues.get(signature.key)
+        if queue is not None:
+            outputs = await queue.scheduler.submit_async(queue, inputs)
+        else:
+            loop = asyncio.get_running_loop()
+            outputs = await loop.run_in_executor(executor, self.model.run, signature.key, inputs)
+        return self._respond(signature, outputs, aliases, started)
+
+    def _prepare(self, request: predict_pb2.PredictRequest
+                 ) -> tuple[Signature, dict[str, np.ndarray], list[str]]:
         signature = self.signature(request.model_spec.signature_name)
         self._check_method(signature)
         _check_inputs_size(signature, set(request.inputs.keys()))
@@ -118,8 +141,10 @@ class Servable:
                     f"be in the set {{{','.join(sorted(signature.inputs))}}}.")
             inputs[alias] = to_numpy(proto)
         aliases = _output_aliases(signature, list(request.output_filter))
-        started = time.monotonic()
-        outputs = self.run(signature.key, inputs)
+        return signature, inputs, aliases
+
+    def _respond(self, signature: Signature, outputs: dict[str, np.ndarray], aliases: list[str],
+                 started: float) -> predict_pb2.PredictResponse:
         if self.metrics is not None:
             self.metrics.runtime_latency.observe((time.monotonic() - started) * 1e6, self.name,
                                                  "Predict", "TF1")

@@ -8,6 +8,7 @@ error prints ``Failed to start server. Error: <status>`` on stdout and exits 255
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import importlib.metadata
 import os
@@ -127,7 +128,7 @@ class Server:
 
     def __init__(self, values: dict[str, Any]) -> None:
         self.values = values
-        self.grpc_server: grpc.Server | None = None
+        self.grpc_server: grpc.aio.Server | None = None
         self.rest: Any = None
         self.core: Any = None
 
@@ -213,6 +214,19 @@ class Server:
                       f"PollFilesystemAndReloadConfig failed to ReloadConfig: {exc.message}")
 
     def _start_grpc(self) -> None:
+        """Build the grpc.aio server on its own event-loop thread and start it."""
+        self._loop = asyncio.new_event_loop()
+        threading.Thread(target=self._loop.run_forever, name="grpc_loop", daemon=True).start()
+        future = asyncio.run_coroutine_threadsafe(self._grpc_server(), self._loop)
+        self.grpc_server = future.result()
+        values = self.values
+        if values["port"] != 0:
+            log.info("server.cc:400", f"Running gRPC ModelServer at 0.0.0.0:{values['port']} ...")
+        if values["grpc_socket_path"]:
+            log.info("server.cc:404", "Running gRPC ModelServer at UNIX socket "
+                     f"{values['grpc_socket_path']} ...")
+
+    async def _grpc_server(self) -> grpc.aio.Server:
         from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
         from .grpc_service import ModelService, PredictionService
@@ -221,33 +235,28 @@ class Server:
         options = [("grpc.max_send_message_length", _MAX_MESSAGE),
                    ("grpc.max_receive_message_length", _MAX_MESSAGE)]
         options += channel_arguments(values["grpc_channel_arguments"])
-        # Enough handler threads for requests to wait in the batch queues concurrently.
-        workers = max(64, values["grpc_max_threads"])
-        server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=workers),
-                             options=options)
+        # Threads for blocking work (direct model runs without batching, config reloads).
+        executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(4, values["grpc_max_threads"]), thread_name_prefix="grpc_work")
+        server = grpc.aio.server(options=options)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(self.core, self.metrics), server)
+            ModelService(self.core, self.metrics, executor), server)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionService(self.core, self.metrics), server)
+            PredictionService(self.core, self.metrics, executor), server)
         if values["enable_grpc_healthcheck_service"]:
             from .health import handler
 
             server.add_generic_rpc_handlers((handler(),))
-        address = f"0.0.0.0:{values['port']}"
         try:
-            if values["port"] != 0 and server.add_insecure_port(address) == 0:
-                raise RuntimeError(address)
+            if values["port"] != 0 and server.add_insecure_port(
+                    f"0.0.0.0:{values['port']}") == 0:
+                raise RuntimeError(values["port"])
             if values["grpc_socket_path"]:
                 server.add_insecure_port("unix:" + values["grpc_socket_path"])
         except RuntimeError as exc:
             raise invalid_argument("Failed to BuildAndStart gRPC server") from exc
-        server.start()
-        self.grpc_server = server
-        if values["port"] != 0:
-            log.info("server.cc:400", f"Running gRPC ModelServer at {address} ...")
-        if values["grpc_socket_path"]:
-            log.info("server.cc:404", "Running gRPC ModelServer at UNIX socket "
-                     f"{values['grpc_socket_path']} ...")
+        await server.start()
+        return server
 
     def _start_rest(self) -> None:
         from .rest import RestApi, RestServer
