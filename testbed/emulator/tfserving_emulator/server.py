@@ -293,10 +293,13 @@ class Server:
 
 
 def _versions() -> str:
-    try:
-        tf_version = importlib.metadata.version("tensorflow")
-    except importlib.metadata.PackageNotFoundError:
-        tf_version = "unknown"
+    tf_version = "unknown"
+    for distribution in ("tensorflow", "tensorflow-cpu", "tensorflow-gpu"):
+        try:
+            tf_version = importlib.metadata.version(distribution)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
     return (f"TensorFlow ModelServer: {SERVING_VERSION}-emulator\n"
             f"TensorFlow Library: {tf_version}\n")
 
