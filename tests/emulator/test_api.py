@@ -336,6 +336,13 @@ def test_labels_allow_flag_covers_new_labels_only(api: Api) -> None:
     assert reload(api, fresh).status.error_code == 0
     request = predict_request("hpt", [[0.0]], signature="version_of", label="canary")
     assert outputs(api.predict.Predict(request, timeout=10), "version").tolist() == [2]
+    # moving a label to another AVAILABLE version is fine (the label-flip rollout)
+    flipped = api.config(hpt_labels='version_labels { key: "canary" value: 2 }')
+    flipped.model_config_list.config[0].version_labels["stable"] = 2
+    assert reload(api, flipped).status.error_code == 0
+    request = predict_request("hpt", [[0.0]], signature="version_of", label="stable")
+    assert outputs(api.predict.Predict(request, timeout=10), "version").tolist() == [2]
+    assert reload(api, api.config()).status.error_code == 0  # back to stable=1, canary=2
 
 
 def test_reload_adds_and_removes_models(api: Api) -> None:
