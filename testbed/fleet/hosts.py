@@ -310,9 +310,11 @@ def _host_key(host: Host) -> Path:
     return key
 
 
-def _write_sshd_config(host: Host) -> Path:
+def _write_sshd_config(host: Host) -> bool:
+    """Write the host's sshd_config; True if it changed."""
     authorized = host.places.ssh / "authorized_keys"
     config = host.dir / "sshd_config"
+    old = config.read_text() if config.exists() else None
     config.write_text(
         "\n".join(
             [
@@ -332,11 +334,15 @@ def _write_sshd_config(host: Host) -> Path:
                 "Subsystem sftp internal-sftp",
                 "MaxSessions 100",
                 "MaxStartups 100:30:200",
+                # Hosts share the machine's home directory. A login shell there may run pyenv's
+                # rehash from ~/.bashrc; a session killed by `down` can leave its lock file behind,
+                # and every later login would then wait 60 s for it.
+                "SetEnv PYENV_REHASH_TIMEOUT=1",
                 "",
             ]
         )
     )
-    return config
+    return old != config.read_text()
 
 
 def _prepare_dirs(host: Host) -> None:
@@ -442,24 +448,42 @@ def start(host: Host, *, runtime: Path, gpus: dict[str, Any] | None) -> None:
     stop_processes(host)
     create_network(host)
     _prepare_dirs(host)
-    sshd_config = _write_sshd_config(host)
+    _write_sshd_config(host)
     holder = _start_holder(host)
     write_gpus(host, gpus)
     _spawn([*_enter(holder), *dockerd_argv(host, runtime)], host.log_path("dockerd"))
-    _spawn(
-        [
-            *_enter(holder),
-            "/usr/sbin/sshd",
-            "-D",
-            "-f",
-            str(sshd_config),
-            "-o",
-            f"ListenAddress={host.address}",
-            "-E",
-            str(host.log_path("sshd")),
-        ],
-        host.log_path("sshd-stdout"),
+    _start_sshd(host, holder)
+
+
+def _start_sshd(host: Host, holder: int) -> None:
+    argv = [
+        "/usr/sbin/sshd",
+        "-D",
+        "-f",
+        str(host.dir / "sshd_config"),
+        "-o",
+        f"ListenAddress={host.address}",
+        "-E",
+        str(host.log_path("sshd")),
+    ]
+    _spawn([*_enter(holder), *argv], host.log_path("sshd-stdout"))
+
+
+def refresh_sshd(host: Host) -> bool:
+    """On a running host, apply a changed sshd_config by restarting sshd (sessions stay)."""
+    holder = holder_pid(host)
+    sshd = daemon_pid(host, "sshd.pid", "sshd")
+    if not _write_sshd_config(host) or holder is None or sshd is None:
+        return False
+    os.kill(sshd, signal.SIGTERM)  # only the listener: open sessions are separate processes
+    wait_until(lambda: not pid_alive(sshd), timeout=10, what=f"{host.name}: old sshd to exit")
+    _start_sshd(host, holder)
+    wait_until(
+        lambda: tcp_open(host.address, 22),
+        timeout=30,
+        what=f"{host.name}: sshd on {host.address}:22 (log: {host.log_path('sshd')})",
     )
+    return True
 
 
 def write_gpus(host: Host, gpus: dict[str, Any] | None) -> None:

@@ -273,7 +273,7 @@ def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path) ->
         state = hostlib.inspect(host)
         if state.healthy:
             hostlib.write_gpus(host, gpu_doc)
-            return "running"
+            return "running" if not hostlib.refresh_sshd(host) else "sshd-reconfigured"
         hostlib.start(host, runtime=runtime, gpus=gpu_doc)
         hostlib.wait_ready(host)
         return "started" if not (state.holder or state.sshd or state.dockerd) else "restarted"
