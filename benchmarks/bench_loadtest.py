@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from tfsdeploy.loadtest import engine, payloads, stats
 from tfsdeploy.loadtest.engine import ProcPlan
 from tfsdeploy.loadtest.parallel import run_processes
-from tfsdeploy.loadtest.protos import PREDICT_METHOD
 from tfsdeploy.loadtest.schedule import Schedule
+from tfsdeploy.tfsapi import PREDICT_METHOD
 
 
 def request_body() -> bytes:

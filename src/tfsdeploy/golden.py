@@ -25,9 +25,7 @@ from typing import Any
 
 import numpy as np
 
-NUMPY_DTYPES = {"DT_FLOAT": np.float32, "DT_DOUBLE": np.float64, "DT_INT32": np.int32,
-                "DT_INT64": np.int64, "DT_UINT8": np.uint8, "DT_INT8": np.int8,
-                "DT_INT16": np.int16, "DT_BOOL": np.bool_, "DT_HALF": np.float16}
+from tfsdeploy.tfsapi import NUMERIC_DTYPES
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ class GoldenExample:
 
 def tensor_from_spec(spec: Mapping[str, Any]) -> np.ndarray:
     """The array an input entry describes (``values`` or a ``ramp`` fill)."""
-    dtype = NUMPY_DTYPES[spec["dtype"]]
+    dtype = np.dtype(NUMERIC_DTYPES[spec["dtype"]][0]).newbyteorder("=")
     shape = tuple(spec["shape"])
     if "values" in spec:
         return np.asarray(spec["values"], dtype=dtype).reshape(shape)

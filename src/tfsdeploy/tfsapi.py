@@ -1,4 +1,4 @@
-"""TFServing request messages without importing the ``tensorflow`` package.
+"""TFServing API messages without importing the ``tensorflow`` package.
 
 ``tensorflow_serving.apis.predict_pb2`` imports ``tensorflow.core.framework.tensor_pb2``, and
 importing any ``tensorflow.*`` module runs ``tensorflow/__init__.py`` first: about 3 s of
@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
@@ -28,8 +29,18 @@ PREDICT_REQUEST = "tensorflow.serving.PredictRequest"
 PREDICTION_LOG = "tensorflow.serving.PredictionLog"
 TENSOR_PROTO = "tensorflow.TensorProto"
 PREDICT_METHOD = "/tensorflow.serving.PredictionService/Predict"
+METADATA_METHOD = "/tensorflow.serving.PredictionService/GetModelMetadata"
+STATUS_METHOD = "/tensorflow.serving.ModelService/GetModelStatus"
+PREDICT_RESPONSE = "tensorflow.serving.PredictResponse"
+STATUS_REQUEST = "tensorflow.serving.GetModelStatusRequest"
+STATUS_RESPONSE = "tensorflow.serving.GetModelStatusResponse"
+METADATA_REQUEST = "tensorflow.serving.GetModelMetadataRequest"
+METADATA_RESPONSE = "tensorflow.serving.GetModelMetadataResponse"
+SIGNATURE_DEF_MAP = "tensorflow.serving.SignatureDefMap"
 
-_ROOT_FILES = ("tensorflow_serving/apis/predict.proto",)
+_ROOT_FILES = ("tensorflow_serving/apis/predict.proto",
+               "tensorflow_serving/apis/get_model_status.proto",
+               "tensorflow_serving/apis/get_model_metadata.proto")
 _LOG_FILE = "tensorflow_serving/apis/prediction_log.proto"
 _LITE_FILE = "tfsdeploy/loadtest/prediction_log_lite.proto"
 _SERIALIZED = re.compile(r"AddSerializedFile\((b'(?:[^'\\]|\\.)*')\)", re.DOTALL)
@@ -47,10 +58,23 @@ def _package_dir(top: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+# TensorFlow's wheel vendors XLA's and TSL's protos under tensorflow/compiler/xla/, while
+# their .proto names start at xla/ and tsl/.
+_VENDORED = {"xla": "tensorflow/compiler/xla", "tsl": "tensorflow/compiler/xla/tsl"}
+
+
+def _generated_file(proto_name: str) -> Path:
+    """The ``_pb2.py`` file generated for ``proto_name`` in the installed packages."""
+    top, _, rest = proto_name.partition("/")
+    if top in _VENDORED and importlib.util.find_spec(top) is None:
+        vendored_top, _, inner = _VENDORED[top].partition("/")
+        return _package_dir(vendored_top) / inner / (rest.removesuffix(".proto") + "_pb2.py")
+    return _package_dir(top) / (rest.removesuffix(".proto") + "_pb2.py")
+
+
 def _serialized_from_source(proto_name: str) -> bytes:
     """The serialized descriptor embedded in the ``_pb2.py`` generated for ``proto_name``."""
-    top, _, rest = proto_name.partition("/")
-    path = _package_dir(top) / (rest.removesuffix(".proto") + "_pb2.py")
+    path = _generated_file(proto_name)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
@@ -154,3 +178,47 @@ def dtype_name(number: int) -> str:
     enum = _pool().FindEnumTypeByName("tensorflow.DataType")
     value = enum.values_by_number.get(number)
     return value.name if value is not None else f"DT_{number}"
+
+
+# dtype name -> (numpy dtype, TensorProto repeated field used for small values)
+NUMERIC_DTYPES: dict[str, tuple[str, str]] = {
+    "DT_FLOAT": ("<f4", "float_val"),
+    "DT_DOUBLE": ("<f8", "double_val"),
+    "DT_HALF": ("<f2", "half_val"),
+    "DT_INT8": ("i1", "int_val"),
+    "DT_UINT8": ("u1", "int_val"),
+    "DT_INT16": ("<i2", "int_val"),
+    "DT_UINT16": ("<u2", "int_val"),
+    "DT_INT32": ("<i4", "int_val"),
+    "DT_INT64": ("<i8", "int64_val"),
+    "DT_UINT32": ("<u4", "uint32_val"),
+    "DT_UINT64": ("<u8", "uint64_val"),
+    "DT_BOOL": ("?", "bool_val"),
+}
+
+
+def tensor_from_array(array: Any, dtype: str) -> Message:
+    """A TensorProto of a numeric dtype holding ``array`` as little-endian tensor_content."""
+    tensor = new_message(TENSOR_PROTO)
+    tensor.dtype = dtype_value(dtype)
+    for size in np.shape(array):
+        tensor.tensor_shape.dim.add(size=int(size))
+    tensor.tensor_content = np.asarray(array).astype(NUMERIC_DTYPES[dtype][0]).tobytes()
+    return tensor
+
+
+def array_from_tensor(tensor: Any) -> Any:
+    """A numpy array from a numeric TensorProto (tensor_content or the typed value lists;
+    one value is broadcast to the shape, as TFServing allows)."""
+    shape = [int(d.size) for d in tensor.tensor_shape.dim]
+    np_dtype, field_name = NUMERIC_DTYPES[dtype_name(int(tensor.dtype))]
+    if tensor.tensor_content:
+        array = np.frombuffer(tensor.tensor_content, dtype=np_dtype)
+    elif np_dtype == "<f2":
+        array = np.array(list(tensor.half_val), dtype="<u2").view("<f2")
+    else:
+        array = np.array(list(getattr(tensor, field_name)), dtype=np_dtype)
+    count = int(np.prod(shape)) if shape else 1
+    if array.size == 1 and count > 1:
+        array = np.full(count, array[0], dtype=np_dtype)
+    return array.reshape(shape)

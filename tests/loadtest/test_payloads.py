@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.loadtest import payloads, protos
+from tfsdeploy import tfsapi as protos
+from tfsdeploy.loadtest import payloads
 from tfsdeploy.loadtest.tfrecord import frame_record
 
 

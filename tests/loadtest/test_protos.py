@@ -7,7 +7,8 @@ import sys
 import textwrap
 from typing import Any
 
-from tfsdeploy.loadtest import payloads, protos
+from tfsdeploy import tfsapi as protos
+from tfsdeploy.loadtest import payloads
 
 
 def _python(code: str) -> str:

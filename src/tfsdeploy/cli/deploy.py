@@ -151,7 +151,11 @@ def execute(*, inventory: Inventory, playbook: Playbook, release: Release,
                                  reporter=reporter, cancel=cancel)
                 result = run_deploy_phases(roll)
             finally:
-                lock.release(lock_runner, lock_dir, info)
+                released = _release_lock(lock_runner, lock_dir, info, reporter)
+            if not released:
+                result.exit_code = max(result.exit_code, ExitCode.INCONSISTENT)
+                result.message += (f"; the lock on {lock_host.name} could not be released: "
+                                   f"check with `fab lock --model {model.name}`")
     finally:
         for runner in {id(r): r for r in [*runners.values(), lock_runner]}.values():
             runner.close()
@@ -159,6 +163,17 @@ def execute(*, inventory: Inventory, playbook: Playbook, release: Release,
             os.unlink(release.archive)
     result.seconds = time.monotonic() - started
     return result
+
+
+def _release_lock(runner: Runner, lock_dir: str, info: lock.LockInfo, reporter: Reporter
+                  ) -> bool:
+    """Give the lock back; a host lost meanwhile is reported, never a crash."""
+    try:
+        lock.release(runner, lock_dir, info)
+    except HostUnreachable as error:
+        reporter.note(f"could not release the lock: {error}")
+        return False
+    return True
 
 
 def lock_holder_host(inventory: Inventory, model: Any, runners: dict[str, Runner],

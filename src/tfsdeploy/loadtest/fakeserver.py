@@ -23,7 +23,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from tfsdeploy.loadtest import protos
+from tfsdeploy import tfsapi as protos
 
 
 @dataclass

@@ -28,26 +28,12 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 
-from tfsdeploy.loadtest import protos
+from tfsdeploy import tfsapi as protos
 from tfsdeploy.loadtest.tfrecord import read_records
 
 WARMUP_RELATIVE = Path("assets.extra") / "tf_serving_warmup_requests"
 
-# dtype name -> (numpy dtype, TensorProto repeated field used for small values)
-_DTYPES: dict[str, tuple[str, str]] = {
-    "DT_FLOAT": ("<f4", "float_val"),
-    "DT_DOUBLE": ("<f8", "double_val"),
-    "DT_HALF": ("<f2", "half_val"),
-    "DT_INT8": ("i1", "int_val"),
-    "DT_UINT8": ("u1", "int_val"),
-    "DT_INT16": ("<i2", "int_val"),
-    "DT_UINT16": ("<u2", "int_val"),
-    "DT_INT32": ("<i4", "int_val"),
-    "DT_INT64": ("<i8", "int64_val"),
-    "DT_UINT32": ("<u4", "uint32_val"),
-    "DT_UINT64": ("<u8", "uint64_val"),
-    "DT_BOOL": ("?", "bool_val"),
-}
+_DTYPES = protos.NUMERIC_DTYPES
 
 
 class PayloadError(ValueError):
@@ -85,8 +71,7 @@ def _tensor_from_array(array: np.ndarray[Any, Any], dtype: str) -> Message:
         return tensor
     if dtype not in _DTYPES:
         raise PayloadError(f"unsupported dtype {dtype} (use one of {sorted(_DTYPES)} or DT_STRING)")
-    tensor.tensor_content = array.astype(_DTYPES[dtype][0]).tobytes()
-    return tensor
+    return protos.tensor_from_array(array, dtype)
 
 
 def _to_bytes(value: Any) -> bytes:
@@ -130,17 +115,7 @@ def tensor_to_json(tensor: Any) -> Any:
         return np.array(flat, dtype=object).reshape(shape).tolist() if shape else flat[0]
     if dtype not in _DTYPES:
         raise PayloadError(f"cannot convert {dtype} to JSON")
-    np_dtype, field_name = _DTYPES[dtype]
-    if tensor.tensor_content:
-        array = np.frombuffer(tensor.tensor_content, dtype=np_dtype)
-    elif dtype == "DT_HALF":
-        array = np.array(list(tensor.half_val), dtype="<u2").view("<f2")
-    else:
-        array = np.array(list(getattr(tensor, field_name)), dtype=np_dtype)
-    count = int(np.prod(shape)) if shape else 1
-    if array.size == 1 and count > 1:  # TFServing allows one value broadcast to the shape
-        array = np.full(count, array[0], dtype=np_dtype)
-    return array.reshape(shape).tolist()
+    return protos.array_from_tensor(tensor).tolist()
 
 
 def _text_or_b64(value: bytes) -> Any:
