@@ -77,7 +77,13 @@ def test_up_recovers_after_kill_9_of_the_daemons(destructive: Testbed) -> None:
     assert after["hosts"][0]["dockerd"] not in victims  # type: ignore[index]
     assert destructive.ssh(destructive.hosts[0], "hostname").stdout.strip() == "tb1"
     assert destructive.docker(destructive.hosts[0], "ps").returncode == 0
-    containerds = [p for p in leftover_processes() if " containerd:" in p]
+    # each host's dockerd runs its own containerd (/run is private); the one of the killed
+    # dockerd must not survive next to the new one (the image builder's has another config)
+    containerds = [
+        p
+        for p in leftover_processes()
+        if " containerd:" in p and "/run/docker/containerd/containerd.toml" in p
+    ]
     assert len(containerds) == len(destructive.hosts), containerds  # none left over from tb1
 
 
