@@ -312,6 +312,85 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     _run(body)
 
 
+@task(help={
+    **SELECT,
+    "version": "version whose warmup records are the request data (default: the newest)",
+    "duration": "how long to send load, e.g. 30s (default 10s)",
+    "concurrency": "requests in flight (default 16)",
+    "rps": "open loop at this rate (requests/s); latency from the intended send time",
+    "procs": "client processes (default: the number of cores)",
+    "slo_p99": "gate: P99 in ms (default: the model's latency SLO)",
+    "max_error_rate": "gate: error rate in percent (default 0.01)",
+    "min_qps": "gate: minimum requests/s",
+    "sweep": "double the concurrency until throughput stops rising or P99 breaks the SLO",
+    "report": "write the ghz-compatible JSON report here",
+    "sweep_plot": "with --sweep: write the PNG of QPS, P50, P99 against concurrency",
+})
+def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+          limit: str | None = None, version: str | None = None, duration: str = "10s",
+          concurrency: int = 16, rps: float | None = None, procs: int | None = None,
+          slo_p99: float | None = None, max_error_rate: float = 0.01,
+          min_qps: float | None = None, sweep: bool = False, report: str | None = None,
+          sweep_plot: str | None = None) -> None:
+    """Load-test the model on the inventory's hosts (their stable gRPC ports), with SLO gates."""
+    def body() -> int:
+        from pathlib import Path
+
+        from tfsdeploy.inventory import load_inventory
+        from tfsdeploy.layout import model_ports
+        from tfsdeploy.loadtest.cli import run_bench
+        from tfsdeploy.versions import choose_version
+
+        inv = load_inventory(inventory)
+        catalog = inv.model(model)
+        chosen = choose_version(catalog, version, inv.path)
+        targets = [f"{h.address}:{model_ports(h, catalog).grpc}"
+                   for h in inv.select(hosts, limit=limit, model=catalog)]
+        options: dict[str, Any] = {
+            "model": model, "data_from_warmup": Path(catalog.source) / str(chosen),
+            "duration": duration, "concurrency": int(concurrency),
+            "slo_p99": float(slo_p99) if slo_p99 else catalog.latency_slo_ms,
+            "max_error_rate": float(max_error_rate), "sweep": bool(sweep)}
+        optional = {"rps": rps, "procs": procs, "min_qps": min_qps, "report": report,
+                    "sweep_plot": sweep_plot}
+        for key, value in optional.items():
+            if value is not None:
+                options[key] = Path(str(value)) if key in ("report", "sweep_plot") else (
+                    float(value) if key in ("rps", "min_qps") else int(value))
+        return run_bench(targets, **options)
+
+    _run(body)
+
+
+@task(help={
+    "target_qps": "the QPS the fleet must carry (required)",
+    "sweep_report": "per-instance figure from a `bench --sweep` report (best point under SLO)",
+    "per_instance_qps": "or give the per-instance QPS at the SLO directly",
+    "load_factor": "share of capacity used at peak (default 0.65)",
+    "availability_factor": "share left after a rolling release or a lost instance (0.9)",
+    "json": "print JSON",
+})
+def plan_capacity(c: Any, target_qps: float, sweep_report: str | None = None,
+                  per_instance_qps: float | None = None, load_factor: float = 0.65,
+                  availability_factor: float = 0.9, json: bool = False) -> None:
+    """Instances needed: target QPS / (per-instance QPS x load factor x availability)."""
+    def body() -> int:
+        from tfsdeploy.errors import ConfigError, Problem
+        from tfsdeploy.loadtest.cli import plan_capacity as plan
+
+        source: str | float | None = sweep_report or (
+            float(per_instance_qps) if per_instance_qps else None)
+        if source is None:
+            raise ConfigError(Problem("no per-instance figure",
+                                      fix="pass --sweep-report FILE or --per-instance-qps N"))
+        code, text = plan(float(target_qps), source, load_factor=float(load_factor),
+                          availability_factor=float(availability_factor), as_json=json)
+        print(text)
+        return code
+
+    _run(body)
+
+
 @task(help={"model": "model whose fleet lock to show (required)",
             "inventory": "inventory file",
             "break_": "remove the lock whoever holds it (only when no deploy runs)"})
@@ -347,4 +426,5 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
     _run(body)
 
 
-ns = Collection(render, hosts, deploy, rollback, status, history, guard, lock)
+ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
+                lock)
