@@ -70,3 +70,11 @@ def test_render_path_never_imports_tensorflow(tmp_path: Path) -> None:
                             text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_fab_plan_capacity_shows_the_arithmetic(tmp_path: Path) -> None:
+    result = _fab("plan-capacity", "--target-qps", "100000", "--per-instance-qps", "8000",
+                  tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "100,000 / (8,000.0 x 0.65 x 0.9)" in result.stdout
+    assert "minimum 22 instances" in result.stdout
