@@ -133,7 +133,6 @@ class HostJob:
                            "model": self.release.model.name,
                            "release": self.release.release_id, "event": event, **details},
                           sort_keys=True)
-        self.runner.run(commands.mkdir(self.paths.home))
         self.runner.run(commands.append_line(self.paths.audit_log, line))
 
 

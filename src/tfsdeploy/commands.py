@@ -103,8 +103,9 @@ def read_file(path: str) -> Argv:
 
 
 def append_line(path: str, line: str) -> Argv:
-    """Append one line to a file (the audit log)."""
-    return ["sh", "-c", 'printf "%s\\n" "$1" >> "$2"', "sh", line, path]
+    """Append one line to a file (the audit log), creating its directory if needed."""
+    return ["sh", "-c", 'mkdir -p "$(dirname "$2")" && printf "%s\\n" "$1" >> "$2"', "sh",
+            line, path]
 
 
 def remove_tree(path: str) -> Argv:
