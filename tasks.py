@@ -14,8 +14,12 @@ from invoke.collection import Collection
 from invoke.exceptions import Exit
 
 
-def _run(body: Callable[[], int]) -> None:
-    """Run a command body; turn toolkit errors into their exit code with a clear message."""
+def _run(body: Callable[[], int], on_error: Callable[[int, str], None] | None = None) -> None:
+    """Run a command body; turn toolkit errors into their exit code with a clear message.
+
+    ``on_error`` lets unattended runs record a failure that ended the command early (invalid
+    input, lock held, lock host unreachable) in their JSON and metrics files too.
+    """
     from tfsdeploy.cli.output import print_error
     from tfsdeploy.errors import TfsDeployError
 
@@ -23,9 +27,33 @@ def _run(body: Callable[[], int]) -> None:
         code = body()
     except TfsDeployError as error:
         print_error(error)
+        if on_error:
+            on_error(int(error.exit_code), str(error))
         raise Exit(code=int(error.exit_code)) from None
     if code:
         raise Exit(code=code)
+
+
+def _record_failure(command: str, model: str, json_file: str | None,
+                    metrics_file: str | None) -> Callable[[int, str], None]:
+    """An ``on_error`` that writes the unattended outputs of a run that ended early."""
+    import time
+
+    started = time.monotonic()
+
+    def record(code: int, message: str) -> None:
+        from tfsdeploy.cli.unattended import update_textfile, write_json_file
+        from tfsdeploy.errors import ExitCode
+
+        if json_file:
+            write_json_file(json_file, {"command": command, "model": model, "exit_code": code,
+                                        "result": ExitCode(code).name.lower(),
+                                        "message": message, "hosts": {}})
+        if metrics_file:
+            update_textfile(metrics_file, model=model, command=command, exit_code=code,
+                            seconds=time.monotonic() - started, release="", version=None)
+
+    return record
 
 
 @task(help={
@@ -171,7 +199,7 @@ def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None =
         return _finish("deploy", result, json=json, json_file=json_file,
                        metrics_file=metrics_file)
 
-    _run(body)
+    _run(body, _record_failure("deploy", model, json_file, metrics_file))
 
 
 @task(help={
@@ -197,7 +225,7 @@ def rollback(c: Any, model: str, inventory: str | None = None, hosts: str | None
         return _finish("rollback", result, json=json, json_file=json_file,
                        metrics_file=metrics_file)
 
-    _run(body)
+    _run(body, _record_failure("rollback", model, json_file, metrics_file))
 
 
 @task(help={**SELECT, "json": "print JSON instead of a table"})
@@ -309,7 +337,7 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
                             seconds=time.monotonic() - started, release="", version=None)
         return int(code)
 
-    _run(body)
+    _run(body, _record_failure("guard", model, None, metrics_file))
 
 
 @task(help={

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tfsdeploy.cli.rollback import RollbackRequest, rollback
-from tfsdeploy.errors import ExitCode
+from tfsdeploy.errors import ExitCode, TfsDeployError
 from tfsdeploy.guard import Breach, Scrape, parse_metrics, window
 from tfsdeploy.inventory import ResolvedHost, load_inventory
 from tfsdeploy.layout import model_ports
@@ -79,9 +79,13 @@ def _roll_back(request: GuardRequest, host: str, why: str, reporter: Reporter,
                act: Callable[[RollbackRequest], DeployResult] | None) -> tuple[ExitCode, str]:
     reporter.note(f"{host}: {why} for {request.for_s:g} s: rolling back {request.model}")
     run = act or (lambda r: rollback(r, reporter=reporter))
-    result = run(RollbackRequest(model=request.model, inventory=request.inventory,
-                                 hosts=request.hosts, limit=request.limit,
-                                 lock_wait=request.lock_wait))
+    try:
+        result = run(RollbackRequest(model=request.model, inventory=request.inventory,
+                                     hosts=request.hosts, limit=request.limit,
+                                     lock_wait=request.lock_wait))
+    except TfsDeployError as error:
+        code = ExitCode.LOCKED if error.exit_code == ExitCode.LOCKED else ExitCode.INCONSISTENT
+        return code, f"the SLO broke ({host}: {why}) and the rollback failed: {error}"
     if result.exit_code == ExitCode.OK:
         return ExitCode.ROLLED_BACK, (f"rolled back to {result.release_id} after {host}: "
                                       f"{why}")
