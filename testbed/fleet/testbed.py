@@ -316,10 +316,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     runtime = places.bin / "simgpu-runtime"
     install_file(FLEET_DIR / "simgpu_runtime.py", runtime)
     install_file(FLEET_DIR / "nvidia_smi.py", NVIDIA_SMI_PATH)
-    for extra in existing_hosts(places):
-        if extra > args.hosts:
-            log(f"stopping {host_name(extra)} (beyond --hosts {args.hosts})")
-            hostlib.stop(hostlib.Host(extra, places))
+    extras = [i for i in existing_hosts(places) if i > args.hosts]
+    if extras:
+        log(f"stopping {', '.join(map(host_name, extras))} (beyond --hosts {args.hosts})")
+        with ThreadPoolExecutor(max_workers=len(extras)) as pool:
+            list(pool.map(lambda i: hostlib.stop(hostlib.Host(i, places)), extras))
     hostlib.ensure_bridge()
     reg = registry.ensure(places)
     timer.phase("bridge+registry", t)
