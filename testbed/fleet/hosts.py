@@ -585,5 +585,5 @@ def stop(host: Host) -> None:
     """Stop every process of the host and remove its veth and netns."""
     stop_processes(host)
     remove_network(host)
-    for name in ("holder.pid",):
+    for name in ("holder.pid", "holder.json"):
         (host.dir / name).unlink(missing_ok=True)
