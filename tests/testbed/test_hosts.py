@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 import socket
 import subprocess
 import time
@@ -10,7 +11,7 @@ import urllib.request
 import uuid
 
 import pytest
-from fleet_helpers import STATE, TESTBED, Testbed, run_testbed_cli
+from fleet_helpers import STATE, TESTBED, Testbed, TestbedHost, run_testbed_cli
 
 pytestmark = pytest.mark.testbed
 
@@ -127,10 +128,20 @@ def test_docker_sdk_over_ssh_with_paramiko_and_with_the_ssh_binary(testbed: Test
                 client.close()
 
 
+def _port_free_on(testbed: Testbed, hosts: list[TestbedHost], port: int) -> bool:
+    return all(f":{port} " not in testbed.ssh(h, "ss -Hltn").stdout for h in hosts)
+
+
 def test_two_hosts_serve_the_same_port_with_host_networking(testbed: Testbed) -> None:
     tb1, tb2 = testbed.hosts[0], testbed.hosts[1]
-    name = f"port8500-{uuid.uuid4().hex[:8]}"
-    script = "mkdir -p /w && hostname > /w/name && cd /w && exec python3 -m http.server 8500"
+    # 8500 as TFServing would, unless a deploy on the shared fleet holds it right now
+    port = next(
+        p
+        for p in (8500, *random.sample(range(20000, 30000), 20))
+        if _port_free_on(testbed, [tb1, tb2], p)
+    )
+    name = f"port{port}-{uuid.uuid4().hex[:8]}"
+    script = f"mkdir -p /w && hostname > /w/name && cd /w && exec python3 -m http.server {port}"
     try:
         for host in (tb1, tb2):
             testbed.docker(
@@ -148,7 +159,7 @@ def test_two_hosts_serve_the_same_port_with_host_networking(testbed: Testbed) ->
                 script,
             )
         for host in (tb1, tb2):
-            body = _get_with_retry(f"http://{host.address}:8500/name")
+            body = _get_with_retry(f"http://{host.address}:{port}/name")
             assert body.strip() == host.name
     finally:
         for host in (tb1, tb2):
