@@ -1,0 +1,238 @@
+"""`fab deploy` on the local fleet (issue 4, item 9): real sshd, dockerd, the emulator.
+
+One model (``itdeploy``, port offset 0: the stable ports are 8500 gRPC / 8501 REST) is rolled
+through the module; tests run in file order and each one states the fleet it starts from
+(``on_version``), re-deploying only when an earlier test left something else.
+
+Assembled versions: 1 and 2 are half_plus_two 1 and 2 (y = 0.5 x + 2 / + 3), 3 is the corrupt
+half_plus_two_bad/11, 4 the slow-warmup half_plus_two_bad/13.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+from deploy_support import (
+    CORRUPT,
+    GOOD,
+    HOSTS,
+    SLOW,
+    Fleet,
+    dump_on_failure,
+    fleet_fixture,
+    rest_status,
+)
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "itdeploy", 0
+# source number (b) of each assembled version: y = 0.5 x + b + 1
+B = {1: 1, 2: 2}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET,
+                             {1: GOOD[1], 2: GOOD[2], 3: CORRUPT, 4: SLOW},
+                             serial=(1, "100%"), min_healthy_s=1.0, load_timeout_s=120.0)
+
+
+@pytest.fixture(autouse=True)
+def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
+    yield from dump_on_failure(request, fleet)
+
+
+def on_version(fleet: Fleet, version: int) -> dict[str, object]:
+    """Make sure every host serves ``version`` (deploy it if not); returns the snapshot."""
+    currents = [fleet.current(h) for h in HOSTS]
+    if not all(c and c.get("version") == version and c.get("status") == "serving"
+               for c in currents):
+        fleet.deploy(version)
+    fleet.assert_serving(B[version])
+    return fleet.snapshot()
+
+
+# -- 1. v1 to an empty fleet, then v2 over it -------------------------------------------------
+
+def test_first_deploy_serves_v1_on_every_hosts_stable_ports(fleet: Fleet) -> None:
+    assert all(not fleet.containers(h) for h in HOSTS), "the fixture starts from nothing"
+    run = fleet.fab("deploy", "--version", "1")
+    assert run.code == 0, run.describe()
+    assert "every host serves the new release" in run.out
+    fleet.assert_serving(B[1])  # gRPC Predict on :8500 and REST predict on :8501
+    for host, address in HOSTS.items():
+        status = rest_status(address, fleet.rest_port, MODEL)
+        assert [(s["version"], s["state"]) for s in status] == [("1", "AVAILABLE")], host
+        manifest = fleet.current(host)
+        assert manifest is not None and manifest["version"] == 1, host
+        assert manifest["status"] == "serving" and manifest["slot"] == "blue"
+        assert [g["gate"] for g in manifest["gates"] if g["ok"]] == [
+            "available", "signature", "warmup", "health"]
+        assert fleet.current_target(host) == f"releases/{manifest['id']}"
+        containers = fleet.containers(host)
+        assert [(c["version"], c["status"]) for c in containers] == [("1", "running")]
+        events = {e["event"] for e in fleet.audit(host) if e["release"] == manifest["id"]}
+        assert {"upload_release", "start_slot", "switch_traffic",
+                "record_release"} <= events, host
+
+
+def test_second_deploy_rolls_v2_keeps_v1_stopped(fleet: Fleet) -> None:
+    on_version(fleet, 1)
+    before = {h: fleet.current(h) for h in HOSTS}
+    run = fleet.fab("deploy", "--version", "2", "--json")
+    assert run.code == 0, run.describe()
+    result = run.json()
+    assert result["exit_code"] == 0 and result["version"] == 2
+    assert {h: o["status"] for h, o in result["hosts"].items()} == dict.fromkeys(HOSTS, "rolled")
+    fleet.assert_serving(B[2])
+    for host in HOSTS:
+        old = before[host]
+        assert old is not None
+        manifest = fleet.current(host)
+        assert manifest is not None and manifest["id"] == result["release"], host
+        assert manifest["version"] == 2 and manifest["previous"] == old["id"]
+        assert manifest["slot"] == "green" and manifest["status"] == "serving"
+        assert fleet.current_target(host) == f"releases/{result['release']}"
+        by_release = {c["release"]: c for c in fleet.containers(host)}
+        assert by_release[old["id"]]["status"] == "exited", f"{host}: v1 stopped, kept"
+        assert by_release[result["release"]]["status"] == "running", host
+        # the old release's record stays on the host for rollback
+        assert fleet.current_target(host) != f"releases/{old['id']}"
+        assert any(e["event"] == "record_release" and e["release"] == result["release"]
+                   for e in fleet.audit(host))
+        files = {"manifest.json", "models.config", "batching.config", "monitoring.config",
+                 "tfserving.flags"}
+        from deploy_support import ssh
+
+        listed = ssh(host, f"ls /srv/tfsdeploy/{MODEL}/releases/{old['id']} "
+                           f"/srv/tfsdeploy/{MODEL}/releases/{result['release']}").stdout
+        assert files <= set(listed.split()), listed
+
+
+def test_same_version_again_changes_nothing(fleet: Fleet) -> None:
+    before = on_version(fleet, 2)
+    run = fleet.fab("deploy", "--version", "2", "--json")
+    assert run.code == 0, run.describe()
+    assert {h: o["status"] for h, o in run.json()["hosts"].items()} == dict.fromkeys(
+        HOSTS, "unchanged")
+    assert fleet.snapshot() == before
+
+
+def test_check_diff_shows_the_plan_and_touches_nothing(fleet: Fleet) -> None:
+    before = on_version(fleet, 2)
+    run = fleet.fab("deploy", "--version", "1", "--check", "--diff")
+    assert run.code == 0, run.describe()
+    for host in HOSTS:
+        assert f"{host}:live/models.config" in run.out and f"{host}:new/models.config" in run.out
+    assert "nothing was changed" in run.out
+    assert fleet.snapshot() == before
+
+
+# -- 2. a broken version stops at the first host ------------------------------------------------
+
+def test_corrupt_version_stops_at_the_canary_which_keeps_serving_v2(fleet: Fleet) -> None:
+    before = on_version(fleet, 2)
+    run = fleet.fab("deploy", "--version", "3")
+    assert run.code == 2, run.describe()
+    assert "gate_available" in run.out, "the output names the failing gate"
+    assert "server log (tail)" in run.out and "saved_model.pb" in run.out, (
+        "the output carries the server's log tail with the load error")
+    assert "every host serves its previous release" in run.out
+    fleet.assert_serving(B[2])
+    after = fleet.snapshot()
+    # tb1: the new container was removed, the v2 container never restarted; tb2/tb3 untouched
+    assert after == before, "same containers (ids, start times) and releases everywhere"
+    for host in ("tb2", "tb3"):
+        assert not any(e["release"] == _release_of(run) for e in fleet.audit(host)), host
+
+
+def _release_of(run: object) -> str:
+    import re
+
+    text = run.out  # type: ignore[attr-defined]
+    found = re.search(r"as (r\d{8}-\d{6}-v\d+)", text)
+    assert found, text
+    return found.group(1)
+
+
+# -- 3. a version that loads too slowly hits its deadline ---------------------------------------
+
+def test_slow_version_hits_the_load_deadline_and_is_restored(fleet: Fleet) -> None:
+    before = on_version(fleet, 2)
+    impatient = fleet.inventory_variant("impatient", load_timeout_s=10.0)
+    started = time.monotonic()
+    run = fleet.fab("deploy", "--version", "4", inventory=impatient)
+    assert run.code == 2, run.describe()
+    assert "gate_available" in run.out and "deadline" in run.out, run.describe()
+    # the slow version needs 25-60 s to warm up: the roll must give up at ~10 s, not wait
+    assert time.monotonic() - started < 120, run.describe()
+    fleet.assert_serving(B[2])
+    assert fleet.snapshot() == before
+
+
+# -- 6. two deploys at once; 7. Ctrl-C and SIGTERM mid-roll --------------------------------------
+
+def test_second_deploy_gets_exit_4_naming_the_holder_then_ctrl_c_restores(fleet: Fleet) -> None:
+    before = on_version(fleet, 2)
+    slow = fleet.inventory_variant("slow_health", min_healthy_s=20.0)
+    first = fleet.background("deploy", "--version", "1", inventory=slow)
+    try:
+        first.wait_for(r"== deploy itdeploy version 1 .* lock on tb1", timeout=180)
+        second = fleet.fab("deploy", "--version", "1")
+        assert second.code == 4, second.describe()
+        assert f"pid {first.proc.pid}" in second.out and "holds the lock" in second.out
+        shown = fleet.fab("lock")
+        assert shown.code == 0 and f"pid {first.proc.pid}" in shown.out, shown.describe()
+        # Ctrl-C while the canary is in its health gate (the step after warmup)
+        first.wait_for(r"tb1 +roll +gate_warmup +ok", timeout=240)
+        first.send(signal.SIGINT)
+        run = first.finish(timeout=180)
+    finally:
+        first.kill()
+    assert run.code == 2, run.describe()
+    assert "interrupted" in run.out and "every host serves its previous release" in run.out
+    free = fleet.fab("lock")
+    assert free.code == 0 and "no deploy holds the lock" in free.out, free.describe()
+    fleet.assert_serving(B[2])
+    assert fleet.snapshot() == before
+
+
+def test_sigterm_mid_roll_restores_and_unlocks(fleet: Fleet) -> None:
+    before = on_version(fleet, 2)
+    slow = fleet.inventory_variant("slow_health", min_healthy_s=20.0)
+    first = fleet.background("deploy", "--version", "1", inventory=slow)
+    try:
+        first.wait_for(r"tb1 +roll +gate_warmup +ok", timeout=240)
+        first.send(signal.SIGTERM)
+        run = first.finish(timeout=180)
+    finally:
+        first.kill()
+    assert run.code == 2, run.describe()
+    free = fleet.fab("lock")
+    assert free.code == 0 and "no deploy holds the lock" in free.out, free.describe()
+    fleet.assert_serving(B[2])
+    assert fleet.snapshot() == before
+
+
+def test_lock_wait_queues_the_second_deploy_until_the_first_is_done(fleet: Fleet) -> None:
+    on_version(fleet, 2)
+    slow = fleet.inventory_variant("slow_health_short", min_healthy_s=6.0)
+    first = fleet.background("deploy", "--version", "1", inventory=slow)
+    try:
+        first.wait_for(r"== deploy itdeploy version 1 .* lock on tb1", timeout=180)
+        queued = fleet.fab("deploy", "--version", "2", "--lock-wait", "400")
+        done = first.finish(timeout=400)
+    finally:
+        first.kill()
+    assert done.code == 0, done.describe()
+    assert queued.code == 0, queued.describe()
+    assert "every host serves the new release" in queued.out
+    fleet.assert_serving(B[2])
+    for host in HOSTS:
+        manifest = fleet.current(host)
+        assert manifest is not None and manifest["version"] == 2
+        assert manifest["previous"] and manifest["previous"].endswith("-v1"), (
+            f"{host}: the queued deploy rolled over the first one's v1")
