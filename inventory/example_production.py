@@ -66,6 +66,7 @@ models = [
     Model(
         name="ranker",
         source="/srv/model-store/ranker",
+        port_offset=100,  # shares gpu_c hosts with resnet50: stable ports 8600/8601
         hosts="gpu_b,gpu_c",
         signature=Signature(inputs={"features": TensorSpec("DT_FLOAT", (-1, 256))},
                             outputs={"scores": TensorSpec("DT_FLOAT", (-1, 1))}),

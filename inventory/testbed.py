@@ -50,6 +50,7 @@ defaults = {
 models = [
     Model(
         name="half_plus_two",
+        port_offset=100,  # beside resnet50 on every host: stable ports 8600/8601
         source=str(MODELS / "half_plus_two"),
         signature=Signature(inputs={"x": TensorSpec("DT_FLOAT", (-1, 1))},
                             outputs={"y": TensorSpec("DT_FLOAT", (-1, 1))}),

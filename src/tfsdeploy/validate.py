@@ -362,3 +362,29 @@ def _check_slot_ports(render: HostRender, problem: Callable[..., Problem]) -> li
         problems.append(problem(f"slot_ports defines {len(variables.slot_ports)} slots",
                                 "define exactly two slots (blue and green)"))
     return problems
+
+
+def check_port_clashes(inventory: Any) -> list[Problem]:
+    """Models the inventory places on the same host must not share a port."""
+    from tfsdeploy.layout import model_ports
+    from tfsdeploy.render import placements
+
+    placed = placements(inventory)
+    problems = []
+    for host in inventory.hosts:
+        owners: dict[int, str] = {}
+        for name, on in sorted(placed.items()):
+            if host.name not in on:
+                continue
+            ports = model_ports(host, inventory.models[name])
+            used = {ports.grpc, ports.rest, ports.admin,
+                    *(p for pair in ports.slots.values() for p in pair)}
+            for port in sorted(used):
+                if port in owners:
+                    problems.append(Problem(
+                        f"models {owners[port]!r} and {name!r} both use port {port}",
+                        fix=f"give one of them a port_offset (e.g. port_offset=100 on {name!r})",
+                        host=host.name, file=inventory.path, field=f"models.{name}.port_offset"))
+                    break
+                owners[port] = name
+    return problems

@@ -243,3 +243,12 @@ def test_template_with_undefined_variable(tmp_path: object, monkeypatch: pytest.
     monkeypatch.setenv("TFSDEPLOY_TEMPLATES", str(folder))
     with pytest.raises(ConfigError, match=r"batching.config.j2:2.*'nope' is undefined"):
         _render()
+
+
+def test_co_located_models_need_distinct_ports() -> None:
+    from tfsdeploy.validate import check_port_clashes
+
+    a, b = model(name="a"), model(name="b", memory_mib=100)
+    problems = check_port_clashes(inventory(models=[a, b]))
+    assert problems and "models 'a' and 'b' both use port 8500" in problems[0].message
+    assert check_port_clashes(inventory(models=[a, model(name="b", port_offset=100)])) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 from tfsdeploy.errors import ConfigError
 from tfsdeploy.inventory import Inventory, load_inventory
 from tfsdeploy.render import HostRender, render_fleet
-from tfsdeploy.validate import validate_model, validate_render
+from tfsdeploy.validate import check_port_clashes, validate_model, validate_render
 from tfsdeploy.versions import choose_version
 
 
@@ -31,7 +31,7 @@ def render_and_validate(request: RenderRequest) -> list[HostRender]:
 def render_inventory(inventory: Inventory, request: RenderRequest) -> list[HostRender]:
     """Render and validate ``request`` against a loaded inventory."""
     model = inventory.model(request.model)
-    problems = validate_model(model, inventory.path)
+    problems = validate_model(model, inventory.path) + check_port_clashes(inventory)
     if problems:
         raise ConfigError(problems)
     version = choose_version(model, request.version, inventory.path)
