@@ -181,7 +181,7 @@ def deploy_phases(roll: Roll) -> DeployResult:
                 f"{len(roll.failed)} host(s) failed within the allowed threshold and still "
                 "serve their previous release")
     else:
-        _finish(roll, ExitCode.OK, "every host serves the new release")
+        _finish(roll, ExitCode.OK, f"every host serves {roll.release.release_id}")
     return roll.result
 
 

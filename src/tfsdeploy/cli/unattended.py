@@ -84,7 +84,7 @@ def format_textfile(samples: dict[str, float]) -> str:
         mine = sorted(k for k in samples if k.split("{", 1)[0] == name)
         if mine:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-            lines += [f"{key} {samples[key]:.17g}" for key in mine]
+            lines += [f"{key} {float(samples[key])!r}" for key in mine]
     return "\n".join(lines) + "\n"
 
 
