@@ -183,6 +183,30 @@ def discover_state(job: HostJob) -> str:
     return "no release yet; new slot blue"
 
 
+@action("check_ports")
+def check_ports(job: HostJob) -> str:
+    """The model's ports are free, or held by this model's own proxy and slots."""
+    ports = job.ports
+    mine = {ports.grpc, ports.rest, ports.admin,
+            *(p for pair in ports.slots.values() for p in pair)}
+    listening = set()
+    for line in job.must(commands.listening_ports(), "check_ports").splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and fields[3].rsplit(":", 1)[-1].isdigit():
+            listening.add(int(fields[3].rsplit(":", 1)[-1]))
+    ours = {ports.grpc, ports.rest, ports.admin} if job.state.proxy_running else set()
+    for slot, pair in ports.slots.items():
+        if any(c.running for c in job.state.in_slot(slot)):
+            ours |= set(pair)
+    foreign = sorted((mine & listening) - ours)
+    if foreign:
+        raise GateFailed("check_ports", f"ports {sorted(mine)} free or held by "
+                         f"{job.release.model.name}'s own proxy and slots",
+                         f"something else listens on {foreign} (another model without a "
+                         "port_offset, or another service)")
+    return f"{len(mine)} ports free or ours"
+
+
 @action("check_disk")
 def check_disk(job: HostJob, reserve_mib: int = 512) -> str:
     """Room for the model version (when not staged yet) plus a reserve."""
@@ -572,6 +596,39 @@ def _wait_proxy(job: HostJob) -> None:
 
     poll(check, step="switch_traffic", expected="the proxy's admin socket to answer",
          deadline_s=20, clock=job.release.clock, interval_s=0.2)
+
+
+@action("gate_stable")
+def gate_stable(job: HostJob) -> str:
+    """A golden request through the host's stable port (the path clients use) is answered
+    by the new release."""
+    examples = _requests(job)
+    client = job.release.client_factory or _stable_client_factory()
+    stable = client(job.host.address, job.ports.grpc, job.release.model.name)
+    started = time.monotonic()
+    try:
+        example = examples[0]
+        outputs, latency = stable.predict(example.inputs, signature=example.signature,
+                                          timeout=30)
+        wrong = mismatch(example, outputs)
+    except Exception as exc:
+        _gate(job, "stable", started, False, str(exc))
+        raise GateFailed("gate_stable", f"an answer on the stable port {job.ports.grpc}",
+                         f"{type(exc).__name__}: {exc}") from None
+    finally:
+        stable.close()
+    _gate(job, "stable", started, not wrong, wrong or "new release answers")
+    if wrong:
+        raise GateFailed("gate_stable", f"version {job.release.version}'s golden outputs on the "
+                         f"stable port {job.ports.grpc}", wrong)
+    return f":{job.ports.grpc} answers with version {job.release.version} " \
+           f"({latency * 1000:.1f} ms)"
+
+
+def _stable_client_factory() -> Callable[[str, int, str], Any]:
+    from tfsdeploy.probes import SlotClient
+
+    return SlotClient
 
 
 @action("drain_old")

@@ -113,6 +113,11 @@ def remove_tree(path: str) -> Argv:
     return ["rm", "-rf", "--", path]
 
 
+def listening_ports() -> Argv:
+    """Local TCP listeners, one line each (address:port in the fourth column)."""
+    return ["ss", "-ltnH"]
+
+
 def gpu_memory() -> Argv:
     """Total and used memory of each GPU, in MiB."""
     return ["nvidia-smi", "--query-gpu=index,memory.total,memory.used",

@@ -25,5 +25,7 @@ def world(tmp_path: Path) -> dict[str, Any]:
                               "values": [[2.5 + version - 1], [3.5 + version - 1]]}}}]}
     (tmp_path / "golden.json").write_text(json.dumps(golden))
     FakeSlot.behaviour = {}
+    fleet: dict[str, Any] = {}
+    FakeSlot.fleet = fleet
     return {"tmp": tmp_path, "source": source, "golden": tmp_path / "golden.json",
-            "fleet": {}}
+            "fleet": fleet}

@@ -220,9 +220,11 @@ class FakeSlot:
     """A TFServing slot: AVAILABLE unless the host is set to fail; half_plus_two outputs."""
 
     behaviour: ClassVar[dict[str, str]] = {}
+    fleet: ClassVar[dict[str, FakeHost]] = {}
 
     def __init__(self, address: str, port: int, model: str) -> None:
         self.address = address
+        self.port = port
 
     def status(self, *, timeout: float = 5.0) -> list[VersionStatus]:
         mode = self.behaviour.get(self.address, "ok")
@@ -239,7 +241,16 @@ class FakeSlot:
                 signature: str = "serving_default", timeout: float = 30.0
                 ) -> tuple[dict[str, np.ndarray], float]:
         x = inputs["x"]
-        return {"y": x * 0.5 + 2 + (version or 1) - 1}, 0.002
+        served = version or self._behind_proxy()
+        return {"y": x * 0.5 + 2 + served - 1}, 0.002
+
+    def _behind_proxy(self) -> int:
+        """The version of the container in the slot the host's proxy sends requests to."""
+        host = self.fleet[f"h{self.address.rsplit('.', 1)[1]}"]
+        active = [s for (b, s), state in host.servers.items() if b == "grpc" and state == "UP"]
+        versions = [int(c.labels["tfsdeploy.version"]) for c in host.containers.values()
+                    if c.running and c.labels.get("tfsdeploy.slot") in active]
+        return max(versions) if versions else 0
 
     def close(self) -> None:
         pass

@@ -93,7 +93,8 @@ def test_first_deploy_then_roll_to_v2(world: dict[str, Any]) -> None:
     record = json.loads(h1.files[f"/srv/tfsdeploy/hp2/releases/{second.release_id}/manifest.json"])
     assert record["status"] == "serving" and record["slot"] == "green"
     assert record["previous"] == first.release_id and record["version"] == 2
-    assert [g["gate"] for g in record["gates"]] == ["available", "signature", "warmup", "health"]
+    assert [g["gate"] for g in record["gates"]] == ["available", "signature", "warmup", "health",
+                                                    "stable"]
     assert b'"event": "switch_traffic"' in h1.files["/srv/tfsdeploy/hp2/audit.log"]
 
 
@@ -198,3 +199,18 @@ def test_held_lock_exits_4_and_names_holder(world: dict[str, Any]) -> None:
     assert error.value.exit_code == ExitCode.LOCKED
     assert "deploy hp2 v9 by alice@elsewhere (pid 7)" in str(error.value)
     assert "fab lock --model hp2 --break" in str(error.value)
+
+
+def test_stable_port_answering_with_the_old_release_fails_and_restores(
+        world: dict[str, Any]) -> None:
+    first = _deploy(world, 1)
+    # the proxy ignores the switch (another model's proxy holds the port, say)
+    original = FakeSlot._behind_proxy
+    FakeSlot._behind_proxy = lambda self: 1  # type: ignore[method-assign]
+    try:
+        result = _deploy(world, 2)
+    finally:
+        FakeSlot._behind_proxy = original  # type: ignore[method-assign]
+    assert result.exit_code == ExitCode.ROLLED_BACK
+    assert "gate_stable" in result.hosts["h1"].error
+    assert _serving(world["fleet"]["h1"]) == [first.release_id]
