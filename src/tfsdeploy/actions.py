@@ -333,18 +333,24 @@ def manifest(job: HostJob, status: str) -> dict[str, Any]:
 @action("start_slot")
 def start_slot(job: HostJob) -> str:
     """Start the new release in the free slot beside the old one."""
+    _run_in_free_slot(job, "start_slot")
+    job.audit("start_slot", slot=job.new_slot, container=job.container)
+    return f"{job.container} in {job.new_slot} (:{job.ports.slot_grpc(job.new_slot)})"
+
+
+def _run_in_free_slot(job: HostJob, step: str) -> None:
+    """Clear the free slot (a leftover of an interrupted run is never the serving one) and
+    start the release's container there."""
     for container in job.state.in_slot(job.new_slot):
-        if container.running:  # a leftover of an interrupted deploy: never the serving one
-            job.must(commands.remove(container.name), "start_slot")
+        if container.running:
+            job.must(commands.remove(container.name), step)
     job.runner.run(commands.remove(job.container))
     argv = commands.run_slot(model=job.release.model.name, release_id=job.release.release_id,
                              slot=job.new_slot, version=job.release.version,
                              image=job.release.image, paths=job.paths, ports=job.ports,
                              flags=flag_lines(job.render), gpus=job.host.vars.docker_gpus)
     job.started = True
-    job.must(argv, "start_slot")
-    job.audit("start_slot", slot=job.new_slot, container=job.container)
-    return f"{job.container} in {job.new_slot} (:{job.ports.slot_grpc(job.new_slot)})"
+    job.must(argv, step)
 
 
 @action("resume_release")
@@ -361,16 +367,7 @@ def resume_release(job: HostJob) -> str:
         job.resumed = True
         job.audit("resume_release", container=name, how="start")
         return f"{name} started again in {job.new_slot}"
-    for container in job.state.in_slot(job.new_slot):
-        if container.running:
-            job.must(commands.remove(container.name), "resume_release")
-    job.runner.run(commands.remove(name))
-    argv = commands.run_slot(model=job.release.model.name, release_id=job.release.release_id,
-                             slot=job.new_slot, version=job.release.version,
-                             image=job.release.image, paths=job.paths, ports=job.ports,
-                             flags=flag_lines(job.render), gpus=job.host.vars.docker_gpus)
-    job.started = True
-    job.must(argv, "resume_release")
+    _run_in_free_slot(job, "resume_release")
     job.audit("resume_release", container=name, how="re-created from its record")
     return f"{name} re-created from its record in {job.new_slot}"
 
