@@ -7,7 +7,10 @@ assembly. A good version v answers y = 0.5 x + v + 1, so x = 2 tells which one s
 
 Ports of a model with offset o: stable gRPC/REST 8500/8501 + o, slots 8510/8511 and
 8520/8521 + o, proxy admin 8599 + o. Offsets in use by the suites sharing this fleet:
-deploy tests 0, 100, 700, 800, 900; rollback tests 300-600; 200 is taken by hand-run demos.
+0 is the default inventory's (the demo's half_plus_two and resnet50), 200 hand-run demos,
+300-600 the rollback tests, 1000-1400 these deploy tests. Before a module starts, nothing else
+may listen on its ports (``assert_ports_free``): a clash would be silent (HAProxy binds with
+SO_REUSEPORT).
 
 Traffic goes only to 10.87.0.x (the testbed hosts) and 127.0.0.1.
 """
@@ -440,11 +443,33 @@ class Fleet:
         return "\n".join(parts)
 
 
+def model_ports(offset: int) -> list[int]:
+    return [p + offset for p in (8500, 8501, 8510, 8511, 8520, 8521, 8599)]
+
+
+def listeners(host: str, ports: list[int]) -> list[str]:
+    """``ss`` lines of the processes listening on ``ports`` on ``host``."""
+    out = ssh(host, "ss -ltnpH", timeout=60).stdout
+    wanted = {f":{p}" for p in ports}
+    return [line for line in out.splitlines()
+            if any(line.split()[3].endswith(w) for w in wanted if len(line.split()) > 3)]
+
+
+def assert_ports_free(offset: int) -> None:
+    """Nothing listens on the ports of a model with ``offset`` (call after clean_model)."""
+    taken = {h: listeners(h, model_ports(offset)) for h in HOSTS}
+    taken = {h: lines for h, lines in taken.items() if lines}
+    if taken:
+        raise RuntimeError(f"ports of offset {offset} are taken on the fleet (another model "
+                           f"or session?): {taken}")
+
+
 def fleet_fixture(tmp_path_factory: pytest.TempPathFactory, model: str, offset: int,
                   versions: dict[int, tuple[str, int]], **inventory: Any) -> Iterator[Fleet]:
     """Body of a module-scoped fixture: a clean model on a healthy fleet, cleaned after."""
     ensure_fleet()
     clean_model(model)
+    assert_ports_free(offset)
     tmp = tmp_path_factory.mktemp(model)
     source, golden = assemble_source(tmp, versions)
     path = write_inventory(tmp / "inventory.py", model=model, source=source, golden=golden,

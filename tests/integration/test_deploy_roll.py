@@ -1,6 +1,6 @@
 """`fab deploy` on the local fleet (issue 4, item 9): real sshd, dockerd, the emulator.
 
-One model (``itdeploy``, port offset 0: the stable ports are 8500 gRPC / 8501 REST) is rolled
+One model (``itdeploy``, port offset 1000: stable ports 9500 gRPC / 9501 REST) is rolled
 through the module; tests run in file order and each one states the fleet it starts from
 (``on_version``), re-deploying only when an earlier test left something else.
 
@@ -28,7 +28,7 @@ from deploy_support import (
 
 pytestmark = pytest.mark.testbed
 
-MODEL, OFFSET = "itdeploy", 0
+MODEL, OFFSET = "itdeploy", 1000
 # source number (b) of each assembled version: y = 0.5 x + b + 1
 B = {1: 1, 2: 2}
 
