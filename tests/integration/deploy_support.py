@@ -343,13 +343,15 @@ class Fleet:
                                source=self.source, golden=self.golden, offset=self.offset,
                                **kwargs)
 
-    def argv(self, *args: str, inventory: Path | None = None) -> list[str]:
-        return [str(VENV_BIN / "fab"), *args, "--model", self.model,
+    def argv(self, *args: str, inventory: Path | None = None, model: str | None = None
+             ) -> list[str]:
+        return [str(VENV_BIN / "fab"), *args, "--model", model or self.model,
                 "--inventory", str(inventory or self.inventory)]
 
-    def fab(self, *args: str, inventory: Path | None = None, timeout: float = 600) -> Run:
+    def fab(self, *args: str, inventory: Path | None = None, model: str | None = None,
+            timeout: float = 600) -> Run:
         """``fab <args> --model M --inventory I`` from the repository root."""
-        argv = self.argv(*args, inventory=inventory)
+        argv = self.argv(*args, inventory=inventory, model=model)
         started = time.monotonic()
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
