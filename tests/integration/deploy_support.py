@@ -611,9 +611,8 @@ class Partition:
                               f"{HOSTS[self.host]}:22"], capture_output=True, text=True).stdout
         found = []
         for line in out.splitlines():
-            if f"pid={self.pid}," in line:
-                local = line.split()[2] if line.split()[0].isdigit() else line.split()[2]
-                found.append(int(local.rsplit(":", 1)[1]))
+            if f"pid={self.pid}," in line:  # Recv-Q Send-Q Local:Port Peer:Port Process
+                found.append(int(line.split()[2].rsplit(":", 1)[1]))
         return found
 
     def __enter__(self) -> Partition:

@@ -1,0 +1,91 @@
+"""A host that becomes unreachable in the middle of a roll (issue 4, item 9).
+
+Model ``itunreach`` (port offset 1200), versions 1 and 2 = half_plus_two 1 and 2, batches
+[tb1], [tb2, tb3]. While batch 2 rolls, tb2 is cut off from the deploy process without a
+reset (iptables DROP in tb2's network namespace: the deploy's established SSH connection, new
+SSH connections, and the model's ports; other sessions' SSH connections keep working).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from deploy_support import (
+    GOOD,
+    HOSTS,
+    Fleet,
+    Partition,
+    dump_on_failure,
+    expected_y,
+    fleet_fixture,
+    grpc_predict,
+    remove_partition_rules,
+)
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "itunreach", 1200
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    remove_partition_rules()
+    try:
+        yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
+                                 serial=(1, "100%"), min_healthy_s=1.0)
+    finally:
+        remove_partition_rules()
+
+
+@pytest.fixture(autouse=True)
+def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
+    yield from dump_on_failure(request, fleet)
+
+
+def served(fleet: Fleet, host: str) -> int:
+    """Which assembled version answers on ``host``'s stable gRPC port (1 or 2)."""
+    y = grpc_predict(HOSTS[host], fleet.grpc_port, MODEL, [2.0], timeout=5)[0]
+    for version in (1, 2):
+        if abs(y - expected_y(version)) < 1e-5:
+            return version
+    raise AssertionError(f"{host} answered y = {y}")
+
+
+def test_host_unreachable_during_batch_2_stops_the_roll_others_keep_serving(
+        fleet: Fleet) -> None:
+    fleet.deploy(1)
+    fleet.assert_serving(1)
+    # a longer health gate keeps batch 2 busy while tb2 goes away
+    slow = fleet.inventory_variant("slow_health", min_healthy_s=8.0)
+    roll = fleet.background("deploy", "--version", "2", inventory=slow)
+    try:
+        roll.wait_for(r"tb2 +roll +start_slot +ok", timeout=300)
+        cut_at = time.monotonic()
+        with Partition("tb2", roll.proc.pid, (OFFSET + 8500, OFFSET + 8599)) as cut:
+            assert len(cut.rules) >= 3, "the deploy's own SSH connection to tb2 was found"
+            during = {h: served(fleet, h) for h in ("tb1", "tb3")}
+            # bounded: a silent host must become an error, not a hang (bug B1)
+            run = roll.finish(timeout=240)
+            gave_up_after = time.monotonic() - cut_at
+    finally:
+        roll.kill()
+    print(f"\nunreachable: deploy ended {gave_up_after:.1f} s after tb2 was cut off, "
+          f"exit {run.code}")
+    print(run.describe())
+    assert run.code in (2, 3), run.describe()
+    assert "unreachable" in run.out.lower() or "connection lost" in run.out.lower() or \
+        "gave no answer" in run.out, run.describe()
+    assert set(during.values()) <= {1, 2}, during
+    # the reachable hosts serve one whole release each, with no error
+    after = {h: served(fleet, h) for h in ("tb1", "tb3")}
+    if run.code == 2:  # "every host back on its previous release"
+        assert after == {"tb1": 1, "tb3": 1}, run.describe()
+    # tb2 is back on the network: its old slot was never stopped, so it still answers
+    assert served(fleet, "tb2") in (1, 2)
+    # the fleet converges with the next deploy
+    fleet.deploy(2)
+    fleet.assert_serving(2)
+    free = fleet.fab("lock")
+    assert "no deploy holds the lock" in free.out, free.describe()
