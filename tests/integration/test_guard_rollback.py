@@ -1,0 +1,104 @@
+"""`fab guard` on the real testbed: it reads each host's TFServing metrics through the
+stable REST port; with good traffic only it exits 0 after its duration; with an injected error
+rate (Predict with a wrong input name: INVALID_ARGUMENT) it rolls the release back, exit 2."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rollback_support import (  # noqa: E402
+    HOSTS,
+    Fleet,
+    Prober,
+    dump_on_failure,
+    fleet_fixture,
+)
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "rbk4", 600
+GUARD = ("--for-s", "3", "--interval-s", "1", "--max-error-rate", "0.05",
+         "--min-requests", "5")
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[Fleet]:
+    yield from fleet_fixture(request, tmp_path_factory, MODEL, OFFSET, window_s=600.0,
+                             serial=(1,))
+
+
+@pytest.fixture(autouse=True)
+def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
+    yield from dump_on_failure(request, fleet)
+
+
+@pytest.fixture(scope="module")
+def releases(fleet: Fleet) -> dict[int, str]:
+    fleet.deploy(1)
+    fleet.deploy(2)
+    fleet.assert_serving(2)
+    return {m["version"]: m["id"] for m in fleet.releases("tb1").values()}
+
+
+def exit_code_sample(text: str) -> float:
+    pattern = (r'^tfsdeploy_last_run_exit_code\{command="guard",model="' + MODEL
+               + r'"\} (\S+)$')
+    found = re.findall(pattern, text, re.M)
+    assert len(found) == 1, text
+    return float(found[0])
+
+
+def test_guard_with_good_traffic_exits_0_after_its_duration(fleet: Fleet,
+                                                           releases: dict[int, str]) -> None:
+    metrics = fleet.tmp / "guard.prom"
+    with Prober(fleet) as prober:
+        run = fleet.fab("guard", *GUARD, "--duration-s", "8", "--metrics-file", str(metrics),
+                        "--log-file", str(fleet.tmp / "guard.log"), timeout=120)
+    assert run.code == 0, run.describe()
+    assert 7 <= run.seconds < 60, run.describe()
+    assert "no sustained SLO breach" in run.stdout, run.describe()
+    assert prober.count() > 50 and not prober.failures(), prober.summary()
+    assert not re.search(r"guard +slo +breach", run.stdout), run.describe()
+    fleet.assert_serving(2)
+    assert exit_code_sample(metrics.read_text()) == 0
+    assert "guarding" in (fleet.tmp / "guard.log").read_text()
+
+
+def test_guard_rolls_back_on_an_injected_error_rate(fleet: Fleet,
+                                                    releases: dict[int, str]) -> None:
+    metrics = fleet.tmp / "guard.prom"
+    with Prober(fleet, bad_ratio=0.25) as prober:
+        run = fleet.fab("guard", *GUARD, "--duration-s", "60", "--metrics-file", str(metrics),
+                        timeout=300)
+        bad = prober.bad_sent
+    assert run.code == 2, run.describe()
+    assert bad > 20, f"only {bad} bad requests were answered INVALID_ARGUMENT"
+    assert re.search(r"error rate \d+\.\d+% > 5\.00%", run.stdout), run.describe()
+    assert run.seconds < 50, run.describe()
+    assert f"rolled back to {releases[1]}" in run.stdout, run.describe()
+    # the good requests never failed, and every host now answers with v1
+    assert not prober.failures(), prober.summary()
+    fleet.assert_serving(1)
+    for host in HOSTS:
+        assert fleet.current(host)["id"] == releases[1]
+        assert fleet.releases(host)[releases[2]]["status"] == "rolled_back"
+    text = metrics.read_text()
+    assert exit_code_sample(text) == 2, text
+
+
+def test_guard_with_nothing_to_roll_back_to_is_not_exit_0(fleet: Fleet,
+                                                          releases: dict[int, str]) -> None:
+    """On v1 with v2 rolled back there is no release to return to: the SLO breaks, the
+    rollback cannot run, and the guard must say so (never 0 or 2)."""
+    with Prober(fleet, bad_ratio=0.25):
+        run = fleet.fab("guard", *GUARD, "--duration-s", "30", timeout=300)
+    # README: "3 when the SLO broke and the rollback failed"
+    assert run.code == 3, run.describe()
+    fleet.assert_serving(1)
