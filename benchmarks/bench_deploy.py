@@ -1,0 +1,135 @@
+"""Rolling-deploy speed on the local fleet: the toolkit's own overhead per host (issue 4, item 11).
+
+    python benchmarks/bench_deploy.py [--model benchdeploy] [--offset 1400] [--keep]
+
+Runs real deploys v1 -> v2 -> v1 of a small model (half_plus_two 1 and 2 under the name
+``--model``) on the testbed with ``fab deploy --json``, and prints for each deploy and host:
+
+- total: the sum of the host's step times (preflight, stage, roll, finalize);
+- waits: time spent waiting on the server or on policy, not on the toolkit: the container
+  start (``start_slot``), the model load (``gate_available``), ``gate_warmup``,
+  ``gate_health`` (its minimum healthy time is policy) and ``drain_old``;
+- overhead = total - waits (target: under 2 s per host);
+
+then the per-step table (seconds per host). ``retire_old`` (``docker stop`` of the drained old
+release: TFServing ignores SIGTERM, so the stop waits its grace period) is shown apart.
+Needs the fleet up (``scripts/testbed up``) and root; talks only to 10.87.0.x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "src"))
+
+from deploy_support import (  # noqa: E402 - the test helpers live beside the tests
+    GOOD,
+    VENV_BIN,
+    assemble_source,
+    assert_ports_free,
+    clean_model,
+    ensure_fleet,
+    fab_env,
+    write_inventory,
+)
+
+WAITS = ("start_slot", "gate_available", "gate_warmup", "gate_health", "drain_old")
+STOP = "retire_old"
+TARGET_S = 2.0
+
+
+def deploy(model: str, inventory: Path, version: int) -> tuple[dict[str, Any], float]:
+    """One ``fab deploy --json``; returns its result and wall time. Exits on failure."""
+    argv = [str(VENV_BIN / "fab"), "deploy", "--model", model, "--inventory", str(inventory),
+            "--version", str(version), "--json"]
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=ROOT, env=fab_env(), capture_output=True, text=True,
+                          timeout=900)
+    wall = time.monotonic() - started
+    if proc.returncode != 0:
+        sys.exit(f"fab deploy v{version} failed (exit {proc.returncode}):\n"
+                 f"{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}")
+    return json.loads(proc.stdout), wall
+
+
+def host_figures(outcome: dict[str, Any]) -> dict[str, float]:
+    """total, waits, stop, overhead (seconds) of one host's steps."""
+    steps = outcome["steps"]
+    total = sum(s["seconds"] for s in steps)
+    waits = sum(s["seconds"] for s in steps if s["step"] in WAITS)
+    stop = sum(s["seconds"] for s in steps if s["step"] == STOP)
+    return {"total": total, "waits": waits, "stop": stop, "overhead": total - waits - stop}
+
+
+def print_deploy(label: str, result: dict[str, Any], wall: float) -> dict[str, dict[str, float]]:
+    figures = {name: host_figures(o) for name, o in result["hosts"].items()}
+    print(f"\n== {label}: release {result['release']}, {result['result']}, "
+          f"wall {wall:.1f} s (deploy {result['seconds']:.1f} s)")
+    print(f"  {'host':<6}{'status':<10}{'total':>8}{'waits':>8}{'stop old':>10}"
+          f"{'overhead':>10}")
+    for name, f in figures.items():
+        flag = "" if f["overhead"] < TARGET_S else f"  (> {TARGET_S:g} s target)"
+        print(f"  {name:<6}{result['hosts'][name]['status']:<10}{f['total']:>7.2f}s"
+              f"{f['waits']:>7.2f}s{f['stop']:>9.2f}s{f['overhead']:>9.2f}s{flag}")
+    steps: list[str] = []
+    for outcome in result["hosts"].values():
+        for s in outcome["steps"]:
+            if s["step"] not in steps:
+                steps.append(s["step"])
+    names = list(result["hosts"])
+    print(f"  {'step':<16}" + "".join(f"{n:>8}" for n in names) + "   kind")
+    for step in steps:
+        cells = []
+        for name in names:
+            seconds = sum(s["seconds"] for s in result["hosts"][name]["steps"]
+                          if s["step"] == step)
+            cells.append(f"{seconds:>7.2f}s")
+        kind = "wait" if step in WAITS else "stop" if step == STOP else "toolkit"
+        print(f"  {step:<16}" + "".join(cells) + f"   {kind}")
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="benchdeploy")
+    parser.add_argument("--offset", type=int, default=1400,
+                        help="port offset of the model (stable ports 8500/8501 + offset)")
+    parser.add_argument("--keep", action="store_true", help="leave the model on the hosts")
+    args = parser.parse_args()
+    ensure_fleet()
+    clean_model(args.model)
+    assert_ports_free(args.offset)
+    overheads: list[float] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            source, golden = assemble_source(Path(tmp), {1: GOOD[1], 2: GOOD[2]})
+            inventory = write_inventory(Path(tmp) / "inventory.py", model=args.model,
+                                        source=source, golden=golden, offset=args.offset,
+                                        serial=(1, "100%"), min_healthy_s=1.0)
+            for label, version in (("v1 to an empty fleet", 1), ("v1 -> v2", 2),
+                                   ("v2 -> v1", 1)):
+                result, wall = deploy(args.model, inventory, version)
+                figures = print_deploy(label, result, wall)
+                if version == 2 or label.startswith("v2"):
+                    overheads += [f["overhead"] for f in figures.values()]
+    finally:
+        if not args.keep:
+            clean_model(args.model)
+    print(f"\ntoolkit overhead per host over the two roll-over deploys: median "
+          f"{statistics.median(overheads):.2f} s, max {max(overheads):.2f} s "
+          f"(target < {TARGET_S:g} s)")
+
+
+if __name__ == "__main__":
+    main()
