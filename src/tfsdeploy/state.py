@@ -135,10 +135,19 @@ GOOD = frozenset({"serving"})
 
 def common_good_release(histories: dict[str, list[dict[str, Any]]],
                         current: dict[str, str | None]) -> str | None:
-    """The newest release that served well on every host and is not current anywhere."""
+    """The newest release that served well on every host, was never rolled back from, and is
+    not what every host already runs.
+
+    A release current on only some hosts stays a candidate: re-running a rollback that an
+    unreachable host interrupted finishes it instead of refusing.
+    """
     sets = [{m["id"] for m in releases if m.get("status") in GOOD}
             for releases in histories.values()]
     if not sets:
         return None
-    candidates = set.intersection(*sets) - {c for c in current.values() if c}
+    rolled_back = {m["id"] for releases in histories.values() for m in releases
+                   if m.get("status") == "rolled_back"}
+    live = [c for c in current.values() if c]
+    everywhere = set(live) if len(live) == len(histories) and len(set(live)) == 1 else set()
+    candidates = set.intersection(*sets) - everywhere - rolled_back
     return max(candidates) if candidates else None

@@ -94,3 +94,6 @@ def test_common_good_release_and_json_stream() -> None:
     }
     assert common_good_release(histories, {"a": "r3", "b": "r3"}) == "r1"
     assert common_good_release(histories, {"a": "r1", "b": "r1"}) == "r3"
+    # a rollback to r1 interrupted after host a: running it again finishes it
+    histories["a"][2]["status"] = "rolled_back"
+    assert common_good_release(histories, {"a": "r1", "b": "r3"}) == "r1"
