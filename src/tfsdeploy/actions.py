@@ -680,28 +680,46 @@ def set_release_status(job: HostJob, release_id: str, status: str) -> None:
 
 @action("retire_old")
 def retire_old(job: HostJob) -> str:
-    """Stop the drained old slot (kept for rollback) and prune releases beyond the limit."""
-    notes = []
+    """Stop the drained releases outside the serving slot (kept for rollback) and prune
+    releases beyond the limit.
+
+    On a host that a killed run had already rolled (``unchanged`` now), the old release it
+    never retired is found the same way: running, but not in the slot that serves.
+    """
+    serving_slot = job.old.slot if job.unchanged and job.old else job.new_slot
+    leftovers = [c for c in job.state.containers if c.running and c.slot != serving_slot]
     window = job.release.model.rollout.window_s
-    if job.old and not job.unchanged and window > 0:
-        notes.append(f"{job.old.name} kept running (drained) for the {window:g} s rollback "
-                     "window; `fab retire` or the next deploy stops it")
-    elif job.old and not job.unchanged:
-        job.must(commands.stop(job.old.name), "retire_old", timeout=120)
-        job.audit("retire_old", container=job.old.name)
-        notes.append(f"stopped {job.old.name}")
+    notes = []
+    for container in leftovers:
+        if window > 0:
+            notes.append(f"{container.name} kept running (drained) for the {window:g} s "
+                         "rollback window; the next deploy stops it")
+            continue
+        job.must(commands.stop(container.name), "retire_old", timeout=120)
+        job.audit("retire_old", container=container.name)
+        notes.append(f"stopped {container.name}")
     notes.append(prune_releases(job))
     return "; ".join(n for n in notes if n)
 
 
 def prune_releases(job: HostJob) -> str:
-    """Keep the newest ``keep_releases`` releases (containers and directories)."""
+    """Keep the newest ``keep_releases`` good releases (containers and directories).
+
+    Only releases that served count: failed, reverted or interrupted attempts never push a
+    rollback target out. Running releases and the one this run replaced are always kept.
+    """
+    from tfsdeploy.state import read_releases
+
     keep = job.release.model.rollout.keep_releases
     state = discover(job.runner, job.release.model.name, job.paths)
-    serving = {c.release for c in state.containers if c.running}
-    listed = job.runner.run(["ls", "-1", job.paths.releases])
-    releases = sorted(set(listed.stdout.split()) | {c.release for c in state.containers})
-    doomed = [r for r in releases[:-keep] if r not in serving] if keep else []
+    records = {str(m["id"]): m for m in read_releases(job.runner, job.paths) if m.get("id")}
+    releases = sorted(set(records) | {c.release for c in state.containers})
+    good = [r for r in releases if records.get(r, {}).get("status") == "serving"]
+    kept = set(good[-keep:]) | {c.release for c in state.containers if c.running}
+    kept |= {job.release.release_id} | ({job.old.release} if job.old else set())
+    newest_good = good[-keep] if len(good) >= keep else ""
+    # attempts newer than the oldest kept good release stay for post-mortems
+    doomed = [r for r in releases if r not in kept and r < newest_good]
     for release_id in doomed:
         job.runner.run(commands.remove(container_name(job.release.model.name, release_id)))
         job.runner.run(commands.remove_tree(job.paths.release_dir(release_id)))

@@ -167,7 +167,8 @@ def deploy_phases(roll: Roll) -> DeployResult:
                     roll.outcome(job).status = "unchanged"
             if not roll_batches(roll, phase, to_roll):
                 return roll.result
-            active = [j for j in to_roll if j.host.name not in roll.failed]
+            # unchanged hosts go on too: finalize retires what a killed run left behind
+            active = [j for j in active if j.host.name not in roll.failed]
             continue
         passed = run_fleet_phase(roll, phase, active)
         if passed is None:

@@ -28,7 +28,7 @@ models = [Model(name="hp2", source="{source}", golden="{golden}",
                 batching=Batching(max_batch_size=8, allowed_batch_sizes=(8,)),
                 rollout=Rollout(serial={serial}, on_failure="{on_failure}",
                                 max_fail_percentage={max_fail}, min_healthy_s=1,
-                                load_timeout_s=30, window_s={window}))]
+                                load_timeout_s=30, window_s={window}, keep_releases={keep}))]
 '''
 
 
@@ -46,11 +46,12 @@ class Recorder:
 
 
 def _inventory(world: dict[str, Any], *, serial: str = '(1, "100%")',
-               on_failure: str = "revert", max_fail: float = 0, window: float = 0) -> str:
-    path = world["tmp"] / f"inv-{serial.count(',')}-{on_failure}-{max_fail}-{window}.py"
+               on_failure: str = "revert", max_fail: float = 0, window: float = 0,
+               keep: int = 3) -> str:
+    path = world["tmp"] / f"inv-{serial}-{on_failure}-{max_fail}-{window}-{keep}.py"
     path.write_text(INVENTORY.format(source=world["source"], golden=world["golden"],
                                      serial=serial, on_failure=on_failure, max_fail=max_fail,
-                                     window=window))
+                                     window=window, keep=keep))
     return str(path)
 
 
@@ -214,3 +215,25 @@ def test_stable_port_answering_with_the_old_release_fails_and_restores(
     assert result.exit_code == ExitCode.ROLLED_BACK
     assert "gate_stable" in result.hosts["h1"].error
     assert _serving(world["fleet"]["h1"]) == [first.release_id]
+
+
+def test_failed_attempts_never_prune_the_rollback_target(world: dict[str, Any]) -> None:
+    first = _deploy(world, 1, keep=2)
+    FakeSlot.behaviour = {"10.9.0.1": "broken"}
+    assert _deploy(world, 3, keep=2).exit_code == ExitCode.ROLLED_BACK
+    FakeSlot.behaviour = {}
+    assert _deploy(world, 2, keep=2).exit_code == ExitCode.OK
+    files = world["fleet"]["h1"].files
+    assert f"/srv/tfsdeploy/hp2/releases/{first.release_id}/manifest.json" in files
+
+
+def test_rerun_after_a_kill_retires_the_old_release_of_a_rolled_host(world: dict[str, Any]
+                                                                    ) -> None:
+    first = _deploy(world, 1)
+    second = _deploy(world, 2)
+    h1: FakeHost = world["fleet"]["h1"]
+    # killed after h1 was rolled, before finalize: v1 still running, drained, in blue
+    h1.containers[f"tfs-hp2-{first.release_id}"].running = True
+    again = _deploy(world, 2)
+    assert again.hosts["h1"].status == "unchanged"
+    assert _serving(h1) == [second.release_id]
