@@ -61,7 +61,7 @@ def test_first_deploy_serves_v1_on_every_hosts_stable_ports(fleet: Fleet) -> Non
     assert all(not fleet.containers(h) for h in HOSTS), "the fixture starts from nothing"
     run = fleet.fab("deploy", "--version", "1")
     assert run.code == 0, run.describe()
-    assert "every host serves the new release" in run.out
+    assert "every host serves" in run.out
     fleet.assert_serving(B[1])  # gRPC Predict on :8500 and REST predict on :8501
     for host, address in HOSTS.items():
         status = rest_status(address, fleet.rest_port, MODEL)
@@ -229,7 +229,7 @@ def test_lock_wait_queues_the_second_deploy_until_the_first_is_done(fleet: Fleet
         first.kill()
     assert done.code == 0, done.describe()
     assert queued.code == 0, queued.describe()
-    assert "every host serves the new release" in queued.out
+    assert "every host serves" in queued.out
     fleet.assert_serving(B[2])
     for host in HOSTS:
         manifest = fleet.current(host)
