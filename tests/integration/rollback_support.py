@@ -13,6 +13,7 @@ Everything here talks only to 10.87.0.x (the testbed hosts) and 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -132,10 +133,8 @@ def clean_model(model: str) -> None:
               f"docker rm -f tfs-proxy-{model} >/dev/null 2>&1; "
               f"rm -rf /srv/tfsdeploy/{model} /srv/tfsdeploy/models/{model}; true")
     for host in HOSTS:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             ssh(host, script, check=False, timeout=120)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def unblock_all_ssh() -> None:
@@ -152,7 +151,7 @@ def _iptables(host: str, op: str) -> list[str]:
             "--comment", "tfsdeploy-rollback-tests", "-j", "REJECT", "--reject-with", "tcp-reset"]
 
 
-class ssh_blocked:  # noqa: N801 - used as a context manager
+class ssh_blocked:
     """New SSH connections to ``host`` are refused while inside (always restored)."""
 
     def __init__(self, host: str) -> None:
@@ -224,8 +223,9 @@ class Fleet:
                '"release": "{{index .Config.Labels "tfsdeploy.release"}}", '
                '"slot": "{{index .Config.Labels "tfsdeploy.slot"}}", '
                '"version": "{{index .Config.Labels "tfsdeploy.version"}}"}')
-        out = ssh(host, f"ids=$(docker ps -aq --filter label=tfsdeploy.model={self.model}); "
-                        f"[ -z \"$ids\" ] || docker inspect --format {shlex.quote(fmt)} $ids").stdout
+        listed = f"ids=$(docker ps -aq --filter label=tfsdeploy.model={self.model}); "
+        out = ssh(host, listed + f"[ -z \"$ids\" ] || docker inspect --format "
+                                 f"{shlex.quote(fmt)} $ids").stdout
         return sorted((json.loads(line) for line in out.splitlines() if line.strip()),
                       key=lambda c: c["release"])
 
@@ -364,8 +364,8 @@ models = [
 ]
 '''
 
-FAST_PLAYBOOK = """# set-up deploys of the rollback tests: every host at once (the model's serial stays for
-# `fab rollback` and for the deploys under test)
+FAST_PLAYBOOK = """# set-up deploys of the rollback tests: every host at once
+# (the model's serial stays for `fab rollback` and for the deploys under test)
 name: deploy-fast
 serial: ["100%"]
 forks: 10

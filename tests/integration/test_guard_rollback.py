@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollback_support import (  # noqa: E402
+from rollback_support import (
     HOSTS,
     Fleet,
     Prober,

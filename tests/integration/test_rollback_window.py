@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollback_support import (  # noqa: E402
+from rollback_support import (
     HOSTS,
     Fleet,
     Prober,
@@ -135,7 +135,7 @@ def test_history_shows_the_rollback(fleet: Fleet, v1_then_v2: dict[str, str]) ->
     run = fleet.fab("history", "--json")
     assert run.code == 0, run.describe()
     rows = {r["host"]: r for r in json_from(run.stdout)}
-    for host, row in rows.items():
+    for row in rows.values():
         statuses = {r["id"]: r["status"] for r in row["releases"]}
         assert statuses[v1] == "serving" and statuses[v2] == "rolled_back", statuses
         events = [(e["event"], e["release"]) for e in row["audit"]]
