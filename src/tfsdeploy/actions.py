@@ -127,13 +127,23 @@ class HostJob:
         result = self.runner.run(commands.container_logs(self.container, lines))
         return (result.stdout + result.stderr).strip()
 
-    def audit(self, event: str, **details: Any) -> None:
-        """Append one JSON line to the host's audit log."""
-        line = json.dumps({"time": _now(), "who": self.release.who, "host": self.host.name,
+    def audit_line(self, event: str, **details: Any) -> str:
+        """One audit record: who did what to which release, when."""
+        return json.dumps({"time": _now(), "who": self.release.who, "host": self.host.name,
                            "model": self.release.model.name,
                            "release": self.release.release_id, "event": event, **details},
                           sort_keys=True)
-        self.runner.run(commands.append_line(self.paths.audit_log, line))
+
+    def audit(self, event: str, **details: Any) -> None:
+        """Append one JSON line to the host's audit log."""
+        self.runner.run(commands.append_line(self.paths.audit_log,
+                                             self.audit_line(event, **details)))
+
+    @property
+    def target_running(self) -> bool:
+        """The release being deployed already runs here (a rollback within the window)."""
+        return any(c.release == self.release.release_id and c.running
+                   for c in self.state.containers)
 
 
 def _now() -> str:
@@ -252,6 +262,8 @@ def check_gpu(job: HostJob) -> str:
 @action("pull_image")
 def pull_image(job: HostJob) -> str:
     """The serving and proxy images are on the host before any host changes."""
+    if job.target_running and job.state.proxy_running:
+        return "the release and the proxy run: their images are here"
     pulled = []
     for image in (job.release.image, job.host.vars.proxy_image):
         if not job.runner.run(commands.image_id(image)).ok:
@@ -266,6 +278,8 @@ def pull_image(job: HostJob) -> str:
 def stage_model(job: HostJob) -> str:
     """Upload the version atomically: temp dir, checksums verified, then one rename."""
     final = job.paths.version_dir(job.release.version)
+    if job.target_running:
+        return f"version {job.release.version} is in use by the running release"
     if job.runner.run(["test", "-f", f"{final}/saved_model.pb"]).ok:
         return f"version {job.release.version} already staged"
     if not Path(job.release.source_dir, "saved_model.pb").is_file():
@@ -562,7 +576,8 @@ def gate_health(job: HostJob, min_healthy_s: float | None = None) -> str:
 def switch_traffic(job: HostJob) -> str:
     """Point the host's stable ports at the new slot (the proxy's runtime API, no reload)."""
     config = render_proxy_config(job.host, job.release.model, job.ports, job.new_slot)
-    job.must(commands.mkdir(job.paths.proxy_dir), "switch_traffic")
+    if not job.state.proxy_running:
+        job.must(commands.mkdir(job.paths.proxy_dir), "switch_traffic")
     job.runner.put_bytes(config.encode(), f"{job.paths.proxy_dir}/haproxy.cfg")
     if not job.state.proxy_running:
         job.runner.run(commands.remove(proxy_name(job.release.model.name)))
@@ -657,23 +672,15 @@ def record_release(job: HostJob) -> str:
     directory = job.paths.release_dir(job.release.release_id)
     job.runner.put_bytes(json.dumps(manifest(job, "serving"), indent=2).encode(),
                          f"{directory}/manifest.json")
-    job.must(commands.point_symlink(f"releases/{job.release.release_id}", job.paths.current),
-             "record_release")
-    if job.release.rollback and job.old:
-        set_release_status(job, job.old.release, "rolled_back")
-    job.audit("record_release", version=job.release.version, slot=job.new_slot)
+    rolled_back = (f"{job.paths.release_dir(job.old.release)}/manifest.json"
+                   if job.release.rollback and job.old else "")
+    job.must(commands.record_current(
+        target=f"releases/{job.release.release_id}", link=job.paths.current,
+        audit_log=job.paths.audit_log,
+        audit_line=job.audit_line("record_release", version=job.release.version,
+                                  slot=job.new_slot),
+        rolled_back_manifest=rolled_back), "record_release")
     return f"current -> {job.release.release_id}"
-
-
-def set_release_status(job: HostJob, release_id: str, status: str) -> None:
-    """Rewrite one retained release's status (a release rolled back from is no longer good)."""
-    path = f"{job.paths.release_dir(release_id)}/manifest.json"
-    found = job.runner.run(commands.read_file(path))
-    if not found.ok:
-        return
-    record = json.loads(found.stdout)
-    record.update(status=status, updated_at=_now())
-    job.runner.put_bytes(json.dumps(record, indent=2).encode(), path)
 
 
 # -- finalize -----------------------------------------------------------------------------

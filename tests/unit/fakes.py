@@ -179,6 +179,12 @@ class FakeRunner:
             return 0, ""
         if "ln -sfn" in script:
             fake.files[args[1]] = b"->" + args[0].encode()
+            if len(args) >= 5:  # record_current: the audit line, and the rolled-back manifest
+                fake.files[args[2]] = fake.files.get(args[2], b"") + args[3].encode() + b"\n"
+                if args[4] in fake.files:
+                    record = json.loads(fake.files[args[4]])
+                    record["status"] = "rolled_back"
+                    fake.files[args[4]] = json.dumps(record, indent=2).encode()
             return 0, ""
         if "df -Pm" in script:
             return 0, "/dev/x 100000 1000 99000 1% /\n"
