@@ -99,3 +99,27 @@ def test_kill_9_then_deploy_then_rollback(fleet: Fleet, v1: str, point: str) -> 
     assert prober.count() > 100 and not failures, f"killed at: {line}\n{prober.summary()}"
     for host in HOSTS:
         assert set(prober.versions(host)) <= {1, 2}
+
+
+def test_kill_9_of_a_rollback_then_rollback_again(fleet: Fleet, v1: str) -> None:
+    """A rollback killed right after its first switch (tb1 back on v1, not recorded; tb2 and
+    tb3 still on v2): `fab rollback` again finishes it, with no failed probe."""
+    fleet.assert_serving(1)
+    fleet.deploy(2, fast=False)
+    fleet.assert_serving(2)
+    with Prober(fleet) as prober:
+        killed = Watched(fleet, "rollback")
+        line = killed.kill_when(r"tb1 +roll +switch_traffic +ok")
+        assert killed.proc.returncode == -9, killed.describe()
+        fleet.assert_serving(1, ("tb1",))
+        again = fleet.fab("rollback", "--json")
+        assert again.code == 0, f"killed at: {line}\n{again.describe()}"
+        assert "broke a stale lock" in again.out, again.describe()
+        assert json_from(again.stdout)["release"] == v1
+        fleet.assert_serving(1)
+        for host in HOSTS:
+            assert fleet.current(host)["id"] == v1, host
+            running = [c for c in fleet.containers(host) if c["status"] == "running"]
+            assert [c["release"] for c in running] == [v1], (host, running)
+    assert prober.count() > 50 and not prober.failures(), f"killed at: {line}\n" \
+        + prober.summary()
