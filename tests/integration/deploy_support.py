@@ -103,11 +103,21 @@ def ssh_argv(address: str, command: str) -> list[str]:
             "-o", "ConnectTimeout=10", f"root@{address}", command]
 
 
-def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120
-        ) -> subprocess.CompletedProcess[str]:
-    """A shell command on a testbed host, as root."""
-    proc = subprocess.run(ssh_argv(HOSTS[host], command), capture_output=True, text=True,
-                          timeout=timeout)
+def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120,
+        connect_retry_s: float = 90) -> subprocess.CompletedProcess[str]:
+    """A shell command on a testbed host, as root.
+
+    ssh's own failures (exit 255: connection refused or reset) are retried for up to
+    ``connect_retry_s``: other sessions sharing the fleet block new SSH connections to a host
+    for a while to simulate an unreachable host.
+    """
+    end = time.monotonic() + connect_retry_s
+    while True:
+        proc = subprocess.run(ssh_argv(HOSTS[host], command), capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode != 255 or time.monotonic() > end:
+            break
+        time.sleep(2)
     if check and proc.returncode != 0:
         raise AssertionError(f"ssh {host} {command!r} -> {proc.returncode}\n"
                              f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}")
@@ -398,16 +408,17 @@ class Fleet:
                     "current": (self.current(h) or {}).get("id")} for h in HOSTS}
 
     def current(self, host: str) -> dict[str, Any] | None:
-        out = ssh(host, f"cat /srv/tfsdeploy/{self.model}/current/manifest.json",
-                  check=False).stdout
-        return json.loads(out) if out.strip() else None
+        """The current release's manifest on ``host`` (None when there is none)."""
+        path = f"/srv/tfsdeploy/{self.model}/current/manifest.json"
+        out = ssh(host, f"if [ -e {path} ]; then cat {path}; else echo null; fi").stdout
+        return json.loads(out)  # type: ignore[no-any-return]
 
     def current_target(self, host: str) -> str:
         return ssh(host, f"readlink /srv/tfsdeploy/{self.model}/current", check=False
                    ).stdout.strip()
 
     def audit(self, host: str) -> list[dict[str, Any]]:
-        out = ssh(host, f"cat /srv/tfsdeploy/{self.model}/audit.log", check=False).stdout
+        out = ssh(host, f"cat /srv/tfsdeploy/{self.model}/audit.log 2>/dev/null; true").stdout
         return [json.loads(line) for line in out.splitlines() if line.strip()]
 
     def served_y(self, host: str, x: float = 2.0) -> float:

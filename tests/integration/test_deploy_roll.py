@@ -69,8 +69,9 @@ def test_first_deploy_serves_v1_on_every_hosts_stable_ports(fleet: Fleet) -> Non
         manifest = fleet.current(host)
         assert manifest is not None and manifest["version"] == 1, host
         assert manifest["status"] == "serving" and manifest["slot"] == "blue"
-        assert [g["gate"] for g in manifest["gates"] if g["ok"]] == [
-            "available", "signature", "warmup", "health"]
+        gates = [g["gate"] for g in manifest["gates"]]
+        assert gates[:4] == ["available", "signature", "warmup", "health"], gates
+        assert all(g["ok"] for g in manifest["gates"]), manifest["gates"]
         assert fleet.current_target(host) == f"releases/{manifest['id']}"
         containers = fleet.containers(host)
         assert [(c["version"], c["status"]) for c in containers] == [("1", "running")]
@@ -233,6 +234,6 @@ def test_lock_wait_queues_the_second_deploy_until_the_first_is_done(fleet: Fleet
     fleet.assert_serving(B[2])
     for host in HOSTS:
         manifest = fleet.current(host)
-        assert manifest is not None and manifest["version"] == 2
+        assert manifest is not None and manifest["version"] == 2, (host, manifest)
         assert manifest["previous"] and manifest["previous"].endswith("-v1"), (
             f"{host}: the queued deploy rolled over the first one's v1")
