@@ -186,6 +186,10 @@ def discover_state(job: HostJob) -> str:
     job.unchanged = bool(job.old and current.get("version") == job.release.version
                          and current.get("image") == job.release.image
                          and current.get("files") == file_hashes(job.render))
+    if job.old and job.old.release == job.release.release_id:
+        # the proxy already sends traffic to this very release (a killed run switched it):
+        # nothing to roll; finalize re-points `current` and retires the rest
+        job.unchanged = True
     if job.unchanged:
         return f"already serving {current.get('id')} (unchanged)"
     if job.old:
@@ -355,6 +359,9 @@ def start_slot(job: HostJob) -> str:
 def _run_in_free_slot(job: HostJob, step: str) -> None:
     """Clear the free slot (a leftover of an interrupted run is never the serving one) and
     start the release's container there."""
+    if job.old and job.old.name == job.container:
+        raise GateFailed(step, "the serving container to stay untouched",
+                         f"{job.container} serves traffic and would be replaced")
     for container in job.state.in_slot(job.new_slot):
         if container.running:
             job.must(commands.remove(container.name), step)
@@ -694,7 +701,8 @@ def retire_old(job: HostJob) -> str:
     never retired is found the same way: running, but not in the slot that serves.
     """
     serving_slot = job.old.slot if job.unchanged and job.old else job.new_slot
-    leftovers = [c for c in job.state.containers if c.running and c.slot != serving_slot]
+    leftovers = [c for c in job.state.containers
+                 if c.running and c.slot != serving_slot and c.name != job.container]
     window = job.release.model.rollout.window_s
     notes = []
     for container in leftovers:
@@ -705,8 +713,24 @@ def retire_old(job: HostJob) -> str:
         job.must(commands.stop(container.name), "retire_old", timeout=120)
         job.audit("retire_old", container=container.name)
         notes.append(f"stopped {container.name}")
+    if job.unchanged and (job.state.current or {}).get("id") != job.release.release_id:
+        notes.append(_finish_interrupted_record(job))
     notes.append(prune_releases(job))
     return "; ".join(n for n in notes if n)
+
+
+def _finish_interrupted_record(job: HostJob) -> str:
+    """A killed run switched traffic but never recorded it: point ``current`` at what serves."""
+    previous = (job.state.current or {}).get("id")
+    rolled_back = (f"{job.paths.release_dir(previous)}/manifest.json"
+                   if job.release.rollback and previous else "")
+    job.must(commands.record_current(
+        target=f"releases/{job.release.release_id}", link=job.paths.current,
+        audit_log=job.paths.audit_log,
+        audit_line=job.audit_line("record_release", version=job.release.version,
+                                  recovered=True),
+        rolled_back_manifest=rolled_back), "retire_old")
+    return f"current -> {job.release.release_id} (recorded after an interrupted run)"
 
 
 def prune_releases(job: HostJob) -> str:

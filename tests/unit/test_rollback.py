@@ -105,3 +105,26 @@ def test_deploy_killed_between_switch_and_record_converges(world: dict[str, Any]
     assert record["previous"] == second.release_id  # the container really serving
     assert record["slot"] == "blue"
     assert _serving(h1) == [third.release_id]
+
+
+def test_rollback_killed_after_a_switch_then_run_again_keeps_the_serving_container(
+        world: dict[str, Any]) -> None:
+    first = _deploy(world, 1)
+    second = _deploy(world, 2)
+    h1: FakeHost = world["fleet"]["h1"]
+    # a rollback killed right after h1's switch: v1 serves from blue, `current` still says v2
+    h1.containers[f"tfs-hp2-{first.release_id}"].running = True
+    h1.servers.update({("grpc", "blue"): "UP", ("grpc", "green"): "MAINT"})
+    runs_before = len(h1.ran("docker", "run"))
+    log_before = len(h1.log)
+    result = _rollback(world)
+    assert result.exit_code == ExitCode.OK, result.message
+    assert result.release_id == first.release_id
+    assert result.hosts["h1"].status == "unchanged"
+    assert len(h1.ran("docker", "run")) == runs_before  # nothing re-created
+    assert not [a for a in h1.log[log_before:]
+                if a[:2] == ["docker", "rm"] and first.release_id in a[-1]]
+    assert _serving(h1) == [first.release_id]
+    assert h1.files["/srv/tfsdeploy/hp2/current"] == f"->releases/{first.release_id}".encode()
+    record = json.loads(h1.files[f"/srv/tfsdeploy/hp2/releases/{second.release_id}/manifest.json"])
+    assert record["status"] == "rolled_back"
