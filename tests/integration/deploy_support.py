@@ -23,7 +23,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -31,7 +30,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +52,7 @@ GPU_MIB = 16384
 GOOD = {1: ("half_plus_two", 1), 2: ("half_plus_two", 2), 3: ("half_plus_two", 3)}
 CORRUPT = ("half_plus_two_bad", 11)
 SLOW = ("half_plus_two_bad", 13)
+WRONG_SIGNATURE = ("half_plus_two_bad", 12)
 
 
 def expected_y(version_b: int, x: float = 2.0) -> float:
@@ -131,10 +131,8 @@ def clean_model(model: str) -> None:
               f"docker rm -f tfs-proxy-{model} >/dev/null 2>&1; "
               f"rm -rf /srv/tfsdeploy/{model} /srv/tfsdeploy/models/{model}; true")
     for host in HOSTS:
-        try:
+        with suppress(subprocess.TimeoutExpired):
             ssh(host, script, check=False, timeout=120)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 # -- the model, its golden file and inventories ------------------------------------------------
@@ -654,9 +652,3 @@ def remove_partition_rules() -> None:
             if Partition.COMMENT in line and line.startswith("-A "):
                 subprocess.run(_netns(host, "iptables", "-D", *shlex.split(line[3:])),
                                capture_output=True)
-
-
-__all__ = ["CORRUPT", "GOOD", "HOSTS", "SLOW", "Fleet", "Partition", "Run", "Watched",
-           "assemble_source", "clean_model", "dump_on_failure", "ensure_fleet", "expected_y",
-           "fleet_fixture", "gpu_reservation", "gpu_used_mib", "grpc_predict",
-           "remove_partition_rules", "rest_predict", "rest_status", "signal", "ssh"]

@@ -5,11 +5,13 @@ through the module; tests run in file order and each one states the fleet it sta
 (``on_version``), re-deploying only when an earlier test left something else.
 
 Assembled versions: 1 and 2 are half_plus_two 1 and 2 (y = 0.5 x + 2 / + 3), 3 is the corrupt
-half_plus_two_bad/11, 4 the slow-warmup half_plus_two_bad/13.
+half_plus_two_bad/11, 4 the slow-warmup half_plus_two_bad/13, 5 the wrong-signature
+half_plus_two_bad/12 (loads fine, serves `z` -> `w`).
 """
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from deploy_support import (
     GOOD,
     HOSTS,
     SLOW,
+    WRONG_SIGNATURE,
     Fleet,
     dump_on_failure,
     fleet_fixture,
@@ -36,7 +39,7 @@ B = {1: 1, 2: 2}
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET,
-                             {1: GOOD[1], 2: GOOD[2], 3: CORRUPT, 4: SLOW},
+                             {1: GOOD[1], 2: GOOD[2], 3: CORRUPT, 4: SLOW, 5: WRONG_SIGNATURE},
                              serial=(1, "100%"), min_healthy_s=1.0, load_timeout_s=120.0)
 
 
@@ -151,12 +154,19 @@ def test_corrupt_version_stops_at_the_canary_which_keeps_serving_v2(fleet: Fleet
 
 
 def _release_of(run: object) -> str:
-    import re
-
     text = run.out  # type: ignore[attr-defined]
     found = re.search(r"as (r\d{8}-\d{6}-v\d+)", text)
     assert found, text
     return found.group(1)
+
+
+def test_wrong_signature_is_refused_by_the_signature_gate(fleet: Fleet) -> None:
+    before = on_version(fleet, 2)
+    run = fleet.fab("deploy", "--version", "5")
+    assert run.code == 2, run.describe()
+    assert "gate_signature" in run.out and "['z'] != contract ['x']" in run.out, run.describe()
+    fleet.assert_serving(B[2])
+    assert fleet.snapshot() == before
 
 
 # -- 3. a version that loads too slowly hits its deadline ---------------------------------------
@@ -237,3 +247,54 @@ def test_lock_wait_queues_the_second_deploy_until_the_first_is_done(fleet: Fleet
         assert manifest is not None and manifest["version"] == 2, (host, manifest)
         assert manifest["previous"] and manifest["previous"].endswith("-v1"), (
             f"{host}: the queued deploy rolled over the first one's v1")
+
+
+def test_ctrl_c_in_batch_2_reverts_the_canary_too(fleet: Fleet) -> None:
+    before = on_version(fleet, 2)
+    slow = fleet.inventory_variant("slow_health_10", min_healthy_s=10.0)
+    roll = fleet.background("deploy", "--version", "1", inventory=slow)
+    try:
+        roll.wait_for(r"tb1 +roll +record_release +ok", timeout=240)
+        roll.wait_for(r"tb[23] +roll +gate_warmup +ok", timeout=240)
+        roll.send(signal.SIGINT)
+        run = roll.finish(timeout=180)
+    finally:
+        roll.kill()
+    assert run.code == 2, run.describe()
+    assert "every host serves its previous release" in run.out
+    assert re.search(r"tb1 +restore +restore +ok", run.out), "the canary was reverted"
+    fleet.assert_serving(B[2])
+    after = fleet.snapshot()
+    for host in HOSTS:
+        assert after[host]["current"] == before[host]["current"], host
+        # the v2 container kept running throughout (same id, never restarted)
+        assert [c for c in after[host]["containers"] if c[2] == "running"] == [
+            c for c in before[host]["containers"] if c[2] == "running"], host
+    free = fleet.fab("lock")
+    assert "no deploy holds the lock" in free.out, free.describe()
+
+
+def test_ctrl_c_pressed_repeatedly_still_restores_and_unlocks(fleet: Fleet) -> None:
+    """A person hammering Ctrl-C: the restore and the lock release must still finish and
+    the exit code stay 2 (bug B5: exit 1, no summary, lock left behind)."""
+    before = on_version(fleet, 2)
+    slow = fleet.inventory_variant("slow_health", min_healthy_s=20.0)
+    roll = fleet.background("deploy", "--version", "1", inventory=slow)
+    try:
+        roll.wait_for(r"tb1 +roll +gate_warmup +ok", timeout=240)
+        for _ in range(25):  # every 0.2 s for up to 5 s, while it lives
+            if roll.proc.poll() is not None:
+                break
+            roll.send(signal.SIGINT)
+            time.sleep(0.2)
+        run = roll.finish(timeout=180)
+    finally:
+        roll.kill()
+    lock = fleet.fab("lock")
+    if "no deploy holds the lock" not in lock.out:
+        fleet.fab("lock", "--break")  # leave the module usable
+    assert run.code == 2, run.describe()
+    assert "every host serves its previous release" in run.out, run.describe()
+    assert "no deploy holds the lock" in lock.out, lock.describe()
+    fleet.assert_serving(B[2])
+    assert fleet.snapshot() == before
