@@ -611,7 +611,9 @@ class Partition:
 
     COMMENT = "tfsdeploy-deploy-tests"
 
-    def __init__(self, host: str, pid: int, ports: tuple[int, int]) -> None:
+    def __init__(self, host: str, pid: int | None, ports: tuple[int, int] | None) -> None:
+        """``pid`` None: only NEW connections are cut (established ones keep working);
+        ``ports`` None: the model's ports stay reachable."""
         self.host, self.pid, self.ports = host, pid, ports
         self.rules: list[list[str]] = []
 
@@ -626,13 +628,14 @@ class Partition:
 
     def __enter__(self) -> Partition:
         base = ["-m", "comment", "--comment", self.COMMENT, "-j", "DROP"]
-        for port in self._ssh_source_ports():
+        for port in self._ssh_source_ports() if self.pid else []:
             self.rules.append(["INPUT", "-p", "tcp", "--dport", "22", "--sport", str(port),
                                *base])
         self.rules.append(["INPUT", "-p", "tcp", "--dport", "22", "-m", "conntrack",
                            "--ctstate", "NEW", *base])
-        low, high = self.ports
-        self.rules.append(["INPUT", "-p", "tcp", "--dport", f"{low}:{high}", *base])
+        if self.ports:
+            low, high = self.ports
+            self.rules.append(["INPUT", "-p", "tcp", "--dport", f"{low}:{high}", *base])
         for rule in self.rules:
             subprocess.run(_netns(self.host, "iptables", "-I", *rule), check=True,
                            capture_output=True)

@@ -89,3 +89,27 @@ def test_host_unreachable_during_batch_2_stops_the_roll_others_keep_serving(
     fleet.assert_serving(2)
     free = fleet.fab("lock")
     assert "no deploy holds the lock" in free.out, free.describe()
+
+
+def test_no_second_deploy_while_the_lock_host_is_unreachable_from_it(fleet: Fleet) -> None:
+    """Deploy A holds the lock (on tb1). For deploy B, started elsewhere, tb1 does not answer
+    (new SSH connections to tb1 are dropped; A's established connection keeps working).
+    B must not run beside A: exit 4 (or 1), never a second lock on another host."""
+    fleet.deploy(1)
+    slow = fleet.inventory_variant("slow_health_15", min_healthy_s=15.0)
+    first = fleet.background("deploy", "--version", "2", inventory=slow)
+    try:
+        first.wait_for(r"== deploy itunreach version 2 .* lock on tb1", timeout=180)
+        with Partition("tb1", None, None):
+            second = fleet.fab("deploy", "--version", "1", "--hosts", "tb2,tb3", timeout=300)
+        done = first.finish(timeout=400)
+    finally:
+        first.kill()
+    print(second.describe())
+    assert done.code == 0, done.describe()
+    assert second.code in (1, 4), (
+        "a second deploy ran while the first held the lock (split lock):\n"
+        + second.describe())
+    assert "lock on tb2" not in second.out, second.describe()
+    fleet.deploy(2)
+    fleet.assert_serving(2)
