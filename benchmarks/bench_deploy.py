@@ -1,6 +1,6 @@
 """Rolling-deploy speed on the local fleet: the toolkit's own overhead per host (issue 4, item 11).
 
-    python benchmarks/bench_deploy.py [--model benchdeploy] [--offset 1400] [--keep]
+    python benchmarks/bench_deploy.py [--model benchdeploy] [--offset 1400] [--keep] [--check]
 
 Runs real deploys v1 -> v2 -> v1 of a small model (half_plus_two 1 and 2 under the name
 ``--model``) on the testbed with ``fab deploy --json``, and prints for each deploy and host:
@@ -106,6 +106,8 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=1400,
                         help="port offset of the model (stable ports 8500/8501 + offset)")
     parser.add_argument("--keep", action="store_true", help="leave the model on the hosts")
+    parser.add_argument("--check", action="store_true",
+                        help=f"exit 1 when the median overhead per host is {TARGET_S:g} s or more")
     args = parser.parse_args()
     ensure_fleet()
     clean_model(args.model)
@@ -129,6 +131,8 @@ def main() -> None:
     print(f"\ntoolkit overhead per host over the two roll-over deploys: median "
           f"{statistics.median(overheads):.2f} s, max {max(overheads):.2f} s "
           f"(target < {TARGET_S:g} s)")
+    if args.check and statistics.median(overheads) >= TARGET_S:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -230,7 +230,7 @@ def test_sigterm_mid_roll_restores_and_unlocks(fleet: Fleet) -> None:
 
 def test_lock_wait_queues_the_second_deploy_until_the_first_is_done(fleet: Fleet) -> None:
     on_version(fleet, 2)
-    slow = fleet.inventory_variant("slow_health_short", min_healthy_s=6.0)
+    slow = fleet.inventory_variant("slow_health_short", min_healthy_s=4.0)
     first = fleet.background("deploy", "--version", "1", inventory=slow)
     try:
         first.wait_for(r"== deploy itdeploy version 1 .* lock on tb1", timeout=180)
