@@ -426,30 +426,30 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
     """Show the deploy lock of a model's fleet, or break a stale one with --break."""
     def body() -> int:
         from tfsdeploy import lock as locks
-        from tfsdeploy.cli.deploy import lock_holder_host
+        from tfsdeploy.cli.deploy import lock_sites
         from tfsdeploy.inventory import load_inventory
-        from tfsdeploy.layout import host_paths
-        from tfsdeploy.remote import SshRunner
+        from tfsdeploy.remote import HostUnreachable, SshRunner
 
         inv = load_inventory(inventory)
-        catalog = inv.model(model)
-        lock_host, runner = lock_holder_host(inv, catalog, {}, SshRunner)
-        try:
-            lock_dir = host_paths(lock_host, catalog).lock_dir
-            if break_:
-                holder = locks.break_lock(runner, lock_dir)
-                print(f"lock on {lock_host.name} broken" + (
-                    f" (was: {holder.describe()})" if holder else " (it was free)"))
-                return 0
-            holder = locks.read_lock(runner, lock_dir)
-            if holder is None:
-                print(f"{model}: no deploy holds the lock (on {lock_host.name})")
-                return 0
-            stale = " STALE: that process is gone" if locks.is_stale(holder) else ""
-            print(f"{model}: locked on {lock_host.name} by {holder.describe()}{stale}")
-            return 0
-        finally:
-            runner.close()
+        sites = lock_sites(inv, inv.model(model), {}, SshRunner)
+        held = 0
+        for site in sites:
+            try:
+                holder = (locks.break_lock if break_ else locks.read_lock)(site.runner,
+                                                                          site.lock_dir)
+            except HostUnreachable as error:
+                print(f"{site.host}: unreachable ({error})")
+                continue
+            finally:
+                site.runner.close()
+            held += holder is not None
+            state = "free" if holder is None else holder.describe() + (
+                " STALE: that process is gone" if locks.is_stale(holder) else "")
+            print(f"{site.host}: {'broken, was ' if break_ and holder else ''}{state}")
+        verdict = "broken" if break_ else ("locked" if held * 2 > len(sites) else
+                                           "partly locked" if held else "free")
+        print(f"{model}: {verdict} ({held} of {len(sites)} hosts hold a lock record)")
+        return 0
 
     _run(body)
 

@@ -14,7 +14,6 @@ On a host (``data_root`` defaults to /srv/tfsdeploy)::
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -23,7 +22,6 @@ from tfsdeploy.inventory import ResolvedHost
 
 SLOTS = ("blue", "green")
 LABEL_PREFIX = "tfsdeploy"
-RELEASE_ID = re.compile(r"^r\d{8}-\d{6}-v\d+$")
 
 
 @dataclass(frozen=True)
@@ -110,9 +108,10 @@ def host_paths(host: ResolvedHost, model: Model) -> HostPaths:
 
 
 def new_release_id(version: int, now: datetime | None = None) -> str:
-    """``r<YYYYmmdd>-<HHMMSS>-v<version>``: sortable by time, names the version."""
+    """``r<YYYYmmdd>-<HHMMSSmmm>-v<version>``: sortable by time (to the millisecond, so two
+    deploys started in the same second differ), names the version."""
     moment = (now or datetime.now(UTC)).astimezone(UTC)
-    return f"r{moment:%Y%m%d-%H%M%S}-v{version}"
+    return f"r{moment:%Y%m%d-%H%M%S}{moment.microsecond // 1000:03d}-v{version}"
 
 
 def container_name(model: str, release_id: str) -> str:

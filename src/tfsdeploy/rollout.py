@@ -145,12 +145,7 @@ def run_parallel(roll: Roll, phase: Phase, jobs: list[HostJob]
             pool.submit(run_tasks, roll, job, phase): job for job in jobs}
         pending = set(futures)
         while pending:
-            try:
-                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            except KeyboardInterrupt:
-                roll.cancel.set()
-                roll.reporter.note("interrupted: finishing the current steps, then restoring")
-                continue
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             for future in done:
                 errors[futures[future].host.name] = future.exception()
     return errors

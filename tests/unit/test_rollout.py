@@ -237,3 +237,23 @@ def test_rerun_after_a_kill_retires_the_old_release_of_a_rolled_host(world: dict
     again = _deploy(world, 2)
     assert again.hosts["h1"].status == "unchanged"
     assert _serving(h1) == [second.release_id]
+
+
+def test_lock_needs_a_majority_of_hosts(world: dict[str, Any]) -> None:
+    from tfsdeploy.lock import LockQuorumLost
+
+    _deploy(world, 1)
+    holder = {"token": "t", "who": "alice", "machine": "elsewhere", "pid": 7,
+              "started": "2026-11-30T10:00:00+00:00", "command": "deploy hp2 v9"}
+    fleet: dict[str, FakeHost] = world["fleet"]
+    for name in ("h2", "h3", "h4"):  # alice holds it; we cannot even reach h1
+        fleet[name].files["/srv/tfsdeploy/hp2/lock/info.json"] = json.dumps(holder).encode()
+    fleet["h1"].unreachable = True
+    with pytest.raises(LockHeld, match="alice@elsewhere"):
+        _deploy(world, 2)
+    for name in ("h2", "h3", "h4"):
+        fleet[name].files.pop("/srv/tfsdeploy/hp2/lock/info.json")
+    fleet["h2"].unreachable = fleet["h3"].unreachable = True
+    with pytest.raises(LockQuorumLost, match="only 1 of the 4 hosts"):
+        _deploy(world, 2)
+    assert not any(k.startswith("/srv/tfsdeploy/hp2/lock/") for k in fleet["h4"].files)

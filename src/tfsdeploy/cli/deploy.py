@@ -19,15 +19,15 @@ from typing import Any, TextIO
 from tfsdeploy import lock
 from tfsdeploy.actions import HostJob, Release, discover_state
 from tfsdeploy.cli.render import RenderRequest, render_inventory
-from tfsdeploy.errors import ConfigError, ExitCode, Problem
+from tfsdeploy.errors import ConfigError, ExitCode, Problem, TfsDeployError
 from tfsdeploy.gates import Clock, SystemClock
 from tfsdeploy.golden import load_golden
 from tfsdeploy.inventory import Inventory, ResolvedHost, load_inventory
 from tfsdeploy.layout import host_paths, new_release_id
 from tfsdeploy.playbook import Playbook, load_playbook, project_dir
-from tfsdeploy.remote import HostUnreachable, Runner, SshRunner
+from tfsdeploy.remote import Runner, SshRunner
 from tfsdeploy.render import HostRender
-from tfsdeploy.rollout import CancellableClock, DeployResult, Reporter, make_roll
+from tfsdeploy.rollout import CancellableClock, DeployResult, Interrupted, Reporter, make_roll
 from tfsdeploy.rollout import deploy_phases as run_deploy_phases
 
 RunnerFactory = Callable[[ResolvedHost], Runner]
@@ -95,16 +95,24 @@ def build_release(inventory: Inventory, renders: list[HostRender], clock: Clock)
 
 
 @contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (cron, systemd) is handled like Ctrl-C: finish the step, restore, unlock."""
+def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[None]:
+    """Ctrl-C and SIGTERM (cron, systemd) ask the run to stop: the current steps finish, the
+    hosts are restored, the lock is released. The handler never raises, so pressing Ctrl-C
+    again cannot cut a restore or the lock release short."""
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt()
+        if cancel.is_set():
+            reporter.note("already stopping: restoring, then releasing the lock")
+            return
+        cancel.set()
+        reporter.note(f"{signal.Signals(signum).name}: finishing the current steps, then "
+                      "restoring; the lock is released at the end")
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, old in previous.items():
+            signal.signal(number, old)
 
 
 def deploy(request: DeployRequest, *, reporter: Reporter,
@@ -132,32 +140,37 @@ def execute(*, inventory: Inventory, playbook: Playbook, release: Release,
             runner_factory: RunnerFactory, verb: str) -> DeployResult:
     """Take the fleet lock, run the playbook's phases, always release the lock."""
     model = release.model
-    lock_host, lock_runner = lock_holder_host(inventory, model, runners, runner_factory)
-    lock_dir = host_paths(lock_host, model).lock_dir
+    sites = lock_sites(inventory, model, runners, runner_factory)
     info = lock.new_lock_info(f"{verb} {model.name} v{release.version}")
     jobs = [HostJob(release=release, host=r.host, runner=runners[r.host.name], render=r)
             for r in renders]
     started = time.monotonic()
     try:
-        with sigterm_as_interrupt():
-            lock.acquire(lock_runner, lock_dir, info, wait_s=lock_wait,
-                         clock=clock or SystemClock(), model=model.name,
-                         on_stale=reporter.note)
+        with interrupts_cancel(cancel, reporter):
+            try:
+                taken = lock.acquire_majority(sites, info, wait_s=lock_wait,
+                                              clock=release.clock, model=model.name,
+                                              on_stale=reporter.note)
+            except Interrupted:
+                raise TfsDeployError("interrupted while waiting for the lock; nothing was "
+                                     "changed") from None
             reporter.note(f"{verb} {model.name} version {release.version} as "
                           f"{release.release_id} on {len(jobs)} host(s); lock on "
-                          f"{lock_host.name}")
+                          f"{', '.join(s.host for s in taken)}")
             try:
                 roll = make_roll(playbook=playbook, release=release, jobs=jobs,
                                  reporter=reporter, cancel=cancel)
                 result = run_deploy_phases(roll)
             finally:
-                released = _release_lock(lock_runner, lock_dir, info, reporter)
-            if not released:
+                unreleased = lock.release_sites(taken, info)
+            if unreleased:
                 result.exit_code = max(result.exit_code, ExitCode.INCONSISTENT)
-                result.message += (f"; the lock on {lock_host.name} could not be released: "
-                                   f"check with `fab lock --model {model.name}`")
+                result.message += (f"; the lock could not be released on "
+                                   f"{', '.join(unreleased)}: check with "
+                                   f"`fab lock --model {model.name}`")
     finally:
-        for runner in {id(r): r for r in [*runners.values(), lock_runner]}.values():
+        for runner in {id(r): r for r in [*runners.values(), *(s.runner for s in sites)]
+                       }.values():
             runner.close()
         if release.archive:
             os.unlink(release.archive)
@@ -165,35 +178,12 @@ def execute(*, inventory: Inventory, playbook: Playbook, release: Release,
     return result
 
 
-def _release_lock(runner: Runner, lock_dir: str, info: lock.LockInfo, reporter: Reporter
-                  ) -> bool:
-    """Give the lock back; a host lost meanwhile is reported, never a crash."""
-    try:
-        lock.release(runner, lock_dir, info)
-    except HostUnreachable as error:
-        reporter.note(f"could not release the lock: {error}")
-        return False
-    return True
-
-
-def lock_holder_host(inventory: Inventory, model: Any, runners: dict[str, Runner],
-                     runner_factory: RunnerFactory) -> tuple[ResolvedHost, Runner]:
-    """The host that keeps the model's lock: the first of the model's hosts that answers.
-
-    Every deploy and rollback of the model, whatever its --hosts, looks in the same order, so
-    they meet on the same host; an unreachable first host does not block a rollback.
-    """
-    errors = []
-    for host in inventory.select(None, model=model):
-        runner = runners.get(host.name) or runner_factory(host)
-        try:
-            runner.run(["true"])
-        except HostUnreachable as error:
-            errors.append(str(error))
-            continue
-        return host, runner
-    raise HostUnreachable("no host of the model answers, so the lock cannot be taken: "
-                          + "; ".join(errors))
+def lock_sites(inventory: Inventory, model: Any, runners: dict[str, Runner],
+               runner_factory: RunnerFactory) -> list[lock.LockSite]:
+    """Every host of the model (whatever --hosts selects) keeps a part of its lock."""
+    return [lock.LockSite(h.name, runners.get(h.name) or runner_factory(h),
+                          host_paths(h, model).lock_dir)
+            for h in inventory.select(None, model=model)]
 
 
 def summary_rows(result: DeployResult) -> list[tuple[str, ...]]:
