@@ -77,8 +77,9 @@ def start(name: str) -> Argv:
     return ["docker", "start", name]
 
 
-def stop(name: str, grace_s: int = 2) -> Argv:
-    """Stop a container. TFServing ignores SIGTERM, so drain first and keep the grace short."""
+def stop(name: str, grace_s: int = 0) -> Argv:
+    """Stop a container. TFServing ignores SIGTERM (a grace period would only be waited out),
+    so callers drain the slot first and stop it at once."""
     return ["docker", "stop", "--time", str(grace_s), name]
 
 
