@@ -183,6 +183,11 @@ def discover_state(job: HostJob) -> str:
     job.old = job.state.serving
     job.new_slot = other_slot(job.old.slot) if job.old else "blue"
     current = job.state.current or {}
+    if job.old and current.get("id") != job.old.release:
+        # a killed run switched traffic without recording it: compare with what serves
+        found = job.runner.run(commands.read_file(
+            f"{job.paths.release_dir(job.old.release)}/manifest.json"))
+        current = json.loads(found.stdout) if found.ok and found.stdout.strip() else {}
     job.unchanged = bool(job.old and current.get("version") == job.release.version
                          and current.get("image") == job.release.image
                          and current.get("files") == file_hashes(job.render))
@@ -713,24 +718,27 @@ def retire_old(job: HostJob) -> str:
         job.must(commands.stop(container.name), "retire_old", timeout=120)
         job.audit("retire_old", container=container.name)
         notes.append(f"stopped {container.name}")
-    if job.unchanged and (job.state.current or {}).get("id") != job.release.release_id:
-        notes.append(_finish_interrupted_record(job))
+    serving = job.old.release if job.unchanged and job.old else None
+    if serving and (job.state.current or {}).get("id") != serving:
+        notes.append(_finish_interrupted_record(job, serving))
     notes.append(prune_releases(job))
     return "; ".join(n for n in notes if n)
 
 
-def _finish_interrupted_record(job: HostJob) -> str:
-    """A killed run switched traffic but never recorded it: point ``current`` at what serves."""
+def _finish_interrupted_record(job: HostJob, serving: str) -> str:
+    """A killed run switched traffic but never recorded it: point ``current`` at the release
+    that serves (the proxy's truth), which is this run's only when it is a rollback."""
     previous = (job.state.current or {}).get("id")
     rolled_back = (f"{job.paths.release_dir(previous)}/manifest.json"
                    if job.release.rollback and previous else "")
     job.must(commands.record_current(
-        target=f"releases/{job.release.release_id}", link=job.paths.current,
+        target=f"releases/{serving}", link=job.paths.current,
         audit_log=job.paths.audit_log,
         audit_line=job.audit_line("record_release", version=job.release.version,
                                   recovered=True),
-        rolled_back_manifest=rolled_back), "retire_old")
-    return f"current -> {job.release.release_id} (recorded after an interrupted run)"
+        rolled_back_manifest=rolled_back,
+        serving_manifest=f"{job.paths.release_dir(serving)}/manifest.json"), "retire_old")
+    return f"current -> {serving} (recorded after an interrupted run)"
 
 
 def prune_releases(job: HostJob) -> str:

@@ -99,15 +99,17 @@ def point_symlink(target: str, link: str) -> Argv:
 
 
 def record_current(*, target: str, link: str, audit_log: str, audit_line: str,
-                   rolled_back_manifest: str = "") -> Argv:
+                   rolled_back_manifest: str = "", serving_manifest: str = "") -> Argv:
     """In one round trip: point ``current`` at the release (atomic rename), append the audit
-    line, and mark the release rolled back from (if any) as such in its manifest."""
+    line, mark the release rolled back from (if any) as such and, when recording what a killed
+    run left serving, mark that release as serving."""
+    status = 'sed -i \'s/^  "status": "[a-z_]*",$/  "status": "%s",/\' '
     script = ('ln -sfn "$1" "$2.new" && mv -T "$2.new" "$2" && '
               'mkdir -p "$(dirname "$3")" && printf "%s\\n" "$4" >> "$3" && '
-              'if [ -n "$5" ] && [ -f "$5" ]; then '
-              'sed -i \'s/^  "status": "[a-z_]*",$/  "status": "rolled_back",/\' "$5"; fi')
+              'if [ -n "$5" ] && [ -f "$5" ]; then ' + status % "rolled_back" + '"$5"; fi && '
+              'if [ -n "$6" ] && [ -f "$6" ]; then ' + status % "serving" + '"$6"; fi')
     return ["sh", "-c", script, "sh", target, link, audit_log, audit_line,
-            rolled_back_manifest]
+            rolled_back_manifest, serving_manifest]
 
 
 def read_file(path: str) -> Argv:

@@ -257,3 +257,16 @@ def test_lock_needs_a_majority_of_hosts(world: dict[str, Any]) -> None:
     with pytest.raises(LockQuorumLost, match="only 1 of the 4 hosts"):
         _deploy(world, 2)
     assert not any(k.startswith("/srv/tfsdeploy/hp2/lock/") for k in fleet["h4"].files)
+
+
+def test_rerun_after_a_kill_between_switch_and_record_points_current_at_what_serves(
+        world: dict[str, Any]) -> None:
+    first = _deploy(world, 1)
+    second = _deploy(world, 2)
+    h1: FakeHost = world["fleet"]["h1"]
+    # killed after h1's switch to v2, before record: `current` still names v1
+    h1.files["/srv/tfsdeploy/hp2/current"] = f"->releases/{first.release_id}".encode()
+    again = _deploy(world, 2)
+    assert again.exit_code == ExitCode.OK
+    assert again.hosts["h1"].status == "unchanged"
+    assert h1.files["/srv/tfsdeploy/hp2/current"] == f"->releases/{second.release_id}".encode()
