@@ -374,6 +374,13 @@ class Fleet:
         self.log.append(run.describe())
         return run
 
+    def lock_free(self) -> tuple[bool, Run]:
+        """Whether ``fab lock`` reports the model's lock free (and its output)."""
+        run = self.fab("lock")
+        free = run.code == 0 and bool(re.search(
+            rf"no deploy holds the lock|^{re.escape(self.model)}: free\b", run.out, re.M))
+        return free, run
+
     def background(self, *args: str, inventory: Path | None = None) -> Watched:
         return Watched(self.argv(*args, inventory=inventory), self.log)
 

@@ -101,7 +101,7 @@ def test_a_model_on_ports_already_taken_is_refused(fleet: Fleet) -> None:
             try:
                 answers.add(round(grpc_predict(HOSTS["tb1"], fleet.grpc_port, MODEL, [2.0])[0]))
             except Exception as error:
-                answers.add(type(error).__name__)
+                answers.add(f"{type(error).__name__}: {str(error)[:300]}")
         assert answers == {3}, f"{MODEL}'s stable port answered {answers} after the clash"
         assert run.code == 1, run.describe()
         assert str(fleet.grpc_port) in run.out, "the refusal names the taken port"
