@@ -155,7 +155,7 @@ def test_corrupt_version_stops_at_the_canary_which_keeps_serving_v2(fleet: Fleet
 
 def _release_of(run: object) -> str:
     text = run.out  # type: ignore[attr-defined]
-    found = re.search(r"as (r\d{8}-\d{6}-v\d+)", text)
+    found = re.search(r"as (r\d{8}-\d+-v\d+)", text)
     assert found, text
     return found.group(1)
 
@@ -282,8 +282,9 @@ def test_ctrl_c_pressed_repeatedly_still_restores_and_unlocks(fleet: Fleet) -> N
     roll = fleet.background("deploy", "--version", "1", inventory=slow)
     try:
         roll.wait_for(r"tb1 +roll +gate_warmup +ok", timeout=240)
-        for _ in range(25):  # every 0.2 s for up to 5 s, while it lives
-            if roll.proc.poll() is not None:
+        for _ in range(25):  # every 0.2 s for up to 5 s, until the hosts are restored
+            if roll.proc.poll() is not None or re.search(
+                    r"restore +restore|every host serves|rolled_back", roll.text()):
                 break
             roll.send(signal.SIGINT)
             time.sleep(0.2)
