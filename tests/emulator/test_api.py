@@ -15,7 +15,7 @@ import grpc
 import modelgen
 import numpy as np
 import pytest
-from conftest import Emulator, free_port, http, predict_request, status_of, stubs, write
+from emulator_support import Emulator, free_port, http, predict_request, status_of, stubs, write
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import get_model_metadata_pb2, model_management_pb2
 

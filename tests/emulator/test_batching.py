@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import modelgen
 import pytest
-from conftest import Emulator, free_port, http, predict_request, stubs, write
+from emulator_support import Emulator, free_port, http, predict_request, stubs, write
 
 BATCHING = """max_batch_size { value: 16 }
 enable_large_batch_splitting { value: true }

@@ -12,7 +12,16 @@ from typing import Any
 import grpc
 import modelgen
 import pytest
-from conftest import Emulator, free_port, http, predict_request, status_of, stubs, wait_for, write
+from emulator_support import (
+    Emulator,
+    free_port,
+    http,
+    predict_request,
+    status_of,
+    stubs,
+    wait_for,
+    write,
+)
 from google.protobuf import text_format
 from tensorflow_serving.apis import model_management_pb2
 from tensorflow_serving.config import model_server_config_pb2

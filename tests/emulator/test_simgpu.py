@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 import modelgen
-from conftest import free_port, stubs
+from emulator_support import free_port, stubs
 
 TOTAL_MIB = 16384
 
@@ -84,7 +84,7 @@ def test_model_larger_than_reservation_fails_to_load(emulator, tmp_path, sources
                          "--file_system_poll_wait_seconds=1")
     server.wait_port(port)
     modelgen.copy_version(sources["huge"], base, 2)
-    from conftest import status_of, wait_for
+    from emulator_support import status_of, wait_for
 
     _predict, models, _channel = stubs(port)
     states = wait_for(lambda: (s := status_of(models, "m")).get(2, (0,))[0] == 50 and s,
@@ -101,7 +101,7 @@ def test_without_simgpu_dir_runs_on_cpu(emulator, tmp_path, sources) -> None:
     server.wait_port(port)
     _predict, models, _channel = stubs(port)
     try:
-        from conftest import status_of
+        from emulator_support import status_of
 
         assert status_of(models, "m") == {1: (30, 0)}
     except grpc.RpcError as exc:  # pragma: no cover - diagnostic

@@ -8,7 +8,7 @@ import time
 
 import modelgen
 import pytest
-from conftest import free_port, port_open, write
+from emulator_support import free_port, port_open, write
 
 FAILED = "Failed to start server. Error: "
 
@@ -183,7 +183,7 @@ def test_entrypoint_appends_flags_and_same_ports_skip_rest(emulator, tmp_path, s
 
 
 def test_model_config_file_is_re_read(emulator, tmp_path, sources) -> None:
-    from conftest import status_of, stubs, wait_for
+    from emulator_support import status_of, stubs, wait_for
 
     base = tmp_path / "m"
     modelgen.copy_version(sources["hpt1"], base, 1)
