@@ -70,14 +70,20 @@ class Release:
     rollback: bool = False  # rolling back to a retained release (its record stays as it is)
 
 
-def slot_client(job: HostJob) -> Any:
-    """A gRPC client of the new slot (``probes.SlotClient`` unless a test injects one)."""
+def grpc_client(job: HostJob, port: int) -> Any:
+    """A gRPC client of the model on one of the host's ports (``probes.SlotClient`` unless a
+    test injects a factory)."""
     factory = job.release.client_factory
     if factory is None:
         from tfsdeploy.probes import SlotClient
 
         factory = SlotClient
-    return factory(job.host.address, job.ports.slot_grpc(job.new_slot), job.release.model.name)
+    return factory(job.host.address, port, job.release.model.name)
+
+
+def slot_client(job: HostJob) -> Any:
+    """A gRPC client of the new slot."""
+    return grpc_client(job, job.ports.slot_grpc(job.new_slot))
 
 
 @dataclass
@@ -627,8 +633,7 @@ def gate_stable(job: HostJob) -> str:
     """A golden request through the host's stable port (the path clients use) is answered
     by the new release."""
     examples = _requests(job)
-    client = job.release.client_factory or _stable_client_factory()
-    stable = client(job.host.address, job.ports.grpc, job.release.model.name)
+    stable = grpc_client(job, job.ports.grpc)
     started = time.monotonic()
     try:
         example = examples[0]
@@ -647,12 +652,6 @@ def gate_stable(job: HostJob) -> str:
                          f"stable port {job.ports.grpc}", wrong)
     return f":{job.ports.grpc} answers with version {job.release.version} " \
            f"({latency * 1000:.1f} ms)"
-
-
-def _stable_client_factory() -> Callable[[str, int, str], Any]:
-    from tfsdeploy.probes import SlotClient
-
-    return SlotClient
 
 
 @action("drain_old")

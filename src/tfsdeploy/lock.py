@@ -90,35 +90,6 @@ def read_lock(runner: Runner, lock_dir: str) -> LockInfo | None:
     return LockInfo(**data)
 
 
-def acquire(runner: Runner, lock_dir: str, info: LockInfo, *, wait_s: float, clock: Clock,
-            model: str, on_stale: Callable[[str], None] | None = None) -> None:
-    """Take the lock, waiting up to ``wait_s``; raise LockHeld naming the holder.
-
-    A lock left by a dead process of this machine (kill -9, a crashed cron job) is broken
-    and reported; a lock from another machine is never broken here.
-    """
-    record = json.dumps(info.__dict__)
-    end = clock.now() + wait_s
-    while True:
-        if runner.run(_acquire_argv(lock_dir, record)).ok:
-            return
-        holder = read_lock(runner, lock_dir)
-        if holder is None:
-            continue  # released between our attempts: try again at once
-        if is_stale(holder):
-            break_lock(runner, lock_dir)
-            if on_stale:
-                on_stale(f"broke a stale lock: {holder.describe()} (that process is gone)")
-            continue
-        if clock.now() >= end:
-            stale = " It looks STALE: that process is gone." if is_stale(holder) else ""
-            raise LockHeld(
-                f"another deploy of {model} holds the lock on {runner.host.name}: "
-                f"{holder.describe()}.{stale}\n    fix: wait (--lock-wait SECONDS), or if no "
-                f"deploy is running, `fab lock --model {model} --break`")
-        clock.sleep(min(2.0, max(0.1, end - clock.now())))
-
-
 def release(runner: Runner, lock_dir: str, info: LockInfo) -> bool:
     """Give the lock back if it is still ours."""
     holder = read_lock(runner, lock_dir)
