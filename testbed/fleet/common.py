@@ -19,7 +19,10 @@ DEFAULT_HOSTS = 3
 DEFAULT_GPU_MIB = 16384
 DEFAULT_GPU_NAME = "Simulated Tesla T4"
 # mount points inside every host, each backed by a private directory under the state dir
-PRIVATE_DIRS = {"run": "/run", "docker": "/var/lib/docker", "srv": "/srv/tfsdeploy", "tmp": "/tmp"}
+# /root too: a host is a fresh Debian machine, so the machine's own root dotfiles (shell start-up
+# scripts that can take a tenth of a second per SSH command) must not leak into its logins
+PRIVATE_DIRS = {"run": "/run", "docker": "/var/lib/docker", "srv": "/srv/tfsdeploy", "tmp": "/tmp",
+                "home": "/root"}
 NVIDIA_SMI_PATH = Path("/usr/local/bin/nvidia-smi")
 FLEET_DIR = Path(__file__).resolve().parent
 

@@ -42,7 +42,7 @@ from common import (
 HOLDER_SCRIPT = r"""
 set -eu
 d=$1; name=$2
-for pair in run:/run docker:/var/lib/docker srv:/srv/tfsdeploy tmp:/tmp; do
+for pair in run:/run docker:/var/lib/docker srv:/srv/tfsdeploy tmp:/tmp home:/root; do
   mount --bind "$d/${pair%%:*}" "${pair#*:}"
 done
 hostname "$name"
@@ -334,10 +334,6 @@ def _write_sshd_config(host: Host) -> bool:
                 "Subsystem sftp internal-sftp",
                 "MaxSessions 100",
                 "MaxStartups 100:30:200",
-                # Hosts share the machine's home directory. A login shell there may run pyenv's
-                # rehash from ~/.bashrc; a session killed by `down` can leave its lock file behind,
-                # and every later login would then wait 60 s for it.
-                "SetEnv PYENV_REHASH_TIMEOUT=1",
                 "",
             ]
         )
@@ -353,12 +349,23 @@ def _prepare_dirs(host: Host) -> None:
             shutil.rmtree(path)  # a fresh /run and /tmp at every start, like a reboot
         path.mkdir(parents=True, exist_ok=True)
     (host.dir / "tmp").chmod(0o1777)
+    _seed_home(host.dir / "home")
     for target in PRIVATE_DIRS.values():
         Path(target).mkdir(parents=True, exist_ok=True)  # mount points on the shared root fs
     # never read the machine's /etc/docker/daemon.json; an own key.json gives each engine its own ID
     (host.dir / "daemon.json").write_text(
         json.dumps({"deprecated-key-path": str(host.dir / "engine-key.json")}) + "\n"
     )
+
+
+def _seed_home(home: Path) -> None:
+    """root's home on a fresh Debian host: the stock .bashrc and .profile from base-files."""
+    home.chmod(0o700)
+    for name in ("bashrc", "profile"):
+        target = home / f".{name}"
+        stock = Path("/usr/share/base-files") / f"dot.{name}"
+        if not target.exists() and stock.exists():
+            shutil.copyfile(stock, target)
 
 
 # ---------------------------------------------------------------- start
