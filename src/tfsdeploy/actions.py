@@ -746,14 +746,14 @@ def prune_releases(job: HostJob) -> str:
     Only releases that served count: failed, reverted or interrupted attempts never push a
     rollback target out. Running releases and the one this run replaced are always kept.
     """
-    from tfsdeploy.state import read_releases
+    from tfsdeploy.state import list_containers, read_releases
 
     keep = job.release.model.rollout.keep_releases
-    state = discover(job.runner, job.release.model.name, job.paths)
+    containers = list_containers(job.runner, job.release.model.name)
     records = {str(m["id"]): m for m in read_releases(job.runner, job.paths) if m.get("id")}
-    releases = sorted(set(records) | {c.release for c in state.containers})
+    releases = sorted(set(records) | {c.release for c in containers})
     good = [r for r in releases if records.get(r, {}).get("status") == "serving"]
-    kept = set(good[-keep:]) | {c.release for c in state.containers if c.running}
+    kept = set(good[-keep:]) | {c.release for c in containers if c.running}
     kept |= {job.release.release_id} | ({job.old.release} if job.old else set())
     newest_good = good[-keep] if len(good) >= keep else ""
     # attempts newer than the oldest kept good release stay for post-mortems

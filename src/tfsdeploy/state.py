@@ -83,13 +83,18 @@ def traffic_slot(stat_csv: str) -> str | None:
     return ready[0] if len(ready) == 1 else None
 
 
-def discover(runner: Runner, model: str, paths: HostPaths, admin_port: int | None = None
-             ) -> HostState:
-    """Read the model's containers, current manifest and proxy state (read-only)."""
+def list_containers(runner: Runner, model: str) -> list[Container]:
+    """The model's containers on the host, running or not."""
     listed = runner.run(commands.list_containers(model))
     if not listed.ok:
         raise RuntimeError(f"docker ps failed: {listed.tail()}")
-    state = HostState(containers=parse_containers(listed.stdout))
+    return parse_containers(listed.stdout)
+
+
+def discover(runner: Runner, model: str, paths: HostPaths, admin_port: int | None = None
+             ) -> HostState:
+    """Read the model's containers, current manifest and proxy state (read-only)."""
+    state = HostState(containers=list_containers(runner, model))
     manifest = runner.run(commands.read_file(f"{paths.current}/manifest.json"))
     if manifest.ok and manifest.stdout.strip():
         state.current = json.loads(manifest.stdout)
