@@ -6,6 +6,7 @@ for the progress line, and raises ``GateFailed`` (or a host error) when it canno
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -14,7 +15,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +37,7 @@ from tfsdeploy.layout import (
 )
 from tfsdeploy.proxy import ProxyAdmin, maint_commands, parse_sessions, render_proxy_config
 from tfsdeploy.proxy import switch_commands as proxy_switch_commands
-from tfsdeploy.remote import Runner
+from tfsdeploy.remote import HostUnreachable, Runner
 from tfsdeploy.render import FLAGS, HostRender
 from tfsdeploy.state import Container, HostState, discover
 
@@ -421,8 +422,24 @@ def _gate(job: HostJob, name: str, started: float, ok: bool, detail: str) -> Non
                       "detail": detail})
 
 
-def _with_logs(job: HostJob, error: GateFailed) -> GateFailed:
-    return GateFailed(error.step, error.expected, error.seen, job.log_tail())
+@contextlib.contextmanager
+def _gate_errors(job: HostJob, gate: str, started: float, *, step: str, expected: str,
+                 logs: bool = True) -> Iterator[None]:
+    """Record a gate that failed and raise it as GateFailed: a GateFailed as it is, any other
+    error (a refused or timed-out request) as ``expected`` not met; with the container's log
+    tail when ``logs``. A host that stopped answering SSH stays HostUnreachable."""
+    try:
+        yield
+    except HostUnreachable:
+        raise  # not the release's fault: the host is reported unreachable
+    except GateFailed as error:
+        _gate(job, gate, started, False, error.seen)
+        tail = job.log_tail() if logs else error.log_tail
+        raise GateFailed(error.step, error.expected, error.seen, tail) from None
+    except Exception as exc:
+        _gate(job, gate, started, False, str(exc))
+        raise GateFailed(step, expected, f"{type(exc).__name__}: {exc}",
+                         job.log_tail() if logs else "") from None
 
 
 @action("gate_available")
@@ -451,12 +468,11 @@ def gate_available(job: HostJob, timeout_s: float | None = None) -> str:
             return Verdict.fail(f"END: {status.error_message or 'unloaded'}")
         return Verdict.wait(status.state)
 
+    expected = f"version {version} AVAILABLE"
     try:
-        verdict = poll(check, step="gate_available", expected=f"version {version} AVAILABLE",
-                       deadline_s=deadline, clock=job.release.clock)
-    except GateFailed as error:
-        _gate(job, "available", started, False, error.seen)
-        raise _with_logs(job, error) from None
+        with _gate_errors(job, "available", started, step="gate_available", expected=expected):
+            verdict = poll(check, step="gate_available", expected=expected,
+                           deadline_s=deadline, clock=job.release.clock)
     finally:
         client.close()
     _gate(job, "available", started, True, verdict.seen)
@@ -523,17 +539,15 @@ def gate_warmup(job: HostJob, rounds: int = 20, skip_if_warm: bool = False) -> s
     end = clock.now() + model.warmup.timeout_s
     p99 = float("inf")
     try:
-        for _ in range(rounds):
-            latencies = [client.predict(ex.inputs, version=job.release.version,
-                                        signature=ex.signature)[1]
-                         for ex in _cycle(examples, model.warmup.samples)]
-            p99 = percentile(latencies, 99)
-            if p99 <= threshold or clock.now() >= end:
-                break
-    except Exception as exc:
-        _gate(job, "warmup", started, False, str(exc))
-        raise GateFailed("gate_warmup", "warmup requests to succeed",
-                         f"{type(exc).__name__}: {exc}", job.log_tail()) from None
+        with _gate_errors(job, "warmup", started, step="gate_warmup",
+                          expected="warmup requests to succeed"):
+            for _ in range(rounds):
+                latencies = [client.predict(ex.inputs, version=job.release.version,
+                                            signature=ex.signature)[1]
+                             for ex in _cycle(examples, model.warmup.samples)]
+                p99 = percentile(latencies, 99)
+                if p99 <= threshold or clock.now() >= end:
+                    break
     finally:
         client.close()
     ok = p99 <= threshold
@@ -562,27 +576,22 @@ def gate_health(job: HostJob, min_healthy_s: float | None = None) -> str:
     end = clock.now() + hold
     sent = 0
     try:
-        while True:
-            for example in examples:
-                outputs, _ = client.predict(example.inputs, version=job.release.version,
-                                            signature=example.signature)
-                wrong = mismatch(example, outputs)
-                if wrong:
-                    raise GateFailed("gate_health", "golden outputs", wrong)
-                sent += 1
-            problem = _container_problem(job)
-            if problem:
-                raise GateFailed("gate_health", "the container to keep running", problem)
-            if clock.now() >= end:
-                break
-            clock.sleep(0.2)
-    except GateFailed as error:
-        _gate(job, "health", started, False, error.seen)
-        raise _with_logs(job, error) from None
-    except Exception as exc:
-        _gate(job, "health", started, False, str(exc))
-        raise GateFailed("gate_health", "golden requests to succeed",
-                         f"{type(exc).__name__}: {exc}", job.log_tail()) from None
+        with _gate_errors(job, "health", started, step="gate_health",
+                          expected="golden requests to succeed"):
+            while True:
+                for example in examples:
+                    outputs, _ = client.predict(example.inputs, version=job.release.version,
+                                                signature=example.signature)
+                    wrong = mismatch(example, outputs)
+                    if wrong:
+                        raise GateFailed("gate_health", "golden outputs", wrong)
+                    sent += 1
+                problem = _container_problem(job)
+                if problem:
+                    raise GateFailed("gate_health", "the container to keep running", problem)
+                if clock.now() >= end:
+                    break
+                clock.sleep(0.2)
     finally:
         client.close()
     detail = f"{sent} golden request(s) correct over {hold:g} s"
@@ -636,14 +645,12 @@ def gate_stable(job: HostJob) -> str:
     stable = grpc_client(job, job.ports.grpc)
     started = time.monotonic()
     try:
-        example = examples[0]
-        outputs, latency = stable.predict(example.inputs, signature=example.signature,
-                                          timeout=30)
-        wrong = mismatch(example, outputs)
-    except Exception as exc:
-        _gate(job, "stable", started, False, str(exc))
-        raise GateFailed("gate_stable", f"an answer on the stable port {job.ports.grpc}",
-                         f"{type(exc).__name__}: {exc}") from None
+        with _gate_errors(job, "stable", started, step="gate_stable", logs=False,
+                          expected=f"an answer on the stable port {job.ports.grpc}"):
+            example = examples[0]
+            outputs, latency = stable.predict(example.inputs, signature=example.signature,
+                                              timeout=30)
+            wrong = mismatch(example, outputs)
     finally:
         stable.close()
     _gate(job, "stable", started, not wrong, wrong or "new release answers")

@@ -246,6 +246,8 @@ class FakeSlot:
     def predict(self, inputs: dict[str, np.ndarray], *, version: int | None = None,
                 signature: str = "serving_default", timeout: float = 30.0
                 ) -> tuple[dict[str, np.ndarray], float]:
+        if self.behaviour.get(self.address) == "vanish":  # the host drops off the network
+            self.fleet[f"h{self.address.rsplit('.', 1)[1]}"].unreachable = True
         x = inputs["x"]
         served = version or self._behind_proxy()
         return {"y": x * 0.5 + 2 + served - 1}, 0.002

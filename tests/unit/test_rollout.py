@@ -131,6 +131,17 @@ def test_slow_version_hits_its_deadline(world: dict[str, Any]) -> None:
     assert "after 30 s (deadline)" in result.hosts["h1"].error
 
 
+def test_host_lost_during_a_gate_stops_the_roll_and_exits_3(world: dict[str, Any]) -> None:
+    _deploy(world, 1)
+    FakeSlot.behaviour = {"10.9.0.1": "vanish"}
+    result = _deploy(world, 2)
+    # the restore cannot reach it either: its state is unknown, a person must look
+    assert result.hosts["h1"].status == "unknown", result.hosts["h1"]
+    assert "connection refused" in result.hosts["h1"].error
+    assert result.exit_code == ExitCode.INCONSISTENT
+    assert {result.hosts[h].status for h in ("h2", "h3", "h4")} == {"skipped"}
+
+
 def test_failure_in_second_batch_reverts_rolled_hosts(world: dict[str, Any]) -> None:
     first = _deploy(world, 1, serial="(1, 1)")
     FakeSlot.behaviour = {"10.9.0.2": "broken"}
