@@ -167,3 +167,30 @@ class Timer:
 
     def total(self) -> float:
         return time.monotonic() - self.start
+
+
+def make_ssh_key(path: Path, comment: str) -> None:
+    """An ed25519 key pair without a passphrase at ``path`` (and ``path``.pub), unless present."""
+    if not path.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
+def isolated_dockerd_argv(*, socket: str, data_root: str, exec_root: str, pidfile: str,
+                          config_file: Path) -> list[str]:
+    """A dockerd of its own: own socket, data and exec roots, no networking of its own (no
+    bridge, no iptables rules), pulls from and pushes to the testbed's registry."""
+    return [
+        "dockerd",
+        f"--host=unix://{socket}",
+        f"--data-root={data_root}",
+        f"--exec-root={exec_root}",
+        f"--pidfile={pidfile}",
+        f"--config-file={config_file}",
+        "--bridge=none",
+        "--iptables=false",
+        "--ip-masq=false",
+        "--ip6tables=false",
+        "--storage-driver=overlay2",
+        f"--insecure-registry={REGISTRY}",
+        "--log-level=warn",
+    ]

@@ -26,12 +26,13 @@ from common import (
     GATEWAY,
     PREFIX_LEN,
     PRIVATE_DIRS,
-    REGISTRY,
     Places,
     TestbedError,
     boot_id,
     host_address,
     host_name,
+    isolated_dockerd_argv,
+    make_ssh_key,
     pid_alive,
     read_pid,
     run,
@@ -292,21 +293,7 @@ def create_network(host: Host) -> None:
 
 def _host_key(host: Host) -> Path:
     key = host.dir / "ssh_host_ed25519_key"
-    if not key.exists():
-        run(
-            [
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                f"root@{host.name}",
-                "-f",
-                str(key),
-            ]
-        )
+    make_ssh_key(key, f"root@{host.name}")
     return key
 
 
@@ -430,22 +417,12 @@ def _enter(holder: int) -> list[str]:
 
 def dockerd_argv(host: Host, runtime: Path) -> list[str]:
     return [
-        "dockerd",
-        "--host=unix:///run/docker.sock",
-        "--data-root=/var/lib/docker",
-        "--exec-root=/run/docker",
-        "--pidfile=/run/docker.pid",
-        f"--config-file={host.dir / 'daemon.json'}",
-        "--bridge=none",
-        "--iptables=false",
-        "--ip-masq=false",
-        "--ip6tables=false",
-        "--storage-driver=overlay2",
-        f"--insecure-registry={REGISTRY}",
+        *isolated_dockerd_argv(socket="/run/docker.sock", data_root="/var/lib/docker",
+                               exec_root="/run/docker", pidfile="/run/docker.pid",
+                               config_file=host.dir / "daemon.json"),
         f"--add-runtime=simgpu={runtime}",
         "--default-runtime=simgpu",
         "--shutdown-timeout=2",
-        "--log-level=warn",
         "--max-concurrent-downloads=6",
     ]
 

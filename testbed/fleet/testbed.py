@@ -36,6 +36,7 @@ from common import (
     host_address,
     host_name,
     log,
+    make_ssh_key,
     run,
 )
 
@@ -116,21 +117,7 @@ def install_file(source: Path, target: Path) -> None:
 def ensure_client_key(places: Places) -> None:
     places.ssh.mkdir(parents=True, exist_ok=True)
     places.ssh.chmod(0o700)
-    if not places.ssh_key.exists():
-        run(
-            [
-                "ssh-keygen",
-                "-q",
-                "-t",
-                "ed25519",
-                "-N",
-                "",
-                "-C",
-                "tfsdeploy-testbed",
-                "-f",
-                str(places.ssh_key),
-            ]
-        )
+    make_ssh_key(places.ssh_key, "tfsdeploy-testbed")
     pub = Path(f"{places.ssh_key}.pub").read_text()
     (places.ssh / "authorized_keys").write_text(pub)
 
