@@ -84,7 +84,8 @@ def render(c: Any, model: str, inventory: str | None = None, hosts: str | None =
         print_table(f"{model}: {len(renders)} host(s) rendered and validated into {out}/",
                     ("host", "address", "version", "GPU fraction", "files"),
                     summary_rows(renders))
-        print(f"{len(written)} files written; every file parsed with TFServing's definitions.")
+        print(f"{len(written)} files written; the TFServing files parsed with TFServing's "
+              "definitions; proxy/haproxy.cfg as a first deploy writes it (slot blue).")
         return 0
 
     _run(body)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +31,26 @@ def test_fab_render_writes_one_folder_per_host(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["tb1", "tb3"]
     assert sorted(p.name for p in (out / "tb1" / "resnet50").iterdir()) == [
-        "batching.config", "models.config", "monitoring.config", "tfserving.flags"]
+        "batching.config", "models.config", "monitoring.config", "proxy", "tfserving.flags"]
     assert "versions: 2" in (out / "tb3" / "resnet50" / "models.config").read_text()
     assert "tb1" in result.stdout and "0.150" in result.stdout
+
+
+def test_fab_render_writes_a_proxy_config_haproxy_accepts(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = _fab("render", "--model", "resnet50", "--version", "1", "--out", str(out),
+                  "--hosts", "tb2", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    configs = list(out.glob("*/*/proxy/haproxy.cfg"))
+    assert len(configs) == 1
+    text = configs[0].read_text()
+    assert "bind :8500 proto h2" in text and "bind :8501" in text
+    assert "server blue 127.0.0.1:" in text and " disabled" in text
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    assert Path(haproxy).exists(), "HAProxy is installed by scripts/setup"
+    check = subprocess.run([haproxy, "-c", "-f", str(configs[0])], capture_output=True,
+                           text=True, timeout=30, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_fab_render_invalid_input_exits_1_and_writes_nothing(tmp_path: Path) -> None:

@@ -43,15 +43,27 @@ def render_inventory(inventory: Inventory, request: RenderRequest) -> list[HostR
     return renders
 
 
+PROXY_CONFIG = "proxy/haproxy.cfg"
+
+
 def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
-    """Write ``out/<host>/<model>/<file>`` for every render; returns the paths written."""
+    """Write ``out/<host>/<model>/<file>`` for every render, and the host's proxy config as
+    ``proxy/haproxy.cfg`` (as a first deploy writes it: slot blue active; each switch rewrites
+    which slot is enabled); returns the paths written."""
+    from tfsdeploy.layout import SLOTS, model_ports
+    from tfsdeploy.proxy import render_proxy_config
+
     written = []
     for render in renders:
         folder = out / render.host.name / render.model.name
-        folder.mkdir(parents=True, exist_ok=True)
-        for rendered in render.files:
-            path = folder / rendered.name
-            path.write_text(rendered.text)
+        (folder / "proxy").mkdir(parents=True, exist_ok=True)
+        texts = {f.name: f.text for f in render.files}
+        texts[PROXY_CONFIG] = render_proxy_config(render.host, render.model,
+                                                  model_ports(render.host, render.model),
+                                                  SLOTS[0])
+        for name, text in texts.items():
+            path = folder / name
+            path.write_text(text)
             written.append(path)
     return written
 
@@ -63,5 +75,5 @@ def summary_rows(renders: list[HostRender]) -> list[tuple[str, ...]]:
         gpu = (f"{r.gpu.fraction:.3f} (window {r.gpu.window_total:.3f}/{r.gpu.limit:.3f})"
                if r.gpu else "no GPU")
         rows.append((r.host.name, r.host.address, str(r.version), gpu,
-                     str(len(r.files))))
+                     str(len(r.files) + 1)))  # + the proxy config
     return rows
