@@ -35,14 +35,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from deploy_support import (  # noqa: E402 - the test helpers live beside the tests
     GOOD,
-    VENV_BIN,
     assemble_source,
     assert_ports_free,
-    clean_model,
-    ensure_fleet,
-    fab_env,
     write_inventory,
 )
+from testbed_support import VENV_BIN, clean_model, ensure_fleet, fab_env  # noqa: E402
 
 WAITS = ("start_slot", "gate_available", "gate_warmup", "gate_health", "drain_old")
 TARGET_S = 2.0

@@ -26,13 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 sys.path.insert(0, str(REPO / "src"))
 
-from rollback_support import (  # noqa: E402
-    HOSTS,
-    clean_model,
-    ensure_fleet,
-    make_fleet,
-    step_seconds,
-)
+from rollback_support import make_fleet, step_seconds  # noqa: E402
+from testbed_support import HOSTS, clean_model, ensure_fleet  # noqa: E402
 
 MODEL, OFFSET = "rbkbench", 900
 TARGET_S = 5.0

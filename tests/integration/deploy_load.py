@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from deploy_support import api, outputs_y, predict_request
+from testbed_support import api, outputs_y, predict_request
 
 
 @dataclass(frozen=True)

@@ -5,22 +5,16 @@ kill, so some release always exists)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollback_support import (
-    HOSTS,
     Fleet,
     Prober,
-    Watched,
-    dump_on_failure,
     fleet_fixture,
     json_from,
 )
+from testbed_support import HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -38,17 +32,11 @@ KILL_POINTS = {
 
 
 @pytest.fixture(scope="module")
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Fleet]:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     # keep_releases is raised so that the many v2 releases of the killed deploys never prune
     # v1, the rollback target (retention itself is tested in test_rollback_retention.py)
-    yield from fleet_fixture(request, tmp_path_factory, MODEL, OFFSET, window_s=0.0,
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=0.0,
                              serial=(1, "100%"), keep_releases=20)
-
-
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +51,8 @@ def test_kill_9_then_deploy_then_rollback(fleet: Fleet, v1: str, point: str) -> 
     fleet.assert_serving(1)
     log = fleet.tmp / f"killed-{point}.log"
     with Prober(fleet) as prober:
-        killed = Watched(fleet, "deploy", "--version", "2", "--log-file", str(log))
+        killed = fleet.background("deploy", "--version", "2", "--log-file", str(log),
+                                  own_session=True)
         line = killed.kill_when(KILL_POINTS[point])
         assert killed.proc.returncode == -9, killed.describe()
         assert fleet.lock_dir_exists(), "the dead deploy's lock should still be there"
@@ -108,7 +97,7 @@ def test_kill_9_of_a_rollback_then_rollback_again(fleet: Fleet, v1: str) -> None
     fleet.deploy(2, fast=False)
     fleet.assert_serving(2)
     with Prober(fleet) as prober:
-        killed = Watched(fleet, "rollback")
+        killed = fleet.background("rollback", own_session=True)
         line = killed.kill_when(r"tb1 +roll +switch_traffic +ok")
         assert killed.proc.returncode == -9, killed.describe()
         fleet.assert_serving(1, ("tb1",))

@@ -10,17 +10,18 @@ from collections.abc import Iterator
 import pytest
 from deploy_support import (
     GOOD,
-    HOSTS,
     Fleet,
     assemble_source,
-    clean_model,
-    dump_on_failure,
     fleet_fixture,
     gpu_reservation,
     gpu_used_mib,
+    write_inventory,
+)
+from testbed_support import (
+    HOSTS,
+    clean_model,
     grpc_predict,
     ssh,
-    write_inventory,
 )
 
 pytestmark = pytest.mark.testbed
@@ -32,11 +33,6 @@ MODEL, OFFSET = "itpreflight", 1100
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
                              serial=("100%",), min_healthy_s=1.0)
-
-
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
 
 
 def nothing_on_hosts(model: str) -> None:

@@ -20,14 +20,13 @@ import pytest
 from deploy_support import (
     CORRUPT,
     GOOD,
-    HOSTS,
     SLOW,
     WRONG_SIGNATURE,
     Fleet,
-    dump_on_failure,
     fleet_fixture,
     rest_status,
 )
+from testbed_support import HOSTS, ssh
 
 pytestmark = pytest.mark.testbed
 
@@ -41,11 +40,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET,
                              {1: GOOD[1], 2: GOOD[2], 3: CORRUPT, 4: SLOW, 5: WRONG_SIGNATURE},
                              serial=(1, "100%"), min_healthy_s=1.0, load_timeout_s=120.0)
-
-
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
 
 
 def on_version(fleet: Fleet, version: int) -> dict[str, object]:
@@ -109,8 +103,6 @@ def test_second_deploy_rolls_v2_keeps_v1_stopped(fleet: Fleet) -> None:
                    for e in fleet.audit(host))
         files = {"manifest.json", "models.config", "batching.config", "monitoring.config",
                  "tfserving.flags"}
-        from deploy_support import ssh
-
         listed = ssh(host, f"ls /srv/tfsdeploy/{MODEL}/releases/{old['id']} "
                            f"/srv/tfsdeploy/{MODEL}/releases/{result['release']}").stdout
         assert files <= set(listed.split()), listed

@@ -15,15 +15,12 @@ from collections.abc import Iterator
 import pytest
 from deploy_support import (
     GOOD,
-    HOSTS,
     Fleet,
     Partition,
-    dump_on_failure,
-    expected_y,
     fleet_fixture,
-    grpc_predict,
     remove_partition_rules,
 )
+from testbed_support import HOSTS, expected_y, grpc_predict
 
 pytestmark = pytest.mark.testbed
 
@@ -32,17 +29,9 @@ MODEL, OFFSET = "itunreach", 1200
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    remove_partition_rules()
-    try:
-        yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
-                                 serial=(1, "100%"), min_healthy_s=1.0)
-    finally:
-        remove_partition_rules()
-
-
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
+                             serial=(1, "100%"), min_healthy_s=1.0,
+                             tidy=remove_partition_rules)
 
 
 def served(fleet: Fleet, host: str) -> int:

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 
 import pytest
 from deploy_load import SteadyLoad, Target
-from deploy_support import GOOD, HOSTS, Fleet, dump_on_failure, fleet_fixture
+from deploy_support import GOOD, Fleet, fleet_fixture
+from testbed_support import HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -30,11 +31,6 @@ V1_Y, V2_Y = 3.0, 4.0
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
                              serial=(1, "100%"), min_healthy_s=2.0)
-
-
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
 
 
 def test_no_request_fails_through_a_v1_to_v2_roll(fleet: Fleet) -> None:

@@ -5,20 +5,15 @@ rate (Predict with a wrong input name: INVALID_ARGUMENT) it rolls the release ba
 from __future__ import annotations
 
 import re
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollback_support import (
-    HOSTS,
     Fleet,
     Prober,
-    dump_on_failure,
     fleet_fixture,
 )
+from testbed_support import HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -28,23 +23,8 @@ GUARD = ("--for-s", "3", "--interval-s", "1", "--max-error-rate", "0.05",
 
 
 @pytest.fixture(scope="module")
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Fleet]:
-    yield from fleet_fixture(request, tmp_path_factory, MODEL, OFFSET, window_s=600.0,
-                             serial=(1,))
-
-
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
-
-
-@pytest.fixture(scope="module")
-def releases(fleet: Fleet) -> dict[int, str]:
-    fleet.deploy(1)
-    fleet.deploy(2)
-    fleet.assert_serving(2)
-    return {m["version"]: m["id"] for m in fleet.releases("tb1").values()}
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=600.0, serial=(1,))
 
 
 def exit_code_sample(text: str) -> float:

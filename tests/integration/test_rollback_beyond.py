@@ -3,21 +3,17 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollback_support import (
-    HOSTS,
     Fleet,
     Prober,
-    dump_on_failure,
     fleet_fixture,
     json_from,
+    release_of,
 )
+from testbed_support import HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -25,22 +21,9 @@ MODEL, OFFSET = "rbk2", 400
 
 
 @pytest.fixture(scope="module")
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Fleet]:
-    yield from fleet_fixture(request, tmp_path_factory, MODEL, OFFSET, window_s=0.0,
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=0.0,
                              serial=(1, "100%"), keep_releases=5)
-
-
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
-
-
-def release_of(fleet: Fleet, version: int, *, status: str | None = None) -> str:
-    found = {m["id"] for h in HOSTS for m in fleet.releases(h).values()
-             if m["version"] == version and (status is None or m["status"] == status)}
-    assert len(found) == 1, f"one release of v{version} on every host: {found}"
-    return found.pop()
 
 
 def test_rollback_beyond_the_window_starts_the_old_release_again(fleet: Fleet) -> None:

@@ -3,21 +3,11 @@ fleet last rolled from (the one `fab rollback` returns to) is still retained."""
 
 from __future__ import annotations
 
-import shutil
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rollback_support import (
-    HOSTS,
-    MODELS,
-    Fleet,
-    dump_on_failure,
-    fleet_fixture,
-)
+from rollback_support import Fleet, fleet_fixture
+from testbed_support import HOSTS, MODELS, copy_version
 
 pytestmark = pytest.mark.testbed
 
@@ -26,21 +16,13 @@ BAD = 12  # half_plus_two_bad/12: loads, but serves the wrong signature (z -> w)
 
 
 @pytest.fixture(scope="module")
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Fleet]:
-    yield from fleet_fixture(request, tmp_path_factory, MODEL, OFFSET, window_s=0.0,
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=0.0,
                              serial=("100%",), keep_releases=2, versions=(1, 2))
 
 
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
-
-
 def test_failed_attempts_never_prune_the_rollback_target(fleet: Fleet) -> None:
-    work = fleet.source.parent / f".copy-{BAD}"
-    shutil.copytree(MODELS / "half_plus_two_bad" / str(BAD), work)
-    work.rename(fleet.source / str(BAD))
+    copy_version(MODELS / "half_plus_two_bad" / str(BAD), fleet.source, BAD)
     fleet.deploy(1)
     v1 = next(iter(fleet.releases("tb1")))
     bad = fleet.fab("deploy", "--version", str(BAD))

@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rollback_support import (
-    HOSTS,
     Fleet,
     Prober,
-    dump_on_failure,
+    deploy_v1_then_v2,
     fleet_fixture,
     json_from,
+    release_of,
     step_seconds,
 )
+from testbed_support import HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -32,30 +29,15 @@ MODEL, OFFSET = "rbk1", 300
 
 
 @pytest.fixture(scope="module")
-def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-          ) -> Iterator[Fleet]:
-    yield from fleet_fixture(request, tmp_path_factory, MODEL, OFFSET, window_s=600.0,
-                             serial=(1,))
-
-
-@pytest.fixture(autouse=True)
-def _dump(request: pytest.FixtureRequest, fleet: Fleet) -> Iterator[None]:
-    yield from dump_on_failure(request, fleet)
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=600.0, serial=(1,))
 
 
 @pytest.fixture(scope="module")
 def v1_then_v2(fleet: Fleet) -> dict[str, str]:
     """v1 then v2 deployed everywhere; returns each release id by version."""
-    fleet.deploy(1)
-    fleet.deploy(2)
-    fleet.assert_serving(2)
-    ids = {}
-    for version in (1, 2):
-        found = {m["id"] for h in HOSTS for m in fleet.releases(h).values()
-                 if m["version"] == version}
-        assert len(found) == 1, f"one release of v{version} on every host, got {found}"
-        ids[f"v{version}"] = found.pop()
-    return ids
+    deploy_v1_then_v2(fleet)
+    return {f"v{version}": release_of(fleet, version) for version in (1, 2)}
 
 
 def test_instant_rollback_within_the_window(fleet: Fleet, v1_then_v2: dict[str, str]) -> None:

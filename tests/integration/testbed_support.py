@@ -1,0 +1,571 @@
+"""What every integration test module needs of the local fleet (scripts/testbed): the testbed's
+hosts, SSH to them, `fab` runs, a test model's place on the fleet, gRPC Predict on its ports.
+
+deploy_support (the rolling-deploy tests) and rollback_support (the rollback, guard and
+convergence tests) build on this module.
+
+Each test module deploys its OWN model (own name, own port offset) so that it never collides
+with another module or with another session sharing the fleet. Ports of a model with offset o:
+stable gRPC/REST 8500/8501 + o, slots 8510/8511 and 8520/8521 + o, proxy admin 8599 + o.
+Offsets in use: 0 is the default inventory's (the demo's half_plus_two and resnet50), 200
+hand-run demos, 300-800 the rollback tests, 900 benchmarks/bench_rollback.py, 1000-1300 the
+deploy tests, 1400 benchmarks/bench_deploy.py.
+
+The test models are half_plus_two and its relatives (docs/models.md): a good version v answers
+y = 0.5 x + v + 1, so a Predict of x = 2 tells which version serves.
+
+Traffic goes only to 10.87.0.x (the testbed hosts) and 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
+CACHE = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy"))
+MODELS = CACHE / "models"
+VENV_BIN = CACHE / "venv" / "bin"
+SSH_KEY = STATE / "ssh" / "id_ed25519"
+KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
+REGISTRY = "10.87.0.1:5000"
+# the testbed contract: tbN is 10.87.0.(10+N), a simulated 16 GiB GPU each
+HOSTS = {"tb1": "10.87.0.11", "tb2": "10.87.0.12", "tb3": "10.87.0.13"}
+# the images every inventory of the tests names, as the registry must hold them
+IMAGES = (("tfserving-emulator", "2.21.0"), ("tfsdeploy-proxy", "2.6"))
+
+# symptoms of the shared fleet being restarted by another session (not of the toolkit)
+FLEET_TROUBLE = ("Cannot connect to the Docker daemon", "HostUnreachable", "Connection refused",
+                 "connection lost", "Socket is closed", "Connection reset",
+                 "unreachable")
+
+
+def expected_y(version: int, x: float = 2.0) -> float:
+    """y of a half_plus_two-family version whose source number is ``version``."""
+    return 0.5 * x + version + 1
+
+
+# -- the fleet ------------------------------------------------------------------------------
+
+def _testbed(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(REPO / "scripts" / "testbed"), *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def _images_in_registry() -> bool:
+    try:
+        for name, tag in IMAGES:
+            with urllib.request.urlopen(f"http://{REGISTRY}/v2/{name}/tags/list",
+                                        timeout=5) as reply:
+                if tag not in json.loads(reply.read()).get("tags") or []:
+                    return False
+    except Exception:
+        return False
+    return True
+
+
+def fleet_healthy() -> bool:
+    """Every host's sshd and dockerd answer, the registry too (scripts/testbed status), with
+    the images in it."""
+    return (_testbed("status", "--json", timeout=60).returncode == 0
+            and _images_in_registry())
+
+
+def _someone_cycles_the_fleet() -> bool:
+    found = subprocess.run(["pgrep", "-f", "testbed.py (up|down)"], capture_output=True,
+                           text=True)
+    return bool(found.stdout.strip())
+
+
+def ensure_fleet(attempts: int = 6) -> None:
+    """Bring the fleet up (idempotent). Other sessions may be cycling it: wait for them
+    first, then retry."""
+    if os.geteuid() != 0:
+        pytest.skip("the local fleet needs root (namespaces, bridges, dockerd)")
+    last = ""
+    for attempt in range(attempts):
+        end = time.monotonic() + 600
+        while _someone_cycles_the_fleet() and time.monotonic() < end:
+            time.sleep(3)
+        if fleet_healthy():
+            return
+        proc = _testbed("up")
+        if proc.returncode == 0 and fleet_healthy():
+            return
+        last = proc.stdout[-2000:] + proc.stderr[-2000:]
+        time.sleep(5 * (attempt + 1))
+    raise RuntimeError(f"the testbed does not come up:\n{last}")
+
+
+def netns(host: str, *argv: str) -> list[str]:
+    """``argv`` run in ``host``'s network namespace (its iptables, its sockets)."""
+    return ["nsenter", f"--net=/var/run/netns/{host}", *argv]
+
+
+# -- SSH to the hosts -----------------------------------------------------------------------
+
+def ssh_argv(address: str, command: str, connect_timeout: int = 10) -> list[str]:
+    return ["ssh", "-i", str(SSH_KEY), "-o", f"UserKnownHostsFile={KNOWN_HOSTS}",
+            "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
+            "-o", f"ConnectTimeout={connect_timeout}", f"root@{address}", command]
+
+
+def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120,
+        connect_retry_s: float = 90) -> subprocess.CompletedProcess[str]:
+    """A shell command on a testbed host, as root.
+
+    ssh's own failures (exit 255: connection refused or reset) are retried for up to
+    ``connect_retry_s``: other sessions sharing the fleet block new SSH connections to a host
+    for a while to simulate an unreachable host.
+    """
+    end = time.monotonic() + connect_retry_s
+    while True:
+        proc = subprocess.run(ssh_argv(HOSTS[host], command), capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode != 255 or time.monotonic() > end:
+            break
+        time.sleep(2)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"ssh {host} {command!r} -> {proc.returncode}\n"
+                             f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}")
+    return proc
+
+
+def clean_model(model: str) -> None:
+    """Every trace of ``model`` on every host: containers, proxy, releases, versions, lock."""
+    script = (f"ids=$(docker ps -aq --filter label=tfsdeploy.model={model}); "
+              f"[ -n \"$ids\" ] && docker rm -f $ids >/dev/null; "
+              f"docker rm -f tfs-proxy-{model} >/dev/null 2>&1; "
+              f"rm -rf /srv/tfsdeploy/{model} /srv/tfsdeploy/models/{model}; true")
+    for host in HOSTS:
+        with suppress(subprocess.TimeoutExpired):
+            ssh(host, script, check=False, timeout=120)
+
+
+# -- a model's versions ------------------------------------------------------------------------
+
+def copy_version(origin: Path, source: Path, number: int) -> None:
+    """Copy the version directory ``origin`` into the model source ``source`` as version
+    ``number``: a copy beside ``source``, then a rename (never a partial version dir)."""
+    work = source.parent / f".copy-{number}"
+    shutil.copytree(origin, work)
+    work.rename(source / str(number))
+
+
+# -- a test inventory ------------------------------------------------------------------------
+
+INVENTORY = '''"""Inventory of {title}: model {model!r} on tb1..tb3 (generated)."""
+from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
+from tfsdeploy.inventory import Gpu, Group, Host
+
+hosts = [Host(name, address, gpus=[Gpu(0, {gpu_mib!r}, "Simulated Tesla T4")])
+         for name, address in {hosts!r}.items()]
+groups = {groups}
+defaults = {{
+    "ssh_user": "root",
+    "ssh_key": {ssh_key!r},
+    "ssh_known_hosts": {known_hosts!r},
+    "data_root": "/srv/tfsdeploy",
+    "image": "{registry}/tfserving-emulator:2.21.0",
+    "tfserving_version": "2.21.0",
+    "proxy_image": "{registry}/tfsdeploy-proxy:2.6",
+}}
+models = [
+    Model(
+        name={model!r},
+        source={source!r},
+        signature=Signature(inputs={{"x": TensorSpec("DT_FLOAT", (-1, 1))}},
+                            outputs={{"y": TensorSpec("DT_FLOAT", (-1, 1))}}),
+        memory_mib={memory_mib!r},
+        latency_slo_ms=50,
+        batching=Batching(max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=64,
+                          num_batch_threads=2, allowed_batch_sizes=(8, 16, 32)),
+        threads=Threads(intra_op=1, inter_op=2),
+        warmup={warmup},
+        rollout={rollout},
+        golden={golden!r},
+        port_offset={offset!r},
+    ),
+]
+'''
+
+
+def inventory_text(*, title: str, model: str, source: Path, golden: Path, offset: int,
+                   warmup: str, rollout: str, groups: str = "{}", memory_mib: int = 512,
+                   gpu_mib: int = 16384) -> str:
+    """A test inventory (Python): tb1..tb3 (``gpu_mib`` each) with ``groups``, and one model
+    of the half_plus_two signature whose ``warmup`` and ``rollout`` are the Warmup(...) and
+    Rollout(...) expressions given."""
+    return INVENTORY.format(
+        title=title, model=model, hosts=HOSTS, ssh_key=str(SSH_KEY),
+        known_hosts=str(KNOWN_HOSTS), registry=REGISTRY, source=str(source),
+        golden=str(golden), offset=offset, warmup=warmup, rollout=rollout, groups=groups,
+        memory_mib=memory_mib, gpu_mib=gpu_mib)
+
+
+# -- fab ------------------------------------------------------------------------------------
+
+def fab_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{VENV_BIN}:{env.get('PATH', '')}"
+    env["TF_CPP_MIN_LOG_LEVEL"] = "3"
+    env["COLUMNS"] = "200"  # rich tables: keep error cells on one line
+    env.pop("TFSDEPLOY_INVENTORY", None)
+    return env
+
+
+NOISE = re.compile(r"^(I0000|W0000|E0000|WARNING: All log messages|.*cuda|.*oneDNN).*$\n?", re.M)
+
+
+@dataclass
+class Run:
+    """One finished fab command."""
+
+    argv: list[str]
+    code: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def out(self) -> str:
+        return NOISE.sub("", self.stdout + self.stderr)
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(self.stdout)  # type: ignore[no-any-return]
+
+    def describe(self) -> str:
+        cmd = " ".join(shlex.quote(a) for a in self.argv[1:])
+        return f"$ fab {cmd}\n-> exit {self.code} in {self.seconds:.1f} s\n{self.out[-8000:]}"
+
+
+class Watched:
+    """A fab command running in the background; its output lines are collected as they come
+    (stderr merged into stdout) so that a test can act on a given progress line.
+
+    With ``own_session`` it leads a process group of its own (its ssh children with it), which
+    ``kill_when`` kills with SIGKILL on cue."""
+
+    def __init__(self, argv: list[str], log: list[str], *, own_session: bool = False) -> None:
+        self.argv = argv
+        self.lines: list[str] = []
+        self.killed_on: str | None = None  # the line on which kill_when killed it
+        self._kill_on: re.Pattern[str] | None = None
+        self._own_session = own_session
+        self._log = log
+        self._cond = threading.Condition()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=REPO, env=fab_env(), bufsize=1,
+                                     start_new_session=own_session)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._cond:
+                self.lines.append(line.rstrip("\n"))
+                self._kill_if_cued(self.lines[-1])
+                self._cond.notify_all()
+        with self._cond:
+            self._cond.notify_all()
+
+    def _kill_if_cued(self, line: str) -> None:
+        """(holding ``_cond``) SIGKILL to the process group on the first line matching the
+        pattern of ``kill_when``: right when the line is read, without waiting for a waiter."""
+        if self._kill_on is None or self.killed_on is not None or not self._kill_on.search(line):
+            return
+        self.killed_on = line
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> str:
+        """Block until a line matches ``pattern``; returns it (fails on exit or timeout)."""
+        regex = re.compile(pattern)
+        end = time.monotonic() + timeout
+        seen = 0
+        with self._cond:
+            while True:
+                for line in self.lines[seen:]:
+                    if regex.search(line):
+                        return line
+                seen = len(self.lines)
+                if self.proc.poll() is not None and not self._reader.is_alive():
+                    raise AssertionError(f"fab exited {self.proc.returncode} before a line "
+                                         f"matched {pattern!r}:\n{self.text()[-6000:]}")
+                if time.monotonic() > end:
+                    raise AssertionError(f"no line matched {pattern!r} in {timeout} s:\n"
+                                         f"{self.text()[-6000:]}")
+                self._cond.wait(timeout=0.5)
+
+    def kill_when(self, pattern: str, timeout: float = 300) -> str:
+        """kill -9 of the whole process group on the first line matching ``pattern`` (needs
+        ``own_session``); returns that line. Fails when none comes (fab is killed then too)."""
+        assert self._own_session, "kill_when kills a process group: start with own_session"
+        with self._cond:
+            self._kill_on = re.compile(pattern)
+            for line in self.lines:  # the lines read before this call
+                self._kill_if_cued(line)
+        try:
+            self.wait_for(pattern, timeout)
+        except AssertionError:
+            self.kill()
+            self._log.append(self.describe("killed: no line matched the cue"))
+            raise
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)
+        self._log.append(self.describe())
+        assert self.killed_on is not None
+        return self.killed_on
+
+    def send(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def finish(self, timeout: float = 300) -> Run:
+        """Wait for the exit (kill -9 and fail after ``timeout``)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self._reader.join(timeout=10)
+            self._log.append(self.describe("KILLED after timeout"))
+            raise AssertionError(f"fab did not finish within {timeout} s (killed):\n"
+                                 f"{self.text()[-6000:]}") from None
+        self._reader.join(timeout=10)
+        run = Run(self.argv, self.proc.returncode, "\n".join(self.lines), "",
+                  time.monotonic() - self.started)
+        self._log.append(run.describe())
+        return run
+
+    def kill(self) -> None:
+        """kill -9 (of its process group with ``own_session``) unless it has exited."""
+        if self.proc.poll() is None:
+            if self._own_session:
+                with suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def text(self) -> str:
+        return NOISE.sub("", "\n".join(self.lines) + "\n")
+
+    def describe(self, why: str | None = None) -> str:
+        if why is None:
+            done = "killed on cue" if self.killed_on is not None else "exit"
+            why = f"{done} (rc {self.proc.returncode})"
+        return f"$ fab {' '.join(self.argv[1:])}\n-> {why}\n{self.text()[-6000:]}"
+
+
+# -- one test module's model on the fleet ----------------------------------------------------
+
+@dataclass(kw_only=True)
+class ModelFleet:
+    """A test module's model on the fleet: its source and inventory, its ports, the fab runs
+    made for it (``log``) and what the hosts hold of it."""
+
+    model: str
+    offset: int
+    tmp: Path
+    source: Path
+    inventory: Path
+    log: list[str] = field(default_factory=list)
+
+    # set-up deploys that fail with a symptom of FLEET_TROUBLE are run once more
+    retry_fleet_trouble: ClassVar[bool] = False
+
+    @property
+    def grpc_port(self) -> int:
+        return 8500 + self.offset
+
+    @property
+    def rest_port(self) -> int:
+        return 8501 + self.offset
+
+    # fab ---------------------------------------------------------------------------------
+    def argv(self, *args: str, inventory: Path | None = None, model: str | None = None,
+             playbook: Path | None = None) -> list[str]:
+        argv = [str(VENV_BIN / "fab"), *args, "--model", model or self.model,
+                "--inventory", str(inventory or self.inventory)]
+        if playbook is not None:
+            argv += ["--playbook", str(playbook)]
+        return argv
+
+    def fab(self, *args: str, inventory: Path | None = None, model: str | None = None,
+            playbook: Path | None = None, timeout: float = 600) -> Run:
+        """``fab <args> --model M --inventory I`` from the repository root."""
+        argv = self.argv(*args, inventory=inventory, model=model, playbook=playbook)
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                                  cwd=REPO, env=fab_env())
+        except subprocess.TimeoutExpired as error:
+            out = (error.stdout or b"").decode() if isinstance(error.stdout, bytes) else \
+                (error.stdout or "")
+            self.log.append(f"$ {' '.join(argv)}\n-> TIMEOUT after {timeout} s\n{out[-6000:]}")
+            raise AssertionError(f"fab {' '.join(args)} did not finish within {timeout} s:\n"
+                                 f"{out[-4000:]}") from None
+        run = Run(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+        self.log.append(run.describe())
+        return run
+
+    def background(self, *args: str, inventory: Path | None = None,
+                   own_session: bool = False) -> Watched:
+        """``fab <args> ...`` started in the background (see Watched)."""
+        return Watched(self.argv(*args, inventory=inventory), self.log,
+                       own_session=own_session)
+
+    def deploy(self, version: int, *args: str, inventory: Path | None = None,
+               playbook: Path | None = None) -> Run:
+        """A deploy that must succeed (set-up)."""
+        def once() -> Run:
+            return self.fab("deploy", "--version", str(version), *args, inventory=inventory,
+                            playbook=playbook)
+
+        run = once()
+        if (self.retry_fleet_trouble and run.code != 0
+                and any(s in run.out for s in FLEET_TROUBLE)):
+            ensure_fleet()  # another session cycled the shared fleet under us: once more
+            run = once()
+        assert run.code == 0, run.describe()
+        return run
+
+    # what the hosts hold -----------------------------------------------------------------
+    def containers(self, host: str) -> list[dict[str, Any]]:
+        """The model's serving containers on ``host`` (docker inspect), running or not, oldest
+        release first."""
+        fmt = ('{"id": "{{.Id}}", "name": "{{.Name}}", "created": "{{.Created}}", '
+               '"started": "{{.State.StartedAt}}", "status": "{{.State.Status}}", '
+               '"restarts": {{.RestartCount}}, '
+               '"release": "{{index .Config.Labels "tfsdeploy.release"}}", '
+               '"slot": "{{index .Config.Labels "tfsdeploy.slot"}}", '
+               '"version": "{{index .Config.Labels "tfsdeploy.version"}}"}')
+        out = ssh(host, f"ids=$(docker ps -aq --filter label=tfsdeploy.model={self.model}); "
+                        f"[ -z \"$ids\" ] || docker inspect --format {shlex.quote(fmt)} $ids"
+                  ).stdout
+        found = [json.loads(line) for line in out.splitlines() if line.strip()]
+        for c in found:
+            c["name"] = c["name"].lstrip("/")
+        return sorted(found, key=lambda c: c["release"])
+
+    def current(self, host: str) -> dict[str, Any] | None:
+        """The current release's manifest on ``host`` (None when there is none)."""
+        path = f"/srv/tfsdeploy/{self.model}/current/manifest.json"
+        out = ssh(host, f"if [ -e {path} ]; then cat {path}; else echo null; fi").stdout
+        return json.loads(out)  # type: ignore[no-any-return]
+
+    def audit(self, host: str) -> list[dict[str, Any]]:
+        out = ssh(host, f"cat /srv/tfsdeploy/{self.model}/audit.log 2>/dev/null; true").stdout
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+    def dump(self) -> str:
+        """Everything useful after a failure: fab runs, containers, their logs, audit tails."""
+        parts = ["==== fab runs (last 8) ====", *self.log[-8:]]
+        for host in HOSTS:
+            try:
+                parts.append(f"==== {host} ====")
+                listed = ssh(host, "docker ps -a --format '{{.Names}} {{.Status}} {{.Labels}}' "
+                                   "| grep -F " + shlex.quote(self.model),
+                             check=False, timeout=30).stdout
+                parts.append(listed)
+                for name in (line.split()[0] for line in listed.splitlines() if line.strip()):
+                    logs = ssh(host, f"docker logs --tail 25 {name} 2>&1", check=False,
+                               timeout=30).stdout
+                    parts.append(f"---- {host} docker logs {name} (last 25 lines) ----\n{logs}")
+                parts.append("---- audit.log (tail) ----\n" + ssh(
+                    host, f"tail -n 15 /srv/tfsdeploy/{self.model}/audit.log", check=False,
+                    timeout=30).stdout)
+            except Exception as error:  # the dump must never hide the failure
+                parts.append(f"({host}: {type(error).__name__}: {error})")
+        return "\n".join(parts)
+
+
+AnyFleet = TypeVar("AnyFleet", bound=ModelFleet)
+
+
+def fleet_lifetime(model: str, make: Callable[[], AnyFleet], *, keep_env: str,
+                   tidy: Callable[[], None] | None = None) -> Iterator[AnyFleet]:
+    """Body of a module-scoped fixture: a healthy fleet with no trace of ``model``, then the
+    Fleet ``make`` returns; ``model`` is cleaned off again after (unless the environment
+    variable ``keep_env`` is 1). ``tidy`` undoes what an interrupted run may have left behind
+    (network rules); it runs first and again after."""
+    if tidy is not None:
+        tidy()
+    ensure_fleet()
+    clean_model(model)
+    fleet = make()
+    try:
+        yield fleet
+    finally:
+        if tidy is not None:
+            tidy()
+        if os.environ.get(keep_env) != "1":
+            clean_model(model)
+
+
+# -- gRPC through the stable ports ----------------------------------------------------------
+
+_API: dict[str, Any] = {}
+_API_LOCK = threading.Lock()
+
+
+def api() -> dict[str, Any]:
+    """gRPC and TFServing's own API modules (imported once: they pull TensorFlow's protos)."""
+    with _API_LOCK:
+        if not _API:
+            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+            import grpc
+            from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+            _API.update(grpc=grpc, predict=predict_pb2, service=prediction_service_pb2_grpc)
+    return _API
+
+
+def predict_request(model: str, xs: list[float], input_name: str = "x") -> Any:
+    """A PredictRequest of ``serving_default`` with x = [[x0], [x1], ...] (DT_FLOAT) as the
+    input ``input_name``."""
+    request = api()["predict"].PredictRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = "serving_default"
+    tensor = request.inputs[input_name]
+    tensor.dtype = 1  # DT_FLOAT
+    tensor.tensor_shape.dim.add(size=len(xs))
+    tensor.tensor_shape.dim.add(size=1)
+    tensor.float_val.extend(xs)
+    return request
+
+
+def outputs_y(reply: Any) -> list[float]:
+    """The ``y`` output of a PredictResponse as a flat list."""
+    import numpy as np
+
+    tensor = reply.outputs["y"]
+    if tensor.tensor_content:
+        return [float(v) for v in np.frombuffer(tensor.tensor_content, dtype="<f4")]
+    return [float(v) for v in tensor.float_val]
+
+
+def grpc_predict(address: str, port: int, model: str, xs: list[float], *,
+                 timeout: float = 10.0) -> list[float]:
+    """One Predict through ``address:port`` on a fresh channel."""
+    grpc = api()["grpc"]
+    with grpc.insecure_channel(f"{address}:{port}") as channel:
+        stub = api()["service"].PredictionServiceStub(channel)
+        return outputs_y(stub.Predict(predict_request(model, xs), timeout=timeout))
