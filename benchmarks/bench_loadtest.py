@@ -183,6 +183,10 @@ def _print(args: argparse.Namespace, runs: dict[str, list[tuple[float, float]]])
     print(f"wall throughput, 2 procs / 1 proc     : {_ratios(runs['two'], runs['one'], 0)}"
           "  (target >= 180%)")
     print(f"per client core, 2 procs / 1 proc     : {_ratios(runs['two'], runs['one'], 1)}")
+    cores = os.cpu_count() or 1
+    if cores < 4:
+        print(f"  note: {cores} cores; two client processes plus a server that needs about a core "
+              "of its own cannot show the 1 -> 2 process scaling here (needs >= 4 cores)")
     extra = bookkeeping_us()
     per_request = 1e6 / b_core
     print(f"bookkeeping added per request (no network): {extra:.2f} us of CPU; with the bare "
