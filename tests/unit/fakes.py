@@ -246,8 +246,11 @@ class FakeSlot:
     def predict(self, inputs: dict[str, np.ndarray], *, version: int | None = None,
                 signature: str = "serving_default", timeout: float = 30.0
                 ) -> tuple[dict[str, np.ndarray], float]:
-        if self.behaviour.get(self.address) == "vanish":  # the host drops off the network
+        mode = self.behaviour.get(self.address)
+        if mode == "vanish":  # the host drops off the network
             self.fleet[f"h{self.address.rsplit('.', 1)[1]}"].unreachable = True
+        if mode == "refuse" and version is None:  # nothing answers behind the stable port
+            raise ConnectionRefusedError("stable port: connection refused")
         x = inputs["x"]
         served = version or self._behind_proxy()
         return {"y": x * 0.5 + 2 + served - 1}, 0.002

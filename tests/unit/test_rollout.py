@@ -228,6 +228,26 @@ def test_stable_port_answering_with_the_old_release_fails_and_restores(
     assert _serving(world["fleet"]["h1"]) == [first.release_id]
 
 
+def test_finalize_checks_the_stable_port_once_the_old_slot_is_stopped(world: dict[str, Any]
+                                                                      ) -> None:
+    _deploy(world, 1)
+
+    class BreaksAfterRetire(Recorder):
+        def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+                 detail: str) -> None:
+            super().step(host, phase, task, status, seconds, detail)
+            if (host, task) == ("h2", "retire_old"):
+                FakeSlot.behaviour = {"10.9.0.2": "refuse"}
+
+    recorder = BreaksAfterRetire()
+    result = _deploy(world, 2, recorder)
+    assert ("h1", "finalize", "gate_stable", "ok") in recorder.steps
+    assert ("h2", "finalize", "gate_stable", "failed") in recorder.steps
+    assert result.exit_code == ExitCode.INCONSISTENT
+    assert "finalize failed on h2" in result.message
+    assert "connection refused" in result.hosts["h2"].error
+
+
 def test_failed_attempts_never_prune_the_rollback_target(world: dict[str, Any]) -> None:
     first = _deploy(world, 1, keep=2)
     FakeSlot.behaviour = {"10.9.0.1": "broken"}
