@@ -59,8 +59,10 @@ class Emulator:
         full_env.update(env or {})
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         command = (argv0 or [str(LAUNCHER)]) + args
+        # its own process group: a server started through the entrypoint script is bash's
+        # child (no exec, as in the real image), and must die with it
         self.proc = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=full_env)
+                                     env=full_env, start_new_session=True)
 
     def output(self) -> str:
         """Everything the server printed so far (stdout and stderr)."""
@@ -85,10 +87,10 @@ class Emulator:
             raise AssertionError(f"server still running:\n{self.output()}") from exc
 
     def stop(self) -> None:
-        """Kill the process (SIGTERM is ignored, like the real server)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(10)
+        """Kill the process and its children (SIGTERM is ignored, like the real server)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
         self._log.close()
 
 
