@@ -39,7 +39,7 @@ from tfsdeploy.proxy import ProxyAdmin, maint_commands, parse_sessions, render_p
 from tfsdeploy.proxy import switch_commands as proxy_switch_commands
 from tfsdeploy.remote import HostUnreachable, Runner
 from tfsdeploy.render import FLAGS, HostRender
-from tfsdeploy.state import Container, HostState, discover
+from tfsdeploy.state import GOOD, Container, HostState, discover, list_containers, read_releases
 
 Action = Callable[..., str]
 ACTIONS: dict[str, Action] = {}
@@ -753,13 +753,11 @@ def prune_releases(job: HostJob) -> str:
     Only releases that served count: failed, reverted or interrupted attempts never push a
     rollback target out. Running releases and the one this run replaced are always kept.
     """
-    from tfsdeploy.state import list_containers, read_releases
-
     keep = job.release.model.rollout.keep_releases
     containers = list_containers(job.runner, job.release.model.name)
     records = {str(m["id"]): m for m in read_releases(job.runner, job.paths) if m.get("id")}
     releases = sorted(set(records) | {c.release for c in containers})
-    good = [r for r in releases if records.get(r, {}).get("status") == "serving"]
+    good = [r for r in releases if records.get(r, {}).get("status") in GOOD]
     kept = set(good[-keep:]) | {c.release for c in containers if c.running}
     kept |= {job.release.release_id} | ({job.old.release} if job.old else set())
     newest_good = good[-keep] if len(good) >= keep else ""

@@ -93,9 +93,21 @@ def mkdir(path: str) -> Argv:
     return ["mkdir", "-p", path]
 
 
+def _swap_link_sh(target: int, link: int) -> str:
+    """Shell: replace the symlink named by positional argument ``link`` atomically with one to
+    positional argument ``target`` (rename over the old link)."""
+    return f'ln -sfn "${target}" "${link}.new" && mv -T "${link}.new" "${link}"'
+
+
+def _append_line_sh(line: int, path: int) -> str:
+    """Shell: append positional argument ``line`` to the file named by positional argument
+    ``path``, creating its directory if needed."""
+    return f'mkdir -p "$(dirname "${path}")" && printf "%s\\n" "${line}" >> "${path}"'
+
+
 def point_symlink(target: str, link: str) -> Argv:
     """Replace ``link`` atomically with a symlink to ``target`` (rename over the old link)."""
-    return ["sh", "-c", 'ln -sfn "$1" "$2.new" && mv -T "$2.new" "$2"', "sh", target, link]
+    return ["sh", "-c", _swap_link_sh(1, 2), "sh", target, link]
 
 
 def record_current(*, target: str, link: str, audit_log: str, audit_line: str,
@@ -104,8 +116,7 @@ def record_current(*, target: str, link: str, audit_log: str, audit_line: str,
     line, mark the release rolled back from (if any) as such and, when recording what a killed
     run left serving, mark that release as serving."""
     status = 'sed -i \'s/^  "status": "[a-z_]*",$/  "status": "%s",/\' '
-    script = ('ln -sfn "$1" "$2.new" && mv -T "$2.new" "$2" && '
-              'mkdir -p "$(dirname "$3")" && printf "%s\\n" "$4" >> "$3" && '
+    script = (_swap_link_sh(1, 2) + ' && ' + _append_line_sh(4, 3) + ' && '
               'if [ -n "$5" ] && [ -f "$5" ]; then ' + status % "rolled_back" + '"$5"; fi && '
               'if [ -n "$6" ] && [ -f "$6" ]; then ' + status % "serving" + '"$6"; fi')
     return ["sh", "-c", script, "sh", target, link, audit_log, audit_line,
@@ -119,8 +130,7 @@ def read_file(path: str) -> Argv:
 
 def append_line(path: str, line: str) -> Argv:
     """Append one line to a file (the audit log), creating its directory if needed."""
-    return ["sh", "-c", 'mkdir -p "$(dirname "$2")" && printf "%s\\n" "$1" >> "$2"', "sh",
-            line, path]
+    return ["sh", "-c", _append_line_sh(1, 2), "sh", line, path]
 
 
 def remove_tree(path: str) -> Argv:

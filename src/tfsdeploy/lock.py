@@ -17,6 +17,7 @@ import random
 import socket
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from tfsdeploy import commands
 from tfsdeploy.errors import ExitCode, TfsDeployError
 from tfsdeploy.gates import Clock
-from tfsdeploy.remote import Runner
+from tfsdeploy.remote import HostUnreachable, Runner
 
 
 class LockHeld(TfsDeployError):
@@ -123,8 +124,6 @@ class LockQuorumLost(TfsDeployError):
 def _attempt(site: LockSite, record: str, on_stale: Callable[[str], None] | None
              ) -> tuple[bool, LockInfo | None, bool]:
     """(taken, holder seen, reachable) for one site."""
-    from tfsdeploy.remote import HostUnreachable
-
     try:
         for _ in range(3):
             if site.runner.run(_acquire_argv(site.lock_dir, record)).ok:
@@ -149,8 +148,6 @@ def acquire_majority(sites: list[LockSite], info: LockInfo, *, wait_s: float, cl
     """Take the lock on a strict majority of ``sites`` (all that answer), waiting up to
     ``wait_s`` for another holder; returns the sites taken. Raises LockHeld naming a holder,
     or LockQuorumLost when too few hosts answer."""
-    from concurrent.futures import ThreadPoolExecutor
-
     record = json.dumps(info.__dict__)
     end = clock.now() + wait_s
     while True:
@@ -179,8 +176,6 @@ def acquire_majority(sites: list[LockSite], info: LockInfo, *, wait_s: float, cl
 
 def release_sites(sites: list[LockSite], info: LockInfo) -> list[str]:
     """Give the lock back where it is ours; returns the hosts where that failed."""
-    from tfsdeploy.remote import HostUnreachable
-
     failed = []
     for site in sites:
         try:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from tfsdeploy.errors import ConfigError
 from tfsdeploy.inventory import Inventory, load_inventory
+from tfsdeploy.layout import SLOTS, model_ports
+from tfsdeploy.proxy import render_proxy_config
 from tfsdeploy.render import HostRender, render_fleet
 from tfsdeploy.validate import check_port_clashes, validate_model, validate_render
 from tfsdeploy.versions import choose_version
@@ -50,9 +52,6 @@ def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
     """Write ``out/<host>/<model>/<file>`` for every render, and the host's proxy config as
     ``proxy/haproxy.cfg`` (as a first deploy writes it: slot blue active; each switch rewrites
     which slot is enabled); returns the paths written."""
-    from tfsdeploy.layout import SLOTS, model_ports
-    from tfsdeploy.proxy import render_proxy_config
-
     written = []
     for render in renders:
         folder = out / render.host.name / render.model.name
