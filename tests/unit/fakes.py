@@ -248,16 +248,20 @@ class FakeSlot:
                 ) -> tuple[dict[str, np.ndarray], float]:
         mode = self.behaviour.get(self.address)
         if mode == "vanish":  # the host drops off the network
-            self.fleet[f"h{self.address.rsplit('.', 1)[1]}"].unreachable = True
+            self._host().unreachable = True
         if mode == "refuse" and version is None:  # nothing answers behind the stable port
             raise ConnectionRefusedError("stable port: connection refused")
         x = inputs["x"]
         served = version or self._behind_proxy()
         return {"y": x * 0.5 + 2 + served - 1}, 0.002
 
+    def _host(self) -> FakeHost:
+        """The fake host at this slot's address (10.9.0.N is hN)."""
+        return self.fleet[f"h{self.address.rsplit('.', 1)[1]}"]
+
     def _behind_proxy(self) -> int:
         """The version of the container in the slot the host's proxy sends requests to."""
-        host = self.fleet[f"h{self.address.rsplit('.', 1)[1]}"]
+        host = self._host()
         active = [s for (b, s), state in host.servers.items() if b == "grpc" and state == "UP"]
         versions = [int(c.labels["tfsdeploy.version"]) for c in host.containers.values()
                     if c.running and c.labels.get("tfsdeploy.slot") in active]
