@@ -26,7 +26,7 @@ from deploy_support import (
     fleet_fixture,
     rest_status,
 )
-from testbed_support import HOSTS, ssh
+from testbed_support import HOSTS, Run, ssh
 
 pytestmark = pytest.mark.testbed
 
@@ -178,6 +178,28 @@ def test_slow_version_hits_the_load_deadline_and_is_restored(fleet: Fleet) -> No
 
 # -- 6. two deploys at once; 7. Ctrl-C and SIGTERM mid-roll --------------------------------------
 
+def interrupted_v1_roll(fleet: Fleet, variant: str, min_healthy_s: float, waits: list[str],
+                        signum: signal.Signals) -> Run:
+    """A v1 deploy over v2 with a long health gate, sent ``signum`` once each of ``waits``
+    (output patterns) has shown; returns the finished run."""
+    slow = fleet.inventory_variant(variant, min_healthy_s=min_healthy_s)
+    roll = fleet.background("deploy", "--version", "1", inventory=slow)
+    try:
+        for pattern in waits:
+            roll.wait_for(pattern, timeout=240)
+        roll.send(signum)
+        return roll.finish(timeout=180)
+    finally:
+        roll.kill()
+
+
+def assert_v2_serves_and_lock_free(fleet: Fleet) -> None:
+    """After an interrupted roll: the lock is released and every host serves v2 again."""
+    free, shown = fleet.lock_free()
+    assert free, shown.describe()
+    fleet.assert_serving(B[2])
+
+
 def test_second_deploy_gets_exit_4_naming_the_holder_then_ctrl_c_restores(fleet: Fleet) -> None:
     before = on_version(fleet, 2)
     slow = fleet.inventory_variant("slow_health", min_healthy_s=20.0)
@@ -197,26 +219,16 @@ def test_second_deploy_gets_exit_4_naming_the_holder_then_ctrl_c_restores(fleet:
         first.kill()
     assert run.code == 2, run.describe()
     assert "interrupted" in run.out and "every host serves its previous release" in run.out
-    free, shown = fleet.lock_free()
-    assert free, shown.describe()
-    fleet.assert_serving(B[2])
+    assert_v2_serves_and_lock_free(fleet)
     assert fleet.snapshot() == before
 
 
 def test_sigterm_mid_roll_restores_and_unlocks(fleet: Fleet) -> None:
     before = on_version(fleet, 2)
-    slow = fleet.inventory_variant("slow_health", min_healthy_s=20.0)
-    first = fleet.background("deploy", "--version", "1", inventory=slow)
-    try:
-        first.wait_for(r"tb1 +roll +gate_warmup +ok", timeout=240)
-        first.send(signal.SIGTERM)
-        run = first.finish(timeout=180)
-    finally:
-        first.kill()
+    run = interrupted_v1_roll(fleet, "slow_health", 20.0, [r"tb1 +roll +gate_warmup +ok"],
+                              signal.SIGTERM)
     assert run.code == 2, run.describe()
-    free, shown = fleet.lock_free()
-    assert free, shown.describe()
-    fleet.assert_serving(B[2])
+    assert_v2_serves_and_lock_free(fleet)
     assert fleet.snapshot() == before
 
 
@@ -243,27 +255,19 @@ def test_lock_wait_queues_the_second_deploy_until_the_first_is_done(fleet: Fleet
 
 def test_ctrl_c_in_batch_2_reverts_the_canary_too(fleet: Fleet) -> None:
     before = on_version(fleet, 2)
-    slow = fleet.inventory_variant("slow_health_10", min_healthy_s=10.0)
-    roll = fleet.background("deploy", "--version", "1", inventory=slow)
-    try:
-        roll.wait_for(r"tb1 +roll +record_release +ok", timeout=240)
-        roll.wait_for(r"tb[23] +roll +gate_warmup +ok", timeout=240)
-        roll.send(signal.SIGINT)
-        run = roll.finish(timeout=180)
-    finally:
-        roll.kill()
+    run = interrupted_v1_roll(fleet, "slow_health_10", 10.0,
+                              [r"tb1 +roll +record_release +ok", r"tb[23] +roll +gate_warmup +ok"],
+                              signal.SIGINT)
     assert run.code == 2, run.describe()
     assert "every host serves its previous release" in run.out
     assert re.search(r"tb1 +restore +restore +ok", run.out), "the canary was reverted"
-    fleet.assert_serving(B[2])
+    assert_v2_serves_and_lock_free(fleet)
     after = fleet.snapshot()
     for host in HOSTS:
         assert after[host]["current"] == before[host]["current"], host
         # the v2 container kept running throughout (same id, never restarted)
         assert [c for c in after[host]["containers"] if c[2] == "running"] == [
             c for c in before[host]["containers"] if c[2] == "running"], host
-    free, shown = fleet.lock_free()
-    assert free, shown.describe()
 
 
 def test_ctrl_c_pressed_repeatedly_still_restores_and_unlocks(fleet: Fleet) -> None:
