@@ -6,12 +6,21 @@ Every task exits with the codes documented in the README (0 ok, 1 invalid input,
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import sys
+from pathlib import Path
 
-from fabric import task
-from invoke.collection import Collection
-from invoke.exceptions import Exit
+# This checkout's own package, whatever another checkout installed into the shared venv
+# (an editable install points at whichever checkout ran scripts/setup last).
+_SRC = str(Path(__file__).resolve().parent / "src")
+if sys.path[:1] != [_SRC]:
+    sys.path.insert(0, _SRC)
+
+from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
+
+from fabric import task  # noqa: E402
+from invoke.collection import Collection  # noqa: E402
+from invoke.exceptions import Exit  # noqa: E402
 
 
 def _run(body: Callable[[], int], on_error: Callable[[int, str], None] | None = None) -> None:
