@@ -1,7 +1,7 @@
-"""tfsdeploy's Fabric tasks: thin wrappers over the `tfsdeploy` package.
+"""tfsdeploy's Fabric tasks: their signatures and help; each hands its arguments to
+``tfsdeploy.cli.main`` and exits with its code (README "Exit codes").
 
 Run from the repository root: `fab --list`, `fab render --model resnet50`.
-Every task exits with the codes documented in the README (0 ok, 1 invalid input, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ _SRC = str(Path(__file__).resolve().parent / "src")
 if sys.path[:1] != [_SRC]:
     sys.path.insert(0, _SRC)
 
-from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 from fabric import task  # noqa: E402
@@ -23,152 +22,44 @@ from invoke.collection import Collection  # noqa: E402
 from invoke.exceptions import Exit  # noqa: E402
 
 
-def _run(body: Callable[[], int], on_error: Callable[[int, str], None] | None = None) -> None:
-    """Run a command body; turn toolkit errors into their exit code with a clear message.
+def _main(command: str, arguments: dict[str, Any]) -> None:
+    from tfsdeploy.cli.main import main
 
-    ``on_error`` lets unattended runs record a failure that ended the command early (invalid
-    input, lock held, lock host unreachable) in their JSON and metrics files too.
-    """
-    from tfsdeploy.cli.output import print_error
-    from tfsdeploy.errors import TfsDeployError
-
-    try:
-        code = body()
-    except TfsDeployError as error:
-        print_error(error)
-        if on_error:
-            on_error(int(error.exit_code), str(error))
-        raise Exit(code=int(error.exit_code)) from None
+    code = main(command, arguments)
     if code:
         raise Exit(code=code)
 
 
-def _record_failure(command: str, model: str, json_file: str | None,
-                    metrics_file: str | None) -> Callable[[int, str], None]:
-    """An ``on_error`` that writes the unattended outputs of a run that ended early."""
-    import time
-
-    started = time.monotonic()
-
-    def record(code: int, message: str) -> None:
-        from tfsdeploy.cli.unattended import update_textfile, write_json_file
-        from tfsdeploy.errors import ExitCode
-
-        if json_file:
-            write_json_file(json_file, {"command": command, "model": model, "exit_code": code,
-                                        "result": ExitCode(code).name.lower(),
-                                        "message": message, "hosts": {}})
-        if metrics_file:
-            update_textfile(metrics_file, model=model, command=command, exit_code=code,
-                            seconds=time.monotonic() - started, release="", version=None)
-
-    return record
-
-
-@task(help={
+INVENTORY = "inventory file (default: $TFSDEPLOY_INVENTORY or inventory/testbed.py)"
+SELECT = {
     "model": "model name from the inventory's catalog (required)",
-    "inventory": "inventory file (default: $TFSDEPLOY_INVENTORY or inventory/testbed.py)",
+    "inventory": INVENTORY,
     "hosts": "hosts, groups or globs, comma-separated (default: the model's hosts)",
     "limit": "further narrow the hosts to these hosts, groups or globs",
-    "version": "model version to render (default: the newest in the model's source)",
-    "out": "output directory; one folder per host (default: render/)",
-})
-def render(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-           limit: str | None = None, version: str | None = None, out: str = "render") -> None:
-    """Render and validate the files each host would receive; touches no host."""
-    def body() -> int:
-        from pathlib import Path
-
-        from tfsdeploy.cli.output import print_table
-        from tfsdeploy.cli.render import (
-            RenderRequest,
-            render_and_validate,
-            summary_rows,
-            write_renders,
-        )
-
-        renders = render_and_validate(RenderRequest(model=model, inventory=inventory,
-                                                    hosts=hosts, limit=limit, version=version))
-        written = write_renders(renders, Path(out))
-        print_table(f"{model}: {len(renders)} host(s) rendered and validated into {out}/",
-                    ("host", "address", "version", "GPU fraction", "files"),
-                    summary_rows(renders))
-        print(f"{len(written)} files written; the TFServing files parsed with TFServing's "
-              "definitions; proxy/haproxy.cfg as a first deploy writes it (slot blue).")
-        return 0
-
-    _run(body)
-
-
-@task(help={"inventory": "inventory file (default: $TFSDEPLOY_INVENTORY or inventory/testbed.py)",
-            "hosts": "hosts, groups or globs, comma-separated",
-            "limit": "further narrow the hosts"})
-def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
-          limit: str | None = None) -> None:
-    """List the inventory's hosts with their groups, GPUs and models."""
-    def body() -> int:
-        from tfsdeploy.cli.output import print_table
-        from tfsdeploy.inventory import load_inventory
-        from tfsdeploy.render import placements
-
-        inv = load_inventory(inventory)
-        placed = placements(inv)
-        rows = [(h.name, h.address, ",".join(h.groups) or "-",
-                 " ".join(f"{g.index}:{g.memory_mib}MiB" for g in h.gpus) or "-",
-                 ",".join(m for m, on in placed.items() if h.name in on) or "-")
-                for h in inv.select(hosts, limit=limit)]
-        print_table(f"{inv.path}: {len(rows)} host(s)",
-                    ("host", "address", "groups", "GPUs", "models"), rows)
-        return 0
-
-    _run(body)
-
-
+}
 UNATTENDED = {
     "json": "print the result as JSON on stdout (progress goes to stderr)",
     "log_file": "also append the progress lines, time-stamped, to this file",
     "json_file": "write the JSON result to this file (atomically)",
     "metrics_file": "update this Prometheus textfile (node_exporter textfile collector)",
 }
-SELECT = {
-    "model": "model name from the inventory's catalog (required)",
-    "inventory": "inventory file (default: $TFSDEPLOY_INVENTORY or inventory/testbed.py)",
-    "hosts": "hosts, groups or globs, comma-separated (default: the model's hosts)",
-    "limit": "further narrow the hosts",
-}
 
 
-def _finish(command: str, result: Any, *, json: bool, json_file: str | None,
-            metrics_file: str | None) -> int:
-    """Print the summary (or JSON), write the unattended outputs, return the exit code."""
-    from tfsdeploy.cli import deploy as cmd
-    from tfsdeploy.cli.output import print_table
-    from tfsdeploy.cli.unattended import update_textfile, write_json_file
-
-    data = {"command": command, **result.as_dict()}
-    if json:
-        cmd.print_json(data)
-    else:
-        print_table(f"{command} {result.model} v{result.version} ({result.release_id}): "
-                    f"{result.exit_code.name.lower()} in {result.seconds:.1f} s",
-                    ("host", "result", "time per phase", "gates", "error"),
-                    cmd.summary_rows(result))
-        print(result.message)
-    if json_file:
-        write_json_file(json_file, data)
-    if metrics_file:
-        update_textfile(metrics_file, model=result.model, command=command,
-                        exit_code=int(result.exit_code), seconds=result.seconds,
-                        release=result.release_id, version=result.version)
-    return int(result.exit_code)
+@task(help={**SELECT, "version": "model version to render (default: the newest in the "
+                                  "model's source)",
+            "out": "output directory; one folder per host (default: render/)"})
+def render(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+           limit: str | None = None, version: str | None = None, out: str = "render") -> None:
+    """Render and validate the files each host would receive; touches no host."""
+    _main("render", locals())
 
 
-def _reporter(json: bool, log_file: str | None) -> Any:
-    import sys
-
-    from tfsdeploy.cli.deploy import LineReporter
-
-    return LineReporter(sys.stderr if json else sys.stdout, log_file)
+@task(help={"inventory": INVENTORY, "hosts": "hosts, groups or globs, comma-separated",
+            "limit": "further narrow the hosts"})
+def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
+          limit: str | None = None) -> None:
+    """List the inventory's hosts with their groups, GPUs and models."""
+    _main("hosts", locals())
 
 
 @task(help={
@@ -176,7 +67,8 @@ def _reporter(json: bool, log_file: str | None) -> Any:
     "version": "model version to deploy (default: the newest in the model's source)",
     "playbook": "playbook file (default: playbooks/deploy.yml)",
     "lock_wait": "seconds to wait for another deploy's lock before exiting 4 (default 0)",
-    "check": "show the per-host plan; touch nothing",
+    "check": "show every host's plan: the steps and the changes a deploy would make; "
+             "touch nothing",
     "diff": "with --check: also diff every file against what is live",
     **UNATTENDED,
 })
@@ -186,30 +78,7 @@ def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None =
            json: bool = False, log_file: str | None = None, json_file: str | None = None,
            metrics_file: str | None = None) -> None:
     """Roll a model release host by host in a dual-version window, gated on health."""
-    def body() -> int:
-        from tfsdeploy.cli import deploy as cmd
-        from tfsdeploy.cli.output import print_table
-
-        request = cmd.DeployRequest(model=model, inventory=inventory, hosts=hosts, limit=limit,
-                                    version=version, playbook=playbook,
-                                    lock_wait=float(lock_wait))
-        if check or diff:
-            rows = cmd.plan(request, diff=diff)
-            if json:
-                cmd.print_json(rows)
-                return 0
-            print_table(f"deploy --check {model}: nothing was changed",
-                        ("host", "would do", "live"),
-                        [(r["host"], r["action"], r["detail"]) for r in rows])
-            for row in rows:
-                if row["diff"]:
-                    print(row["diff"])
-            return 0
-        result = cmd.deploy(request, reporter=_reporter(json, log_file))
-        return _finish("deploy", result, json=json, json_file=json_file,
-                       metrics_file=metrics_file)
-
-    _run(body, _record_failure("deploy", model, json_file, metrics_file))
+    _main("deploy", locals())
 
 
 @task(help={
@@ -224,94 +93,26 @@ def rollback(c: Any, model: str, inventory: str | None = None, hosts: str | None
              lock_wait: float = 0.0, json: bool = False, log_file: str | None = None,
              json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Return hosts to a retained release: a gated switch back within the window."""
-    def body() -> int:
-        from tfsdeploy.cli.rollback import RollbackRequest
-        from tfsdeploy.cli.rollback import rollback as run_rollback
-
-        result = run_rollback(RollbackRequest(model=model, inventory=inventory, hosts=hosts,
-                                              limit=limit, to=to, playbook=playbook,
-                                              lock_wait=float(lock_wait)),
-                              reporter=_reporter(json, log_file))
-        return _finish("rollback", result, json=json, json_file=json_file,
-                       metrics_file=metrics_file)
-
-    _run(body, _record_failure("rollback", model, json_file, metrics_file))
+    _main("rollback", locals())
 
 
 @task(help={**SELECT, "json": "print JSON instead of a table"})
 def status(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
            limit: str | None = None, json: bool = False) -> None:
     """Per host: live release, slots, traffic, version states, drift and the lock."""
-    def body() -> int:
-        from tfsdeploy.cli.deploy import print_json
-        from tfsdeploy.cli.fleet import FleetRequest
-        from tfsdeploy.cli.fleet import status as fleet_status
-        from tfsdeploy.cli.output import print_table
-
-        rows = fleet_status(FleetRequest(model, inventory, hosts, limit))
-        if json:
-            print_json(rows)
-        else:
-            print_table(f"{model}: status", ("host", "release", "version", "traffic", "slots",
-                                             "drift", "lock"),
-                        [_status_row(r) for r in rows])
-        return 0 if all(r["reachable"] for r in rows) else 3
-
-    _run(body)
-
-
-def _status_row(row: dict[str, Any]) -> tuple[str, ...]:
-    if not row["reachable"]:
-        return (row["host"], "UNREACHABLE", "", "", row.get("error", "")[:60], "", "")
-    slots = "; ".join(
-        f"{slot}: " + ", ".join(
-            f"{c['release']} {'running' if c['running'] else 'stopped'}"
-            + "".join(f" [{v.get('version', '?')} {v.get('state', v.get('error'))}]"
-                      for v in c["versions"])
-            for c in containers)
-        for slot, containers in row["slots"].items() if containers)
-    return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
-            str(row["traffic_slot"] or "-"), slots or "-", ", ".join(row["drift"]) or "none",
-            row["lock"] or "free")
+    _main("status", locals())
 
 
 @task(help={**SELECT, "json": "print JSON instead of tables"})
 def history(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
             limit: str | None = None, json: bool = False) -> None:
     """Releases per host with results and durations, and the audit log."""
-    def body() -> int:
-        from tfsdeploy.cli.deploy import print_json
-        from tfsdeploy.cli.fleet import FleetRequest
-        from tfsdeploy.cli.fleet import history as fleet_history
-        from tfsdeploy.cli.output import print_table
-
-        rows = fleet_history(FleetRequest(model, inventory, hosts, limit))
-        if json:
-            print_json(rows)
-            return 0
-        for row in rows:
-            if not row["reachable"]:
-                print(f"{row['host']}: UNREACHABLE ({row['error']})")
-                continue
-            print_table(f"{row['host']}: releases of {model}",
-                        ("release", "version", "status", "slot", "by", "at", "seconds", "gates"),
-                        [(r["id"], str(r["version"]), str(r["status"]), str(r["slot"]),
-                          str(r["by"]), str(r["at"]), str(r["seconds"]),
-                          " ".join(f"{g} {s:.1f}s" for g, s in r["gates"].items()))
-                         for r in row["releases"]])
-            for entry in row["audit"][-15:]:
-                extra = {k: v for k, v in entry.items()
-                         if k not in ("time", "who", "host", "model", "event", "release")}
-                print(f"  {entry.get('time')} {entry.get('who')} {entry.get('event')} "
-                      f"{entry.get('release')} {extra or ''}")
-        return 0 if all(r["reachable"] for r in rows) else 3
-
-    _run(body)
+    _main("history", locals())
 
 
 @task(help={
     **SELECT,
-    "max_error_rate": "act above this error rate (default 0.01 = 1%)",
+    "max_error_rate": "act above this rate of server errors (default 0.01 = 1%)",
     "slo_p99_ms": "act above this P99 in ms (default: the model's latency SLO)",
     "for_s": "only after the breach lasted this long (default 30 s)",
     "interval_s": "seconds between metric reads (default 5)",
@@ -326,28 +127,7 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
           duration_s: float | None = None, min_requests: int = 20,
           log_file: str | None = None, metrics_file: str | None = None) -> None:
     """Watch TFServing's metrics; roll back automatically when the SLO breaks."""
-    def body() -> int:
-        import time
-
-        from tfsdeploy.cli.guard import GuardRequest
-        from tfsdeploy.cli.guard import guard as run_guard
-        from tfsdeploy.cli.unattended import update_textfile
-
-        started = time.monotonic()
-        code, message = run_guard(GuardRequest(
-            model=model, inventory=inventory, hosts=hosts, limit=limit,
-            max_error_rate=float(max_error_rate),
-            slo_p99_ms=float(slo_p99_ms) if slo_p99_ms else None, for_s=float(for_s),
-            interval_s=float(interval_s),
-            duration_s=float(duration_s) if duration_s else None,
-            min_requests=int(min_requests)), reporter=_reporter(False, log_file))
-        print(message)
-        if metrics_file:
-            update_textfile(metrics_file, model=model, command="guard", exit_code=int(code),
-                            seconds=time.monotonic() - started, release="", version=None)
-        return int(code)
-
-    _run(body, _record_failure("guard", model, None, metrics_file))
+    _main("guard", locals())
 
 
 @task(help={
@@ -371,33 +151,7 @@ def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
           min_qps: float | None = None, sweep: bool = False, report: str | None = None,
           sweep_plot: str | None = None) -> None:
     """Load-test the model on the inventory's hosts (their stable gRPC ports), with SLO gates."""
-    def body() -> int:
-        from pathlib import Path
-
-        from tfsdeploy.inventory import load_inventory
-        from tfsdeploy.layout import model_ports
-        from tfsdeploy.loadtest.cli import run_bench
-        from tfsdeploy.versions import choose_version
-
-        inv = load_inventory(inventory)
-        catalog = inv.model(model)
-        chosen = choose_version(catalog, version, inv.path)
-        targets = [f"{h.address}:{model_ports(h, catalog).grpc}"
-                   for h in inv.select(hosts, limit=limit, model=catalog)]
-        options: dict[str, Any] = {
-            "model": model, "data_from_warmup": Path(catalog.source) / str(chosen),
-            "duration": duration, "concurrency": int(concurrency),
-            "slo_p99": float(slo_p99) if slo_p99 else catalog.latency_slo_ms,
-            "max_error_rate": float(max_error_rate), "sweep": bool(sweep)}
-        optional = {"rps": rps, "procs": procs, "min_qps": min_qps, "report": report,
-                    "sweep_plot": sweep_plot}
-        for key, value in optional.items():
-            if value is not None:
-                options[key] = Path(str(value)) if key in ("report", "sweep_plot") else (
-                    float(value) if key in ("rps", "min_qps") else int(value))
-        return run_bench(targets, **options)
-
-    _run(body)
+    _main("bench", locals())
 
 
 @task(help={
@@ -412,56 +166,14 @@ def plan_capacity(c: Any, target_qps: float, sweep_report: str | None = None,
                   per_instance_qps: float | None = None, load_factor: float = 0.65,
                   availability_factor: float = 0.9, json: bool = False) -> None:
     """Instances needed: target QPS / (per-instance QPS x load factor x availability)."""
-    def body() -> int:
-        from tfsdeploy.errors import ConfigError, Problem
-        from tfsdeploy.loadtest.cli import plan_capacity as plan
-
-        source: str | float | None = sweep_report or (
-            float(per_instance_qps) if per_instance_qps else None)
-        if source is None:
-            raise ConfigError(Problem("no per-instance figure",
-                                      fix="pass --sweep-report FILE or --per-instance-qps N"))
-        code, text = plan(float(target_qps), source, load_factor=float(load_factor),
-                          availability_factor=float(availability_factor), as_json=json)
-        print(text)
-        return code
-
-    _run(body)
+    _main("plan_capacity", locals())
 
 
-@task(help={"model": "model whose fleet lock to show (required)",
-            "inventory": "inventory file",
+@task(help={"model": "model whose fleet lock to show (required)", "inventory": INVENTORY,
             "break_": "remove the lock whoever holds it (only when no deploy runs)"})
 def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False) -> None:
     """Show the deploy lock of a model's fleet, or break a stale one with --break."""
-    def body() -> int:
-        from tfsdeploy import lock as locks
-        from tfsdeploy.cli.deploy import lock_sites
-        from tfsdeploy.inventory import load_inventory
-        from tfsdeploy.remote import HostUnreachable, SshRunner
-
-        inv = load_inventory(inventory)
-        sites = lock_sites(inv, inv.model(model), {}, SshRunner)
-        held = 0
-        for site in sites:
-            try:
-                holder = (locks.break_lock if break_ else locks.read_lock)(site.runner,
-                                                                          site.lock_dir)
-            except HostUnreachable as error:
-                print(f"{site.host}: unreachable ({error})")
-                continue
-            finally:
-                site.runner.close()
-            held += holder is not None
-            state = "free" if holder is None else holder.describe() + (
-                " STALE: that process is gone" if locks.is_stale(holder) else "")
-            print(f"{site.host}: {'broken, was ' if break_ and holder else ''}{state}")
-        verdict = "broken" if break_ else ("locked" if held * 2 > len(sites) else
-                                           "partly locked" if held else "free")
-        print(f"{model}: {verdict} ({held} of {len(sites)} hosts hold a lock record)")
-        return 0
-
-    _run(body)
+    _main("lock", locals())
 
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,

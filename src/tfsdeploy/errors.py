@@ -53,3 +53,7 @@ class ConfigError(TfsDeployError):
         count = len(self.problems)
         head = f"{count} problem{'s' if count != 1 else ''} found; nothing was changed on any host"
         super().__init__(head + "\n" + "\n".join(f"  - {p.render()}" for p in self.problems))
+
+
+class HostUnreachable(TfsDeployError):
+    """SSH could not connect, authenticate or verify the host key, or the connection died."""

@@ -14,6 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 REQUEST_COUNT = ":tensorflow:serving:request_count"
+# Statuses a client causes (a malformed or unknown request): never a release's failure, so they
+# never count toward the error rate (else anyone able to send bad requests could walk the
+# fleet back through its history). The rest (INTERNAL, UNAVAILABLE, RESOURCE_EXHAUSTED,
+# DEADLINE_EXCEEDED, UNKNOWN, DATA_LOSS ...) are the server's.
+CLIENT_ERRORS = frozenset({"INVALID_ARGUMENT", "NOT_FOUND", "ALREADY_EXISTS",
+                           "PERMISSION_DENIED", "UNAUTHENTICATED", "FAILED_PRECONDITION",
+                           "OUT_OF_RANGE", "CANCELLED", "UNIMPLEMENTED"})
 LATENCY_BUCKET = ":tensorflow:serving:request_latency_bucket"
 LINE = re.compile(r'^(?P<name>[^\s{]+)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)')
 LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -50,7 +57,7 @@ def parse_metrics(text: str, model: str) -> Scrape:
 
 @dataclass(frozen=True)
 class Window:
-    """Traffic between two scrapes."""
+    """Traffic between two scrapes of one server process (client errors left out)."""
 
     total: float
     errors: float
@@ -71,11 +78,10 @@ def _increase(before: float, after: float) -> float:
 def window(before: Scrape, after: Scrape) -> Window:
     """Requests, errors and P99 latency between two scrapes."""
     delta = {s: _increase(before.requests.get(s, 0.0), v) for s, v in after.requests.items()}
-    total = sum(delta.values())
+    total = sum(v for s, v in delta.items() if s not in CLIENT_ERRORS)
     errors = total - delta.get("OK", 0.0)
-    counts = sorted((le, _increase(before.buckets.get(le, 0.0), v))
-                    for le, v in after.buckets.items())
-    return Window(total=total, errors=errors, p99_ms=_quantile(counts, 0.99))
+    return Window(total=total, errors=errors,
+                  p99_ms=_quantile(bucket_deltas(before, after), 0.99))
 
 
 def _quantile(cumulative: list[tuple[float, float]], q: float) -> float | None:
@@ -114,3 +120,20 @@ class Breach:
     def sustained(self, host: str, *, now: float, for_s: float) -> bool:
         """Whether the host has been breaking its SLO for at least ``for_s``."""
         return host in self.since and now - self.since[host] >= for_s
+
+
+def merge(windows: list[Window], buckets: list[list[tuple[float, float]]]) -> Window:
+    """Several processes' windows of one host as one (P99 from their summed buckets)."""
+    total = sum(w.total for w in windows)
+    errors = sum(w.errors for w in windows)
+    summed: dict[float, float] = {}
+    for series in buckets:
+        for bound, count in series:
+            summed[bound] = summed.get(bound, 0.0) + count
+    return Window(total=total, errors=errors, p99_ms=_quantile(sorted(summed.items()), 0.99))
+
+
+def bucket_deltas(before: Scrape, after: Scrape) -> list[tuple[float, float]]:
+    """The latency buckets' increases between two scrapes of one process."""
+    return sorted((le, _increase(before.buckets.get(le, 0.0), v))
+                  for le, v in after.buckets.items())

@@ -7,9 +7,12 @@ On a host (``data_root`` defaults to /srv/tfsdeploy)::
     <data_root>/models/<model>/<version>/         SavedModel versions, staged atomically
     <data_root>/<model>/releases/<release-id>/    rendered files + manifest.json
     <data_root>/<model>/current -> releases/<id>  the release taking traffic
+    <data_root>/<model>/versions/<version>.sha256 digest of each staged version's files
     <data_root>/<model>/proxy/haproxy.cfg         the per-host traffic switch's config
-    <data_root>/<model>/audit.log                 one JSON line per action, append-only
-    <data_root>/<model>/lock/                     the fleet lock (on the fleet's first host)
+    <data_root>/<model>/proxy-admin/admin.sock    the switch's admin API (root-only directory)
+    <data_root>/<model>/audit.log                 one JSON line per change, append-only
+    <data_root>/<model>/lock/                     the model's part of the fleet lock
+    <data_root>/<model>/lock.flock                serialises lock changes on the host
 """
 
 from __future__ import annotations
@@ -22,24 +25,28 @@ from tfsdeploy.inventory import ResolvedHost
 
 SLOTS = ("blue", "green")
 LABEL_PREFIX = "tfsdeploy"
+ADMIN_SOCKET_NAME = "admin.sock"
+PROXY_ADMIN_MOUNT = "/run/tfsdeploy-admin"  # where the proxy container sees the admin dir
 
 
 @dataclass(frozen=True)
 class Ports:
-    """A model's ports on one host: stable (the proxy), per slot, and the proxy's admin port."""
+    """A model's ports on one host: stable (the proxy's) and each slot's (instance 0's; an
+    instance ``k`` adds ``k x instance_stride``)."""
 
     grpc: int
     rest: int
     slots: dict[str, tuple[int, int]]
     admin: int
+    instance_stride: int = 40
 
-    def slot_grpc(self, slot: str) -> int:
-        """The slot's gRPC port."""
-        return self.slots[slot][0]
+    def slot_grpc(self, slot: str, instance: int = 0) -> int:
+        """The gRPC port of one instance's slot."""
+        return self.slots[slot][0] + instance * self.instance_stride
 
-    def slot_rest(self, slot: str) -> int:
-        """The slot's REST port."""
-        return self.slots[slot][1]
+    def slot_rest(self, slot: str, instance: int = 0) -> int:
+        """The REST port of one instance's slot."""
+        return self.slots[slot][1] + instance * self.instance_stride
 
 
 def model_ports(host: ResolvedHost, model: Model) -> Ports:
@@ -98,8 +105,32 @@ class HostPaths:
 
     @property
     def lock_dir(self) -> str:
-        """The fleet lock directory (used on the fleet's first host)."""
+        """The model's part of the fleet lock."""
         return f"{self.home}/lock"
+
+    @property
+    def lock_guard(self) -> str:
+        """The file ``flock`` holds while the lock directory is read and changed."""
+        return f"{self.home}/lock.flock"
+
+    @property
+    def digests(self) -> str:
+        """Digests of the staged versions' files (``<version>.sha256``)."""
+        return f"{self.home}/versions"
+
+    def digest_file(self, version: int) -> str:
+        """The digest record of one staged version."""
+        return f"{self.digests}/{version}.sha256"
+
+    @property
+    def admin_dir(self) -> str:
+        """Root-only directory holding the proxy's admin socket."""
+        return f"{self.home}/proxy-admin"
+
+    @property
+    def admin_socket(self) -> str:
+        """The proxy's admin socket, as the host sees it."""
+        return f"{self.admin_dir}/{ADMIN_SOCKET_NAME}"
 
 
 def host_paths(host: ResolvedHost, model: Model) -> HostPaths:
@@ -114,9 +145,22 @@ def new_release_id(version: int, now: datetime | None = None) -> str:
     return f"r{moment:%Y%m%d-%H%M%S}{moment.microsecond // 1000:03d}-v{version}"
 
 
-def container_name(model: str, release_id: str) -> str:
-    """The serving container of one release."""
-    return f"tfs-{model}-{release_id}"
+def container_name(model: str, release_id: str, instance: int = 0) -> str:
+    """The serving container of one instance of one release."""
+    return f"tfs-{model}-{release_id}-i{instance}"
+
+
+def server_name(slot: str, instance: int = 0) -> str:
+    """The proxy's backend server of one instance's slot."""
+    return f"i{instance}-{slot}"
+
+
+def parse_server_name(name: str) -> tuple[int, str] | None:
+    """(instance, slot) of a proxy server name, or None when it is not one of ours."""
+    head, _, slot = name.partition("-")
+    if not head.startswith("i") or not head[1:].isdigit() or slot not in SLOTS:
+        return None
+    return int(head[1:]), slot
 
 
 def proxy_name(model: str) -> str:

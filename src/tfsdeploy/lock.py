@@ -1,17 +1,18 @@
 """One deploy per model fleet at a time: a lock directory on a majority of the model's hosts.
 
-`mkdir` is atomic on each host, and a deploy holds the lock only when it created the lock
-directory on a strict majority of the model's hosts: two deploys from different machines (or a
+``mkdir`` is atomic on each host, and a run holds the lock only when it created the lock
+directory on a strict majority of the model's hosts: two runs from different machines (or a
 person and a cron job), even with different views of which hosts answer, can never both hold
-it, and one unreachable host does not block a rollback. The lock records who, from where,
-when, and what; a lock whose process is gone is reported as stale (and broken when that
-process ran on this machine); `fab lock --model M --break` removes any.
+it, and one unreachable host does not block a rollback. Each host changes its part only under
+``flock``, and removes it only for the token it was asked to remove (``commands.lock``): a
+stale lock broken by two runs at once is broken once, and a fresh lock is never taken for the
+stale one it replaced. A lock is stale only when its process is provably gone: same kernel
+boot, same pid namespace, and that pid no longer runs (or runs a process started later).
 """
 
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import random
 import socket
@@ -19,100 +20,20 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
+from pathlib import Path
 
-from tfsdeploy import commands
-from tfsdeploy.errors import ExitCode, TfsDeployError
+from tfsdeploy.commands import lock as lock_commands
+from tfsdeploy.errors import ExitCode, HostUnreachable, TfsDeployError
 from tfsdeploy.gates import Clock
-from tfsdeploy.remote import HostUnreachable, Runner
+from tfsdeploy.layout import HostPaths
+from tfsdeploy.records import LockRecord, now_iso, parse_lock
+from tfsdeploy.remote import Connection
 
 
 class LockHeld(TfsDeployError):
-    """Another deploy holds the lock."""
+    """Another run holds the lock."""
 
     exit_code = ExitCode.LOCKED
-
-
-@dataclass(frozen=True)
-class LockInfo:
-    """What the lock records."""
-
-    token: str
-    who: str
-    machine: str
-    pid: int
-    started: str
-    command: str
-
-    def describe(self) -> str:
-        """One line for people."""
-        return (f"{self.command} by {self.who}@{self.machine} (pid {self.pid}) since "
-                f"{self.started}")
-
-
-def current_user() -> str:
-    """``user@machine`` of this process."""
-    return f"{getpass.getuser()}@{socket.gethostname()}"
-
-
-def new_lock_info(command: str) -> LockInfo:
-    """The record of a lock this process is about to take."""
-    return LockInfo(token=uuid.uuid4().hex, who=getpass.getuser(), machine=socket.gethostname(),
-                    pid=os.getpid(), started=datetime.now(UTC).isoformat(timespec="seconds"),
-                    command=command)
-
-
-def is_stale(info: LockInfo) -> bool:
-    """A lock taken on this machine by a process that no longer exists."""
-    if info.machine != socket.gethostname():
-        return False
-    try:
-        os.kill(info.pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
-def _acquire_argv(lock_dir: str, record: str) -> list[str]:
-    return ["sh", "-c", 'mkdir -p "$(dirname "$1")" && mkdir "$1" 2>/dev/null && '
-            'printf "%s" "$2" > "$1/info.json"', "sh", lock_dir, record]
-
-
-def read_lock(runner: Runner, lock_dir: str) -> LockInfo | None:
-    """The current holder, or None when the lock is free."""
-    result = runner.run(commands.read_file(f"{lock_dir}/info.json"))
-    if not result.ok:
-        exists = runner.run(["test", "-d", lock_dir]).ok
-        return LockInfo("?", "unknown", "unknown", 0, "unknown", "unknown") if exists else None
-    data: dict[str, Any] = json.loads(result.stdout)
-    return LockInfo(**data)
-
-
-def release(runner: Runner, lock_dir: str, info: LockInfo) -> bool:
-    """Give the lock back if it is still ours."""
-    holder = read_lock(runner, lock_dir)
-    if holder is None or holder.token != info.token:
-        return False
-    return runner.run(commands.remove_tree(lock_dir)).ok
-
-
-def break_lock(runner: Runner, lock_dir: str) -> LockInfo | None:
-    """Remove the lock whoever holds it; returns what it recorded."""
-    holder = read_lock(runner, lock_dir)
-    runner.run(commands.remove_tree(lock_dir))
-    return holder
-
-
-@dataclass(frozen=True)
-class LockSite:
-    """Where one host keeps its part of the fleet lock."""
-
-    host: str
-    runner: Runner
-    lock_dir: str
 
 
 class LockQuorumLost(TfsDeployError):
@@ -121,65 +42,169 @@ class LockQuorumLost(TfsDeployError):
     exit_code = ExitCode.INVALID
 
 
-def _attempt(site: LockSite, record: str, on_stale: Callable[[str], None] | None
-             ) -> tuple[bool, LockInfo | None, bool]:
-    """(taken, holder seen, reachable) for one site."""
+def user_name() -> str:
+    """This process's user, also where the password database has no entry for it."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid{os.getuid()}"
+
+
+def current_user() -> str:
+    """``user@machine`` of this process (what records and audit lines say: self-reported)."""
+    return f"{user_name()}@{socket.gethostname()}"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> int:
+    """A process's start time in clock ticks since boot (0 when it does not exist)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def new_lock_record(command: str) -> LockRecord:
+    """The record of a lock this process is about to take."""
+    pid = os.getpid()
+    return LockRecord(token=uuid.uuid4().hex, who=user_name(), machine=socket.gethostname(),
+                      pid=pid, started=now_iso(), command=command, boot_id=_boot_id(),
+                      pid_namespace=_pid_namespace(), pid_start=process_start(pid))
+
+
+def is_stale(record: LockRecord) -> bool:
+    """Whether the process that took the lock is provably gone: the same kernel boot and pid
+    namespace as this process (so its pid means the same process here), and that pid no
+    longer runs, or runs a process that started after the lock was taken."""
+    if not record.boot_id or record.boot_id != _boot_id():
+        return False
+    if not record.pid_namespace or record.pid_namespace != _pid_namespace():
+        return False
+    started = process_start(record.pid)
+    return started == 0 or (record.pid_start > 0 and started != record.pid_start)
+
+
+@dataclass(frozen=True)
+class LockSite:
+    """Where one host keeps its part of the fleet lock."""
+
+    host: str
+    conn: Connection
+    paths: HostPaths
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one host said to an attempt."""
+
+    taken: bool = False
+    holder: LockRecord | None = None
+    unreadable: bool = False  # a lock directory without a readable record
+    reachable: bool = True
+
+
+def read(site: LockSite) -> tuple[LockRecord | None, bool]:
+    """(the holder, whether a lock directory exists) on one host."""
+    result = site.conn.run(lock_commands.read(site.paths))
+    if result.ok:
+        record = parse_lock(result.stdout)
+        return record, True
+    exists = site.conn.run(["test", "-d", site.paths.lock_dir]).ok
+    return None, exists
+
+
+def remove(site: LockSite, token: str) -> tuple[bool, LockRecord | None]:
+    """Remove the lock if it still records ``token``; (removed, what it holds otherwise)."""
+    result = site.conn.run(lock_commands.remove_if_token(site.paths, token))
+    if result.ok:
+        return True, None
+    if result.code == 3:
+        return False, parse_lock(result.stdout)
+    raise HostUnreachable(f"{site.host}: the lock could not be changed: {result.tail()}")
+
+
+def _attempt(site: LockSite, record: LockRecord, on_stale: Callable[[str], None] | None
+             ) -> Attempt:
     try:
         for _ in range(3):
-            if site.runner.run(_acquire_argv(site.lock_dir, record)).ok:
-                return True, None, True
-            holder = read_lock(site.runner, site.lock_dir)
+            result = site.conn.run(lock_commands.acquire(site.paths, record.model_dump_json()))
+            if result.ok:
+                return Attempt(taken=True)
+            if result.code != 3:
+                raise HostUnreachable(f"{site.host}: taking the lock failed: {result.tail()}")
+            holder = parse_lock(result.stdout)
             if holder is None:
-                continue  # released between our attempts: try again at once
+                return Attempt(unreadable=True)
             if not is_stale(holder):
-                return False, holder, True
-            break_lock(site.runner, site.lock_dir)
-            if on_stale:
+                return Attempt(holder=holder)
+            removed, _ = remove(site, holder.token)
+            if removed and on_stale:
                 on_stale(f"broke a stale lock on {site.host}: {holder.describe()} "
                          "(that process is gone)")
-        return False, None, True
+        return Attempt()
     except HostUnreachable:
-        return False, None, False
+        return Attempt(reachable=False)
 
 
-def acquire_majority(sites: list[LockSite], info: LockInfo, *, wait_s: float, clock: Clock,
-                     model: str, on_stale: Callable[[str], None] | None = None
+def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float,
+                     clock: Clock, model: str, on_stale: Callable[[str], None] | None = None
                      ) -> list[LockSite]:
     """Take the lock on a strict majority of ``sites`` (all that answer), waiting up to
     ``wait_s`` for another holder; returns the sites taken. Raises LockHeld naming a holder,
     or LockQuorumLost when too few hosts answer."""
-    record = json.dumps(info.__dict__)
     end = clock.now() + wait_s
     while True:
-        with ThreadPoolExecutor(max_workers=min(16, len(sites))) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(sites)))) as pool:
             outcomes = list(pool.map(lambda s: _attempt(s, record, on_stale), sites))
-        taken = [s for s, (ok, _, _) in zip(sites, outcomes, strict=True) if ok]
-        holders = [(s.host, h) for s, (_, h, _) in zip(sites, outcomes, strict=True) if h]
-        answering = sum(1 for _, _, reachable in outcomes if reachable)
+        taken = [s for s, a in zip(sites, outcomes, strict=True) if a.taken]
+        holders = [(s.host, a) for s, a in zip(sites, outcomes, strict=True)
+                   if a.holder or a.unreadable]
+        answering = sum(1 for a in outcomes if a.reachable)
         if not holders and len(taken) * 2 > len(sites):
             return taken
-        release_sites(taken, info)
+        release_sites(taken, record)
         if not holders and answering * 2 <= len(sites):
             raise LockQuorumLost(
                 f"only {answering} of the {len(sites)} hosts of {model} answer: the deploy "
                 "lock needs a majority\n    fix: bring hosts back, or narrow the model's "
                 "hosts in the inventory")
         if clock.now() >= end:
-            host, holder = holders[0] if holders else (sites[0].host, None)
-            described = holder.describe() if holder else "a concurrent deploy"
-            raise LockHeld(
-                f"another deploy of {model} holds the lock on {host}: {described}.\n"
-                f"    fix: wait (--lock-wait SECONDS), or if no deploy is running, "
-                f"`fab lock --model {model} --break`")
+            raise LockHeld(_held_message(model, holders, sites))
         clock.sleep(min(2.0, max(0.1, end - clock.now())) * random.uniform(0.5, 1.0))
 
 
-def release_sites(sites: list[LockSite], info: LockInfo) -> list[str]:
+def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[LockSite]
+                  ) -> str:
+    host, attempt = holders[0] if holders else (sites[0].host, Attempt())
+    described = (attempt.holder.describe() if attempt.holder else
+                 "a lock whose record is unreadable" if attempt.unreadable else
+                 "a concurrent run")
+    return (f"another deploy of {model} holds the lock on {host}: {described}.\n"
+            f"    fix: wait (--lock-wait SECONDS), or if no deploy is running, "
+            f"`fab lock --model {model} --break`")
+
+
+def release_sites(sites: list[LockSite], record: LockRecord) -> list[str]:
     """Give the lock back where it is ours; returns the hosts where that failed."""
     failed = []
     for site in sites:
         try:
-            release(site.runner, site.lock_dir, info)
+            remove(site, record.token)
         except HostUnreachable:
             failed.append(site.host)
     return failed
+

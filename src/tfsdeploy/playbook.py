@@ -1,26 +1,31 @@
-"""Playbooks (playbooks/*.yml) and task lists (tasks/*.yml): the deploy sequence as data.
+"""Playbooks (playbooks/*.yml) and task lists (tasks/*.yml): a run's sequence as data.
 
-Everything is checked before any host is touched: unknown keys, unknown actions, parameters an
-action does not take.
+A playbook lists phases; each phase runs a task list over the hosts, either on every host at
+once (``parallel``) or batch by batch (``batches``), and may name a ``rescue`` task list that
+restores a host whose tasks failed (and, under ``on_failure: revert``, the hosts already
+rolled when the roll stops). Everything is checked before any host is touched: unknown keys,
+wrong types and values, unknown steps, parameters a step does not take.
 """
 
 from __future__ import annotations
 
-import inspect
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tfsdeploy.errors import ConfigError, Problem
 
 PHASE_MODES = ("parallel", "batches")
+_PERCENT = re.compile(r"^(100|[1-9]\d?)(\.\d+)?%$")
 
 
 @dataclass(frozen=True)
 class Task:
-    """One step: an action and its parameters."""
+    """One step: an operation and its parameters."""
 
     name: str
     action: str
@@ -29,11 +34,12 @@ class Task:
 
 @dataclass(frozen=True)
 class Phase:
-    """A named group of tasks run over the hosts in one mode."""
+    """A named group of tasks run over the hosts in one mode, with its rescue tasks."""
 
     name: str
     mode: Literal["parallel", "batches"]
     tasks: tuple[Task, ...]
+    rescue: tuple[Task, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -44,8 +50,65 @@ class Playbook:
     phases: tuple[Phase, ...]
     serial: tuple[int | str, ...] | None = None
     max_fail_percentage: float | None = None
-    on_failure: str | None = None
+    on_failure: Literal["revert", "stay"] | None = None
     forks: int = 10
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class TaskSpec(_Strict):
+    """One entry of a task list."""
+
+    name: str | None = None
+    action: str
+    with_: dict[str, Any] = Field(default_factory=dict, alias="with")
+
+
+class PhaseSpec(_Strict):
+    """One phase of a playbook."""
+
+    name: str = Field(min_length=1)
+    mode: Literal["parallel", "batches"]
+    tasks: str = Field(min_length=1)
+    rescue: str | None = None
+
+
+class PlaybookSpec(_Strict):
+    """A playbook file."""
+
+    name: str | None = None
+    serial: list[int | str] | None = None
+    max_fail_percentage: float | None = Field(default=None, ge=0, le=100, allow_inf_nan=False)
+    on_failure: Literal["revert", "stay"] | None = None
+    forks: int = Field(default=10, ge=1, le=100)
+    phases: list[PhaseSpec] = Field(min_length=1)
+
+    @field_validator("serial")
+    @classmethod
+    def _serial(cls, value: list[int | str] | None) -> list[int | str] | None:
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("serial is empty: give batch sizes, e.g. [1, \"25%\", \"100%\"]")
+        for step in value:
+            if isinstance(step, bool) or (isinstance(step, int) and step < 1) or (
+                    isinstance(step, str) and not _PERCENT.match(step)):
+                raise ValueError(f"batch size {step!r} is neither a count >= 1 nor a "
+                                 "percentage like \"25%\"")
+        return value
+
+
+def validation_problems(error: ValidationError, *, file: str, where: str = "") -> list[Problem]:
+    """A pydantic error as located problems (file and field path)."""
+    problems = []
+    for item in error.errors():
+        path = ".".join(str(p) for p in (where, *item["loc"]) if p != "")
+        problems.append(Problem(f"{path or 'the file'}: {item['msg']}",
+                                fix="see the playbook format in docs/architecture.md",
+                                file=file, field=path or None))
+    return problems
 
 
 def project_dir() -> Path:
@@ -55,57 +118,79 @@ def project_dir() -> Path:
 
 def load_playbook(path: str | Path) -> Playbook:
     """Read and check a playbook and its task lists."""
-    from tfsdeploy.actions import ACTIONS
-
     file = Path(path)
-    data = _yaml(file)
-    _only(data, {"name", "serial", "max_fail_percentage", "on_failure", "forks", "phases"},
-          str(file), "")
-    phases = []
-    for index, raw in enumerate(data.get("phases") or []):
-        where = f"phases[{index}]"
-        _only(raw, {"name", "mode", "tasks"}, str(file), where)
-        if raw.get("mode") not in PHASE_MODES:
-            raise ConfigError(Problem(f"{where}.mode is {raw.get('mode')!r}",
-                                      fix=f"use one of {', '.join(PHASE_MODES)}",
-                                      file=str(file), field=f"{where}.mode"))
-        task_file = file.parent.parent / "tasks" / str(raw.get("tasks"))
-        phases.append(Phase(str(raw.get("name", where)), raw["mode"],
-                            load_tasks(task_file, ACTIONS)))
-    if not phases:
-        raise ConfigError(Problem("the playbook has no phases", fix="list phases: [...]",
-                                  file=str(file), field="phases"))
-    serial = data.get("serial")
-    return Playbook(name=str(data.get("name", file.stem)), phases=tuple(phases),
-                    serial=tuple(serial) if serial else None,
-                    max_fail_percentage=data.get("max_fail_percentage"),
-                    on_failure=data.get("on_failure"), forks=int(data.get("forks", 10)))
+    try:
+        spec = PlaybookSpec.model_validate(_yaml(file))
+    except ValidationError as error:
+        raise ConfigError(validation_problems(error, file=str(file))) from None
+    tasks_dir = file.parent.parent / "tasks"
+    phases = tuple(
+        Phase(p.name, p.mode, load_tasks(tasks_dir / p.tasks),
+              load_tasks(tasks_dir / p.rescue) if p.rescue else ())
+        for p in spec.phases)
+    return Playbook(name=spec.name or file.stem, phases=phases,
+                    serial=tuple(spec.serial) if spec.serial else None,
+                    max_fail_percentage=spec.max_fail_percentage, on_failure=spec.on_failure,
+                    forks=spec.forks)
 
 
-def load_tasks(path: Path, actions: dict[str, Any]) -> tuple[Task, ...]:
-    """Read a task list; every action must exist and accept the given parameters."""
+def load_tasks(path: Path) -> tuple[Task, ...]:
+    """Read a task list; every step must exist and accept the given parameters."""
+    from tfsdeploy.operations import parameters, registry
+
+    operations = registry()
     data = _yaml(path)
     if not isinstance(data, list):
         raise ConfigError(Problem("a task list is a YAML list of {name, action, with}",
                                   fix="start each task with '- name: ...'", file=str(path)))
-    tasks = []
+    tasks, problems = [], []
     for index, raw in enumerate(data):
-        where = f"[{index}]"
-        _only(raw, {"name", "action", "with"}, str(path), where)
-        name = raw.get("action")
-        if name not in actions:
-            raise ConfigError(Problem(f"unknown action {name!r}",
-                                      fix=f"use one of: {', '.join(sorted(actions))}",
-                                      file=str(path), field=f"{where}.action"))
-        params = dict(raw.get("with") or {})
-        accepted = set(inspect.signature(actions[name]).parameters) - {"job"}
-        unknown = set(params) - accepted
+        try:
+            spec = TaskSpec.model_validate(raw)
+        except ValidationError as error:
+            problems += validation_problems(error, file=str(path), where=f"[{index}]")
+            continue
+        if spec.action not in operations:
+            problems.append(Problem(f"unknown action {spec.action!r}",
+                                    fix=f"use one of: {', '.join(sorted(operations))}",
+                                    file=str(path), field=f"[{index}].action"))
+            continue
+        accepted = parameters(operations[spec.action])
+        unknown = set(spec.with_) - accepted
         if unknown:
-            raise ConfigError(Problem(f"action {name!r} takes no parameter {sorted(unknown)}",
-                                      fix=f"it takes: {sorted(accepted) or 'nothing'}",
-                                      file=str(path), field=f"{where}.with"))
-        tasks.append(Task(str(raw.get("name", name)), name, params))
+            problems.append(Problem(f"action {spec.action!r} takes no parameter "
+                                    f"{sorted(unknown)}",
+                                    fix=f"it takes: {sorted(accepted) or 'nothing'}",
+                                    file=str(path), field=f"[{index}].with"))
+            continue
+        wrong = _parameter_problems(operations[spec.action], spec.with_, str(path), index)
+        if wrong:
+            problems += wrong
+            continue
+        tasks.append(Task(spec.name or spec.action, spec.action, dict(spec.with_)))
+    if problems:
+        raise ConfigError(problems)
     return tuple(tasks)
+
+
+def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index: int
+                        ) -> list[Problem]:
+    """Each parameter checked against the type the step declares for it."""
+    import typing
+
+    from pydantic import TypeAdapter
+
+    hints = typing.get_type_hints(operation)
+    problems = []
+    for key, value in params.items():
+        try:
+            TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except ValidationError as error:
+            problems.append(Problem(
+                f"parameter {key!r} of {operation.__name__!r} is {value!r}: "
+                f"{error.errors()[0]['msg']}", fix=f"give a {hints[key]}", file=file,
+                field=f"[{index}].with.{key}"))
+    return problems
 
 
 def _yaml(path: Path) -> Any:
@@ -117,13 +202,3 @@ def _yaml(path: Path) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError(Problem(f"YAML error: {exc}", fix="fix the YAML syntax",
                                   file=str(path))) from exc
-
-
-def _only(data: Any, allowed: set[str], file: str, where: str) -> None:
-    if not isinstance(data, dict):
-        raise ConfigError(Problem(f"{where or 'the file'} must be a mapping",
-                                  fix="write key: value pairs", file=file, field=where))
-    unknown = sorted(set(data) - allowed)
-    if unknown:
-        raise ConfigError(Problem(f"unknown key(s) {unknown}", fix=f"allowed: {sorted(allowed)}",
-                                  file=file, field=where))

@@ -108,3 +108,35 @@ def _dtype_of(array: np.ndarray) -> str:
         if np.dtype(numpy_type) == array.dtype.newbyteorder("<"):
             return name
     raise ValueError(f"no TensorFlow dtype for numpy {array.dtype}")
+
+
+# TensorFlow and TFServing export their metrics as ":tensorflow:..." in Prometheus's format
+# (a loaded model always has :tensorflow:cc:saved_model:load_attempt_count, for one)
+METRIC_PREFIX = ":tensorflow:"
+
+
+def rest_problems(address: str, port: int, model: str, version: int, *,
+                  metrics_path: str | None, timeout_s: float = 3.0) -> list[str]:
+    """What is wrong with a server's REST side (empty when nothing is): the model's version
+    status must say AVAILABLE, and the metrics path (when given) must serve TFServing's
+    metric names."""
+    import httpx
+
+    problems = []
+    base = f"http://{address}:{port}"
+    try:
+        with httpx.Client(timeout=timeout_s) as client:
+            reply = client.get(f"{base}/v1/models/{model}/versions/{version}")
+            states = [v.get("state") for v in reply.json().get("model_version_status", [])] \
+                if reply.status_code == 200 else []
+            if "AVAILABLE" not in states:
+                problems.append(f"GET /v1/models/{model}/versions/{version}: HTTP "
+                                f"{reply.status_code} {states or reply.text[:120]!r}")
+            if metrics_path:
+                metrics = client.get(f"{base}{metrics_path}")
+                if metrics.status_code != 200 or METRIC_PREFIX not in metrics.text:
+                    problems.append(f"GET {metrics_path}: HTTP {metrics.status_code}, "
+                                    "no TFServing metric names")
+    except (httpx.HTTPError, ValueError) as error:
+        problems.append(f"REST :{port}: {type(error).__name__}: {error}")
+    return problems

@@ -1,96 +1,105 @@
-"""The per-host traffic switch: HAProxy owns the stable ports and forwards to one slot.
+"""The per-host traffic switch: HAProxy owns a model's stable ports and forwards each request to
+the serving slot of each instance (pure: config, runtime commands, parsing of answers).
 
-A switch is a handful of runtime-API commands (no reload): the new slot becomes ``ready``, the
-old one ``drain`` (in-flight requests finish, new ones go to the new slot), then ``maint``
-once its current sessions reach zero. Building commands and parsing answers is pure; talking
-to the socket goes through an SSH tunnel (``remote.Runner.tunnel``).
+A switch is a handful of runtime-API commands (no reload): the new slot's server becomes
+``ready``, the old one ``drain`` (in-flight requests finish, new ones go to the new slot), then
+``maint`` once its current sessions reach zero. Servers are named ``i<instance>-<slot>``.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tfsdeploy.catalog import Model
 from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.layout import SLOTS, Ports
-from tfsdeploy.remote import Runner
+from tfsdeploy.layout import (
+    ADMIN_SOCKET_NAME,
+    PROXY_ADMIN_MOUNT,
+    SLOTS,
+    Ports,
+    other_slot,
+    parse_server_name,
+    server_name,
+)
 from tfsdeploy.render import _environment, templates_dir
 
 BACKENDS = ("grpc", "rest")
+MAX_WEIGHT = 256
 
 
-def render_proxy_config(host: ResolvedHost, model: Model, ports: Ports, active: str) -> str:
-    """haproxy.cfg with ``active`` serving and the other slot disabled."""
+def render_proxy_config(host: ResolvedHost, model: Model, ports: Ports,
+                        active: dict[int, str]) -> str:
+    """haproxy.cfg with each instance's ``active`` slot serving and the other one disabled."""
     env = _environment(str(templates_dir()))
-    return env.get_template("haproxy.cfg.j2").render(host=host, model=model, ports=ports,
-                                                     slots=SLOTS, active=active)
+    servers = [(server_name(slot, i), ports.slot_grpc(slot, i), ports.slot_rest(slot, i),
+                slot == active[i]) for i in sorted(active) for slot in SLOTS]
+    return env.get_template("haproxy.cfg.j2").render(
+        host=host, model=model, ports=ports, servers=servers,
+        admin_socket=f"{PROXY_ADMIN_MOUNT}/{ADMIN_SOCKET_NAME}")
 
 
-def switch_commands(new: str, old: str | None) -> list[str]:
-    """Runtime commands that send new requests to ``new`` and start draining ``old``.
+def set_state(instance: int, slot: str, state: str) -> list[str]:
+    """Runtime commands: one server's state (ready, drain, maint) on both backends."""
+    return [f"set server {b}/{server_name(slot, instance)} state {state}" for b in BACKENDS]
+
+
+def switch_commands(instance: int, new: str, old: str | None) -> list[str]:
+    """Send new requests of ``instance`` to slot ``new`` and start draining ``old``.
 
     With no live old release (its container died), the other slot goes straight to
     maintenance so that no request is sent to a dead server.
     """
-    commands = [f"set server {b}/{new} state ready" for b in BACKENDS]
     if old:
-        return commands + [f"set server {b}/{old} state drain" for b in BACKENDS]
-    other = next(s for s in SLOTS if s != new)
-    return commands + maint_commands(other)
+        return set_state(instance, new, "ready") + set_state(instance, old, "drain")
+    return set_state(instance, new, "ready") + set_state(instance, other_slot(new), "maint")
 
 
-def maint_commands(slot: str) -> list[str]:
-    """Take ``slot`` out of service once it is drained."""
-    return [f"set server {b}/{slot} state maint" for b in BACKENDS]
+def weight_commands(instance: int, slot: str, weight: int) -> list[str]:
+    """Runtime commands: one server's weight (0..256) on both backends."""
+    return [f"set server {b}/{server_name(slot, instance)} weight {weight}" for b in BACKENDS]
 
 
-def parse_sessions(stat_csv: str) -> dict[tuple[str, str], int]:
-    """(backend, server) -> current sessions, from ``show stat`` CSV."""
-    text = stat_csv.lstrip("# ")
-    sessions: dict[tuple[str, str], int] = {}
-    for row in csv.DictReader(io.StringIO(text)):
-        if row.get("svname") in SLOTS and row.get("pxname") in BACKENDS:
-            sessions[(row["pxname"], row["svname"])] = int(row.get("scur") or 0)
-    return sessions
+@dataclass(frozen=True)
+class ServerState:
+    """One backend server as ``show stat`` reports it."""
+
+    backend: str
+    instance: int
+    slot: str
+    status: str  # UP, DRAIN, MAINT, no check ...
+    sessions: int  # current sessions (requests in flight, for HTTP/2 streams)
+    weight: int
+
+    @property
+    def takes_new_requests(self) -> bool:
+        """Neither draining nor in maintenance, and a weight above zero."""
+        return not self.status.upper().startswith(("MAINT", "DRAIN")) and self.weight > 0
 
 
-def parse_states(stat_csv: str) -> dict[tuple[str, str], str]:
-    """(backend, server) -> status (UP, DRAIN, MAINT, no check ...), from ``show stat``."""
-    text = stat_csv.lstrip("# ")
-    return {(row["pxname"], row["svname"]): row.get("status", "")
-            for row in csv.DictReader(io.StringIO(text))
-            if row.get("svname") in SLOTS and row.get("pxname") in BACKENDS}
+def parse_stat(stat_csv: str) -> tuple[ServerState, ...]:
+    """Our servers in ``show stat`` CSV (other proxies and rows are ignored)."""
+    rows = csv.DictReader(io.StringIO(stat_csv.lstrip("# ")))
+    found = []
+    for row in rows:
+        parsed = parse_server_name(row.get("svname") or "")
+        if parsed is None or row.get("pxname") not in BACKENDS:
+            continue
+        found.append(ServerState(backend=row["pxname"], instance=parsed[0], slot=parsed[1],
+                                 status=row.get("status") or "", sessions=_int(row.get("scur")),
+                                 weight=_int(row.get("weight"), default=1)))
+    return tuple(found)
 
 
-class ProxyAdmin:
-    """HAProxy's admin socket on a host's loopback, reached through SSH."""
+def _int(text: str | None, default: int = 0) -> int:
+    try:
+        return int(text or default)
+    except ValueError:
+        return default
 
-    def __init__(self, runner: Runner, port: int) -> None:
-        self._runner = runner
-        self._port = port
 
-    def send(self, commands: Sequence[str]) -> str:
-        """Send commands in one session (``;``-separated) and return the answer."""
-        sock = self._runner.tunnel(self._port)
-        try:
-            sock.sendall(("; ".join(commands) + "\n").encode())
-            chunks = []
-            while True:
-                data = sock.recv(65536)
-                if not data:
-                    break
-                chunks.append(data)
-        finally:
-            sock.close()
-        answer = b"".join(chunks).decode(errors="replace")
-        errors = [line for line in answer.splitlines()
-                  if line.strip() and not line.startswith("#") and "," not in line]
-        if any(e.lower().startswith(("unknown", "no such", "require", "invalid")) for e in errors):
-            raise RuntimeError(f"HAProxy refused {list(commands)}: {answer.strip()}")
-        return answer
-
-    def stat(self) -> str:
-        """``show stat`` CSV."""
-        return self.send(["show stat"])
+def admin_errors(answer: str) -> list[str]:
+    """Lines of an admin-socket answer that report a refused command."""
+    return [line for line in answer.splitlines()
+            if line.strip().lower().startswith(("unknown", "no such", "require", "invalid"))]

@@ -1,21 +1,34 @@
-"""The only place that talks SSH: run argument lists on a host, upload files, open tunnels.
+"""The only place that talks SSH: one connection per host per run, for commands, files and the
+Docker Engine.
 
-Host keys are always checked: keys come from the host's ``ssh_known_hosts`` file (or the user's
-~/.ssh/known_hosts), and an unknown or changed key refuses the connection.
+Host keys are always checked, on the host and on every ProxyJump hop: keys come from the
+host's ``ssh_known_hosts`` file (or the user's ~/.ssh/known_hosts), and an unknown or changed
+key refuses the connection. Commands are argument lists quoted here, once. Files are written
+atomically (a temporary name, then a rename). Docker Engine calls ride the same connection
+(``dockerssh``): no second login, no port forwarding.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import select
 import shlex
 import socket
+import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tfsdeploy.errors import TfsDeployError
+from tfsdeploy.errors import HostUnreachable
 from tfsdeploy.inventory import ResolvedHost
+
+if TYPE_CHECKING:
+    from tfsdeploy.dockerapi import Docker
+
+__all__ = ["COMMAND_TIMEOUT_S", "Connection", "HostUnreachable", "Result", "Runner",
+           "SshConnection", "SshRunner"]
 
 
 @dataclass(frozen=True)
@@ -43,44 +56,56 @@ KEEPALIVE_S = 5
 USER_TIMEOUT_MS = 30_000
 
 
-class HostUnreachable(TfsDeployError):
-    """SSH could not connect, authenticate, or verify the host key."""
-
-
-class Runner(Protocol):
-    """What the rollout needs from a host; tests pass a recording fake."""
+class Connection(Protocol):
+    """What a run needs of a host; the unit tests pass a recording fake."""
 
     host: ResolvedHost
 
-    def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
-        """Run ``argv`` on the host."""
+    def run(self, argv: list[str], *, timeout: float | None = None,
+            stdin: bytes | None = None) -> Result:
+        """Run ``argv`` on the host (``stdin`` fed to it, then closed)."""
 
-    def put_bytes(self, data: bytes, path: str) -> None:
-        """Write ``data`` to ``path`` on the host."""
+    def put_bytes(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
+        """Write ``data`` to ``path`` atomically (temporary name, then rename)."""
 
     def put_file(self, local: str, path: str) -> None:
-        """Upload a local file to ``path`` on the host."""
+        """Upload a local file to ``path``."""
 
-    def tunnel(self, port: int) -> socket.socket:
-        """A socket connected to 127.0.0.1:``port`` on the host, through SSH."""
+    @property
+    def docker(self) -> Docker:
+        """The host's Docker Engine, over this connection."""
 
     def close(self) -> None:
         """Close the connection."""
 
 
+Runner = Connection  # the name the load generators know
+
+
 def quiet_paramiko() -> None:
-    """paramiko logs every refused tunnel; the gates report what matters instead."""
+    """paramiko logs every refused channel; the gates report what matters instead."""
     import logging
 
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
-class SshRunner:
-    """A Runner over one Fabric connection (opened lazily, reused for every command)."""
+def _strict(client: Any, known_hosts: str | None) -> None:
+    """Refuse unknown and changed host keys on ``client``."""
+    from paramiko import RejectPolicy
+
+    if known_hosts:
+        client.load_host_keys(known_hosts)
+    else:
+        client.load_system_host_keys()
+    client.set_missing_host_key_policy(RejectPolicy())
+
+
+class SshConnection:
+    """A host's connection: one Fabric/paramiko transport, opened lazily, reused for every
+    command, file and Docker call of the run."""
 
     def __init__(self, host: ResolvedHost, *, connect_timeout: float = 10.0) -> None:
-        from fabric import Connection
-        from paramiko import RejectPolicy
+        from fabric import Connection as FabricConnection
 
         quiet_paramiko()
         self.host = host
@@ -89,77 +114,143 @@ class SshRunner:
                                   "look_for_keys": v.ssh_key is None}
         if v.ssh_key:
             kwargs["key_filename"] = [v.ssh_key]
-        self._conn = Connection(host.address, user=v.ssh_user, port=v.ssh_port,
-                                connect_timeout=int(connect_timeout), connect_kwargs=kwargs)
-        client = self._conn.client
-        if v.ssh_known_hosts:
-            client.load_host_keys(v.ssh_known_hosts)
-        else:
-            client.load_system_host_keys()
-        client.set_missing_host_key_policy(RejectPolicy())
+        self._conn = FabricConnection(host.address, user=v.ssh_user, port=v.ssh_port,
+                                      connect_timeout=int(connect_timeout),
+                                      connect_kwargs=kwargs)
+        _strict(self._conn.client, v.ssh_known_hosts)
+        gateway = self._conn.gateway
+        while isinstance(gateway, FabricConnection):  # every ProxyJump hop, strictly too
+            _strict(gateway.client, v.ssh_known_hosts)
+            gateway = gateway.gateway
+        self._sftp: Any = None
+        self._docker: Docker | None = None
 
-    def _open(self) -> None:
-        if self._conn.is_connected:
-            return
-        try:
-            self._conn.open()
-        except Exception as exc:  # paramiko/socket errors all mean: this host is unreachable
-            raise HostUnreachable(f"{self.host.name} ({self.host.address}): "
-                                  f"{type(exc).__name__}: {exc}") from exc
-        # A host that vanishes without a reset (network down, machine off) must become an
-        # error within seconds, not a read that blocks forever: SSH keepalives, and a TCP
-        # user timeout on unacknowledged data.
+    def _transport(self) -> Any:
+        if not self._conn.is_connected:
+            try:
+                self._conn.open()
+            except Exception as exc:  # paramiko/socket errors all mean: this host is unreachable
+                raise HostUnreachable(f"{self.host.name} ({self.host.address}): "
+                                      f"{type(exc).__name__}: {exc}") from exc
+            # A host that vanishes without a reset (network down, machine off) must become an
+            # error within seconds, not a read that blocks forever: SSH keepalives, and a TCP
+            # user timeout on unacknowledged data.
+            transport = self._conn.client.get_transport()
+            if transport is not None:
+                transport.set_keepalive(KEEPALIVE_S)
+                with contextlib.suppress(OSError, AttributeError):
+                    transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
+                                              USER_TIMEOUT_MS)
         transport = self._conn.client.get_transport()
-        if transport is not None:
-            transport.set_keepalive(KEEPALIVE_S)
-            with contextlib.suppress(OSError, AttributeError):
-                transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                                          USER_TIMEOUT_MS)
+        if transport is None or not transport.is_active():
+            raise HostUnreachable(f"{self.host.name}: the SSH connection is closed")
+        return transport
 
-    def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
-        """Run ``argv`` (quoted here, once) and capture its output.
+    def run(self, argv: list[str], *, timeout: float | None = None,
+            stdin: bytes | None = None) -> Result:
+        """Run ``argv`` (quoted here, once) on an exec channel and capture its output.
 
         Every command has a deadline (``COMMAND_TIMEOUT_S`` unless given); a command whose
         connection died, or that exceeded its deadline, raises HostUnreachable.
         """
-        from invoke.exceptions import CommandTimedOut
-
-        self._open()
         limit = timeout or COMMAND_TIMEOUT_S
+        transport = self._transport()
         try:
-            out = self._conn.run(shlex.join(argv), hide=True, warn=True, in_stream=False,
-                                 timeout=limit)
-        except CommandTimedOut as exc:
+            channel = transport.open_session(timeout=10)
+            channel.exec_command(shlex.join(argv))
+            if stdin is not None:
+                channel.sendall(stdin)
+            channel.shutdown_write()
+            out, err = _drain(channel, time.monotonic() + limit)
+            code = channel.recv_exit_status() if channel.exit_status_ready() else -1
+            channel.close()
+        except TimeoutError:
             raise HostUnreachable(f"{self.host.name}: `{argv[0]} ...` gave no answer in "
-                                  f"{limit:g} s") from exc
-        except (OSError, EOFError) as exc:
-            raise HostUnreachable(f"{self.host.name}: connection lost: {exc}") from exc
-        if out.exited == -1:  # the channel closed without an exit status: the link died
-            self._conn.close()
+                                  f"{limit:g} s") from None
+        except (OSError, EOFError, Exception) as exc:
+            if isinstance(exc, HostUnreachable):
+                raise
+            self.close()
+            raise HostUnreachable(f"{self.host.name}: connection lost during `{argv[0]}`: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+        if code == -1:  # the channel closed without an exit status: the link died
+            self.close()
             raise HostUnreachable(f"{self.host.name}: connection lost during `{argv[0]}`")
-        return Result(tuple(argv), out.exited, out.stdout, out.stderr)
+        return Result(tuple(argv), code, out.decode(errors="replace"),
+                      err.decode(errors="replace"))
 
-    def put_bytes(self, data: bytes, path: str) -> None:
-        """Write ``data`` to ``path`` over SFTP."""
-        self._open()
-        self._conn.put(io.BytesIO(data), path)
+    def _sftp_client(self) -> Any:
+        if self._sftp is None:
+            try:
+                self._sftp = self._transport().open_sftp_client()
+            except HostUnreachable:
+                raise
+            except Exception as exc:
+                raise HostUnreachable(f"{self.host.name}: SFTP: {exc}") from exc
+        return self._sftp
+
+    def put_bytes(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
+        """Write ``data`` to a temporary name beside ``path``, then rename it over ``path``
+        (a reader never sees half a file, a killed run never leaves one)."""
+        sftp = self._sftp_client()
+        temp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
+        try:
+            sftp.putfo(io.BytesIO(data), temp)
+            sftp.chmod(temp, mode)
+            sftp.posix_rename(temp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                sftp.remove(temp)
+            raise HostUnreachable(f"{self.host.name}: writing {path}: {exc}") from exc
 
     def put_file(self, local: str, path: str) -> None:
         """Upload a local file over SFTP."""
-        self._open()
-        self._conn.put(str(Path(local)), path)
+        try:
+            self._sftp_client().put(str(Path(local)), path)
+        except OSError as exc:
+            raise HostUnreachable(f"{self.host.name}: uploading to {path}: {exc}") from exc
 
-    def tunnel(self, port: int) -> socket.socket:
-        """A direct-tcpip channel to the host's loopback (HAProxy's admin socket)."""
-        self._open()
-        transport = self._conn.client.get_transport()
-        if transport is None:
-            raise HostUnreachable(f"{self.host.name}: no SSH transport")
-        channel = transport.open_channel("direct-tcpip", ("127.0.0.1", port), ("127.0.0.1", 0),
-                                         timeout=10)
-        sock: socket.socket = channel  # a paramiko Channel behaves as a socket
-        return sock
+    @property
+    def docker(self) -> Docker:
+        """The host's Docker Engine through ``docker system dial-stdio`` on this connection."""
+        if self._docker is None:
+            from tfsdeploy.dockerapi import SdkDocker
+            from tfsdeploy.dockerssh import docker_client
+
+            self._docker = SdkDocker(docker_client(self._transport()), self.host.name)
+        return self._docker
 
     def close(self) -> None:
-        """Close the SSH connection."""
+        """Close the SFTP session and the SSH connection."""
+        with contextlib.suppress(Exception):
+            if self._sftp is not None:
+                self._sftp.close()
+        self._sftp = None
+        self._docker = None
         self._conn.close()
+
+
+SshRunner = SshConnection  # the name the load generators know
+
+
+def _drain(channel: Any, deadline: float) -> tuple[bytes, bytes]:
+    """Read a channel's stdout and stderr until the command ends, or raise TimeoutError."""
+    out, err = bytearray(), bytearray()
+    while True:
+        while channel.recv_ready():
+            out += channel.recv(65536)
+        while channel.recv_stderr_ready():
+            err += channel.recv_stderr(65536)
+        if channel.eof_received or channel.closed:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        select.select([channel], [], [], min(left, 1.0))
+    while channel.recv_ready():
+        out += channel.recv(65536)
+    while channel.recv_stderr_ready():
+        err += channel.recv_stderr(65536)
+    if not channel.status_event.wait(max(0.0, deadline - time.monotonic())):
+        raise TimeoutError
+    return bytes(out), bytes(err)

@@ -1,192 +1,140 @@
-"""`fab deploy`: render, validate, lock, then run the deploy playbook over the fleet."""
+"""`fab deploy` and `fab deploy --check [--diff]`: render, validate, then hand the run to the
+engine (or only plan it)."""
 
 from __future__ import annotations
 
 import difflib
-import json
-import os
-import signal
-import sys
+import re
 import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
-from typing import Any, TextIO
+from typing import Any
 
-from tfsdeploy import lock
-from tfsdeploy.actions import HostJob, Release, discover_state
-from tfsdeploy.cli.render import RenderRequest, render_inventory
-from tfsdeploy.errors import ConfigError, ExitCode, Problem, TfsDeployError
+from tfsdeploy import engine
+from tfsdeploy.engine import ConnectionFactory, PlannedStep, Reporter, RunPlan, RunResult
+from tfsdeploy.errors import HostUnreachable
 from tfsdeploy.gates import Clock, SystemClock
-from tfsdeploy.golden import load_golden
-from tfsdeploy.inventory import Inventory, ResolvedHost, load_inventory
-from tfsdeploy.layout import host_paths, new_release_id
+from tfsdeploy.jobs import ClientFactory, HostJob
+from tfsdeploy.plans import deploy_context, deploy_planner, render_release
 from tfsdeploy.playbook import Playbook, load_playbook, project_dir
-from tfsdeploy.remote import Runner, SshRunner
-from tfsdeploy.render import HostRender
-from tfsdeploy.rollout import CancellableClock, DeployResult, Interrupted, Reporter, make_roll
-from tfsdeploy.rollout import deploy_phases as run_deploy_phases
-
-RunnerFactory = Callable[[ResolvedHost], Runner]
+from tfsdeploy.remote import Connection, SshConnection
+from tfsdeploy.target import Target
 
 
-@dataclass(frozen=True)
-class DeployRequest:
-    """What `fab deploy` was asked for."""
-
-    model: str
-    inventory: str | None = None
-    hosts: str | None = None
-    limit: str | None = None
-    version: int | str | None = None
-    playbook: str | None = None
-    lock_wait: float = 0.0
+def default_playbook(name: str, given: str | None) -> Playbook:
+    """``--playbook``, or the project's ``playbooks/<name>.yml``."""
+    return load_playbook(given or project_dir() / "playbooks" / f"{name}.yml")
 
 
-class LineReporter:
-    """Progress lines as steps finish: elapsed, host, phase, step, status, duration, detail."""
-
-    def __init__(self, stream: TextIO, log_file: str | None = None) -> None:
-        self._streams = [stream]
-        if log_file:
-            Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-            self._streams.append(open(log_file, "a", buffering=1))  # noqa: SIM115
-        self._start = time.monotonic()
-        self._lock = threading.Lock()
-
-    def _print(self, text: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        for index, stream in enumerate(self._streams):
-            print(f"{stamp} {text}" if index else text, file=stream, flush=True)
-
-    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
-             detail: str) -> None:
-        """Print one finished step."""
-        first, *rest = (detail or "").splitlines() or [""]
-        with self._lock:
-            self._print(f"[{time.monotonic() - self._start:7.1f}s] {host:<10} {phase:<9} "
-                        f"{task:<15} {status:<7} {seconds:6.2f}s  {first}")
-            for line in rest:
-                self._print(f"{'':>60}{line}")
-
-    def note(self, text: str) -> None:
-        """Print a fleet-level message."""
-        with self._lock:
-            self._print(f"[{time.monotonic() - self._start:7.1f}s] == {text}")
+def deploy_plan(target: Target, *, version: int | str | None, playbook: Playbook,
+                clock: Clock, conns: dict[str, Connection],
+                client_factory: ClientFactory | None, lock_wait: float = 0.0) -> RunPlan:
+    """Everything a deploy needs before it touches a host: renders, context, planner."""
+    renders = render_release(target, version)
+    context = deploy_context(target, renders[0].version, clock=clock,
+                             client_factory=client_factory)
+    images = sorted({r.host.vars.image for r in renders}
+                    | {r.host.vars.proxy_image for r in renders})
+    return RunPlan(verb="deploy", target=target, playbook=playbook,
+                   planner=deploy_planner(target, renders, context, conns), images=images,
+                   lock_wait=lock_wait)
 
 
-def build_release(inventory: Inventory, renders: list[HostRender], clock: Clock) -> Release:
-    """The fleet-wide release facts; the version directory must exist locally."""
-    model = renders[0].model
-    version = renders[0].version
-    source = Path(model.source) / str(version)
-    if not (source / "saved_model.pb").is_file():
-        raise ConfigError(Problem(
-            f"version {version} of {model.name} is not in its source ({source} has no "
-            "saved_model.pb)", fix="pick a version that exists (see --version) or fix the "
-            "model's source", file=inventory.path, field=f"models.{model.name}.source"))
-    golden = load_golden(model.golden, version) if model.golden else []
-    return Release(model=model, version=version, release_id=new_release_id(version),
-                   image=renders[0].host.vars.image, source_dir=str(source), golden=golden,
-                   who=lock.current_user(), clock=clock)
+def _shared(connect: ConnectionFactory) -> tuple[dict[str, Connection], ConnectionFactory]:
+    """One connection per host, shared by the planner and the engine."""
+    conns: dict[str, Connection] = {}
+
+    def factory(host: Any) -> Connection:
+        if host.name not in conns:
+            conns[host.name] = connect(host)
+        return conns[host.name]
+
+    return conns, factory
 
 
-@contextmanager
-def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[None]:
-    """Ctrl-C and SIGTERM (cron, systemd) ask the run to stop: the current steps finish, the
-    hosts are restored, the lock is released. The handler never raises, so pressing Ctrl-C
-    again cannot cut a restore or the lock release short."""
-    def handler(signum: int, frame: FrameType | None) -> None:
-        if cancel.is_set():
-            reporter.note("already stopping: restoring, then releasing the lock")
-            return
-        cancel.set()
-        reporter.note(f"{signal.Signals(signum).name}: finishing the current steps, then "
-                      "restoring; the lock is released at the end")
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)
-
-
-def deploy(request: DeployRequest, *, reporter: Reporter,
-           runner_factory: RunnerFactory = SshRunner, clock: Clock | None = None,
-           client_factory: Callable[[str, int, str], Any] | None = None) -> DeployResult:
-    """Validate everything, take the lock, run the playbook; always release the lock."""
-    inventory = load_inventory(request.inventory)
-    renders = render_inventory(inventory, RenderRequest(
-        model=request.model, inventory=request.inventory, hosts=request.hosts,
-        limit=request.limit, version=request.version))
-    playbook = load_playbook(request.playbook or project_dir() / "playbooks" / "deploy.yml")
+def deploy(target: Target, *, version: int | str | None = None, playbook: str | None = None,
+           lock_wait: float = 0.0, reporter: Reporter,
+           connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
+           client_factory: ClientFactory | None = None) -> RunResult:
+    """Validate everything, take the lock, run the deploy playbook; always release the lock."""
     cancel = threading.Event()
-    release = build_release(inventory, renders, CancellableClock(clock or SystemClock(), cancel))
-    release.client_factory = client_factory
-    runners = {r.host.name: runner_factory(r.host) for r in renders}
-    return execute(inventory=inventory, playbook=playbook, release=release, renders=renders,
-                   runners=runners, reporter=reporter, cancel=cancel,
-                   lock_wait=request.lock_wait, clock=clock, runner_factory=runner_factory,
-                   verb="deploy")
+    run_clock = engine.CancellableClock(clock or SystemClock(), cancel)
+    conns, factory = _shared(connect)
+    plan = deploy_plan(target, version=version, playbook=default_playbook("deploy", playbook),
+                       clock=run_clock, conns=conns, client_factory=client_factory,
+                       lock_wait=lock_wait)
+    return engine.execute(plan, reporter=reporter, connect=factory, clock=run_clock,
+                          cancel=cancel)
 
 
-def execute(*, inventory: Inventory, playbook: Playbook, release: Release,
-            renders: list[HostRender], runners: dict[str, Runner], reporter: Reporter,
-            cancel: threading.Event, lock_wait: float, clock: Clock | None,
-            runner_factory: RunnerFactory, verb: str) -> DeployResult:
-    """Take the fleet lock, run the playbook's phases, always release the lock."""
-    model = release.model
-    sites = lock_sites(inventory, model, runners, runner_factory)
-    info = lock.new_lock_info(f"{verb} {model.name} v{release.version}")
-    jobs = [HostJob(release=release, host=r.host, runner=runners[r.host.name], render=r)
-            for r in renders]
-    started = time.monotonic()
-    try:
-        with interrupts_cancel(cancel, reporter):
-            try:
-                taken = lock.acquire_majority(sites, info, wait_s=lock_wait,
-                                              clock=release.clock, model=model.name,
-                                              on_stale=reporter.note)
-            except Interrupted:
-                raise TfsDeployError("interrupted while waiting for the lock; nothing was "
-                                     "changed") from None
-            reporter.note(f"{verb} {model.name} version {release.version} as "
-                          f"{release.release_id} on {len(jobs)} host(s); lock on "
-                          f"{', '.join(s.host for s in taken)}")
-            try:
-                roll = make_roll(playbook=playbook, release=release, jobs=jobs,
-                                 reporter=reporter, cancel=cancel)
-                result = run_deploy_phases(roll)
-            finally:
-                unreleased = lock.release_sites(taken, info)
-            if unreleased:
-                result.exit_code = max(result.exit_code, ExitCode.INCONSISTENT)
-                result.message += (f"; the lock could not be released on "
-                                   f"{', '.join(unreleased)}: check with "
-                                   f"`fab lock --model {model.name}`")
-    finally:
-        for runner in {id(r): r for r in [*runners.values(), *(s.runner for s in sites)]
-                       }.values():
-            runner.close()
-        if release.archive:
-            os.unlink(release.archive)
-    result.seconds = time.monotonic() - started
-    return result
+def check(target: Target, *, version: int | str | None = None, playbook: str | None = None,
+          diff: bool = False, connect: ConnectionFactory = SshConnection
+          ) -> list[dict[str, Any]]:
+    """``--check``: per host, every step a deploy would run and the changes it would make
+    (the same operations a deploy drives), and with ``diff`` the file diffs; touches
+    nothing."""
+    conns, factory = _shared(connect)
+    plan = deploy_plan(target, version=version, playbook=default_playbook("deploy", playbook),
+                       clock=SystemClock(), conns=conns, client_factory=None)
+    _, plans, jobs = engine.check(plan, connect=factory)
+    rows = []
+    for job in jobs:
+        steps = plans[job.name]
+        rows.append(host_plan(job, steps, diff=diff and not isinstance(steps, HostUnreachable)))
+    for conn in conns.values():
+        conn.close()
+    return rows
 
 
-def lock_sites(inventory: Inventory, model: Any, runners: dict[str, Runner],
-               runner_factory: RunnerFactory) -> list[lock.LockSite]:
-    """Every host of the model (whatever --hosts selects) keeps a part of its lock."""
-    return [lock.LockSite(h.name, runners.get(h.name) or runner_factory(h),
-                          host_paths(h, model).lock_dir)
-            for h in inventory.select(None, model=model)]
+def host_plan(job: HostJob, steps: list[PlannedStep] | HostUnreachable, *,
+              diff: bool) -> dict[str, Any]:
+    """One host's plan as data (for --json and the table)."""
+    if isinstance(steps, HostUnreachable):
+        return {"host": job.name, "action": "unreachable", "detail": str(steps), "steps": [],
+                "diff": ""}
+    action = ("nothing (unchanged)" if job.unchanged else
+              f"roll {job.old.release} -> v{job.run.version} in {job.new_slot}" if job.old
+              else f"first release v{job.run.version} in blue")
+    failed = next((s for s in steps if s.error), None)
+    if failed:
+        action = f"would fail at {failed.step}"
+    return {"host": job.name, "action": action,
+            "detail": failed.error if failed else next(
+                (s.detail for s in steps if s.step == "discover"), ""),
+            "steps": [{"phase": s.phase, "step": s.step, "detail": s.detail, "error": s.error,
+                       "changes": [c.describe() for c in s.changes]} for s in steps],
+            "diff": file_diff(job) if diff else ""}
 
 
-def summary_rows(result: DeployResult) -> list[tuple[str, ...]]:
+def file_diff(job: HostJob) -> str:
+    """Unified diff of every rendered file against the live release's copy."""
+    from tfsdeploy.plans import read_release_files
+
+    live_id = job.old.release if job.old else None
+    live: dict[str, str] = {}
+    if live_id:
+        try:
+            live = read_release_files(job.conn, job.paths, live_id)
+        except Exception:  # a live release without its files: everything is new
+            live = {}
+    chunks: list[str] = []
+    for rendered in job.render.files:
+        chunks += difflib.unified_diff(live.get(rendered.name, "").splitlines(keepends=True),
+                                       rendered.text.splitlines(keepends=True),
+                                       fromfile=f"{job.name}:live/{rendered.name}",
+                                       tofile=f"{job.name}:new/{rendered.name}")
+    return "".join(chunks)
+
+
+RELEASE_PATTERN = re.compile(r"r\d{8}-\d{9}-v\d+")
+
+
+def plan_lines(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
+    """(host, phase, step, change) for every planned change, in order."""
+    return [(row["host"], step["phase"], step["step"], change)
+            for row in rows for step in row["steps"] for change in step["changes"]]
+
+
+def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
     """Per host: result, and time in each phase and gate."""
     rows: list[tuple[str, ...]] = []
     for name, outcome in result.hosts.items():
@@ -201,53 +149,4 @@ def summary_rows(result: DeployResult) -> list[tuple[str, ...]]:
     return rows
 
 
-def plan(request: DeployRequest, *, diff: bool, runner_factory: RunnerFactory = SshRunner
-         ) -> list[dict[str, Any]]:
-    """`--check`: what a deploy would do on each host, and file diffs; touches nothing."""
-    inventory = load_inventory(request.inventory)
-    renders = render_inventory(inventory, RenderRequest(
-        model=request.model, inventory=request.inventory, hosts=request.hosts,
-        limit=request.limit, version=request.version))
-    release = build_release(inventory, renders, SystemClock())
-    rows = []
-    for render in renders:
-        runner = runner_factory(render.host)
-        try:
-            job = HostJob(release=release, host=render.host, runner=runner, render=render)
-            try:
-                seen = discover_state(job)
-            except Exception as error:
-                rows.append({"host": render.host.name, "action": "unreachable",
-                             "detail": str(error), "diff": ""})
-                continue
-            action = ("nothing (unchanged)" if job.unchanged else
-                      f"roll {job.old.release} -> v{release.version} in {job.new_slot}"
-                      if job.old else f"first release v{release.version} in blue")
-            rows.append({"host": render.host.name, "action": action, "detail": seen,
-                         "diff": _diff(job) if diff else ""})
-        finally:
-            runner.close()
-    return rows
-
-
-def _diff(job: HostJob) -> str:
-    current = job.paths.current
-    chunks: list[str] = []
-    for rendered in job.render.files:
-        live = job.runner.run(["cat", f"{current}/{rendered.name}"])
-        before = live.stdout if live.ok else ""
-        chunks += difflib.unified_diff(before.splitlines(keepends=True),
-                                       rendered.text.splitlines(keepends=True),
-                                       fromfile=f"{job.host.name}:live/{rendered.name}",
-                                       tofile=f"{job.host.name}:new/{rendered.name}")
-    return "".join(chunks)
-
-
-def print_json(data: Any) -> None:
-    """Machine-readable output on stdout."""
-    json.dump(data, sys.stdout, indent=2, default=str)
-    print()
-
-
-__all__ = ["DeployRequest", "ExitCode", "LineReporter", "deploy", "plan", "print_json",
-           "summary_rows"]
+__all__ = ["Path", "check", "deploy", "deploy_plan", "plan_lines", "summary_rows"]

@@ -1,55 +1,50 @@
-"""`fab status` and `fab history`: what runs where, and what happened (read-only)."""
+"""`fab status`, `fab history` and `fab lock`: what runs where, what happened, who holds the
+lock. Read-only (but `fab lock --break`), from each host's facts."""
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
-from tfsdeploy import lock
-from tfsdeploy.catalog import Model
-from tfsdeploy.inventory import Inventory, ResolvedHost, load_inventory
+from tfsdeploy import lock as locks
+from tfsdeploy.engine import ConnectionFactory
+from tfsdeploy.facts import HostFacts, gather
+from tfsdeploy.inventory import ResolvedHost
 from tfsdeploy.layout import host_paths, model_ports
-from tfsdeploy.remote import Runner, SshRunner
+from tfsdeploy.records import parse_audit
+from tfsdeploy.remote import Connection, SshConnection
 from tfsdeploy.render import placements, render_host
-from tfsdeploy.state import discover, parse_json_stream, read_releases
+from tfsdeploy.target import Target
+
+Look = Callable[[Target, ResolvedHost, Connection, HostFacts], dict[str, Any]]
 
 
-@dataclass(frozen=True)
-class FleetRequest:
-    """Which model and hosts to look at."""
-
-    model: str
-    inventory: str | None = None
-    hosts: str | None = None
-    limit: str | None = None
-
-
-def _each_host(request: FleetRequest, look: Any) -> tuple[Inventory, Model, list[dict[str, Any]]]:
-    inventory = load_inventory(request.inventory)
-    model = inventory.model(request.model)
-    hosts = inventory.select(request.hosts, limit=request.limit, model=model)
-
+def each_host(target: Target, look: Look, *, hosts: tuple[ResolvedHost, ...] | None = None,
+              connect: ConnectionFactory = SshConnection) -> list[dict[str, Any]]:
+    """``look`` at every host's facts at once; an unreachable host is shown as such."""
     def one(host: ResolvedHost) -> dict[str, Any]:
-        runner = SshRunner(host)
+        conn = connect(host)
         try:
+            facts = gather(conn, target.model.name, host_paths(host, target.model))
             return {"host": host.name, "address": host.address, "reachable": True,
-                    **look(inventory, model, host, runner)}
+                    **look(target, host, conn, facts)}
         except Exception as error:  # shown as such, never skipped
             return {"host": host.name, "address": host.address, "reachable": False,
                     "error": f"{type(error).__name__}: {error}"}
         finally:
-            runner.close()
+            conn.close()
 
-    with ThreadPoolExecutor(max_workers=min(16, len(hosts))) as pool:
-        return inventory, model, list(pool.map(one, hosts))
+    chosen = hosts or target.hosts
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(chosen)))) as pool:
+        return list(pool.map(one, chosen))
 
 
-def _versions(host: ResolvedHost, model: Model, slot_port: int) -> list[dict[str, Any]]:
+def _versions(host: ResolvedHost, model: str, port: int) -> list[dict[str, Any]]:
     from tfsdeploy.probes import SlotClient
 
-    client = SlotClient(host.address, slot_port, model.name)
+    client = SlotClient(host.address, port, model)
     try:
         return [{"version": s.version, "state": s.state, "error": s.error_message}
                 for s in client.status(timeout=3)]
@@ -59,67 +54,94 @@ def _versions(host: ResolvedHost, model: Model, slot_port: int) -> list[dict[str
         client.close()
 
 
-def drift(inventory: Inventory, model: Model, host: ResolvedHost, runner: Runner,
-          current: dict[str, Any]) -> list[str]:
-    """Files whose live content differs from what the inventory renders now."""
+def drift(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
+          ) -> list[str]:
+    """Files whose live content (``current``'s files) differs from what the inventory renders
+    now for the live version."""
+    record = facts.record(facts.current)
+    if record is None:
+        return []
+    inventory = target.inventory
     placed = placements(inventory)
-    render = render_host(host, model, int(current["version"]),
+    render = render_host(host, target.model, record.version,
                          co_located=[inventory.models[m] for m, on in placed.items()
                                      if host.name in on])
-    changed = []
-    for rendered in render.files:
-        live = runner.run(["cat", f"{host_paths(host, model).current}/{rendered.name}"])
-        if not live.ok or hashlib.sha256(live.stdout.encode()).digest() != \
-                hashlib.sha256(rendered.text.encode()).digest():
-            changed.append(rendered.name)
-    return changed
+    return [r.name for r in render.files
+            if facts.live_files.get(r.name) != hashlib.sha256(r.text.encode()).hexdigest()]
 
 
-def host_status(inventory: Inventory, model: Model, host: ResolvedHost, runner: Runner
+def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
                 ) -> dict[str, Any]:
     """Live release, slots, traffic, version states, drift and the lock, on one host."""
-    ports = model_ports(host, model)
-    paths = host_paths(host, model)
-    state = discover(runner, model.name, paths, ports.admin)
+    ports = model_ports(host, target.model)
+    serving = facts.serving_release
+    record = facts.record(serving or facts.current)
     slots: dict[str, Any] = {}
     for slot in ports.slots:
         slots[slot] = [{"release": c.release, "version": c.version, "running": c.running,
                         "status": c.status,
-                        "versions": _versions(host, model, ports.slot_grpc(slot))
+                        "versions": _versions(host, target.model.name, ports.slot_grpc(slot))
                         if c.running else []}
-                       for c in state.in_slot(slot)]
-    current = state.current or {}
-    holder = lock.read_lock(runner, paths.lock_dir)
-    return {"current": current.get("id"), "version": current.get("version"),
-            "image": current.get("image"), "traffic_slot": state.traffic_slot,
-            "proxy_running": state.proxy_running, "slots": slots,
-            "drift": drift(inventory, model, host, runner, current) if current else [],
-            "lock": holder.describe() + (" (STALE)" if lock.is_stale(holder) else "")
-            if holder else None}
+                       for c in facts.in_slot(slot)]
+    holder = facts.lock
+    return {"current": serving or facts.current, "recorded_current": facts.current,
+            "version": record.version if record else None,
+            "image": record.image if record else None,
+            "traffic_slot": facts.proxy.serving_slot(0), "proxy_running": facts.proxy.running,
+            "slots": slots, "drift": drift(target, host, conn, facts),
+            "broken_records": [b.model_dump() for b in facts.broken],
+            "lock": (holder.describe() + (" (STALE)" if locks.is_stale(holder) else "")
+                     if holder else "unreadable lock record" if facts.lock_present else None)}
 
 
-def status(request: FleetRequest) -> list[dict[str, Any]]:
+def status(target: Target, *, connect: ConnectionFactory = SshConnection
+           ) -> list[dict[str, Any]]:
     """`fab status`: one entry per selected host, unreachable ones included."""
-    return _each_host(request, host_status)[2]
+    return each_host(target, host_status, connect=connect)
 
 
-def host_history(inventory: Inventory, model: Model, host: ResolvedHost, runner: Runner,
+def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
                  lines: int = 50) -> dict[str, Any]:
     """Retained releases with results and step durations, and the audit log's tail."""
-    paths = host_paths(host, model)
-    releases = []
-    for record in read_releases(runner, paths):
-        steps = record.get("steps") or []
-        releases.append({"id": record.get("id"), "version": record.get("version"),
-                         "status": record.get("status"), "slot": record.get("slot"),
-                         "by": record.get("deployed_by"), "at": record.get("updated_at"),
-                         "seconds": round(sum(s.get("seconds", 0) for s in steps), 1),
-                         "gates": {g["gate"]: g["seconds"] for g in record.get("gates") or []}})
-    audit = runner.run(["tail", "-n", str(lines), paths.audit_log])
-    return {"releases": releases,
-            "audit": parse_json_stream(audit.stdout) if audit.ok else []}
+    releases = [{"id": r.id, "version": r.version, "status": r.status.value, "slot": r.slot,
+                 "by": r.deployed_by, "at": r.updated_at,
+                 "seconds": round(sum(s.seconds for s in r.steps), 1),
+                 "gates": {g.gate: g.seconds for g in r.gates}} for r in facts.releases]
+    audit = conn.run(["tail", "-n", str(lines), host_paths(host, target.model).audit_log])
+    entries = parse_audit(audit.stdout) if audit.ok else []
+    return {"releases": releases, "broken_records": [b.model_dump() for b in facts.broken],
+            "audit": [e.model_dump() for e in entries]}
 
 
-def history(request: FleetRequest) -> list[dict[str, Any]]:
+def history(target: Target, *, connect: ConnectionFactory = SshConnection
+            ) -> list[dict[str, Any]]:
     """`fab history`: per host."""
-    return _each_host(request, host_history)[2]
+    return each_host(target, host_history, connect=connect)
+
+
+def lock_state(target: Target, *, breaking: bool = False,
+               connect: ConnectionFactory = SshConnection) -> tuple[list[str], str]:
+    """`fab lock`: each host's part of the model's lock (every host of the model, whatever
+    --hosts selects), and the verdict; with ``breaking`` each part is removed, for the token
+    that was read there (a lock taken meanwhile is left alone and reported)."""
+    def look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
+             ) -> dict[str, Any]:
+        holder, present = facts.lock, facts.lock_present
+        line = "free" if not present else (
+            holder.describe() + (" STALE: that process is gone" if locks.is_stale(holder)
+                                 else "") if holder else "a lock with an unreadable record")
+        if breaking and present:
+            site = locks.LockSite(host.name, conn, host_paths(host, target.model))
+            removed, now = locks.remove(site, holder.token if holder else "")
+            line = f"broken, was {line}" if removed else (
+                f"NOT broken: it changed meanwhile, now {now.describe() if now else '?'}")
+        return {"line": line, "held": present}
+
+    rows = each_host(target, look, hosts=target.model_hosts, connect=connect)
+    lines = [f"{r['host']}: {r['line']}" if r["reachable"] else
+             f"{r['host']}: unreachable ({r['error']})" for r in rows]
+    held = sum(1 for r in rows if r.get("held"))
+    verdict = "broken" if breaking else (
+        "locked" if held * 2 > len(rows) else "partly locked" if held else "free")
+    return lines, f"{target.model.name}: {verdict} ({held} of {len(rows)} hosts hold a " \
+                  "lock record)"

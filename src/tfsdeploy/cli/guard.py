@@ -1,29 +1,31 @@
 """`fab guard`: watch each host's TFServing metrics; roll back when the SLO breaks for long
-enough. Meant for cron/systemd: no prompts, bounded, documented exit codes."""
+enough. Meant for cron/systemd: no prompts, bounded, documented exit codes.
+
+Rates are computed per serving process: each slot's own REST port is read (not the stable
+port, which changes process at a switch), each process's counters are compared only with that
+process's previous reading, and a host's processes are added up for its verdict. A process
+that starts (a switch, a restart) gives its first reading as a baseline.
+"""
 
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tfsdeploy.cli.rollback import RollbackRequest, rollback
+from tfsdeploy.cli.rollback import rollback
+from tfsdeploy.engine import Reporter, RunResult
 from tfsdeploy.errors import ExitCode, TfsDeployError
-from tfsdeploy.guard import Breach, Scrape, parse_metrics, window
-from tfsdeploy.inventory import ResolvedHost, load_inventory
+from tfsdeploy.guard import Breach, Scrape, Window, bucket_deltas, merge, parse_metrics, window
+from tfsdeploy.inventory import ResolvedHost
 from tfsdeploy.layout import model_ports
-from tfsdeploy.rollout import DeployResult, Reporter
+from tfsdeploy.target import Target
 
 
 @dataclass(frozen=True)
-class GuardRequest:
-    """What to watch, and when to act."""
+class GuardPolicy:
+    """When to act."""
 
-    model: str
-    inventory: str | None = None
-    hosts: str | None = None
-    limit: str | None = None
     max_error_rate: float = 0.01
     slo_p99_ms: float | None = None  # None: the model's latency SLO
     for_s: float = 30.0
@@ -33,56 +35,71 @@ class GuardRequest:
     lock_wait: float = 60.0
 
 
-def scrape(host: ResolvedHost, port: int, path: str, model: str) -> Scrape:
-    """One read of a host's metrics through its stable REST port."""
-    with urllib.request.urlopen(f"http://{host.address}:{port}{path}", timeout=5) as reply:
-        return parse_metrics(reply.read().decode(), model)
+def scrape(address: str, port: int, path: str, model: str) -> Scrape:
+    """One read of one server process's metrics (its slot's REST port)."""
+    import httpx
+
+    reply = httpx.get(f"http://{address}:{port}{path}", timeout=5)
+    reply.raise_for_status()
+    return parse_metrics(reply.text, model)
 
 
-def guard(request: GuardRequest, *, reporter: Reporter,
-          act: Callable[[RollbackRequest], DeployResult] | None = None,
+Scraper = Callable[[str, int, str, str], Scrape]
+
+
+def host_window(host: ResolvedHost, target: Target, last: dict[tuple[str, int], Scrape],
+                read: Scraper) -> Window | None:
+    """The host's traffic since the previous reading, over its serving processes (None when
+    no process has a previous reading yet)."""
+    ports = model_ports(host, target.model)
+    windows, buckets = [], []
+    for slot in ports.slots:
+        key = (host.name, ports.slot_rest(slot))
+        try:
+            current = read(host.address, key[1], host.vars.monitoring_path, target.model.name)
+        except Exception:  # a stopped slot: no process to read
+            last.pop(key, None)
+            continue
+        if key in last:
+            windows.append(window(last[key], current))
+            buckets.append(bucket_deltas(last[key], current))
+        last[key] = current
+    return merge(windows, buckets) if windows else None
+
+
+def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
+          act: Callable[[], RunResult] | None = None, read: Scraper = scrape,
           sleep: Callable[[float], None] = time.sleep) -> tuple[ExitCode, str]:
     """Watch until a sustained breach (then roll back) or the duration ends."""
-    inventory = load_inventory(request.inventory)
-    model = inventory.model(request.model)
-    hosts = inventory.select(request.hosts, limit=request.limit, model=model)
-    slo = request.slo_p99_ms or model.latency_slo_ms
+    slo = policy.slo_p99_ms or target.model.latency_slo_ms
     breach = Breach()
-    last: dict[str, Scrape] = {}
+    last: dict[tuple[str, int], Scrape] = {}
     start = time.monotonic()
-    reporter.note(f"guarding {model.name} on {len(hosts)} host(s): error rate <= "
-                  f"{request.max_error_rate:.2%}, P99 <= {slo:g} ms; act after "
-                  f"{request.for_s:g} s of breach")
-    while request.duration_s is None or time.monotonic() - start < request.duration_s:
+    reporter.note(f"guarding {target.model.name} on {len(target.hosts)} host(s): error rate "
+                  f"<= {policy.max_error_rate:.2%} (server errors), P99 <= {slo:g} ms; act "
+                  f"after {policy.for_s:g} s of breach")
+    while policy.duration_s is None or time.monotonic() - start < policy.duration_s:
         now = time.monotonic()
-        for host in hosts:
-            port = model_ports(host, model).rest
-            try:
-                current = scrape(host, port, host.vars.monitoring_path, model.name)
-            except OSError as error:
-                reporter.step(host.name, "guard", "scrape", "failed", 0.0, str(error))
+        for host in target.hosts:
+            w = host_window(host, target, last, read)
+            if w is None:
                 continue
-            if host.name in last:
-                w = window(last[host.name], current)
-                why = breach.observe(host.name, w, now=now, max_error_rate=request.max_error_rate,
-                                     slo_p99_ms=slo, min_requests=request.min_requests)
-                if why:
-                    reporter.step(host.name, "guard", "slo", "breach", 0.0, why)
-                if why and breach.sustained(host.name, now=now, for_s=request.for_s):
-                    return _roll_back(request, host.name, why, reporter, act)
-            last[host.name] = current
-        sleep(request.interval_s)
+            why = breach.observe(host.name, w, now=now, max_error_rate=policy.max_error_rate,
+                                 slo_p99_ms=slo, min_requests=policy.min_requests)
+            if why:
+                reporter.step(host.name, "guard", "slo", "breach", 0.0, why)
+            if why and breach.sustained(host.name, now=now, for_s=policy.for_s):
+                return _roll_back(target, policy, host.name, why, reporter, act)
+        sleep(policy.interval_s)
     return ExitCode.OK, "no sustained SLO breach"
 
 
-def _roll_back(request: GuardRequest, host: str, why: str, reporter: Reporter,
-               act: Callable[[RollbackRequest], DeployResult] | None) -> tuple[ExitCode, str]:
-    reporter.note(f"{host}: {why} for {request.for_s:g} s: rolling back {request.model}")
-    run = act or (lambda r: rollback(r, reporter=reporter))
+def _roll_back(target: Target, policy: GuardPolicy, host: str, why: str, reporter: Reporter,
+               act: Callable[[], RunResult] | None) -> tuple[ExitCode, str]:
+    reporter.note(f"{host}: {why} for {policy.for_s:g} s: rolling back {target.model.name}")
+    run = act or (lambda: rollback(target, lock_wait=policy.lock_wait, reporter=reporter))
     try:
-        result = run(RollbackRequest(model=request.model, inventory=request.inventory,
-                                     hosts=request.hosts, limit=request.limit,
-                                     lock_wait=request.lock_wait))
+        result = run()
     except TfsDeployError as error:
         code = ExitCode.LOCKED if error.exit_code == ExitCode.LOCKED else ExitCode.INCONSISTENT
         return code, f"the SLO broke ({host}: {why}) and the rollback failed: {error}"

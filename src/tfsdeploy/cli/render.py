@@ -2,47 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
-from tfsdeploy.errors import ConfigError
-from tfsdeploy.inventory import Inventory, load_inventory
 from tfsdeploy.layout import SLOTS, model_ports
 from tfsdeploy.proxy import render_proxy_config
-from tfsdeploy.render import HostRender, render_fleet
-from tfsdeploy.validate import check_port_clashes, validate_model, validate_render
-from tfsdeploy.versions import choose_version
+from tfsdeploy.render import HostRender
+from tfsdeploy.target import Target, render_release
 
 
-@dataclass(frozen=True)
-class RenderRequest:
-    """What `fab render` was asked for."""
-
-    model: str
-    inventory: str | None = None
-    hosts: str | None = None
-    limit: str | None = None
-    version: int | str | None = None
-
-
-def render_and_validate(request: RenderRequest) -> list[HostRender]:
-    """Load, render and validate; raises ConfigError with every problem found."""
-    return render_inventory(load_inventory(request.inventory), request)
-
-
-def render_inventory(inventory: Inventory, request: RenderRequest) -> list[HostRender]:
-    """Render and validate ``request`` against a loaded inventory."""
-    model = inventory.model(request.model)
-    problems = validate_model(model, inventory.path) + check_port_clashes(inventory)
-    if problems:
-        raise ConfigError(problems)
-    version = choose_version(model, request.version, inventory.path)
-    hosts = inventory.select(request.hosts, limit=request.limit, model=model)
-    renders = render_fleet(inventory, model, version, hosts)
-    problems = [p for r in renders for p in validate_render(r, inventory.path)]
-    if problems:
-        raise ConfigError(problems)
-    return renders
+def render_and_validate(target: Target, version: int | str | None = None) -> list[HostRender]:
+    """Render and validate the release for the target's hosts; raises ConfigError with every
+    problem found."""
+    return render_release(target, version)
 
 
 PROXY_CONFIG = "proxy/haproxy.cfg"
@@ -59,7 +30,7 @@ def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
         texts = {f.name: f.text for f in render.files}
         texts[PROXY_CONFIG] = render_proxy_config(render.host, render.model,
                                                   model_ports(render.host, render.model),
-                                                  SLOTS[0])
+                                                  {0: SLOTS[0]})
         for name, text in texts.items():
             path = folder / name
             path.write_text(text)

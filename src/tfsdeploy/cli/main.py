@@ -1,0 +1,364 @@
+"""The commands behind the `fab` tasks: arguments checked, the run made, its result printed,
+the exit code returned. ``tasks.py`` holds only the tasks' signatures and help.
+
+Every command ends with a documented exit code, whatever happens: a toolkit error gives its
+own; any other exception (a defect) gives 1 when it came before any host was changed and 3
+after (a run in progress records where it stands), one clear line, the traceback only with
+``--debug`` (or TFSDEPLOY_DEBUG=1), and ``--json-file``/``--metrics-file`` still written.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from tfsdeploy.errors import ConfigError, ExitCode, Problem, TfsDeployError
+
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=1, le=1_000_000)]
+OPTION_TYPES: dict[str, Any] = {
+    "lock_wait": NonNegative, "for_s": NonNegative, "interval_s": Positive,
+    "duration_s": Positive, "slo_p99_ms": Positive, "max_error_rate": NonNegative,
+    "min_requests": Count, "concurrency": Count, "procs": Count, "rps": Positive,
+    "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
+    "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
+}
+
+
+def options(raw: dict[str, Any]) -> dict[str, Any]:
+    """The command's options, typed and range-checked; every bad one named at once."""
+    checked, problems = dict(raw), []
+    for name, value in raw.items():
+        if name in OPTION_TYPES and value is not None:
+            try:
+                checked[name] = TypeAdapter(OPTION_TYPES[name]).validate_python(value)
+            except ValidationError as error:
+                problems.append(Problem(f"--{name.replace('_', '-')} {value!r}: "
+                                        f"{error.errors()[0]['msg']}",
+                                        fix="give a number in range (see `fab --help "
+                                            "<command>`)", field=f"--{name.replace('_', '-')}"))
+    if problems:
+        raise ConfigError(problems)
+    return checked
+
+
+def debugging() -> bool:
+    """Whether tracebacks are wanted (``fab --debug`` or TFSDEPLOY_DEBUG=1)."""
+    return os.environ.get("TFSDEPLOY_DEBUG") == "1" or "--debug" in sys.argv or "-d" in sys.argv
+
+
+Outputs = Callable[[int, str], None]
+
+
+def run_command(body: Callable[[], int], *, record: Outputs | None = None) -> int:
+    """Run a command's body; map every way it can end to its exit code and one clear line."""
+    from tfsdeploy.cli.output import print_error
+
+    try:
+        return body()
+    except TfsDeployError as error:
+        code = int(error.exit_code)
+        message = str(error)
+        print_error(error)
+    except KeyboardInterrupt:
+        code, message = int(ExitCode.INVALID), "interrupted before any host was changed"
+        print(f"tfsdeploy: {message}", file=sys.stderr)
+    except Exception as error:  # a defect: still a documented exit code and outputs
+        code, message = int(ExitCode.INVALID), f"unexpected {type(error).__name__}: {error}"
+        print_error(error)
+        if debugging():
+            traceback.print_exc()
+    if record is not None:
+        record(code, message)
+    return code
+
+
+def unattended_outputs(command: str, model: str, json_file: str | None,
+                       metrics_file: str | None) -> Outputs:
+    """Write the JSON result and metrics of a run that ended early (invalid input, lock held,
+    a defect): cron and dashboards still see it."""
+    started = time.monotonic()
+
+    def record(code: int, message: str) -> None:
+        from tfsdeploy.cli.unattended import update_textfile, write_json_file
+
+        if json_file:
+            write_json_file(json_file, {"command": command, "model": model, "exit_code": code,
+                                        "result": ExitCode(code).name.lower(),
+                                        "message": message, "hosts": {}})
+        if metrics_file:
+            update_textfile(metrics_file, model=model, command=command, exit_code=code,
+                            seconds=time.monotonic() - started, release="", version=None)
+
+    return record
+
+
+def safe_model(name: str) -> str:
+    """A model name fit for files and metric labels (checked before it is recorded)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", name or "") or name in (".", ".."):
+        raise ConfigError(Problem(f"--model {name!r} is not a model name",
+                                  fix="give a name from the inventory's catalog "
+                                      "(letters, digits, '.', '_', '-')", field="--model"))
+    return name
+
+
+def finish(command: str, result: Any, *, json: bool, json_file: str | None,
+           metrics_file: str | None, events: list[dict[str, Any]] | None = None) -> int:
+    """Print a run's summary (or JSON), write the unattended outputs, return the exit code."""
+    from tfsdeploy.cli.deploy import summary_rows
+    from tfsdeploy.cli.output import print_json, print_table
+    from tfsdeploy.cli.unattended import update_textfile, write_json_file
+
+    data = {"command": command, **result.as_dict(), "events": events or []}
+    if json:
+        print_json(data)
+    else:
+        print_table(f"{command} {result.model} v{result.version} ({result.release_id}): "
+                    f"{result.exit_code.name.lower()} in {result.seconds:.1f} s",
+                    ("host", "result", "time per phase", "gates", "error"),
+                    summary_rows(result))
+        print(result.message)
+    if json_file:
+        write_json_file(json_file, data)
+    if metrics_file:
+        update_textfile(metrics_file, model=result.model, command=command,
+                        exit_code=int(result.exit_code), seconds=result.seconds,
+                        release=result.release_id, version=result.version)
+    return int(result.exit_code)
+
+
+def reporter(json: bool, log_file: str | None) -> Any:
+    """Progress lines on stdout (stderr with --json), and in the log file."""
+    from tfsdeploy.cli.output import LineReporter
+
+    return LineReporter(sys.stderr if json else sys.stdout, log_file)
+
+
+def target(args: dict[str, Any]) -> Any:
+    """The command's target: inventory, model (validated), selected hosts."""
+    from tfsdeploy.target import load_target
+
+    return load_target(safe_model(args["model"]), inventory=args.get("inventory"),
+                       hosts=args.get("hosts"), limit=args.get("limit"))
+
+
+# -- the commands -----------------------------------------------------------------------
+
+def cmd_render(a: dict[str, Any]) -> int:
+    """`fab render`."""
+    from tfsdeploy.cli.output import print_table
+    from tfsdeploy.cli.render import render_and_validate, summary_rows, write_renders
+
+    renders = render_and_validate(target(a), a["version"])
+    written = write_renders(renders, Path(a["out"]))
+    print_table(f"{a['model']}: {len(renders)} host(s) rendered and validated into {a['out']}/",
+                ("host", "address", "version", "GPU fraction", "files"), summary_rows(renders))
+    print(f"{len(written)} files written; the TFServing files parsed with TFServing's "
+          "definitions; proxy/haproxy.cfg as a first deploy writes it (slot blue).")
+    return 0
+
+
+def cmd_hosts(a: dict[str, Any]) -> int:
+    """`fab hosts`."""
+    from tfsdeploy.cli.output import print_table
+    from tfsdeploy.inventory import load_inventory
+    from tfsdeploy.render import placements
+
+    inv = load_inventory(a["inventory"])
+    placed = placements(inv)
+    rows = [(h.name, h.address, ",".join(h.groups) or "-",
+             " ".join(f"{g.index}:{g.memory_mib}MiB" for g in h.gpus) or "-",
+             ",".join(m for m, on in placed.items() if h.name in on) or "-")
+            for h in inv.select(a["hosts"], limit=a["limit"])]
+    print_table(f"{inv.path}: {len(rows)} host(s)",
+                ("host", "address", "groups", "GPUs", "models"), rows)
+    return 0
+
+
+def cmd_deploy(a: dict[str, Any]) -> int:
+    """`fab deploy` (and `--check [--diff]`)."""
+    from tfsdeploy.cli import deploy as cmd
+
+    if a["check"] or a["diff"]:
+        return _print_check(a, cmd.check(target(a), version=a["version"],
+                                         playbook=a["playbook"], diff=a["diff"]))
+    shown = reporter(a["json"], a["log_file"])
+    result = cmd.deploy(target(a), version=a["version"], playbook=a["playbook"],
+                        lock_wait=a["lock_wait"], reporter=shown)
+    return finish("deploy", result, json=a["json"], json_file=a["json_file"],
+                  metrics_file=a["metrics_file"], events=shown.events)
+
+
+def _print_check(a: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+    from tfsdeploy.cli.output import print_json, print_table
+
+    if a["json"]:
+        print_json(rows)
+        return 0
+    print_table(f"deploy --check {a['model']}: nothing was changed",
+                ("host", "would do", "live"), [(r["host"], r["action"], r["detail"])
+                                               for r in rows])
+    for row in rows:
+        print(f"{row['host']}:")
+        for step in row["steps"]:
+            if step["error"]:
+                print(f"  {step['phase']:<9} {step['step']:<15} WOULD FAIL: {step['error']}")
+            for change in step["changes"]:
+                print(f"  {step['phase']:<9} {step['step']:<15} {change}")
+        if row["diff"]:
+            print(row["diff"])
+    return 0
+
+
+def cmd_rollback(a: dict[str, Any]) -> int:
+    """`fab rollback`."""
+    from tfsdeploy.cli.rollback import rollback
+
+    shown = reporter(a["json"], a["log_file"])
+    result = rollback(target(a), to=a["to"], playbook=a["playbook"],
+                      lock_wait=a["lock_wait"], reporter=shown)
+    return finish("rollback", result, json=a["json"], json_file=a["json_file"],
+                  metrics_file=a["metrics_file"], events=shown.events)
+
+
+def cmd_status(a: dict[str, Any]) -> int:
+    """`fab status`."""
+    from tfsdeploy.cli.fleet import status
+    from tfsdeploy.cli.output import print_json, print_table
+
+    rows = status(target(a))
+    if a["json"]:
+        print_json(rows)
+    else:
+        print_table(f"{a['model']}: status", ("host", "release", "version", "traffic", "slots",
+                                              "drift", "lock"), [_status_row(r) for r in rows])
+    return 0 if all(r["reachable"] for r in rows) else 3
+
+
+def _status_row(row: dict[str, Any]) -> tuple[str, ...]:
+    if not row["reachable"]:
+        return (row["host"], "UNREACHABLE", "", "", row.get("error", "")[:60], "", "")
+    slots = "; ".join(
+        f"{slot}: " + ", ".join(
+            f"{c['release']} {'running' if c['running'] else 'stopped'}"
+            + "".join(f" [{v.get('version', '?')} {v.get('state', v.get('error'))}]"
+                      for v in c["versions"])
+            for c in containers)
+        for slot, containers in row["slots"].items() if containers)
+    return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
+            str(row["traffic_slot"] or "-"), slots or "-", ", ".join(row["drift"]) or "none",
+            row["lock"] or "free")
+
+
+def cmd_history(a: dict[str, Any]) -> int:
+    """`fab history`."""
+    from tfsdeploy.cli.fleet import history
+    from tfsdeploy.cli.output import print_json, print_table
+
+    rows = history(target(a))
+    if a["json"]:
+        print_json(rows)
+        return 0 if all(r["reachable"] for r in rows) else 3
+    for row in rows:
+        if not row["reachable"]:
+            print(f"{row['host']}: UNREACHABLE ({row['error']})")
+            continue
+        print_table(f"{row['host']}: releases of {a['model']}",
+                    ("release", "version", "status", "slot", "by", "at", "seconds", "gates"),
+                    [(r["id"], str(r["version"]), str(r["status"]), str(r["slot"]),
+                      str(r["by"]), str(r["at"]), str(r["seconds"]),
+                      " ".join(f"{g} {s:.1f}s" for g, s in r["gates"].items()))
+                     for r in row["releases"]])
+        for broken in row["broken_records"]:
+            print(f"  unreadable record {broken['path']}: {broken['error']}")
+        for entry in row["audit"][-15:]:
+            print(f"  {entry['time']} {entry['who']} {entry['event']} {entry['release']} "
+                  f"{entry['details'] or ''}")
+    return 0 if all(r["reachable"] for r in rows) else 3
+
+
+def cmd_guard(a: dict[str, Any]) -> int:
+    """`fab guard`."""
+    from tfsdeploy.cli.guard import GuardPolicy, guard
+    from tfsdeploy.cli.unattended import update_textfile
+
+    started = time.monotonic()
+    policy = GuardPolicy(max_error_rate=a["max_error_rate"], slo_p99_ms=a["slo_p99_ms"],
+                         for_s=a["for_s"], interval_s=a["interval_s"],
+                         duration_s=a["duration_s"], min_requests=a["min_requests"])
+    code, message = guard(target(a), policy, reporter=reporter(False, a["log_file"]))
+    print(message)
+    if a["metrics_file"]:
+        update_textfile(a["metrics_file"], model=a["model"], command="guard",
+                        exit_code=int(code), seconds=time.monotonic() - started, release="",
+                        version=None)
+    return int(code)
+
+
+def cmd_bench(a: dict[str, Any]) -> int:
+    """`fab bench`."""
+    from tfsdeploy.cli.bench import bench
+
+    return bench(target(a), a)
+
+
+def cmd_plan_capacity(a: dict[str, Any]) -> int:
+    """`fab plan-capacity`."""
+    from tfsdeploy.loadtest.cli import plan_capacity as plan
+
+    source: str | float | None = a["sweep_report"] or a["per_instance_qps"]
+    if source is None:
+        raise ConfigError(Problem("no per-instance figure",
+                                  fix="pass --sweep-report FILE or --per-instance-qps N"))
+    code, text = plan(a["target_qps"], source, load_factor=a["load_factor"],
+                      availability_factor=a["availability_factor"], as_json=a["json"])
+    print(text)
+    return code
+
+
+def cmd_lock(a: dict[str, Any]) -> int:
+    """`fab lock`."""
+    from tfsdeploy.cli.fleet import lock_state
+
+    lines, verdict = lock_state(target(a), breaking=a["break_"])
+    print("\n".join([*lines, verdict]))
+    return 0
+
+
+COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
+    "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
+    "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
+    "plan_capacity": cmd_plan_capacity, "lock": cmd_lock,
+}
+UNATTENDED = ("deploy", "rollback", "guard")
+
+
+def main(command: str, raw: dict[str, Any]) -> int:
+    """Run ``command`` with the task's arguments; returns the exit code."""
+    args = {k: v for k, v in raw.items() if k != "c"}
+    record = None
+    if command in UNATTENDED:
+        model = str(args.get("model", ""))
+        label = model if _is_safe(model) else "invalid"
+        record = unattended_outputs(command, label, args.get("json_file"),
+                                    args.get("metrics_file"))
+    return run_command(lambda: COMMANDS[command](options(args)), record=record)
+
+
+def _is_safe(name: str) -> bool:
+    try:
+        safe_model(name)
+    except ConfigError:
+        return False
+    return True

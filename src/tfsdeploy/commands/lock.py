@@ -1,0 +1,38 @@
+"""The fleet lock's part on one host: a directory created by ``mkdir`` (atomic), with its
+record, changed only under ``flock`` on a file beside it so that reading the record and removing
+the directory are one step: a lock is only ever removed by the token that was read."""
+
+from __future__ import annotations
+
+from tfsdeploy.commands import Argv
+from tfsdeploy.layout import HostPaths
+
+# exit 0: taken; 3: held (the record printed); other: failure
+_ACQUIRE = ('mkdir -p "$1" && exec 9>>"$2" && flock -w 10 9 && '
+            'if [ -d "$3" ]; then cat "$3/info.json" 2>/dev/null; exit 3; fi && '
+            'mkdir "$3" && printf "%s" "$4" > "$3/info.json.tmp" && '
+            'mv -f "$3/info.json.tmp" "$3/info.json"')
+# exit 0: removed; 3: the lock holds another token (the record printed) or an unreadable one
+_REMOVE = ('[ -d "$2" ] || exit 0; exec 9>>"$1" || exit 4; flock -w 10 9 || exit 4; '
+           '[ -d "$2" ] || exit 0; '
+           'held=$(sed -n \'s/.*"token": *"\\([0-9a-f]*\\)".*/\\1/p\' "$2/info.json" '
+           '2>/dev/null); '
+           'if [ "$held" = "$3" ]; then rm -rf -- "$2"; '
+           'else cat "$2/info.json" 2>/dev/null; exit 3; fi')
+
+
+def acquire(paths: HostPaths, record: str) -> Argv:
+    """Create the lock directory with ``record``, unless it exists (then print its record)."""
+    return ["sh", "-c", _ACQUIRE, "sh", paths.home, paths.lock_guard, paths.lock_dir, record]
+
+
+def remove_if_token(paths: HostPaths, token: str) -> Argv:
+    """Remove the lock only while it still records ``token`` (release, or break a stale one);
+    otherwise print what it holds now and exit 3. An empty ``token`` removes a lock whose
+    record is missing or unreadable."""
+    return ["sh", "-c", _REMOVE, "sh", paths.lock_guard, paths.lock_dir, token]
+
+
+def read(paths: HostPaths) -> Argv:
+    """The lock record (exit 1 when there is none)."""
+    return ["cat", f"{paths.lock_dir}/info.json"]

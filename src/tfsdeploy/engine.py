@@ -1,0 +1,514 @@
+"""The engine owns a run: the hosts' connections, the fleet lock, Ctrl-C/SIGTERM/SIGHUP, the
+facts read once, the playbook's phases, batches, rescue and the exit code.
+
+The loop is explicit: every host's facts are read under the lock, the verb's planner turns them
+into one job per host, then each phase runs its task list, on every host at once or batch by
+batch. The first failure beyond the threshold stops the roll; the failed host runs the phase's
+``rescue`` tasks, and the hosts already rolled run them too under ``on_failure: revert``. The
+exit code says where the run stood: nothing serving changed (1), every host back on its
+previous release (2), the fleet not consistent (3).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tfsdeploy import lock
+from tfsdeploy.batches import plan_batches, threshold_exceeded
+from tfsdeploy.changes import Change
+from tfsdeploy.errors import ExitCode, HostUnreachable, TfsDeployError
+from tfsdeploy.executor import run_step
+from tfsdeploy.facts import HostFacts, gather
+from tfsdeploy.gates import Clock, GateFailed
+from tfsdeploy.inventory import ResolvedHost
+from tfsdeploy.jobs import HostJob, Planner, RunContext
+from tfsdeploy.layout import host_paths
+from tfsdeploy.operations import registry
+from tfsdeploy.playbook import Phase, Playbook, Task
+from tfsdeploy.records import StepRecord
+from tfsdeploy.remote import Connection
+from tfsdeploy.target import Target
+
+
+class Interrupted(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP arrived: stop at the next step boundary and restore."""
+
+if TYPE_CHECKING:
+    from tfsdeploy.dockerssh import PullProgress
+
+
+class Reporter(Protocol):
+    """Where progress goes (the CLI prints it; tests record it)."""
+
+    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+             detail: str) -> None:
+        """One step finished (status: ok, failed, restored ...)."""
+
+    def note(self, text: str) -> None:
+        """A fleet-level message."""
+
+
+class CancellableClock:
+    """A clock whose sleep raises Interrupted once the run is cancelled."""
+
+    def __init__(self, inner: Clock, cancel: threading.Event) -> None:
+        self._inner, self._cancel = inner, cancel
+
+    def now(self) -> float:
+        """The inner clock's time."""
+        return self._inner.now()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, unless cancelled."""
+        if self._cancel.is_set():
+            raise Interrupted()
+        self._inner.sleep(seconds)
+        if self._cancel.is_set():
+            raise Interrupted()
+
+
+@dataclass
+class HostOutcome:
+    """How one host ended."""
+
+    host: str
+    status: str  # rolled, unchanged, failed, restored, reverted, unreachable, skipped, unknown
+    error: str = ""
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    release: str = ""
+
+
+@dataclass
+class RunResult:
+    """The whole run, for people and machines."""
+
+    model: str
+    version: int
+    release_id: str
+    exit_code: ExitCode = ExitCode.OK
+    message: str = ""
+    hosts: dict[str, HostOutcome] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"model": self.model, "version": self.version, "release": self.release_id,
+                "exit_code": int(self.exit_code), "result": self.exit_code.name.lower(),
+                "message": self.message, "seconds": round(self.seconds, 3),
+                "hosts": {n: o.__dict__ for n, o in self.hosts.items()}}
+
+
+DeployResult = RunResult
+
+
+@dataclass
+class Roll:
+    """Everything the phases of one run share."""
+
+    playbook: Playbook
+    context: RunContext
+    jobs: list[HostJob]
+    reporter: Reporter
+    cancel: threading.Event
+    serial: Sequence[int | str]
+    max_fail_percentage: float
+    on_failure: str
+    result: RunResult
+    failed: set[str] = field(default_factory=set)
+    touched: set[str] = field(default_factory=set)  # hosts where what serves was changed
+
+    def outcome(self, job: HostJob) -> HostOutcome:
+        """The host's outcome record (created on first use)."""
+        if job.name not in self.result.hosts:
+            self.result.hosts[job.name] = HostOutcome(job.name, "pending",
+                                                      release=self.context.release_id)
+        return self.result.hosts[job.name]
+
+    def progress(self, host: str, update: PullProgress) -> None:
+        """Pull progress goes to the reporter when it shows progress."""
+        show = getattr(self.reporter, "progress", None)
+        if show is not None:
+            show(host, update)
+
+
+def run_tasks(roll: Roll, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
+    """Run a task list on one host, recording each step; raise on the first failure."""
+    operations = registry()
+    if job.unreachable is not None:
+        raise job.unreachable
+    for task in tasks:
+        if roll.cancel.is_set():
+            raise Interrupted()
+        started = time.monotonic()
+        try:
+            outcome = run_step(job, task.action, operations[task.action], task.params,
+                               check=False, on_progress=roll.progress)
+        except BaseException as error:
+            seconds = time.monotonic() - started
+            _record_step(job, phase, task.action, False, seconds, describe(error))
+            roll.reporter.step(job.name, phase, task.action, "failed", seconds, describe(error))
+            raise
+        finally:
+            if job.touched:
+                roll.touched.add(job.name)
+        seconds = time.monotonic() - started
+        _record_step(job, phase, task.action, True, seconds, outcome.detail)
+        roll.reporter.step(job.name, phase, task.action, "ok", seconds, outcome.detail)
+
+
+def describe(error: BaseException) -> str:
+    """An error in one line for people: its message, or its kind when it has none (a defect
+    of ours, named as such)."""
+    if isinstance(error, (TfsDeployError, GateFailed, Interrupted)):
+        return str(error) or type(error).__name__
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _record_step(job: HostJob, phase: str, step: str, ok: bool, seconds: float,
+                 detail: str) -> None:
+    job.steps.append(StepRecord(phase=phase, step=step, ok=ok, seconds=round(seconds, 3),
+                                detail=detail[:2000]))
+
+
+def run_parallel(roll: Roll, phase: Phase, jobs: list[HostJob], tasks: Sequence[Task]
+                 ) -> dict[str, BaseException | None]:
+    """Run ``tasks`` on ``jobs`` at once (at most ``forks``); Ctrl-C cancels cleanly."""
+    errors: dict[str, BaseException | None] = {}
+    if not jobs:
+        return errors
+    with ThreadPoolExecutor(max_workers=max(1, min(roll.playbook.forks, len(jobs)))) as pool:
+        futures: dict[Future[None], HostJob] = {
+            pool.submit(run_tasks, roll, job, phase.name, tasks): job for job in jobs}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for future in done:
+                errors[futures[future].name] = future.exception()
+    return errors
+
+
+def run_phases(roll: Roll) -> RunResult:
+    """Run the playbook's phases; the exit code follows the README's table."""
+    active = list(roll.jobs)
+    for phase in roll.playbook.phases:
+        if phase.mode == "batches":
+            for job in active:
+                if job.unchanged:
+                    roll.outcome(job).status = "unchanged"
+            if not roll_batches(roll, phase, [j for j in active if not j.unchanged]):
+                return roll.result
+            # unchanged hosts go on too: a later phase retires what a killed run left behind
+            active = [j for j in active if j.name not in roll.failed]
+            continue
+        passed = run_fleet_phase(roll, phase, active)
+        if passed is None:
+            return roll.result
+        active = passed
+    for job in active:
+        if roll.outcome(job).status == "pending":
+            roll.outcome(job).status = "rolled"
+    if roll.failed:
+        finish(roll, ExitCode.INCONSISTENT,
+               f"{len(roll.failed)} host(s) failed within the allowed threshold and still "
+               "serve their previous release")
+    else:
+        finish(roll, ExitCode.OK, f"every host serves {roll.context.release_id}")
+    return roll.result
+
+
+def _stopped_code(roll: Roll) -> ExitCode:
+    """A stop before anything serving changed is 'nothing changed' (1), after it 3."""
+    return ExitCode.INCONSISTENT if roll.touched else ExitCode.INVALID
+
+
+def run_fleet_phase(roll: Roll, phase: Phase, jobs: list[HostJob]) -> list[HostJob] | None:
+    """A parallel phase; returns the hosts that passed, or None when the run must stop."""
+    errors = run_parallel(roll, phase, jobs, phase.tasks)
+    failed = [j for j in jobs if errors.get(j.name)]
+    for job in failed:
+        error = errors[job.name]
+        roll.outcome(job).status = "unreachable" if isinstance(error, HostUnreachable) \
+            else "failed"
+        roll.outcome(job).error = describe(error) if error else ""
+        roll.failed.add(job.name)
+    if roll.cancel.is_set():
+        code = _stopped_code(roll)
+        finish(roll, code, f"interrupted during {phase.name}; "
+               + ("no serving container was changed" if code == ExitCode.INVALID
+                  else "the fleet may be mixed: look at the hosts"))
+        return None
+    if failed and roll.touched:
+        finish(roll, ExitCode.INCONSISTENT, f"{phase.name} failed on "
+               + ", ".join(j.name for j in failed) + " after serving containers changed")
+        return None
+    if threshold_exceeded(len(roll.failed), len(roll.jobs), roll.max_fail_percentage):
+        finish(roll, ExitCode.INVALID, f"{phase.name} failed on "
+               f"{', '.join(sorted(roll.failed))}; nothing serving was changed")
+        return None
+    return [j for j in jobs if j.name not in roll.failed]
+
+
+def roll_batches(roll: Roll, phase: Phase, jobs: list[HostJob]) -> bool:
+    """Roll batch by batch; on a stop, rescue and apply the policy. True to go on."""
+    rolled: list[HostJob] = []
+    batches = plan_batches(jobs, roll.serial)
+    for number, batch in enumerate(batches, start=1):
+        roll.reporter.note(f"batch {number}/{len(batches)}: "
+                           + ", ".join(j.name for j in batch))
+        errors = run_parallel(roll, phase, batch, phase.tasks)
+        for job in batch:
+            error = errors.get(job.name)
+            if error is None:
+                rolled.append(job)
+                roll.outcome(job).status = "rolled"
+                continue
+            roll.failed.add(job.name)
+            roll.outcome(job).error = describe(error)
+            roll.outcome(job).status = rescue_host(roll, phase, job)
+        stop = roll.cancel.is_set() or threshold_exceeded(
+            len(roll.failed), len(roll.jobs), roll.max_fail_percentage)
+        if stop:
+            stop_roll(roll, phase, rolled, batches[number:])
+            return False
+    return True
+
+
+def stop_roll(roll: Roll, phase: Phase, rolled: list[HostJob],
+              untouched: list[list[HostJob]]) -> None:
+    """After a stop: revert or keep the rolled hosts, and set the exit code."""
+    for batch in untouched:
+        for job in batch:
+            roll.outcome(job).status = "skipped"
+    reverted_ok = True
+    if roll.on_failure == "revert":
+        for job in rolled:
+            status = rescue_host(roll, phase, job)
+            roll.outcome(job).status = status
+            reverted_ok &= status == "reverted"
+    restored_ok = all(roll.result.hosts[n].status in ("restored", "reverted")
+                      for n in roll.failed if n in roll.result.hosts)
+    why = "interrupted" if roll.cancel.is_set() else "a gate failed"
+    if roll.on_failure == "revert" and reverted_ok and restored_ok:
+        finish(roll, ExitCode.ROLLED_BACK, f"{why}; every host serves its previous release")
+    else:
+        finish(roll, ExitCode.INCONSISTENT,
+               f"{why}; the fleet is mixed or a host could not be restored: look at the hosts")
+
+
+def rescue_host(roll: Roll, phase: Phase, job: HostJob) -> str:
+    """Run the phase's rescue tasks on the host; returns its final status."""
+    if not phase.rescue:
+        return "failed"
+    started = time.monotonic()
+    had_traffic = job.took_traffic
+    try:
+        for task in phase.rescue:  # never cancelled: a second Ctrl-C cannot cut a restore
+            begun = time.monotonic()
+            outcome = run_step(job, task.action, registry()[task.action], task.params,
+                               check=False, on_progress=roll.progress)
+            _record_step(job, "restore", task.action, True, time.monotonic() - begun,
+                         outcome.detail)
+    except Exception as error:  # the host may be unreachable: a person must look
+        roll.reporter.step(job.name, "restore", "restore", "failed",
+                           time.monotonic() - started, describe(error))
+        return "unknown"
+    previous = job.old.release if job.old else "no release (first deploy)"
+    roll.reporter.step(job.name, "restore", "restore", "ok", time.monotonic() - started,
+                       f"back on {previous}")
+    return "reverted" if had_traffic else "restored"
+
+
+def finish(roll: Roll, code: ExitCode, message: str) -> None:
+    """Set the run's result; every host appears in it, even those never reached."""
+    roll.result.exit_code = code
+    roll.result.message = message
+    for job in roll.jobs:
+        outcome = roll.outcome(job)
+        outcome.steps = [s.model_dump() for s in job.steps]
+        if outcome.status == "pending":
+            outcome.status = "skipped"
+
+
+# -- a run: connections, lock, facts, signals ---------------------------------------------
+
+@contextmanager
+def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[None]:
+    """Ctrl-C, SIGTERM (cron, systemd) and SIGHUP (the operator's SSH session dropped) ask the
+    run to stop: the current steps finish, the hosts are restored, the lock is released. The
+    handler never raises, so a second signal cannot cut a restore or the release short."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if cancel.is_set():
+            reporter.note("already stopping: restoring, then releasing the lock")
+            return
+        cancel.set()
+        reporter.note(f"{signal.Signals(signum).name}: finishing the current steps, then "
+                      "restoring; the lock is released at the end")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+ConnectionFactory = Callable[[ResolvedHost], Connection]
+
+
+@dataclass
+class RunPlan:
+    """What a verb asks the engine to run."""
+
+    verb: str
+    target: Target
+    playbook: Playbook
+    planner: Planner  # facts of every selected host -> the run's context and jobs
+    images: Sequence[str] = ()  # images whose presence the facts must report
+    lock_wait: float = 0.0
+
+
+def gather_facts(target: Target, conns: dict[str, Connection], images: Sequence[str],
+                 forks: int) -> dict[str, HostFacts | HostUnreachable]:
+    """Every selected host's facts, read at once (an unreachable host gives its error)."""
+    def one(host: ResolvedHost) -> HostFacts | HostUnreachable:
+        try:
+            return gather(conns[host.name], target.model.name, host_paths(host, target.model),
+                          images=images)
+        except HostUnreachable as error:
+            return error
+        except Exception as error:  # a host that answers nonsense is not usable either
+            return HostUnreachable(f"{host.name}: {type(error).__name__}: {error}")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(target.hosts)))) as pool:
+        return dict(zip((h.name for h in target.hosts), pool.map(one, target.hosts),
+                        strict=True))
+
+
+def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
+            clock: Clock, cancel: threading.Event) -> RunResult:
+    """Take the fleet lock, read the facts, plan the jobs, run the phases; always release the
+    lock and close the connections."""
+    target = plan.target
+    conns = {h.name: connect(h) for h in target.model_hosts}
+    for host in target.hosts:
+        conns.setdefault(host.name, connect(host))
+    sites = [lock.LockSite(h.name, conns[h.name], host_paths(h, target.model))
+             for h in target.model_hosts]
+    started = time.monotonic()
+    context: RunContext | None = None
+    try:
+        with interrupts_cancel(cancel, reporter):
+            record = lock.new_lock_record(f"{plan.verb} {target.model.name}")
+            try:
+                taken = lock.acquire_majority(sites, record, wait_s=plan.lock_wait,
+                                              clock=clock, model=target.model.name,
+                                              on_stale=reporter.note)
+            except Interrupted:
+                raise TfsDeployError("interrupted while waiting for the lock; nothing was "
+                                     "changed") from None
+            try:
+                facts = gather_facts(target, conns, plan.images, plan.playbook.forks)
+                context, jobs = plan.planner(facts)
+                reporter.note(f"{plan.verb} {target.model.name} version {context.version} as "
+                              f"{context.release_id} on {len(jobs)} host(s); lock on "
+                              f"{', '.join(s.host for s in taken)}")
+                result = run_roll(plan, context, jobs, reporter, cancel)
+            finally:
+                unreleased = lock.release_sites(taken, record)
+            if unreleased:
+                result.exit_code = max(result.exit_code, ExitCode.INCONSISTENT)
+                result.message += (f"; the lock could not be released on "
+                                   f"{', '.join(unreleased)}: check with "
+                                   f"`fab lock --model {target.model.name}`")
+    finally:
+        for conn in conns.values():
+            conn.close()
+        if context is not None and context.archive is not None:
+            context.archive.discard()
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: Reporter,
+             cancel: threading.Event) -> RunResult:
+    """The phases over the planned jobs, under the playbook's policy (or the model's)."""
+    rollout, playbook = context.model.rollout, plan.playbook
+    roll = Roll(playbook=playbook, context=context, jobs=jobs, reporter=reporter,
+                cancel=cancel, serial=playbook.serial or rollout.serial,
+                max_fail_percentage=(playbook.max_fail_percentage
+                                     if playbook.max_fail_percentage is not None
+                                     else rollout.max_fail_percentage),
+                on_failure=playbook.on_failure or rollout.on_failure,
+                result=RunResult(context.model.name, context.version, context.release_id))
+    try:
+        return run_phases(roll)
+    except Exception as error:  # a defect of ours: the exit code still says where we stood
+        finish(roll, _stopped_code(roll),
+               f"unexpected {type(error).__name__}: {error} (a defect of tfsdeploy)")
+        return roll.result
+
+
+# -- --check: the same operations, listed instead of applied ----------------------------
+
+@dataclass
+class PlannedStep:
+    """One step of a host's plan."""
+
+    phase: str
+    step: str
+    changes: list[Change]
+    detail: str = ""
+    error: str = ""
+
+
+def plan_host(playbook: Playbook, job: HostJob) -> list[PlannedStep]:
+    """What a run would do on one host: every phase's steps and their changes, up to the
+    first step that would fail."""
+    operations = registry()
+    steps: list[PlannedStep] = []
+    for phase in playbook.phases:
+        if phase.mode == "batches" and job.unchanged:
+            continue
+        for task in phase.tasks:
+            try:
+                outcome = run_step(job, task.action, operations[task.action], task.params,
+                                   check=True, on_progress=lambda h, p: None)
+            except Exception as error:
+                steps.append(PlannedStep(phase.name, task.action, [], error=str(error)))
+                return steps
+            steps.append(PlannedStep(phase.name, task.action, outcome.changes, outcome.detail))
+    return steps
+
+
+def check(plan: RunPlan, *, connect: ConnectionFactory
+          ) -> tuple[RunContext | None, dict[str, list[PlannedStep] | HostUnreachable],
+                     list[HostJob]]:
+    """``--check``: read the facts, plan the jobs, list every host's steps; no lock is taken
+    and nothing is changed."""
+    target = plan.target
+    conns = {h.name: connect(h) for h in target.hosts}
+    try:
+        facts = gather_facts(target, conns, plan.images, plan.playbook.forks)
+        context, jobs = plan.planner(facts)
+        context.check = True
+        plans: dict[str, list[PlannedStep] | HostUnreachable] = {}
+        for job in jobs:
+            seen = facts[job.name]
+            plans[job.name] = seen if isinstance(seen, HostUnreachable) else \
+                plan_host(plan.playbook, job)
+        return context, plans, jobs
+    finally:
+        for conn in conns.values():
+            conn.close()

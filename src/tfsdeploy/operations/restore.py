@@ -1,0 +1,37 @@
+"""Restore: what a failed (or reverted) host runs to get back on its previous release. The
+playbook names these steps in its ``rescue`` task list, beside ``switch_traffic`` with
+``to: old``."""
+
+from __future__ import annotations
+
+from tfsdeploy.changes import RemoveContainer, StopContainer, WriteFile
+from tfsdeploy.jobs import HostJob
+from tfsdeploy.operations import Ops, operation
+from tfsdeploy.records import ReleaseStatus
+
+
+@operation("remove_new")
+def remove_new(job: HostJob) -> Ops:
+    """Remove the container this run created (stop a retained one it started again)."""
+    if job.started:
+        yield RemoveContainer(job.container)
+        job.started = False
+        return f"removed {job.container}"
+    if job.resumed:
+        yield StopContainer(job.container)
+        job.resumed = False
+        return f"stopped {job.container} again"
+    return "no container was started"
+
+
+@operation("record_attempt")
+def record_attempt(job: HostJob) -> Ops:
+    """Record how the attempt ended in its release record: ``reverted`` when it had taken
+    traffic, else ``failed`` (a deploy's own attempts only: a rollback leaves the retained
+    release's record as it was)."""
+    if job.run.rollback or not job.uploaded:
+        return "nothing to record"
+    outcome = ReleaseStatus.REVERTED if job.took_traffic else ReleaseStatus.FAILED
+    yield WriteFile(f"{job.paths.release_dir(job.run.release_id)}/manifest.json",
+                    job.release_record(outcome).to_json())
+    return f"{job.run.release_id} recorded as {outcome.value}"

@@ -1,0 +1,184 @@
+"""The verbs' planners: from every selected host's facts to the run's context and one job per
+host. A deploy renders the release for each host (its own image, ports, GPU fraction); a
+rollback chooses the retained release to return to and rebuilds each host's job from the
+record that host keeps of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tfsdeploy.errors import ConfigError, ExitCode, HostUnreachable, Problem, TfsDeployError
+from tfsdeploy.facts import HostFacts
+from tfsdeploy.gates import Clock
+from tfsdeploy.jobs import ClientFactory, HostJob, Planner, RunContext
+from tfsdeploy.layout import HostPaths, host_paths, new_release_id
+from tfsdeploy.lock import current_user
+from tfsdeploy.playbook import Playbook
+from tfsdeploy.records import GOOD, ReleaseRecord, ReleaseStatus
+from tfsdeploy.remote import Connection
+from tfsdeploy.render import FILE_NAMES, HostRender, RenderedFile
+from tfsdeploy.target import Target, render_release
+
+Facts = dict[str, HostFacts | HostUnreachable]
+
+
+class NothingReachable(TfsDeployError):
+    """No selected host answered: a run that must restore a fleet could not act at all."""
+
+    exit_code = ExitCode.INCONSISTENT
+
+
+def _source_dir(target: Target, version: int) -> Path:
+    return Path(target.model.source) / str(version)
+
+
+def deploy_context(target: Target, version: int, *, clock: Clock,
+                   client_factory: ClientFactory | None = None) -> RunContext:
+    """A deploy's fleet-wide context; the version directory must exist locally."""
+    model = target.model
+    source = _source_dir(target, version)
+    if not (source / "saved_model.pb").is_file():
+        raise ConfigError(Problem(
+            f"version {version} of {model.name} is not in its source ({source} has no "
+            "saved_model.pb)", fix="pick a version that exists (see --version) or fix the "
+            "model's source", file=target.inventory.path, field=f"models.{model.name}.source"))
+    from tfsdeploy.golden import load_golden
+
+    golden = load_golden(model.golden, version) if model.golden else []
+    return RunContext(verb="deploy", model=model, version=version,
+                      release_id=new_release_id(version), who=current_user(), clock=clock,
+                      golden=golden, source_dir=str(source), client_factory=client_factory)
+
+
+def job_for(context: RunContext, render: HostRender, conns: dict[str, Connection],
+            facts: Facts, image: str) -> HostJob:
+    """One host's job, with its facts (or the reason they could not be read)."""
+    job = HostJob(run=context, host=render.host, conn=conns[render.host.name], render=render,
+                  image=image)
+    seen = facts[render.host.name]
+    if isinstance(seen, HostUnreachable):
+        job.unreachable = seen
+    else:
+        job.facts = seen
+    return job
+
+
+def deploy_planner(target: Target, renders: list[HostRender], context: RunContext,
+                   conns: dict[str, Connection]) -> Planner:
+    """The planner of a deploy: every host rolls the release rendered for it, with the image
+    its own vars name."""
+    def plan(facts: Facts) -> tuple[RunContext, list[HostJob]]:
+        return context, [job_for(context, r, conns, facts, r.host.vars.image) for r in renders]
+
+    return plan
+
+
+def choose_rollback(target: Target, facts: dict[str, HostFacts], to: str | None) -> str:
+    """``--to``, checked on every reachable host, or the newest release that served well on
+    all of them, was never rolled back from, and is not what every host already runs."""
+    if to:
+        missing = [h for h, f in facts.items() if f.record(to) is None]
+        if missing:
+            raise ConfigError(Problem(
+                f"release {to!r} is not retained on {', '.join(sorted(missing))}",
+                fix="pick a release listed by `fab history --model "
+                    f"{target.model.name}` on every host, or narrow --hosts"))
+        return to
+    good = [{r.id for r in f.releases if r.status in GOOD} for f in facts.values()]
+    rolled_back = {r.id for f in facts.values() for r in f.releases
+                   if r.status == ReleaseStatus.ROLLED_BACK}
+    live = [f.serving_release or f.current for f in facts.values()]
+    everywhere = set(live) if all(live) and len(set(live)) == 1 else set()
+    candidates = set.intersection(*good) - everywhere - rolled_back if good else set()
+    if not candidates:
+        raise ConfigError(Problem(
+            "no retained release served well on every selected host (besides the current one)",
+            fix=f"see `fab history --model {target.model.name}` and pass --to RELEASE, or "
+                "narrow --hosts"))
+    return max(candidates)
+
+
+def rollback_render(target: Target, facts: HostFacts, record: ReleaseRecord,
+                    files: dict[str, str]) -> HostRender:
+    """A host's render of a retained release: the files it keeps of it."""
+    from tfsdeploy.gpu import plan_gpu
+    from tfsdeploy.render import placements
+
+    host = next(h for h in target.hosts if h.name == facts.host)
+    inventory = target.inventory
+    placed = placements(inventory)
+    co_located = [inventory.models[m] for m, on in placed.items() if host.name in on]
+    return HostRender(host=host, model=target.model, version=record.version,
+                      gpu=plan_gpu(host, target.model, co_located),
+                      files=tuple(RenderedFile(n, files[n]) for n in FILE_NAMES))
+
+
+def read_release_files(conn: Connection, paths: HostPaths, release_id: str) -> dict[str, str]:
+    """The rendered files a host keeps of a retained release."""
+    from tfsdeploy.commands.files import read_files
+
+    directory = paths.release_dir(release_id)
+    result = conn.run(read_files(directory, FILE_NAMES))
+    texts = split_files(result.stdout) if result.ok else {}
+    missing = [n for n in FILE_NAMES if n not in texts]
+    if missing:
+        raise ConfigError(Problem(f"release {release_id} on {conn.host.name} lacks "
+                                  f"{', '.join(missing)}", fix="pick another release "
+                                  "(`fab history`)", host=conn.host.name, file=directory))
+    return texts
+
+
+def split_files(text: str) -> dict[str, str]:
+    """``read_files`` output -> file name -> content."""
+    from tfsdeploy.facts import parse_sections
+
+    return {argument: body + "\n" for argument, body in parse_sections(text).get("file", [])}
+
+
+def rollback_planner(target: Target, to: str | None, *, clock: Clock,
+                     client_factory: ClientFactory | None, conns: dict[str, Connection]
+                     ) -> Planner:
+    """The planner of a rollback: the target release chosen from every reachable host's
+    records; each host's job rebuilt from its own record and files of that release."""
+    def plan(facts: Facts) -> tuple[RunContext, list[HostJob]]:
+        reachable = {h: f for h, f in facts.items() if isinstance(f, HostFacts)}
+        if not reachable:
+            raise NothingReachable(
+                "every selected host is unreachable: nothing was rolled back; a person must "
+                "look (" + "; ".join(str(e) for e in facts.values()) + ")")
+        release_id = to or choose_rollback(target, reachable, None)
+        if to:
+            choose_rollback(target, reachable, to)
+        from tfsdeploy.golden import load_golden
+
+        first = next(f.record(release_id) for f in reachable.values())
+        assert first is not None
+        version = first.version
+        context = RunContext(
+            verb="rollback", model=target.model, version=version, release_id=release_id,
+            who=current_user(), clock=clock,
+            golden=load_golden(target.model.golden, version) if target.model.golden else [],
+            source_dir=str(_source_dir(target, version)), client_factory=client_factory)
+        jobs = []
+        for host in target.hosts:
+            seen = facts[host.name]
+            if isinstance(seen, HostUnreachable):
+                job = HostJob(run=context, host=host, conn=conns[host.name],
+                              render=HostRender(host, target.model, version, None, ()),
+                              image="")
+                job.unreachable = seen
+                jobs.append(job)
+                continue
+            record = seen.record(release_id)
+            assert record is not None
+            files = read_release_files(conns[host.name], host_paths(host, target.model),
+                                       release_id)
+            render = rollback_render(target, seen, record, files)
+            jobs.append(job_for(context, render, conns, facts, record.image))
+        return context, jobs
+
+    return plan
+
+
+__all__ = ["NothingReachable", "Playbook", "choose_rollback", "deploy_context", "deploy_planner",
+           "render_release", "rollback_planner"]
