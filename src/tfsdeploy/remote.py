@@ -117,15 +117,26 @@ class SshConnection:
         self._conn = FabricConnection(host.address, user=v.ssh_user, port=v.ssh_port,
                                       connect_timeout=int(connect_timeout),
                                       connect_kwargs=kwargs)
-        _strict(self._conn.client, v.ssh_known_hosts)
-        gateway = self._conn.gateway
-        while isinstance(gateway, FabricConnection):  # every ProxyJump hop, strictly too
-            _strict(gateway.client, v.ssh_known_hosts)
-            gateway = gateway.gateway
+        # a known_hosts file that is missing or unreadable makes the host unreachable (as an
+        # unknown key would), reported when the run first needs the host
+        self._refused: HostUnreachable | None = None
+        try:
+            _strict(self._conn.client, v.ssh_known_hosts)
+            gateway = self._conn.gateway
+            while isinstance(gateway, FabricConnection):  # every ProxyJump hop, strictly too
+                _strict(gateway.client, v.ssh_known_hosts)
+                gateway = gateway.gateway
+        except Exception as exc:
+            self._refused = HostUnreachable(
+                f"{host.name}: the known-hosts file {v.ssh_known_hosts or '~/.ssh/known_hosts'}"
+                f" cannot be used ({type(exc).__name__}: {exc}); fix: point ssh_known_hosts "
+                "at a readable file holding the host's key")
         self._sftp: Any = None
         self._docker: Docker | None = None
 
     def _transport(self) -> Any:
+        if self._refused is not None:
+            raise self._refused
         if not self._conn.is_connected:
             try:
                 self._conn.open()

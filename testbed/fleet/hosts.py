@@ -297,9 +297,20 @@ def _host_key(host: Host) -> Path:
     return key
 
 
+FORWARDING_FILE = "ssh-forwarding"
+
+
+def ssh_forwarding(places: Places) -> bool:
+    """Whether the hosts' sshd allow port forwarding (``up --ssh-forwarding yes``); by default
+    they do not, as a hardened fleet host: the toolkit must work without it."""
+    path = places.state / FORWARDING_FILE
+    return path.exists() and path.read_text().strip() == "yes"
+
+
 def _write_sshd_config(host: Host) -> bool:
     """Write the host's sshd_config; True if it changed."""
     authorized = host.places.ssh / "authorized_keys"
+    forwarding = "yes" if ssh_forwarding(host.places) else "no"
     config = host.dir / "sshd_config"
     old = config.read_text() if config.exists() else None
     config.write_text(
@@ -321,6 +332,10 @@ def _write_sshd_config(host: Host) -> bool:
                 "Subsystem sftp internal-sftp",
                 "MaxSessions 100",
                 "MaxStartups 100:30:200",
+                f"AllowTcpForwarding {forwarding}",
+                f"AllowStreamLocalForwarding {forwarding}",
+                "X11Forwarding no",
+                "PermitTunnel no",
                 "",
             ]
         )
@@ -474,6 +489,11 @@ def write_gpus(host: Host, gpus: dict[str, Any] | None) -> None:
     """(Re)write the host's /run/simgpu/gpus.json; None removes it (a host without GPU)."""
     simgpu = host.run_dir / "simgpu"
     (simgpu / "procs").mkdir(parents=True, exist_ok=True)
+    # servers that run as an unprivileged user keep their reservation files here too
+    (simgpu / "procs").chmod(0o1777)
+    lock = simgpu / "lock"
+    lock.touch()
+    lock.chmod(0o666)
     target = simgpu / "gpus.json"
     if gpus is None:
         target.unlink(missing_ok=True)

@@ -298,6 +298,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     gpus = parse_gpu_specs(args.gpu_mib, args.hosts)
     for sub in ("logs", "bin", "hosts", "registry"):
         (places.state / sub).mkdir(parents=True, exist_ok=True)
+    if args.ssh_forwarding is not None:
+        (places.state / hostlib.FORWARDING_FILE).write_text(args.ssh_forwarding + "\n")
     t = time.monotonic()
     ensure_client_key(places)
     runtime = places.bin / "simgpu-runtime"
@@ -476,6 +478,13 @@ def main(argv: list[str]) -> int:
         help="simulated GPU memory: for all hosts, or one host; 0 = no GPU",
     )
     up.add_argument("--no-images", action="store_true", help="skip building/pushing/pulling images")
+    up.add_argument(
+        "--ssh-forwarding",
+        choices=("yes", "no"),
+        default=None,
+        help="allow TCP and unix-socket forwarding in the hosts' sshd (default: as last set; "
+        "no on a new testbed, as on a hardened host)",
+    )
     up.add_argument(
         "--no-user-ssh",
         action="store_true",

@@ -23,6 +23,9 @@ from tfsdeploy.layout import (
 from tfsdeploy.render import CONTAINER_CONFIG_DIR, CONTAINER_MODEL_ROOT
 
 SERVER_BINARY = "/usr/bin/tensorflow_model_server"
+# TFServing reads its model and config files and writes nothing: it runs as an unprivileged
+# user (nobody), whatever user the image names
+SERVER_USER = "65534:65534"
 PROXY_CONFIG_DIR = "/usr/local/etc/haproxy"
 
 
@@ -92,7 +95,7 @@ def server_spec(*, model: str, release_id: str, slot: str, version: int, image: 
                f"--rest_api_port={ports.slot_rest(slot, instance)}")
     return ContainerSpec(name=container_name(model, release_id, instance), image=image,
                          command=command, entrypoint=(SERVER_BINARY,), labels=labels,
-                         mounts=mounts, gpus=gpus)
+                         mounts=mounts, gpus=gpus, user=SERVER_USER)
 
 
 def proxy_spec(*, model: str, image: str, paths: HostPaths) -> ContainerSpec:
