@@ -17,7 +17,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -34,6 +34,7 @@ from tenacity import (
     stop_when_event_set,
     wait_random_exponential,
 )
+from tenacity.stop import stop_base
 
 from tfsdeploy.errors import ConfigError, Problem
 from tfsdeploy.hooks import RunFacts, result_name
@@ -330,6 +331,17 @@ def _transport_reason(error: httpx.TransportError) -> str:
     return f"{type(error).__name__}: {error}"
 
 
+class _StartsAfter(stop_base):
+    """Give up when the next attempt would start after a deadline (monotonic; None: none)."""
+
+    def __init__(self, deadline: Callable[[], float | None]) -> None:
+        self._deadline = deadline
+
+    def __call__(self, state: RetryCallState) -> bool:
+        deadline = self._deadline()
+        return deadline is not None and time.monotonic() + state.upcoming_sleep > deadline
+
+
 class _Receiver:
     """One URL's bounded queue and the worker thread that drains it in order."""
 
@@ -338,6 +350,7 @@ class _Receiver:
         self._queue: deque[bytes] = deque()
         self._cond = threading.Condition()
         self._closing = False
+        self._deadline: float | None = None  # close's deadline (monotonic), once closing
         self._in_flight = False
         self._down = False  # the last event failed: try the next ones once each until one works
         self._counts = {"delivered": 0, "failed": 0, "dropped": 0, "attempts": 0}
@@ -358,10 +371,12 @@ class _Receiver:
             self._queue.append(body)
             self._cond.notify()
 
-    def close(self) -> None:
-        """Accept no more events; the worker ends once the queue is empty."""
+    def close(self, deadline: float) -> None:
+        """Accept no more events; the worker ends once the queue is empty, and no longer starts
+        a retry that could not begin before ``deadline`` (monotonic)."""
         with self._cond:
             self._closing = True
+            self._deadline = deadline
             self._cond.notify()
 
     def join(self, timeout_s: float) -> None:
@@ -422,7 +437,8 @@ class _Receiver:
 
         retrying = Retrying(
             stop=stop_any(stop_after_attempt(1 if self._down else policy.attempts),
-                          stop_when_event_set(self._abandon)),
+                          stop_when_event_set(self._abandon),
+                          _StartsAfter(lambda: self._deadline)),
             wait=wait, retry=retry_if_exception_type(_Retryable), reraise=True,
             sleep=self._pause)
         try:
@@ -471,7 +487,7 @@ class Notifier:
         started = time.monotonic()
         end = started + deadline_s
         for receiver in self._receivers:
-            receiver.close()
+            receiver.close(end)
         for receiver in self._receivers:
             receiver.join(end - time.monotonic())
         self._abandon.set()
