@@ -5,8 +5,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -301,3 +307,133 @@ def test_result_file_is_the_json_file_or_a_private_temporary_one(tmp_path: Path)
         assert json.loads(Path(path).read_text()) == {"exit_code": 2, "hosts": {}}
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert not Path(path).exists()
+
+
+# The sample hooks in scripts/hooks-examples, run as a deploy would run them.
+
+SAMPLES = Path("scripts/hooks-examples")
+
+
+@contextmanager
+def _http(answer: Callable[[str, bytes], tuple[int, dict[str, Any]]]
+          ) -> Iterator[tuple[str, list[tuple[str, bytes]]]]:
+    """A local HTTP server: ``answer(path, body)`` gives the status and JSON of each request."""
+    seen: list[tuple[str, bytes]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self) -> None:
+            body = self.rfile.read(int(self.headers.get("content-length") or 0))
+            seen.append((self.path, body))
+            status, data = answer(self.path, body)
+            text = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("content-length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
+
+        do_GET = do_POST = _reply
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _sample(moment: Moment, end: RunEnd | None = None, facts: RunFacts = FACTS) -> Any:
+    return run_hook(find_hooks(SAMPLES), moment, hook_env(facts, end), timeout_s=30)
+
+
+def test_samples_are_valid_hooks() -> None:
+    found = find_hooks(SAMPLES)
+    assert set(found.executables) == {Moment.PRE_DEPLOY, Moment.POST_DEPLOY, Moment.ON_FAILURE,
+                                      Moment.PRE_PROMOTE}
+    assert found.warnings == ()
+
+
+def test_sample_pre_deploy_refuses_without_a_valid_ticket(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.delenv("CHANGE_API_URL", raising=False)
+    monkeypatch.delenv("CHANGE_TICKET", raising=False)
+    result = _sample(Moment.PRE_DEPLOY)
+    assert result.stops_run and "no change ticket for deploy resnet50 v2" in result.output_tail
+    monkeypatch.setenv("CHANGE_TICKET", "CHG123")
+    result = _sample(Moment.PRE_DEPLOY)
+    assert result.stops_run and "does not look like ^CHG[0-9]{7}$" in result.output_tail
+    monkeypatch.setenv("CHANGE_TICKET", "CHG0012345")
+    result = _sample(Moment.PRE_DEPLOY)
+    assert result.ok, result.output_tail
+    assert result.output_tail == ("change CHG0012345: alice@deploybox deploys resnet50 v2 "
+                                  "(r20260509-073525123-v2) to tb1,tb2,tb3")
+
+
+def test_sample_pre_deploy_asks_the_change_api_when_configured(monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    def answer(path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        return (200, {"state": "approved"}) if path == "/changes/CHG0012345" else (404, {})
+
+    with _http(answer) as (url, seen):
+        monkeypatch.setenv("CHANGE_API_URL", f"{url}/changes/")
+        monkeypatch.setenv("CHANGE_TICKET", "CHG0012345")
+        assert _sample(Moment.PRE_DEPLOY).ok
+        monkeypatch.setenv("CHANGE_TICKET", "CHG0099999")
+        refused = _sample(Moment.PRE_DEPLOY)
+    assert refused.stops_run and "CHG0099999 is not approved" in refused.output_tail
+    assert "answered: 404" in refused.output_tail
+    assert [path for path, _ in seen] == ["/changes/CHG0012345", "/changes/CHG0099999"]
+
+
+def test_sample_on_failure_prints_then_posts_when_configured(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.delenv("CHAT_WEBHOOK_URL", raising=False)
+    printed = _sample(Moment.ON_FAILURE, END)
+    assert printed.ok
+    assert printed.output_tail.splitlines()[:3] == [
+        "deploy resnet50 v2 ended rolled_back (exit 2) after 84s; run by alice@deploybox",
+        "failed hosts: tb2", "gate_warmup failed on tb2: p99 900 ms &gt; 250 ms"]
+    with _http(lambda path, body: (200, {})) as (url, seen):
+        monkeypatch.setenv("CHAT_WEBHOOK_URL", f"{url}/hooks/T1/B2/x")
+        assert _sample(Moment.ON_FAILURE, END).ok
+    ((path, body),) = seen
+    assert path == "/hooks/T1/B2/x"
+    assert json.loads(body)["text"].startswith("deploy resnet50 v2 ended rolled_back")
+
+
+def test_sample_post_deploy_smoke_checks_every_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    states = iter(["AVAILABLE", "LOADING"])
+
+    def answer(path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        # the shape of TFServing's GET /v1/models/NAME/versions/N answer
+        return 200, {"model_version_status": [
+            {"version": "2", "state": next(states),
+             "status": {"error_code": "OK", "error_message": ""}}]}
+
+    ok = RunEnd(exit_code=0, seconds=60, result_file="/tmp/r.json")
+    two = RunFacts(command="deploy", model="resnet50", version=2, hosts=("tb1", "tb2"),
+                   addresses=("127.0.0.1", "127.0.0.1"))
+    with _http(answer) as (url, seen):
+        monkeypatch.setenv("SMOKE_REST_PORT", url.rsplit(":", 1)[1])
+        result = _sample(Moment.POST_DEPLOY, ok, two)
+    assert result.exit_code == 1 and not result.stops_run
+    assert result.output_tail.splitlines() == [
+        "tb1 (127.0.0.1): resnet50 v2 AVAILABLE", "tb2 (127.0.0.1): resnet50 v2 LOADING",
+        "smoke check: 1/2 host(s) serve resnet50 v2"]
+    assert [path for path, _ in seen] == ["/v1/models/resnet50/versions/2"] * 2
+    skipped = _sample(Moment.POST_DEPLOY, END)
+    assert skipped.ok and "skipped: the deploy ended rolled_back" in skipped.output_tail
+
+
+def test_sample_pre_promote_holds_outside_the_release_window(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    today = str(datetime.now().isoweekday())
+    monkeypatch.setenv("RELEASE_HOURS", "00-23")
+    monkeypatch.setenv("RELEASE_DAYS", "1234567")
+    assert _sample(Moment.PRE_PROMOTE).ok
+    monkeypatch.setenv("RELEASE_DAYS", "".join(d for d in "1234567" if d != today))
+    held = _sample(Moment.PRE_PROMOTE)
+    assert held.stops_run and f"no promotion today (day {today}" in held.output_tail
