@@ -405,25 +405,26 @@ def test_sample_on_failure_prints_then_posts_when_configured(monkeypatch: pytest
 
 
 def test_sample_post_deploy_smoke_checks_every_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    states = iter(["AVAILABLE", "LOADING"])
-
-    def answer(path: str, body: bytes) -> tuple[int, dict[str, Any]]:
-        # the shape of TFServing's GET /v1/models/NAME/versions/N answer
-        return 200, {"model_version_status": [
-            {"version": "2", "state": next(states),
-             "status": {"error_code": "OK", "error_message": ""}}]}
-
+    # the shapes of TFServing's answers to GET /v1/models/NAME/versions/N
+    answers = iter([
+        (200, {"model_version_status": [{"version": "2", "state": "AVAILABLE",
+                                         "status": {"error_code": "OK", "error_message": ""}}]}),
+        (200, {"model_version_status": [{"version": "2", "state": "LOADING",
+                                         "status": {"error_code": "OK", "error_message": ""}}]}),
+        (404, {"error": "Could not find version 2 of model resnet50"})])
     ok = RunEnd(exit_code=0, seconds=60, result_file="/tmp/r.json")
-    two = RunFacts(command="deploy", model="resnet50", version=2, hosts=("tb1", "tb2"),
-                   addresses=("127.0.0.1", "127.0.0.1"))
-    with _http(answer) as (url, seen):
+    three = RunFacts(command="deploy", model="resnet50", version=2, hosts=("tb1", "tb2", "tb3"),
+                     addresses=("127.0.0.1",) * 3)
+    with _http(lambda path, body: next(answers)) as (url, seen):
         monkeypatch.setenv("SMOKE_REST_PORT", url.rsplit(":", 1)[1])
-        result = _sample(Moment.POST_DEPLOY, ok, two)
+        result = _sample(Moment.POST_DEPLOY, ok, three)
     assert result.exit_code == 1 and not result.stops_run
     assert result.output_tail.splitlines() == [
         "tb1 (127.0.0.1): resnet50 v2 AVAILABLE", "tb2 (127.0.0.1): resnet50 v2 LOADING",
-        "smoke check: 1/2 host(s) serve resnet50 v2"]
-    assert [path for path, _ in seen] == ["/v1/models/resnet50/versions/2"] * 2
+        f"tb3 (127.0.0.1): resnet50 v2 HTTP 404 from {url}/v1/models/resnet50/versions/2: "
+        '{"error": "Could not find version 2 of model resnet50"}',
+        "smoke check: 1/3 host(s) serve resnet50 v2"]
+    assert [path for path, _ in seen] == ["/v1/models/resnet50/versions/2"] * 3
     skipped = _sample(Moment.POST_DEPLOY, END)
     assert skipped.ok and "skipped: the deploy ended rolled_back" in skipped.output_tail
 
