@@ -247,6 +247,7 @@ class ReceiverReport:
     unsent: int = 0  # still queued or in flight when close's deadline came
     attempts: int = 0
     last_error: str = ""
+    in_flight_s: float = 0.0  # how long the event in flight at the deadline had been tried
 
     @property
     def ok(self) -> bool:
@@ -260,6 +261,8 @@ class ReceiverReport:
                                                 (self.dropped, "dropped (queue full)"),
                                                 (self.unsent, "not sent by the end of the run"))
                   if n]
+        if self.in_flight_s:
+            parts.append(f"one still being tried after {self.in_flight_s:.1f}s")
         error = f"; last error: {self.last_error}" if self.last_error else ""
         hint = "" if self.ok else " (the receiver is slow or down)"
         return f"notifications to {self.receiver}: {', '.join(parts)}{error}{hint}"
@@ -351,7 +354,7 @@ class _Receiver:
         self._cond = threading.Condition()
         self._closing = False
         self._deadline: float | None = None  # close's deadline (monotonic), once closing
-        self._in_flight = False
+        self._in_flight: float | None = None  # when the event being posted was taken
         self._down = False  # the last event failed: try the next ones once each until one works
         self._counts = {"delivered": 0, "failed": 0, "dropped": 0, "attempts": 0}
         self._last_error = ""
@@ -386,12 +389,14 @@ class _Receiver:
     def report(self) -> ReceiverReport:
         """The counts so far."""
         with self._cond:
-            unsent = len(self._queue) + (1 if self._in_flight else 0)
+            taken = self._in_flight
+            unsent = len(self._queue) + (taken is not None)
             counts = self._counts
             return ReceiverReport(redact(self.url), delivered=counts["delivered"],
                                   failed=counts["failed"], dropped=counts["dropped"],
                                   unsent=unsent, attempts=counts["attempts"],
-                                  last_error=self._last_error)
+                                  last_error=self._last_error,
+                                  in_flight_s=0.0 if taken is None else time.monotonic() - taken)
 
     def _next(self) -> bytes | None:
         with self._cond:
@@ -399,7 +404,7 @@ class _Receiver:
                 self._cond.wait()
             if not self._queue or self._abandon.is_set():
                 return None
-            self._in_flight = True
+            self._in_flight = time.monotonic()
             return self._queue.popleft()
 
     def _work(self) -> None:
@@ -409,7 +414,7 @@ class _Receiver:
             while (body := self._next()) is not None:
                 outcome = self._deliver(client, body)
                 with self._cond:
-                    self._in_flight = False
+                    self._in_flight = None
                     self._counts["delivered" if outcome is None else "failed"] += 1
                     self._down = outcome is not None
                     if outcome is not None:
