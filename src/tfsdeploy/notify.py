@@ -408,17 +408,21 @@ class _Receiver:
             return self._queue.popleft()
 
     def _work(self) -> None:
-        with httpx.Client(timeout=self._policy.request_timeout_s,
-                          headers={"content-type": "application/json",
-                                   "user-agent": "tfsdeploy"}) as client:
-            while (body := self._next()) is not None:
-                outcome = self._deliver(client, body)
-                with self._cond:
-                    self._in_flight = None
-                    self._counts["delivered" if outcome is None else "failed"] += 1
-                    self._down = outcome is not None
-                    if outcome is not None:
-                        self._last_error = outcome
+        try:
+            with httpx.Client(timeout=self._policy.request_timeout_s,
+                              headers={"content-type": "application/json",
+                                       "user-agent": "tfsdeploy"}) as client:
+                while (body := self._next()) is not None:
+                    outcome = self._deliver(client, body)
+                    with self._cond:
+                        self._in_flight = None
+                        self._counts["delivered" if outcome is None else "failed"] += 1
+                        self._down = outcome is not None
+                        if outcome is not None:
+                            self._last_error = outcome
+        except Exception as error:  # the queue's events are then reported as not sent
+            with self._cond:
+                self._last_error = f"notifications stopped: {type(error).__name__}: {error}"
 
     def _pause(self, seconds: float) -> None:
         """A backoff sleep that close's deadline cuts short."""
@@ -481,7 +485,8 @@ class Notifier:
             body = json.dumps(payload(self.facts, event, seq=seq, at=time.time()),
                               default=str).encode()
         except Exception:  # a malformed event must not stop the run
-            self._unbuilt += 1
+            with self._lock:
+                self._unbuilt += 1
             return
         for receiver in self._receivers:
             receiver.offer(body)
