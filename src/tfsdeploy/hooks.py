@@ -160,7 +160,7 @@ def find_hooks(directory: str | Path | None = None, *, inventory: str | None = N
     """The hooks in ``directory`` (named explicitly: it must exist), else in ``hooks/`` beside
     ``inventory`` (may be absent: no hooks). Raises ConfigError listing every hook that could
     not run; files whose names are close to a hook's are returned as warnings, other files
-    (``*.sample``, dot files, README, helpers) are ignored."""
+    (``*.sample``, dot files, README, shared scripts) are ignored."""
     if directory is None and inventory is None:
         raise ValueError("find_hooks needs a directory or an inventory path")
     base = Path(directory) if directory is not None else default_hooks_dir(inventory or "")
