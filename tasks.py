@@ -37,6 +37,10 @@ SELECT = {
     "hosts": "hosts, groups or globs, comma-separated (default: the model's hosts)",
     "limit": "further narrow the hosts to these hosts, groups or globs",
 }
+RUNBOOK = {
+    "hooks": "hooks directory (default: hooks/ beside the inventory); see docs/hooks.md",
+    "notify": "POST a JSON event to this URL at each step of the run (repeatable)",
+}
 UNATTENDED = {
     "json": "print the result as JSON on stdout (progress goes to stderr)",
     "log_file": "also append the progress lines, time-stamped, to this file",
@@ -62,7 +66,7 @@ def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
     _main("hosts", locals())
 
 
-@task(help={
+@task(iterable=["notify"], help={
     **SELECT,
     "version": "model version to deploy (default: the newest in the model's source)",
     "playbook": "playbook file (default: playbooks/deploy.yml)",
@@ -70,27 +74,31 @@ def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
     "check": "show every host's plan: the steps and the changes a deploy would make; "
              "touch nothing",
     "diff": "with --check: also diff every file against what is live",
+    **RUNBOOK,
     **UNATTENDED,
 })
 def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
            limit: str | None = None, version: str | None = None, playbook: str | None = None,
            lock_wait: float = 0.0, check: bool = False, diff: bool = False,
+           hooks: str | None = None, notify: list[str] | None = None,
            json: bool = False, log_file: str | None = None, json_file: str | None = None,
            metrics_file: str | None = None) -> None:
     """Roll a model release host by host in a dual-version window, gated on health."""
     _main("deploy", locals())
 
 
-@task(help={
+@task(iterable=["notify"], help={
     **SELECT,
     "to": "release id to return to (default: the newest release good on every host)",
     "playbook": "playbook file (default: playbooks/rollback.yml)",
     "lock_wait": "seconds to wait for another deploy's lock before exiting 4 (default 0)",
+    **RUNBOOK,
     **UNATTENDED,
 })
 def rollback(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
              limit: str | None = None, to: str | None = None, playbook: str | None = None,
-             lock_wait: float = 0.0, json: bool = False, log_file: str | None = None,
+             lock_wait: float = 0.0, hooks: str | None = None, notify: list[str] | None = None,
+             json: bool = False, log_file: str | None = None,
              json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Return hosts to a retained release: a gated switch back within the window."""
     _main("rollback", locals())

@@ -138,6 +138,22 @@ class Roll:
         if show is not None:
             show(host, update)
 
+    def event(self, kind: str, **data: Any) -> None:
+        """A run event (batch started, host rolled, gate failed) for reporters that take
+        them (notifications)."""
+        emit(self.reporter, kind, **data)
+
+
+def emit(reporter: Reporter, kind: str, **data: Any) -> None:
+    """Give ``reporter`` a run event if it takes events; a reporter's failure never stops the
+    run."""
+    take = getattr(reporter, "event", None)
+    if take is not None:
+        try:
+            take(kind, **data)
+        except Exception:  # notifications are best effort by design
+            return
+
 
 def run_tasks(roll: Roll, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
     """Run a task list on one host, recording each step; raise on the first failure."""
@@ -155,6 +171,9 @@ def run_tasks(roll: Roll, job: HostJob, phase: str, tasks: Sequence[Task]) -> No
             seconds = time.monotonic() - started
             _record_step(job, phase, task.action, False, seconds, describe(error))
             roll.reporter.step(job.name, phase, task.action, "failed", seconds, describe(error))
+            if task.action.startswith("gate_"):
+                roll.event("gate_failed", host=job.name, gate=task.action,
+                           message=describe(error))
             raise
         finally:
             if job.touched:
@@ -263,12 +282,16 @@ def roll_batches(roll: Roll, phase: Phase, jobs: list[HostJob]) -> bool:
     for number, batch in enumerate(batches, start=1):
         roll.reporter.note(f"batch {number}/{len(batches)}: "
                            + ", ".join(j.name for j in batch))
+        roll.event("batch_started", batch=number, batches=len(batches),
+                   hosts=[j.name for j in batch])
         errors = run_parallel(roll, phase, batch, phase.tasks)
         for job in batch:
             error = errors.get(job.name)
             if error is None:
                 rolled.append(job)
                 roll.outcome(job).status = "rolled"
+                roll.event("host_rolled", host=job.name, release=roll.context.release_id,
+                           seconds=sum(s.seconds for s in job.steps if s.phase == phase.name))
                 continue
             roll.failed.add(job.name)
             roll.outcome(job).error = describe(error)
@@ -377,6 +400,8 @@ class RunPlan:
     planner: Planner  # facts of every selected host -> the run's context and jobs
     images: Sequence[str] = ()  # images whose presence the facts must report
     lock_wait: float = 0.0
+    version: int | None = None  # known before the run (a deploy); a rollback's is chosen later
+    release: str = ""
 
 
 def gather_facts(target: Target, conns: dict[str, Connection], images: Sequence[str],
@@ -424,6 +449,10 @@ def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
                 reporter.note(f"{plan.verb} {target.model.name} version {context.version} as "
                               f"{context.release_id} on {len(jobs)} host(s); lock on "
                               f"{', '.join(s.host for s in taken)}")
+                emit(reporter, "run_started", version=context.version,
+                     release=context.release_id)
+                for job in jobs:
+                    _facts_step(job, reporter)
                 result = run_roll(plan, context, jobs, reporter, cancel)
             finally:
                 unreleased = lock.release_sites(taken, record)
@@ -439,6 +468,19 @@ def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
             context.archive.discard()
     result.seconds = time.monotonic() - started
     return result
+
+
+def _facts_step(job: HostJob, reporter: Reporter) -> None:
+    """The facts read of a host, shown and recorded as its first step."""
+    if job.unreachable is not None:
+        return
+    facts = job.facts
+    proxy = (f"proxy serving {facts.proxy.serving_slot(0) or '?'}" if facts.proxy.running
+             else "no proxy running")
+    detail = (f"{len(facts.servers)} container(s), {len(facts.releases)} release record(s), "
+              f"{proxy}")
+    _record_step(job, "preflight", "read_facts", True, facts.seconds, detail)
+    reporter.step(job.name, "preflight", "read_facts", "ok", facts.seconds, detail)
 
 
 def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: Reporter,

@@ -9,8 +9,9 @@ not answer (a killed run may have switched traffic without recording it).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tfsdeploy.commands.facts import MARK, read_facts
 from tfsdeploy.dockerapi import ContainerFact
@@ -80,6 +81,7 @@ class HostFacts:
     tools: frozenset[str] = frozenset()
     images: dict[str, bool] = field(default_factory=dict)
     docker_version: str = ""
+    seconds: float = 0.0  # how long reading them took
 
     @property
     def servers(self) -> tuple[ContainerFact, ...]:
@@ -232,6 +234,7 @@ def _listening(text: str) -> frozenset[int]:
 def gather(conn: Connection, model: str, paths: HostPaths, *,
            images: Sequence[str] = ()) -> HostFacts:
     """Read one host's facts: one command, one container list, and ``images`` inspected."""
+    started = time.monotonic()
     docker = conn.docker
     result = conn.run(read_facts(paths), timeout=60)
     if not result.ok:
@@ -240,5 +243,6 @@ def gather(conn: Connection, model: str, paths: HostPaths, *,
     version = docker.version()
     containers = docker.containers(model)
     present = {image: docker.image_present(image) for image in dict.fromkeys(images)}
-    return parse_facts(conn.host.name, result.stdout, containers, images=present,
-                       docker_version=version)
+    facts = parse_facts(conn.host.name, result.stdout, containers, images=present,
+                        docker_version=version)
+    return replace(facts, seconds=time.monotonic() - started)

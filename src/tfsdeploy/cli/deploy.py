@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,7 @@ def deploy_plan(target: Target, *, version: int | str | None, playbook: Playbook
                     | {r.host.vars.proxy_image for r in renders})
     return RunPlan(verb="deploy", target=target, playbook=playbook,
                    planner=deploy_planner(target, renders, context, conns), images=images,
-                   lock_wait=lock_wait)
+                   lock_wait=lock_wait, version=context.version, release=context.release_id)
 
 
 def _shared(connect: ConnectionFactory) -> tuple[dict[str, Connection], ConnectionFactory]:
@@ -54,14 +55,19 @@ def _shared(connect: ConnectionFactory) -> tuple[dict[str, Connection], Connecti
 def deploy(target: Target, *, version: int | str | None = None, playbook: str | None = None,
            lock_wait: float = 0.0, reporter: Reporter,
            connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
-           client_factory: ClientFactory | None = None) -> RunResult:
-    """Validate everything, take the lock, run the deploy playbook; always release the lock."""
+           client_factory: ClientFactory | None = None,
+           before: Callable[[RunPlan], None] | None = None) -> RunResult:
+    """Validate everything, take the lock, run the deploy playbook; always release the lock.
+    ``before`` sees the plan once everything is validated, before any connection (a pre-hook
+    may stop the run there)."""
     cancel = threading.Event()
     run_clock = engine.CancellableClock(clock or SystemClock(), cancel)
     conns, factory = _shared(connect)
     plan = deploy_plan(target, version=version, playbook=default_playbook("deploy", playbook),
                        clock=run_clock, conns=conns, client_factory=client_factory,
                        lock_wait=lock_wait)
+    if before is not None:
+        before(plan)
     return engine.execute(plan, reporter=reporter, connect=factory, clock=run_clock,
                           cancel=cancel)
 

@@ -114,13 +114,25 @@ def safe_model(name: str) -> str:
 
 
 def finish(command: str, result: Any, *, json: bool, json_file: str | None,
-           metrics_file: str | None, events: list[dict[str, Any]] | None = None) -> int:
-    """Print a run's summary (or JSON), write the unattended outputs, return the exit code."""
+           metrics_file: str | None, events: list[dict[str, Any]] | None = None,
+           around: Any = None) -> int:
+    """Print a run's summary (or JSON), write the unattended outputs, run the post-hooks and
+    report the notifications; return the run's exit code (hooks never change it)."""
     from tfsdeploy.cli.deploy import summary_rows
     from tfsdeploy.cli.output import print_json, print_table
     from tfsdeploy.cli.unattended import update_textfile, write_json_file
 
     data = {"command": command, **result.as_dict(), "events": events or []}
+    if json_file:
+        write_json_file(json_file, data)
+    if around is not None:
+        from tfsdeploy.cli.around import after
+
+        failed = [n for n, o in result.hosts.items()
+                  if o.status not in ("rolled", "unchanged", "skipped")]
+        data |= after(around, _note_sink(json), exit_code=int(result.exit_code),
+                      seconds=result.seconds, message=result.message, failed_hosts=failed,
+                      data=data, json_file=json_file)
     if json:
         print_json(data)
     else:
@@ -129,13 +141,22 @@ def finish(command: str, result: Any, *, json: bool, json_file: str | None,
                     ("host", "result", "time per phase", "gates", "error"),
                     summary_rows(result))
         print(result.message)
-    if json_file:
+    if json_file and around is not None:
         write_json_file(json_file, data)
     if metrics_file:
         update_textfile(metrics_file, model=result.model, command=command,
                         exit_code=int(result.exit_code), seconds=result.seconds,
                         release=result.release_id, version=result.version)
     return int(result.exit_code)
+
+
+def _note_sink(json: bool) -> Any:
+    """Where the lines after a run go: stderr with --json, else stdout."""
+    class Notes:
+        def note(self, text: str) -> None:
+            print(f"== {text}", file=sys.stderr if json else sys.stdout)
+
+    return Notes()
 
 
 def reporter(json: bool, log_file: str | None) -> Any:
@@ -193,11 +214,29 @@ def cmd_deploy(a: dict[str, Any]) -> int:
     if a["check"] or a["diff"]:
         return _print_check(a, cmd.check(target(a), version=a["version"],
                                          playbook=a["playbook"], diff=a["diff"]))
-    shown = reporter(a["json"], a["log_file"])
-    result = cmd.deploy(target(a), version=a["version"], playbook=a["playbook"],
-                        lock_wait=a["lock_wait"], reporter=shown)
-    return finish("deploy", result, json=a["json"], json_file=a["json_file"],
-                  metrics_file=a["metrics_file"], events=shown.events)
+    return _surrounded("deploy", a, lambda t, shown, before: cmd.deploy(
+        t, version=a["version"], playbook=a["playbook"], lock_wait=a["lock_wait"],
+        reporter=shown, before=before))
+
+
+def _surrounded(command: str, a: dict[str, Any], run: Callable[..., Any]) -> int:
+    """A deploy or rollback with its hooks and notifications around it: the pre-hook once
+    everything is validated (it may stop the run before any host is touched), events during
+    the run, the post-hooks and the delivery report after it."""
+    from tfsdeploy.cli import around as runbook
+
+    chosen = target(a)
+    shown = runbook.EventReporter(reporter(a["json"], a["log_file"]))
+
+    def before(plan: Any) -> None:
+        shown.around = runbook.prepare(command, chosen, hooks_dir=a["hooks"],
+                                       notify_urls=a["notify"] or (), version=plan.version,
+                                       release=plan.release)
+        runbook.before(shown.around, shown)
+
+    result = run(chosen, shown, before)
+    return finish(command, result, json=a["json"], json_file=a["json_file"],
+                  metrics_file=a["metrics_file"], events=shown.events, around=shown.around)
 
 
 def _print_check(a: dict[str, Any], rows: list[dict[str, Any]]) -> int:
@@ -225,11 +264,9 @@ def cmd_rollback(a: dict[str, Any]) -> int:
     """`fab rollback`."""
     from tfsdeploy.cli.rollback import rollback
 
-    shown = reporter(a["json"], a["log_file"])
-    result = rollback(target(a), to=a["to"], playbook=a["playbook"],
-                      lock_wait=a["lock_wait"], reporter=shown)
-    return finish("rollback", result, json=a["json"], json_file=a["json_file"],
-                  metrics_file=a["metrics_file"], events=shown.events)
+    return _surrounded("rollback", a, lambda t, shown, before: rollback(
+        t, to=a["to"], playbook=a["playbook"], lock_wait=a["lock_wait"], reporter=shown,
+        before=before))
 
 
 def cmd_status(a: dict[str, Any]) -> int:

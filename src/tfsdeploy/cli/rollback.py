@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from tfsdeploy import engine
 from tfsdeploy.cli.deploy import _shared, default_playbook
@@ -17,7 +18,8 @@ from tfsdeploy.target import Target
 def rollback(target: Target, *, to: str | None = None, playbook: str | None = None,
              lock_wait: float = 0.0, reporter: Reporter,
              connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
-             client_factory: ClientFactory | None = None) -> RunResult:
+             client_factory: ClientFactory | None = None,
+             before: Callable[[RunPlan], None] | None = None) -> RunResult:
     """Choose the release (``--to`` or the newest good on every reachable host), rebuild each
     host's job from its record, run the rollback playbook."""
     cancel = threading.Event()
@@ -29,5 +31,7 @@ def rollback(target: Target, *, to: str | None = None, playbook: str | None = No
                                             client_factory=client_factory, conns=conns),
                    images=sorted({h.vars.proxy_image for h in target.hosts}),
                    lock_wait=lock_wait)
+    if before is not None:
+        before(plan)
     return engine.execute(plan, reporter=reporter, connect=factory, clock=run_clock,
                           cancel=cancel)
