@@ -131,10 +131,12 @@ class SdkDocker:
             return str(self._client.api.version().get("Version", "?"))
 
     def containers(self, model: str) -> list[ContainerFact]:
-        """The model's containers, from one list call."""
+        """The model's serving containers and its proxy."""
         with self._calls("list containers"):
-            listed = self._client.api.containers(
-                all=True, filters={"label": f"{LABEL_PREFIX}.model={model}"})
+            listed = [*self._client.api.containers(
+                all=True, filters={"label": f"{LABEL_PREFIX}.model={model}"}),
+                *self._client.api.containers(
+                all=True, filters={"label": f"{LABEL_PREFIX}.proxy={model}"})]
         facts = [container_fact(attrs) for attrs in listed]
         return sorted((f for f in facts if f is not None), key=lambda f: (f.release, f.name))
 

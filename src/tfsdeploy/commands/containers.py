@@ -102,8 +102,8 @@ def proxy_spec(*, model: str, image: str, paths: HostPaths) -> ContainerSpec:
     """The model's traffic switch (HAProxy): config read-only, the admin socket's directory
     writable. It runs as root inside the container (with no capabilities) because the admin
     directory on the host is root's only."""
-    labels = {f"{LABEL_PREFIX}.model": model, f"{LABEL_PREFIX}.role": "proxy",
-              f"{LABEL_PREFIX}.proxy": model}
+    # not labelled with the model: "the model's containers" are its servers
+    labels = {f"{LABEL_PREFIX}.role": "proxy", f"{LABEL_PREFIX}.proxy": model}
     mounts = (Mount(paths.proxy_dir, PROXY_CONFIG_DIR),
               Mount(paths.admin_dir, PROXY_ADMIN_MOUNT, read_only=False))
     return ContainerSpec(name=proxy_name(model), image=image, labels=labels, mounts=mounts,
