@@ -440,6 +440,10 @@ def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
                 taken = lock.acquire_majority(sites, record, wait_s=plan.lock_wait,
                                               clock=clock, model=target.model.name,
                                               on_stale=reporter.note)
+            except lock.LockQuorumLost as error:
+                if plan.verb == "rollback":  # a fleet that must be restored cannot be
+                    error.exit_code = ExitCode.INCONSISTENT
+                raise
             except Interrupted:
                 raise TfsDeployError("interrupted while waiting for the lock; nothing was "
                                      "changed") from None

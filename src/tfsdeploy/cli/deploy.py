@@ -4,10 +4,8 @@ engine (or only plan it)."""
 from __future__ import annotations
 
 import difflib
-import re
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tfsdeploy import engine
@@ -107,7 +105,8 @@ def host_plan(job: HostJob, steps: list[PlannedStep] | HostUnreachable, *,
             "detail": failed.error if failed else next(
                 (s.detail for s in steps if s.step == "discover"), ""),
             "steps": [{"phase": s.phase, "step": s.step, "detail": s.detail, "error": s.error,
-                       "changes": [c.describe() for c in s.changes]} for s in steps],
+                       "changes": [{"kind": c.kind, "what": c.describe()} for c in s.changes]}
+                      for s in steps],
             "diff": file_diff(job) if diff else ""}
 
 
@@ -131,15 +130,6 @@ def file_diff(job: HostJob) -> str:
     return "".join(chunks)
 
 
-RELEASE_PATTERN = re.compile(r"r\d{8}-\d{9}-v\d+")
-
-
-def plan_lines(rows: list[dict[str, Any]]) -> list[tuple[str, str, str, str]]:
-    """(host, phase, step, change) for every planned change, in order."""
-    return [(row["host"], step["phase"], step["step"], change)
-            for row in rows for step in row["steps"] for change in step["changes"]]
-
-
 def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
     """Per host: result, and time in each phase and gate."""
     rows: list[tuple[str, ...]] = []
@@ -155,4 +145,4 @@ def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
     return rows
 
 
-__all__ = ["Path", "check", "deploy", "deploy_plan", "plan_lines", "summary_rows"]
+__all__ = ["check", "deploy", "deploy_plan", "summary_rows"]

@@ -254,7 +254,7 @@ def _print_check(a: dict[str, Any], rows: list[dict[str, Any]]) -> int:
             if step["error"]:
                 print(f"  {step['phase']:<9} {step['step']:<15} WOULD FAIL: {step['error']}")
             for change in step["changes"]:
-                print(f"  {step['phase']:<9} {step['step']:<15} {change}")
+                print(f"  {step['phase']:<9} {step['step']:<15} {change['what']}")
         if row["diff"]:
             print(row["diff"])
     return 0
