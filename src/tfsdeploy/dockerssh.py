@@ -1,0 +1,465 @@
+"""The Docker Engine API over the SSH connection the toolkit already holds for a host.
+
+docker's own ssh transport reaches a remote engine by running ``docker system dial-stdio`` on
+the host and speaking HTTP over that process's stdin and stdout. Here every HTTP connection of
+the docker SDK is an exec channel running that command on the host's EXISTING paramiko
+Transport: no second login, and the host key was checked (strictly) when the toolkit connected.
+Channels are kept alive and pooled, so N API calls cost one channel and one remote process, not N.
+
+Failures to reach the engine (connection closed or dead, exec refused, dial-stdio failing on
+the host, no answer in time) raise EngineUnreachable, a HostUnreachable.
+
+``pull_with_progress`` turns the engine's pull stream into typed PullProgress values (layers
+done/total, bytes) for live output and JSON events; the folding of that stream is pure
+(``advance``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, cast
+
+import docker
+import docker.constants
+import docker.errors
+import docker.utils
+import paramiko
+import requests
+import requests.adapters
+import urllib3.exceptions
+from urllib3.connection import HTTPConnection
+from urllib3.connectionpool import HTTPConnectionPool
+
+from tfsdeploy.errors import TfsDeployError
+from tfsdeploy.remote import HostUnreachable
+
+DIAL_STDIO = "docker system dial-stdio"
+API_TIMEOUT_S = 60.0
+OPEN_TIMEOUT_S = 10.0
+POOL_SIZE = 4
+# After the engine's end of a channel, how long to wait for dial-stdio's exit status (sshd
+# sends it right after EOF) to tell a clean close from a failure of dial-stdio itself.
+EXIT_STATUS_WAIT_S = 1.0
+# docker-py reads hijacked streams (attach, logs --follow) through ``fp.channel`` for base URLs
+# of this prefix (APIClient._get_raw_response_socket): our socket-like channel is found there.
+BASE_URL = "http+docker://ssh"
+
+
+class EngineUnreachable(HostUnreachable):
+    """The host's Docker engine cannot be reached over its SSH connection: the connection is
+    closed or dead, the host refused the exec channel, ``docker system dial-stdio`` failed
+    there (no docker CLI, engine down), or the engine gave no answer in time."""
+
+
+class PullFailed(TfsDeployError):
+    """The engine refused or aborted an image pull (unknown image or tag, registry error)."""
+
+
+# -- the transport: one exec channel running dial-stdio = one HTTP connection ------------------
+
+class DialStdioSocket:
+    """A socket-like view of one exec channel running ``docker system dial-stdio``: what
+    http.client, urllib3 and docker-py's stream readers call on a socket.
+
+    An empty read means end of stream only when the host closed the channel cleanly; a channel
+    that died with its SSH connection, or a dial-stdio that failed, raises EngineUnreachable
+    instead, so that a stream cut by a dead host is never mistaken for a finished one.
+    """
+
+    def __init__(self, channel: paramiko.Channel, host: str) -> None:
+        self.channel = channel
+        self.host = host
+        self._closed_here = False
+
+    @property
+    def usable(self) -> bool:
+        """Whether a new request may be sent on this channel (urllib3 asks before reusing a
+        pooled connection; unexpected buffered bytes mean the engine ended the connection)."""
+        chan = self.channel
+        return (not self._closed_here and not chan.closed and not chan.eof_received
+                and chan.get_transport().is_active() and not chan.recv_ready())
+
+    def recv(self, size: int) -> bytes:
+        """Up to ``size`` bytes; b"" only at a clean end of the engine's stream."""
+        data: bytes = self.channel.recv(size)
+        if not data and not self._closed_here:
+            self._raise_unless_clean_end()
+        return data
+
+    def _raise_unless_clean_end(self) -> None:
+        chan = self.channel
+        if not chan.eof_received:  # closed with no EOF: the SSH connection went away
+            raise EngineUnreachable(self._lost())
+        deadline = time.monotonic() + EXIT_STATUS_WAIT_S
+        while not chan.exit_status_ready() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        errors = b""
+        while chan.recv_stderr_ready():
+            errors += chan.recv_stderr(65536)
+        status = chan.exit_status if chan.exit_status_ready() else None
+        if errors.strip() or status not in (0, None):
+            text = errors.decode(errors="replace").strip() or f"exit status {status}"
+            raise EngineUnreachable(f"{self.host}: `{DIAL_STDIO}` failed: {text}")
+
+    def _lost(self) -> str:
+        if self.channel.get_transport().is_active():
+            return f"{self.host}: the host closed the channel running `{DIAL_STDIO}`"
+        return f"{self.host}: SSH connection lost during a Docker Engine call"
+
+    def sendall(self, data: bytes) -> None:
+        """Send all of ``data``; a closed channel raises EngineUnreachable."""
+        try:
+            self.channel.sendall(data)
+        except OSError as exc:
+            raise EngineUnreachable(self._lost()) from exc
+
+    def send(self, data: bytes) -> int:
+        """Send ``data`` (all of it, as sendall) and return its length."""
+        self.sendall(data)
+        return len(data)
+
+    def makefile(self, mode: str = "r", bufsize: int = -1) -> paramiko.ChannelFile:
+        """A buffered file reading through ``recv`` (http.client reads responses from it); its
+        ``channel`` attribute is this object, where docker-py finds a hijacked stream."""
+        # ChannelFile calls only recv and sendall on its channel, both of which are here
+        return paramiko.ChannelFile(cast(paramiko.Channel, self), mode, bufsize)
+
+    def settimeout(self, timeout: float | None) -> None:
+        """Seconds a read or write may block (None: forever)."""
+        self.channel.settimeout(timeout)
+
+    def gettimeout(self) -> float | None:
+        """The current timeout."""
+        timeout: float | None = self.channel.gettimeout()
+        return timeout
+
+    def fileno(self) -> int:
+        """A descriptor for select/poll (docker-py polls hijacked streams)."""
+        fd: int = self.channel.fileno()
+        return fd
+
+    def shutdown(self, how: int) -> None:
+        """Shut down reading (0), writing (1) or both (2)."""
+        self.channel.shutdown(how)
+
+    def close(self) -> None:
+        """Close the channel: dial-stdio ends on the host; the SSH connection stays."""
+        self._closed_here = True
+        self.channel.close()
+
+
+class _DialStdioConnection(HTTPConnection):
+    """An HTTP connection whose socket is a dial-stdio channel (opened on first use)."""
+
+    def __init__(self, dial: Callable[[], DialStdioSocket], timeout: float | None) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._dial = dial
+
+    def _new_conn(self) -> Any:  # urllib3 types a socket.socket; ours is socket-like
+        sock = self._dial()
+        sock.settimeout(self.timeout if isinstance(self.timeout, int | float) else None)
+        return sock
+
+    @property
+    def is_connected(self) -> bool:
+        # urllib3's own check polls a descriptor; the channel knows its state exactly
+        return isinstance(self.sock, DialStdioSocket) and self.sock.usable
+
+
+class _DialStdioPool(HTTPConnectionPool):
+    """Keeps up to ``maxsize`` idle channels; more concurrent calls open more, closed after."""
+
+    def __init__(self, dial: Callable[[], DialStdioSocket], *, timeout: float,
+                 maxsize: int) -> None:
+        super().__init__("localhost", timeout=timeout, maxsize=maxsize, block=False)
+        self._dial = dial
+        self._connect_timeout = timeout
+
+    def _new_conn(self) -> HTTPConnection:
+        self.num_connections += 1
+        return _DialStdioConnection(self._dial, self._connect_timeout)
+
+
+class DialStdioAdapter(requests.adapters.HTTPAdapter):
+    """The requests adapter of a DockerClient: every request goes over a pooled dial-stdio
+    channel of ``transport``; failures to reach the engine become EngineUnreachable."""
+
+    def __init__(self, transport: paramiko.Transport, *, host: str, timeout: float,
+                 pool_size: int) -> None:
+        super().__init__(max_retries=0)  # a retried POST could run twice on the engine
+        self.transport = transport
+        self.host = host
+        self.timeout = timeout
+        self.channels_opened = 0
+        self._pool = _DialStdioPool(self._dial, timeout=timeout, maxsize=pool_size)
+
+    def _dial(self) -> DialStdioSocket:
+        if not self.transport.is_active():
+            raise EngineUnreachable(f"{self.host}: the SSH connection is closed")
+        try:
+            channel = self.transport.open_session(timeout=OPEN_TIMEOUT_S)
+            channel.exec_command(DIAL_STDIO)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise EngineUnreachable(f"{self.host}: cannot start `{DIAL_STDIO}` over SSH: "
+                                    f"{exc or type(exc).__name__}") from exc
+        self.channels_opened += 1
+        return DialStdioSocket(channel, self.host)
+
+    def get_connection_with_tls_context(self, request: requests.PreparedRequest,
+                                        verify: bool | str | None,
+                                        proxies: Mapping[str, str] | None = None,
+                                        cert: Any = None) -> HTTPConnectionPool:
+        """Every URL of this adapter is the one engine: one pool."""
+        return self._pool
+
+    def get_connection(self, url: str | bytes,
+                       proxies: Mapping[str, str] | None = None) -> HTTPConnectionPool:
+        """As get_connection_with_tls_context (older requests call this one)."""
+        return self._pool
+
+    def request_url(self, request: requests.PreparedRequest,
+                    proxies: dict[str, str] | None) -> str:
+        """The path only: no proxy ever sits between us and the engine."""
+        return request.path_url
+
+    def send(self, request: requests.PreparedRequest, stream: bool = False,
+             timeout: Any = None, verify: bool | str = True, cert: Any = None,
+             proxies: Mapping[str, str] | None = None) -> requests.Response:
+        """Send ``request`` to the engine (environment proxies are ignored)."""
+        try:
+            return super().send(request, stream=stream, timeout=timeout, verify=verify,
+                                cert=cert, proxies={})
+        except requests.exceptions.Timeout as exc:
+            raise EngineUnreachable(f"{self.host}: the Docker engine gave no answer in "
+                                    f"{_seconds(timeout, self.timeout):g} s") from exc
+        except requests.exceptions.ConnectionError as exc:
+            raise EngineUnreachable(self._why(exc)) from exc
+
+    def _why(self, exc: Exception) -> str:
+        if not self.transport.is_active():
+            return f"{self.host}: SSH connection lost during a Docker Engine call"
+        return f"{self.host}: the Docker engine connection failed: {exc}"
+
+    def close(self) -> None:
+        """Close the pooled channels (the SSH connection is the caller's and stays open)."""
+        super().close()
+        self._pool.close()
+
+
+def _seconds(timeout: Any, default: float) -> float:
+    if isinstance(timeout, tuple):
+        timeout = timeout[-1]
+    return float(timeout) if isinstance(timeout, int | float) else default
+
+
+def _api_version(adapter: DialStdioAdapter, timeout: float) -> str:
+    """The API version to speak: the engine's, capped at the newest the SDK knows."""
+    with requests.Session() as probe:
+        probe.mount(BASE_URL, adapter)
+        reply = probe.get(f"{BASE_URL}/version", timeout=timeout)
+        try:
+            reply.raise_for_status()
+            server = str(reply.json()["ApiVersion"])
+        except (requests.exceptions.RequestException, ValueError, KeyError) as exc:
+            raise EngineUnreachable(f"{adapter.host}: the Docker engine's /version answer "
+                                    f"is not usable: {exc}") from exc
+        finally:
+            reply.close()
+        # Session.__exit__ closes mounted adapters: detach ours first (it serves the client)
+        probe.adapters.pop(BASE_URL)
+    newest = docker.constants.DEFAULT_DOCKER_API_VERSION
+    return server if docker.utils.version_lt(server, newest) else newest
+
+
+def docker_client(transport: paramiko.Transport, *, host: str | None = None,
+                  timeout: float = API_TIMEOUT_S, pool_size: int = POOL_SIZE
+                  ) -> docker.DockerClient:
+    """A DockerClient for the engine of the host at the other end of ``transport``.
+
+    Its HTTP connections are exec channels running ``docker system dial-stdio`` on
+    ``transport`` (kept alive, at most ``pool_size`` idle ones kept); no new SSH login is made.
+    ``timeout`` bounds each call's wait for an answer (streams such as logs --follow are not
+    bounded). ``host`` names the host in errors (default: the peer address). One call to the
+    engine (/version) picks the API version. Closing the client closes its channels, never
+    ``transport``. Raises EngineUnreachable when the engine cannot be reached.
+    """
+    name = host or _peer(transport)
+    adapter = DialStdioAdapter(transport, host=name, timeout=timeout, pool_size=pool_size)
+    version = _api_version(adapter, timeout)
+    # The SDK's ssh:// set-up gives the base URL and the stream handling of an engine behind
+    # SSH; with use_ssh_client=True it makes no connection of its own (it would start the ssh
+    # binary on first use); mounting our adapter on its prefix replaces that transport.
+    client = docker.DockerClient(base_url=f"ssh://{name}", use_ssh_client=True,
+                                 version=version, timeout=timeout)
+    client.api.mount(BASE_URL, adapter)
+    return client
+
+
+def engine_adapter(client: docker.DockerClient) -> DialStdioAdapter | None:
+    """The dial-stdio adapter behind ``client`` (None for a client made otherwise)."""
+    adapter = client.api.get_adapter(BASE_URL)
+    return adapter if isinstance(adapter, DialStdioAdapter) else None
+
+
+def _peer(transport: paramiko.Transport) -> str:
+    try:
+        return str(transport.getpeername()[0])
+    except (OSError, AttributeError, IndexError):
+        return "host"
+
+
+# -- image pulls with progress ----------------------------------------------------------------
+# The engine's pull stream (moby distribution/xfer/download.go, distribution/pull_v2.go): one
+# JSON object per update, {"status", "id", "progressDetail": {"current", "total"}}; per layer
+# "Pulling fs layer" / "Waiting", "Downloading" (bytes of the compressed layer), "Verifying
+# Checksum", "Download complete", "Extracting", "Pull complete", or "Already exists"; lines
+# without a layer ("Pulling from <repo>" whose id is the tag, "Digest: ...", "Status: ...");
+# a failure is {"error", "errorDetail": {"message"}}.
+
+class LayerPhase(StrEnum):
+    """Where one layer of a pull is."""
+
+    WAITING = "waiting"
+    DOWNLOADING = "downloading"
+    DOWNLOADED = "downloaded"
+    EXTRACTING = "extracting"
+    DONE = "done"  # pulled and registered
+    PRESENT = "present"  # already on the host: nothing to fetch
+
+    @property
+    def finished(self) -> bool:
+        """Whether the layer needs nothing more."""
+        return self in (LayerPhase.DONE, LayerPhase.PRESENT)
+
+
+_PHASES = {
+    "Pulling fs layer": LayerPhase.WAITING,
+    "Waiting": LayerPhase.WAITING,
+    "Downloading": LayerPhase.DOWNLOADING,
+    "Verifying Checksum": LayerPhase.DOWNLOADING,
+    "Download complete": LayerPhase.DOWNLOADED,
+    "Extracting": LayerPhase.EXTRACTING,
+    "Pull complete": LayerPhase.DONE,
+    "Already exists": LayerPhase.PRESENT,
+}
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of a pull: its phase and bytes (``size`` 0 while the engine has not said)."""
+
+    id: str
+    phase: LayerPhase
+    downloaded: int = 0
+    size: int = 0
+
+
+@dataclass(frozen=True)
+class PullProgress:
+    """Where a pull stands after one event of the engine, for live output and JSON events.
+
+    ``bytes_total`` is the sum of the layer sizes known so far (the engine tells a layer's size
+    when its download starts), so it can grow during a pull; layers already on the host count
+    as done and add no bytes.
+    """
+
+    image: str
+    layers_done: int
+    layers_total: int
+    bytes_done: int
+    bytes_total: int
+    status: str  # the engine's words for this event
+    layer: str | None = None  # the layer the event is about
+
+    def as_event(self) -> dict[str, object]:
+        """A JSON-ready event."""
+        return {"event": "image_pull", "image": self.image, "layer": self.layer,
+                "status": self.status, "layers_done": self.layers_done,
+                "layers_total": self.layers_total, "bytes_done": self.bytes_done,
+                "bytes_total": self.bytes_total}
+
+
+@dataclass(frozen=True)
+class PullState:
+    """A pull folded from the engine's events so far (pure; see ``advance``)."""
+
+    image: str
+    layers: Mapping[str, Layer] = field(default_factory=dict)
+    status: str = ""
+    layer: str | None = None
+    error: str | None = None
+
+    def progress(self) -> PullProgress:
+        """The figures of this state."""
+        layers = self.layers.values()
+        return PullProgress(
+            image=self.image, layers_done=sum(1 for x in layers if x.phase.finished),
+            layers_total=len(self.layers), bytes_done=sum(x.downloaded for x in layers),
+            bytes_total=sum(x.size for x in layers), status=self.status, layer=self.layer)
+
+
+def advance(state: PullState, event: Mapping[str, Any]) -> PullState:
+    """``state`` after one event of the engine's pull stream."""
+    if event.get("error") or event.get("errorDetail"):
+        detail = event.get("errorDetail") or {}
+        return replace(state, error=str(detail.get("message") or event.get("error")))
+    status = str(event.get("status", ""))
+    phase = _PHASES.get(status)
+    if status.startswith("Retrying in"):
+        phase = LayerPhase.DOWNLOADING
+    layer_id = event.get("id")
+    if phase is None or not layer_id:
+        return replace(state, status=status, layer=None)
+    old = state.layers.get(str(layer_id), Layer(str(layer_id), LayerPhase.WAITING))
+    layers = dict(state.layers)
+    layers[old.id] = _layer_after(old, phase, event.get("progressDetail") or {})
+    return replace(state, layers=layers, status=status, layer=old.id)
+
+
+def _layer_after(layer: Layer, phase: LayerPhase, detail: Mapping[str, Any]) -> Layer:
+    if layer.phase.finished:
+        return layer
+    current, total = int(detail.get("current") or 0), int(detail.get("total") or 0)
+    if phase is LayerPhase.DOWNLOADING and total:
+        return replace(layer, phase=phase, downloaded=current, size=total)
+    # Extracting reports progress through the compressed layer: its total is the size
+    size = layer.size or (total if phase is LayerPhase.EXTRACTING else 0)
+    if phase in (LayerPhase.WAITING, LayerPhase.DOWNLOADING):
+        return replace(layer, phase=phase, size=size)
+    if phase is LayerPhase.PRESENT:
+        return replace(layer, phase=phase, downloaded=0, size=0)
+    return replace(layer, phase=phase, downloaded=size, size=size)
+
+
+def pull_with_progress(client: docker.DockerClient, image: str,
+                       on_progress: Callable[[PullProgress], None]) -> str:
+    """Pull ``image`` on the client's engine, calling ``on_progress`` after every event of the
+    engine's stream; returns the pulled image's id (``sha256:...``).
+
+    Raises PullFailed when the engine refuses or aborts the pull, EngineUnreachable when the
+    engine cannot be reached or the stream is cut.
+    """
+    repository, tag = docker.utils.parse_repository_tag(image)
+    tag = tag or "latest"
+    reference = f"{repository}@{tag}" if ":" in tag else f"{repository}:{tag}"
+    adapter = engine_adapter(client)
+    where = f"{adapter.host}: " if adapter else ""
+    state = PullState(image=reference)
+    try:
+        for event in client.api.pull(repository, tag=tag, stream=True, decode=True):
+            state = advance(state, event)
+            if state.error is not None:
+                break
+            on_progress(state.progress())
+        if state.error is None:
+            return str(client.api.inspect_image(reference)["Id"])
+    except docker.errors.APIError as exc:
+        state = replace(state, error=str(exc.explanation or exc))
+    except (urllib3.exceptions.HTTPError, requests.exceptions.RequestException) as exc:
+        raise EngineUnreachable(f"{where}the pull stream of {reference} was cut: {exc}") from exc
+    raise PullFailed(f"{where}pull of {reference} failed: {state.error}\n    fix: check the "
+                     f"image name and tag, and that the host can reach and log in to the "
+                     f"registry")
