@@ -349,11 +349,13 @@ _PHASES = {
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer of a pull: its phase and bytes (``size`` 0 while the engine has not said)."""
+    """One layer of a pull: its phase and bytes of the compressed layer, downloaded and
+    extracted so far (``size`` 0 while the engine has not told it)."""
 
     id: str
     phase: LayerPhase
     downloaded: int = 0
+    extracted: int = 0
     size: int = 0
 
 
@@ -361,9 +363,10 @@ class Layer:
 class PullProgress:
     """Where a pull stands after one event of the engine, for live output and JSON events.
 
-    ``bytes_total`` is the sum of the layer sizes known so far (the engine tells a layer's size
-    when its download starts), so it can grow during a pull; layers already on the host count
-    as done and add no bytes.
+    Bytes are those of the compressed layers. ``bytes_total`` sums the layer sizes known so far
+    (the engine tells a layer's size when its download starts), so it can grow during a pull;
+    layers already on the host count as done and add no bytes. Extraction follows the download
+    and can take as long on big layers: ``bytes_extracted`` shows it.
     """
 
     image: str
@@ -371,6 +374,7 @@ class PullProgress:
     layers_total: int
     bytes_done: int
     bytes_total: int
+    bytes_extracted: int
     status: str  # the engine's words for this event
     layer: str | None = None  # the layer the event is about
 
@@ -379,7 +383,7 @@ class PullProgress:
         return {"event": "image_pull", "image": self.image, "layer": self.layer,
                 "status": self.status, "layers_done": self.layers_done,
                 "layers_total": self.layers_total, "bytes_done": self.bytes_done,
-                "bytes_total": self.bytes_total}
+                "bytes_total": self.bytes_total, "bytes_extracted": self.bytes_extracted}
 
 
 @dataclass(frozen=True)
@@ -398,7 +402,9 @@ class PullState:
         return PullProgress(
             image=self.image, layers_done=sum(1 for x in layers if x.phase.finished),
             layers_total=len(self.layers), bytes_done=sum(x.downloaded for x in layers),
-            bytes_total=sum(x.size for x in layers), status=self.status, layer=self.layer)
+            bytes_total=sum(x.size for x in layers),
+            bytes_extracted=sum(x.extracted for x in layers), status=self.status,
+            layer=self.layer)
 
 
 def advance(state: PullState, event: Mapping[str, Any]) -> PullState:
@@ -420,18 +426,24 @@ def advance(state: PullState, event: Mapping[str, Any]) -> PullState:
 
 
 def _layer_after(layer: Layer, phase: LayerPhase, detail: Mapping[str, Any]) -> Layer:
-    if layer.phase.finished:
+    if layer.phase.finished:  # an engine never goes back; a stray event changes nothing
         return layer
     current, total = int(detail.get("current") or 0), int(detail.get("total") or 0)
-    if phase is LayerPhase.DOWNLOADING and total:
-        return replace(layer, phase=phase, downloaded=current, size=total)
-    # Extracting reports progress through the compressed layer: its total is the size
-    size = layer.size or (total if phase is LayerPhase.EXTRACTING else 0)
-    if phase in (LayerPhase.WAITING, LayerPhase.DOWNLOADING):
-        return replace(layer, phase=phase, size=size)
+    # Downloading and Extracting both report progress through the compressed layer, so
+    # either one's total is the layer's size
+    size = total or layer.size
     if phase is LayerPhase.PRESENT:
-        return replace(layer, phase=phase, downloaded=0, size=0)
-    return replace(layer, phase=phase, downloaded=size, size=size)
+        return Layer(layer.id, phase)
+    if phase is LayerPhase.WAITING:
+        return replace(layer, phase=phase)
+    if phase is LayerPhase.DOWNLOADING:
+        return replace(layer, phase=phase, size=size,
+                       downloaded=current if total else layer.downloaded)
+    if phase is LayerPhase.DOWNLOADED:
+        return replace(layer, phase=phase, size=size, downloaded=size)
+    if phase is LayerPhase.EXTRACTING:
+        return replace(layer, phase=phase, size=size, downloaded=size, extracted=current)
+    return replace(layer, phase=phase, size=size, downloaded=size, extracted=size)
 
 
 def pull_with_progress(client: docker.DockerClient, image: str,
