@@ -16,11 +16,12 @@ done/total, bytes) for live output and JSON events; the folding of that stream i
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any
 
 import docker
 import docker.constants
@@ -72,20 +73,20 @@ class DialStdioSocket:
     def __init__(self, channel: paramiko.Channel, host: str) -> None:
         self.channel = channel
         self.host = host
-        self._closed_here = False
+        self._ended_here = False
 
     @property
     def usable(self) -> bool:
         """Whether a new request may be sent on this channel (urllib3 asks before reusing a
         pooled connection; unexpected buffered bytes mean the engine ended the connection)."""
         chan = self.channel
-        return (not self._closed_here and not chan.closed and not chan.eof_received
+        return (not self._ended_here and not chan.closed and not chan.eof_received
                 and chan.get_transport().is_active() and not chan.recv_ready())
 
     def recv(self, size: int) -> bytes:
         """Up to ``size`` bytes; b"" only at a clean end of the engine's stream."""
         data: bytes = self.channel.recv(size)
-        if not data and not self._closed_here:
+        if not data and not self._ended_here:
             self._raise_unless_clean_end()
         return data
 
@@ -121,11 +122,13 @@ class DialStdioSocket:
         self.sendall(data)
         return len(data)
 
-    def makefile(self, mode: str = "r", bufsize: int = -1) -> paramiko.ChannelFile:
-        """A buffered file reading through ``recv`` (http.client reads responses from it); its
-        ``channel`` attribute is this object, where docker-py finds a hijacked stream."""
-        # ChannelFile calls only recv and sendall on its channel, both of which are here
-        return paramiko.ChannelFile(cast(paramiko.Channel, self), mode, bufsize)
+    def makefile(self, mode: str = "rb", buffering: int = -1) -> ResponseFile:
+        """A buffered reader over ``recv``, as ``socket.makefile("rb")`` (http.client reads
+        responses from it)."""
+        if set(mode) - {"r", "b"}:
+            raise ValueError(f"a dial-stdio channel is read through makefile, not {mode!r}")
+        size = buffering if buffering > 0 else io.DEFAULT_BUFFER_SIZE
+        return ResponseFile(_ChannelReader(self), size)
 
     def settimeout(self, timeout: float | None) -> None:
         """Seconds a read or write may block (None: forever)."""
@@ -142,13 +145,44 @@ class DialStdioSocket:
         return fd
 
     def shutdown(self, how: int) -> None:
-        """Shut down reading (0), writing (1) or both (2)."""
+        """Shut down reading (0), writing (1) or both (2); reads end cleanly after."""
+        if how in (0, 2):
+            self._ended_here = True
         self.channel.shutdown(how)
 
     def close(self) -> None:
         """Close the channel: dial-stdio ends on the host; the SSH connection stays."""
-        self._closed_here = True
+        self._ended_here = True
         self.channel.close()
+
+
+class _ChannelReader(io.RawIOBase):
+    """The raw stream under ResponseFile; ``sock`` is where docker-py's CancellableStream
+    finds the socket to shut down when a caller closes a stream (logs --follow, events)."""
+
+    def __init__(self, sock: DialStdioSocket) -> None:
+        super().__init__()
+        self.sock = sock
+
+    def readable(self) -> bool:
+        """Always: this is a reader."""
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        """Fill ``buffer`` with what one recv brings (0 at a clean end)."""
+        view = memoryview(buffer).cast("B")
+        data = self.sock.recv(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+
+class ResponseFile(io.BufferedReader):
+    """What makefile returns: a buffered reader whose ``channel`` attribute is the socket,
+    where docker-py looks for a hijacked stream of an engine behind SSH (attach, logs)."""
+
+    def __init__(self, raw: _ChannelReader, buffer_size: int) -> None:
+        super().__init__(raw, buffer_size)
+        self.channel = raw.sock
 
 
 class _DialStdioConnection(HTTPConnection):
