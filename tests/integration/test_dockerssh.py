@@ -14,6 +14,7 @@ import io
 import json
 import random
 import re
+import socket
 import subprocess
 import sys
 import tarfile
@@ -105,9 +106,15 @@ def connect(host: str) -> SshRunner:
 
 def transport_of(runner: SshRunner) -> paramiko.Transport:
     """The runner's paramiko Transport (SshRunner does not publish it yet)."""
-    transport = runner._conn.client.get_transport()
+    transport: paramiko.Transport | None = runner._conn.client.get_transport()
     assert transport is not None and transport.is_active()
     return transport
+
+
+def tcp_socket(transport: paramiko.Transport) -> socket.socket:
+    """The TCP socket under ``transport`` (direct connections only, as the testbed's)."""
+    assert isinstance(transport.sock, socket.socket)
+    return transport.sock
 
 
 @pytest.fixture
@@ -119,7 +126,7 @@ def tb1() -> Iterator[SshRunner]:
 
 def session_pid(host: str, transport: paramiko.Transport) -> int:
     """The pid of the host's sshd process serving ``transport`` (found by its client port)."""
-    port = transport.sock.getsockname()[1]
+    port = tcp_socket(transport).getsockname()[1]
     out = subprocess.run(netns(host, "ss", "-tnpH", "state", "established",
                                f"( sport = :22 and dport = :{port} )"),
                          capture_output=True, text=True, check=True).stdout
@@ -219,6 +226,8 @@ def test_sequential_calls_share_one_channel(tb1: SshRunner) -> None:
     assert dial_stdio_pids(sshd) == first  # the same remote process answered all 31 calls
     adapter = engine_adapter(client)
     assert adapter is not None and adapter.channels_opened == 1
+    # small requests must not wait out Nagle's algorithm behind unacknowledged SSH packets
+    assert tcp_socket(transport).getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
     client.close()
     time.sleep(0.5)
     assert dial_stdio_pids(sshd) == []  # closing the client ends its channels on the host
@@ -428,7 +437,7 @@ def test_connection_closed_by_its_owner_gives_the_clear_error() -> None:
 
 def _drop(transport: paramiko.Transport, op: str) -> list[str]:
     # only this connection's packets (its client port): other runs on tb3 are untouched
-    port = str(transport.sock.getsockname()[1])
+    port = str(tcp_socket(transport).getsockname()[1])
     return netns("tb3", "iptables", op, "INPUT", "-p", "tcp", "--dport", "22", "--sport", port,
                  "-m", "comment", "--comment", "tfsdeploy-dockerssh-tests", "-j", "DROP")
 

@@ -84,7 +84,7 @@ def test_a_fresh_pull_reports_progress_on_the_way() -> None:
 
 
 def test_layers_already_on_the_host_count_as_done_without_bytes() -> None:
-    events = [
+    events: list[dict[str, Any]] = [
         {"status": "Pulling from tfserving-emulator", "id": "2.21.0"},
         {"status": "Already exists", "progressDetail": {}, "id": "aaaaaaaaaaaa"},
         {"status": "Pulling fs layer", "progressDetail": {}, "id": "bbbbbbbbbbbb"},
