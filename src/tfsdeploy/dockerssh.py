@@ -116,6 +116,9 @@ class DialStdioSocket:
         """Send all of ``data``; a closed channel raises EngineUnreachable."""
         try:
             self.channel.sendall(data)
+        except TimeoutError as exc:  # the engine stopped reading (SSH window full)
+            raise EngineUnreachable(f"{self.host}: the Docker engine took no data for "
+                                    f"{self.gettimeout()} s") from exc
         except OSError as exc:
             raise EngineUnreachable(self._lost()) from exc
 
@@ -336,7 +339,7 @@ def docker_client(transport: paramiko.Transport, *, host: str | None = None,
     # The SDK's ssh:// set-up gives the base URL and the stream handling of an engine behind
     # SSH; with use_ssh_client=True it makes no connection of its own (it would start the ssh
     # binary on first use); mounting our adapter on its prefix replaces that transport.
-    client = docker.DockerClient(base_url=f"ssh://{name}", use_ssh_client=True,
+    client = docker.DockerClient(base_url="ssh://dial-stdio", use_ssh_client=True,
                                  version=version, timeout=timeout)
     client.api.mount(BASE_URL, adapter)
     return client
