@@ -88,6 +88,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelFleet]:
     remove_test_leftovers()
     tmp = tmp_path_factory.mktemp("dockerssh")
     try:
+        # no model is deployed and no port used: the name is what the dump looks for
         yield ModelFleet(model="dockerssh-test", offset=0, tmp=tmp, source=tmp,
                          inventory=tmp / "unused.py")
     finally:
@@ -357,7 +358,9 @@ def test_pull_reports_layers_and_bytes_and_returns_the_id(
     manifest = _registry_json("dockerssh-test-pull/manifests/1")
     sizes = sum(layer["size"] for layer in manifest["layers"])
     seen: list[PullProgress] = []
-    image_id = pull_with_progress(client, PULL_IMAGE, seen.append)
+    with Watch() as watch:
+        image_id = pull_with_progress(client, PULL_IMAGE, seen.append)
+    assert watch.seen == [], "\n".join(watch.seen)  # the stream too: no new connection
 
     assert image_id == manifest["config"]["digest"]  # the registry's image config = the id
     assert image_id == client.api.inspect_image(PULL_IMAGE)["Id"]
