@@ -113,8 +113,7 @@ def no_delay(runner: SshRunner) -> bool:
 
 
 def transport_of(runner: SshRunner) -> paramiko.Transport:
-    # SshRunner does not publish it yet
-    transport: paramiko.Transport | None = runner._conn.client.get_transport()
+    transport: paramiko.Transport | None = runner.transport()
     assert transport is not None
     return transport
 

@@ -134,6 +134,10 @@ class SshConnection:
         self._sftp: Any = None
         self._docker: Docker | None = None
 
+    def transport(self) -> Any:
+        """The open paramiko Transport (connecting first if needed)."""
+        return self._transport()
+
     def _transport(self) -> Any:
         if self._refused is not None:
             raise self._refused
@@ -152,6 +156,9 @@ class SshConnection:
                 with contextlib.suppress(OSError, AttributeError):
                     transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
                                               USER_TIMEOUT_MS)
+                # small requests must not wait for the host's delayed ACK (~40 ms each)
+                with contextlib.suppress(OSError, AttributeError):
+                    transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise HostUnreachable(f"{self.host.name}: the SSH connection is closed")

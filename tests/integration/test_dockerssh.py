@@ -106,8 +106,8 @@ def connect(host: str) -> SshRunner:
 
 
 def transport_of(runner: SshRunner) -> paramiko.Transport:
-    """The runner's paramiko Transport (SshRunner does not publish it yet)."""
-    transport: paramiko.Transport | None = runner._conn.client.get_transport()
+    """The runner's paramiko Transport."""
+    transport: paramiko.Transport | None = runner.transport()
     assert transport is not None and transport.is_active()
     return transport
 
