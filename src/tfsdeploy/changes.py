@@ -52,6 +52,20 @@ class Command(Change):
 
 
 @dataclass(frozen=True)
+class LocalCommand(Change):
+    """A command on the deploy machine (a playbook's own step), with the run's variables."""
+
+    kind: ClassVar[str] = "local"
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    timeout: float = 60.0
+    ok_codes: tuple[int, ...] = (0,)
+
+    def describe(self) -> str:
+        return "run here: " + " ".join(self.argv)
+
+
+@dataclass(frozen=True)
 class WriteFile(Change):
     """A file written atomically (temporary name, then rename)."""
 

@@ -13,6 +13,7 @@ from tfsdeploy.changes import (
     Change,
     Check,
     Command,
+    LocalCommand,
     ProxyCommands,
     PullImage,
     RemoveContainer,
@@ -55,6 +56,8 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
             if result.code not in change.ok_codes:
                 raise GateFailed(step, f"`{change.what}` to succeed",
                                  f"exit {result.code}: {result.tail()}")
+        elif isinstance(change, LocalCommand):
+            return run_local(change, step)
         elif isinstance(change, WriteFile):
             conn.put_bytes(change.data, change.path, mode=change.mode)
         elif isinstance(change, Upload):
@@ -78,6 +81,33 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
     except (DockerFailed, proxyadmin.ProxyRefused) as error:
         raise GateFailed(step, f"{change.describe()} to succeed", str(error)) from None
     return ""
+
+
+def run_local(change: LocalCommand, step: str) -> str:
+    """Run a local command (stdin closed, its own process group, killed at the timeout)."""
+    import os
+    import signal
+    import subprocess
+
+    env = {**os.environ, **dict(change.env)}
+    try:
+        process = subprocess.Popen(list(change.argv), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    except OSError as error:
+        raise GateFailed(step, f"`{change.argv[0]}` to run", str(error)) from None
+    try:
+        output, _ = process.communicate(timeout=change.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise GateFailed(step, f"`{' '.join(change.argv)}` within {change.timeout:g} s",
+                         "timed out: " + output.decode(errors="replace")[-500:]) from None
+    tail = output.decode(errors="replace").strip().splitlines()[-5:]
+    if process.returncode not in change.ok_codes:
+        raise GateFailed(step, f"`{' '.join(change.argv)}` to succeed",
+                         f"exit {process.returncode}: " + "\n".join(tail))
+    return tail[-1] if tail else ""
 
 
 def audit_lines(job: HostJob, step: str, changes: list[Change], *, failed: str = ""

@@ -87,7 +87,9 @@ def choose_rollback(target: Target, facts: dict[str, HostFacts], to: str | None)
     good = [{r.id for r in f.releases if r.status in GOOD} for f in facts.values()]
     rolled_back = {r.id for f in facts.values() for r in f.releases
                    if r.status == ReleaseStatus.ROLLED_BACK}
-    live = [f.serving_release or f.current for f in facts.values()]
+    # "what every host runs" is what each recorded as current: a rollback killed after some
+    # switches (traffic moved, not recorded) is then finished by running it again
+    live = [f.current for f in facts.values()]
     everywhere = set(live) if all(live) and len(set(live)) == 1 else set()
     candidates = set.intersection(*good) - everywhere - rolled_back if good else set()
     if not candidates:

@@ -164,6 +164,10 @@ def load_tasks(path: Path) -> tuple[Task, ...]:
                                     file=str(path), field=f"[{index}].with"))
             continue
         wrong = _parameter_problems(operations[spec.action], spec.with_, str(path), index)
+        rule = getattr(operations[spec.action], "check_params", None)
+        if not wrong and rule is not None:
+            wrong = [Problem(f"action {spec.action!r}: {text}", fix=text, file=str(path),
+                             field=f"[{index}].with") for text in rule(spec.with_)]
         if wrong:
             problems += wrong
             continue

@@ -6,7 +6,8 @@ planner only lists it. An operation never touches a host itself.
 
 A step called ``gate_available`` in ``tasks/*.yml`` is ``operations.gates.gate_available``;
 ``OPERATIONS`` maps every name to its function, module by module: ``preflight``, ``stage``,
-``roll``, ``gates``, ``finalize``, ``restore``.
+``roll``, ``gates``, ``finalize``, ``restore``, and ``custom`` (a playbook's own ``local``
+and ``remote`` commands).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ def operation(name: str) -> Callable[[Operation], Operation]:
 def registry() -> dict[str, Operation]:
     """Every operation, by name (imports the modules that define them)."""
     from tfsdeploy.operations import (  # noqa: F401
+        custom,
         finalize,
         gates,
         preflight,
