@@ -184,5 +184,39 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
     _main("lock", locals())
 
 
+@task(help={**SELECT, "lines": "lines per container from the end of its log (default 50)",
+            "follow": "keep printing new lines (Ctrl-C to stop)",
+            "since": "only lines since this time: 10m, 2h, or an RFC 3339 time"})
+def logs(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+         limit: str | None = None, lines: int = 50, follow: bool = False,
+         since: str | None = None) -> None:
+    """The serving containers' logs from every selected host, merged in time order."""
+    _main("logs", locals())
+
+
+@task(name="exec", help={**SELECT, "force": "run even while a deploy holds the model's lock"})
+def exec_(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+          limit: str | None = None, force: bool = False) -> None:
+    """Run `-- CMD ...` inside each selected host's serving containers; a summary of exit
+    codes."""
+    _main("exec", {**locals(), "argv": _after_dashes()})
+
+
+def _after_dashes() -> list[str]:
+    return sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+
+
+@task(help={**SELECT, "check": "list what would be removed; touch nothing",
+            "playbook": "playbook file (default: playbooks/prune.yml)",
+            "lock_wait": "seconds to wait for another run's lock before exiting 4 (default 0)",
+            **UNATTENDED})
+def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+          limit: str | None = None, check: bool = False, playbook: str | None = None,
+          lock_wait: float = 0.0, json: bool = False, log_file: str | None = None,
+          json_file: str | None = None, metrics_file: str | None = None) -> None:
+    """Free the hosts' disk: old releases, versions and images no retained release needs."""
+    _main("prune", locals())
+
+
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
-                lock)
+                lock, logs, exec_, prune)

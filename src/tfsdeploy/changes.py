@@ -153,6 +153,17 @@ class RemoveContainer(Change):
 
 
 @dataclass(frozen=True)
+class RemoveImage(Change):
+    """An image removed, unless a container still uses it (never forced)."""
+
+    kind: ClassVar[str] = "remove-image"
+    image: str
+
+    def describe(self) -> str:
+        return f"remove image {self.image} (if no container uses it)"
+
+
+@dataclass(frozen=True)
 class ProxyCommands(Change):
     """Runtime commands on the proxy's admin socket (no reload)."""
 

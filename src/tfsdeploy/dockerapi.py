@@ -76,6 +76,17 @@ class Docker(Protocol):
     def logs(self, name: str, lines: int) -> str:
         """The tail of a container's log."""
 
+    def log_lines(self, name: str, *, lines: int, since: str | None, follow: bool
+                  ) -> Iterator[str]:
+        """A container's log lines, each starting with its RFC 3339 time stamp."""
+
+    def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """Run ``argv`` inside a running container: (exit code, output)."""
+
+    def remove_image(self, image: str) -> int:
+        """Remove an image that no container uses; returns the bytes it held (0: kept, in
+        use or absent)."""
+
     def image_present(self, image: str) -> bool:
         """Whether the image is on the host."""
 
@@ -194,6 +205,46 @@ class SdkDocker:
         except docker.errors.NotFound:
             return ""
         return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+
+    def log_lines(self, name: str, *, lines: int, since: str | None, follow: bool
+                  ) -> Iterator[str]:
+        """Log lines with time stamps; with ``follow``, as they come."""
+        with self._calls(f"logs {name}"):
+            stream = self._client.api.logs(name, stdout=True, stderr=True, timestamps=True,
+                                           tail=lines, since=since, stream=True,
+                                           follow=follow)
+        buffered = b""
+        with self._calls(f"logs {name}"):
+            for chunk in stream:
+                buffered += chunk
+                *complete, buffered = buffered.split(b"\n")
+                for line in complete:
+                    yield line.decode(errors="replace")
+        if buffered:
+            yield buffered.decode(errors="replace")
+
+    def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """docker exec: create, start (output collected), inspect the exit code."""
+        with self._calls(f"exec in {name}"):
+            created = self._client.api.exec_create(name, argv, stdout=True, stderr=True)
+            output = self._client.api.exec_start(created["Id"])
+            code = self._client.api.exec_inspect(created["Id"]).get("ExitCode")
+        text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
+        return int(code if code is not None else -1), text
+
+    def remove_image(self, image: str) -> int:
+        """Remove an unused image (never forced: an image in use stays)."""
+        import docker.errors
+
+        try:
+            with self._calls(f"inspect image {image}"):
+                size = int(self._client.api.inspect_image(image).get("Size") or 0)
+            self._client.api.remove_image(image, force=False, noprune=False)
+        except docker.errors.NotFound:
+            return 0
+        except docker.errors.APIError:  # in use by a container: kept
+            return 0
+        return size
 
     def image_present(self, image: str) -> bool:
         """Inspect the image."""

@@ -450,9 +450,10 @@ def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
             try:
                 facts = gather_facts(target, conns, plan.images, plan.playbook.forks)
                 context, jobs = plan.planner(facts)
-                reporter.note(f"{plan.verb} {target.model.name} version {context.version} as "
-                              f"{context.release_id} on {len(jobs)} host(s); lock on "
-                              f"{', '.join(s.host for s in taken)}")
+                what = (f" version {context.version} as {context.release_id}"
+                        if context.release_id else "")
+                reporter.note(f"{plan.verb} {target.model.name}{what} on {len(jobs)} host(s); "
+                              f"lock on {', '.join(s.host for s in taken)}")
                 emit(reporter, "run_started", version=context.version,
                      release=context.release_id)
                 for job in jobs:

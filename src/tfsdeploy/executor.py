@@ -17,6 +17,7 @@ from tfsdeploy.changes import (
     ProxyCommands,
     PullImage,
     RemoveContainer,
+    RemoveImage,
     RunContainer,
     StartContainer,
     StopContainer,
@@ -74,6 +75,10 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
             conn.docker.stop(change.name)
         elif isinstance(change, RemoveContainer):
             conn.docker.remove(change.name)
+        elif isinstance(change, RemoveImage):
+            freed = conn.docker.remove_image(change.image)
+            return f"{change.image}: {freed / (1 << 20):.1f} MiB freed" if freed else \
+                f"{change.image} kept (in use or absent)"
         elif isinstance(change, ProxyCommands):
             proxyadmin.send(conn, job.paths.admin_socket, change.commands)
         else:
@@ -148,6 +153,8 @@ def run_step(job: HostJob, step: str, operation: Operation, params: dict[str, An
                 seen.append(result)
             else:
                 applied.append(change)
+                if result:
+                    seen.append(result)
     except BaseException as error:
         failure = str(error) or type(error).__name__
         raise

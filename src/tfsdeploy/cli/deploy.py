@@ -95,7 +95,10 @@ def host_plan(job: HostJob, steps: list[PlannedStep] | HostUnreachable, *,
     if isinstance(steps, HostUnreachable):
         return {"host": job.name, "action": "unreachable", "detail": str(steps), "steps": [],
                 "diff": ""}
+    changes = sum(len(s.changes) for s in steps if s.phase != "preflight")
     action = ("nothing (unchanged)" if job.unchanged else
+              (f"prune: {changes} change(s)" if changes else "nothing to prune")
+              if job.run.verb == "prune" else
               f"roll {job.old.release} -> v{job.run.version} in {job.new_slot}" if job.old
               else f"first release v{job.run.version} in blue")
     failed = next((s for s in steps if s.error), None)

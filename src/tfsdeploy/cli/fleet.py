@@ -145,3 +145,105 @@ def lock_state(target: Target, *, breaking: bool = False,
         "locked" if held * 2 > len(rows) else "partly locked" if held else "free")
     return lines, f"{target.model.name}: {verdict} ({held} of {len(rows)} hosts hold a " \
                   "lock record)"
+
+
+def serving_containers(facts: HostFacts, *, every: bool = False) -> list[tuple[str, str]]:
+    """(label, container) of the host's serving containers (every model container with
+    ``every``); the label names the instance when the host runs several."""
+    chosen = [c for c in facts.servers if c.running or every]
+    if not every:
+        live = {c.name for i in {c.instance for c in chosen}
+                if (c := facts.serving(i)) is not None}
+        chosen = [c for c in chosen if c.name in live] or chosen
+    several = len({c.instance for c in chosen}) > 1
+    return [(f"{facts.host}/i{c.instance}" if several else facts.host, c.name)
+            for c in sorted(chosen, key=lambda c: (c.instance, c.name))]
+
+
+def logs(target: Target, *, lines: int, since: str | None, follow: bool,
+         out: Callable[[str], None], connect: ConnectionFactory = SshConnection) -> int:
+    """`fab logs`: the serving containers' log lines from every selected host, each prefixed
+    with its host (and instance), merged in time order (as they come with ``follow``)."""
+    import queue
+    import threading
+
+    found: queue.Queue[tuple[str, str] | None] = queue.Queue()
+    failed: list[str] = []
+
+    def read(host: ResolvedHost) -> None:
+        conn = connect(host)
+        try:
+            facts = gather(conn, target.model.name, host_paths(host, target.model))
+            for label, name in serving_containers(facts):
+                for line in conn.docker.log_lines(name, lines=lines, since=since,
+                                                  follow=follow):
+                    found.put((line, label))
+        except Exception as error:
+            failed.append(host.name)
+            found.put((f"~ unreachable: {type(error).__name__}: {error}", host.name))
+        finally:
+            conn.close()
+            found.put(None)
+
+    threads = [threading.Thread(target=read, args=(h,), daemon=True) for h in target.hosts]
+    for thread in threads:
+        thread.start()
+    pending, collected = len(threads), []
+    while pending:
+        item = found.get()
+        if item is None:
+            pending -= 1
+            continue
+        if follow:
+            out(_log_line(*item))
+        else:
+            collected.append(item)
+    for item in sorted(collected):  # RFC 3339 time stamps sort as text
+        out(_log_line(*item))
+    return 3 if failed else 0
+
+
+def _log_line(line: str, label: str) -> str:
+    stamp, _, text = line.partition(" ")
+    return f"{stamp} {label:<8} {text}"
+
+
+def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str], None],
+            connect: ConnectionFactory = SshConnection) -> int:
+    """`fab exec`: run ``argv`` in every selected host's serving containers; output prefixed,
+    a summary of exit codes. Refused while a run holds the model's lock, unless ``force``."""
+    from tfsdeploy.errors import ConfigError, ExitCode, Problem
+
+    if not argv:
+        raise ConfigError(Problem("no command given", fix="fab exec --model M -- CMD ARG ...",
+                                  field="--"))
+
+    def run(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
+            ) -> dict[str, Any]:
+        if facts.lock_present and not force:
+            return {"refused": f"a run holds the lock of {target.model.name} "
+                               f"({facts.lock.describe() if facts.lock else 'unreadable'})"}
+        results = []
+        for label, name in serving_containers(facts):
+            code, text = conn.docker.exec(name, argv)
+            results.append({"label": label, "container": name, "code": code, "output": text})
+        return {"results": results}
+
+    rows = each_host(target, run, connect=connect)
+    codes = []
+    for row in rows:
+        if not row["reachable"]:
+            out(f"{row['host']}: UNREACHABLE ({row['error']})")
+            continue
+        if "refused" in row:
+            out(f"{row['host']}: refused: {row['refused']} (--force to run anyway)")
+            continue
+        for result in row["results"]:
+            for line in result["output"].splitlines():
+                out(f"{result['label']:<8} {line}")
+            codes.append((result["label"], result["code"]))
+    out("exit codes: " + (", ".join(f"{label} {code}" for label, code in codes) or "none"))
+    if any("refused" in r for r in rows):
+        return int(ExitCode.INVALID)
+    unreachable = any(not r["reachable"] for r in rows)
+    return 3 if unreachable or any(code != 0 for _, code in codes) else 0

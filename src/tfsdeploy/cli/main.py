@@ -31,6 +31,7 @@ OPTION_TYPES: dict[str, Any] = {
     "min_requests": Count, "concurrency": Count, "procs": Count, "rps": Positive,
     "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
     "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
+    "lines": Count,
 }
 
 
@@ -245,7 +246,7 @@ def _print_check(a: dict[str, Any], rows: list[dict[str, Any]]) -> int:
     if a["json"]:
         print_json(rows)
         return 0
-    print_table(f"deploy --check {a['model']}: nothing was changed",
+    print_table(f"{a.get('command', 'deploy')} --check {a['model']}: nothing was changed",
                 ("host", "would do", "live"), [(r["host"], r["action"], r["detail"])
                                                for r in rows])
     for row in rows:
@@ -373,12 +374,42 @@ def cmd_lock(a: dict[str, Any]) -> int:
     return 0
 
 
+def cmd_logs(a: dict[str, Any]) -> int:
+    """`fab logs`."""
+    from tfsdeploy.cli.fleet import logs
+
+    return logs(target(a), lines=int(a["lines"]), since=a["since"], follow=a["follow"],
+                out=print)
+
+
+def cmd_exec(a: dict[str, Any]) -> int:
+    """`fab exec -- CMD ...`."""
+    from tfsdeploy.cli.fleet import exec_in
+
+    return exec_in(target(a), list(a["argv"]), force=a["force"], out=print)
+
+
+def cmd_prune(a: dict[str, Any]) -> int:
+    """`fab prune` (and `--check`)."""
+    from tfsdeploy.cli.prune import prune, prune_check
+
+    if a["check"]:
+        return _print_check({**a, "command": "prune"}, prune_check(target(a),
+                                                                   playbook=a["playbook"]))
+    shown = reporter(a["json"], a["log_file"])
+    result = prune(target(a), playbook=a["playbook"], lock_wait=a["lock_wait"],
+                   reporter=shown)
+    return finish("prune", result, json=a["json"], json_file=a["json_file"],
+                  metrics_file=a["metrics_file"], events=shown.events)
+
+
 COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
     "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
-    "plan_capacity": cmd_plan_capacity, "lock": cmd_lock,
+    "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
+    "prune": cmd_prune,
 }
-UNATTENDED = ("deploy", "rollback", "guard")
+UNATTENDED = ("deploy", "rollback", "guard", "prune")
 
 
 def main(command: str, raw: dict[str, Any]) -> int:

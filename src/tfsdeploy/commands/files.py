@@ -65,3 +65,9 @@ def read_files(directory: str, names: tuple[str, ...]) -> Argv:
     is missing)."""
     return ["sh", "-c", 'd="$1"; shift; for n in "$@"; do echo "@@file $n"; '
             'cat "$d/$n" || exit 1; echo; done; echo "@@end"', "sh", directory, *names]
+
+
+def disk_usage(paths: list[str]) -> Argv:
+    """Bytes under each path (``du -sb``; missing paths are skipped)."""
+    return ["sh", "-c", 'for p in "$@"; do [ -e "$p" ] && du -sb -- "$p"; done; true', "sh",
+            *paths]

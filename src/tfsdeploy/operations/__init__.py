@@ -36,6 +36,7 @@ def registry() -> dict[str, Operation]:
         finalize,
         gates,
         preflight,
+        prune,
         restore,
         roll,
         stage,

@@ -32,7 +32,7 @@ def retire_old(job: HostJob) -> Ops:
     if job.unchanged and job.old and job.facts.current != job.old.release:
         notes.append((yield from _finish_interrupted_record(job, job.old.release)))
     stopped = {c.name for c in leftovers} if window <= 0 else set()
-    notes.append((yield from _prune(job, stopped)))
+    notes.append((yield from prune_releases(job, stopped)))
     return "; ".join(n for n in notes if n) or "nothing to retire"
 
 
@@ -54,8 +54,8 @@ def _finish_interrupted_record(job: HostJob, serving: str) -> Ops:
     return f"current -> {serving} (recorded after an interrupted run)"
 
 
-def _prune(job: HostJob, stopped: set[str]) -> Ops:
-    """Keep the newest ``keep_releases`` good releases (containers and directories).
+def doomed_releases(job: HostJob, stopped: set[str]) -> list[str]:
+    """The releases beyond ``keep_releases`` that no rollback needs (pure).
 
     Only releases that served count: failed, reverted or interrupted attempts never push a
     rollback target out. Running releases and the one this run replaced are always kept;
@@ -64,17 +64,23 @@ def _prune(job: HostJob, stopped: set[str]) -> Ops:
     keep = job.model.rollout.keep_releases
     facts, run = job.facts, job.run
     status = {r.id: r.status for r in facts.releases}
-    if not job.unchanged:
+    if not job.unchanged and run.verb == "deploy":
         status[run.release_id] = ReleaseStatus.SERVING
-    releases = sorted(set(status) | {c.release for c in facts.servers} | {run.release_id})
+    this_run = {run.release_id} if run.release_id else set()  # a prune run rolls nothing
+    releases = sorted(set(status) | {c.release for c in facts.servers} | this_run)
     good = [r for r in releases if status.get(r) in GOOD]
     running = {c.release for c in facts.servers if c.running and c.name not in stopped}
-    kept = set(good[-keep:]) | running | {run.release_id}
+    kept = set(good[-keep:]) | running | this_run
     kept |= {job.old.release} if job.old else set()
     newest_good = good[-keep] if len(good) >= keep else ""
-    doomed = [r for r in releases if r not in kept and r < newest_good]
+    return [r for r in releases if r not in kept and r < newest_good]
+
+
+def prune_releases(job: HostJob, stopped: set[str]) -> Ops:
+    """Remove the doomed releases' containers and directories."""
+    doomed = doomed_releases(job, stopped)
     for release_id in doomed:
-        for container in facts.of_release(release_id):
+        for container in job.facts.of_release(release_id):
             yield RemoveContainer(container.name)
         yield Command.of(remove_tree(job.paths.release_dir(release_id), root=job.paths.home),
                          f"remove release {release_id}")

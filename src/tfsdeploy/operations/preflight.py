@@ -43,6 +43,9 @@ def discover(job: HostJob) -> Ops:
     job.old = facts.serving(0)
     job.new_slot = other_slot(job.old.slot) if job.old else "blue"
     note = "".join(f"; unreadable record {b.path} ignored ({b.error})" for b in facts.broken)
+    if job.run.verb not in ("deploy", "rollback"):
+        return (f"serving {job.old.release} in {job.old.slot}" if job.old
+                else "nothing serving") + note
     if job.run.rollback:
         return _rollback_slot(job) + note
     live = facts.record(job.old.release) if job.old else None
