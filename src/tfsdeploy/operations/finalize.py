@@ -58,8 +58,9 @@ def doomed_releases(job: HostJob, stopped: set[str]) -> list[str]:
     """The releases beyond ``keep_releases`` that no rollback needs (pure).
 
     Only releases that served count: failed, reverted or interrupted attempts never push a
-    rollback target out. Running releases and the one this run replaced are always kept;
-    attempts newer than the oldest kept good release stay for post-mortems.
+    rollback target out. Running releases, the one this run replaced and the one the live
+    release replaced are always kept; attempts newer than the oldest kept good release stay
+    for post-mortems.
     """
     keep = job.model.rollout.keep_releases
     facts, run = job.facts, job.run
@@ -72,6 +73,9 @@ def doomed_releases(job: HostJob, stopped: set[str]) -> list[str]:
     running = {c.release for c in facts.servers if c.running and c.name not in stopped}
     kept = set(good[-keep:]) | running | this_run
     kept |= {job.old.release} if job.old else set()
+    # the release the live one replaced: a rollback's first target, whatever keep_releases says
+    live = facts.record(job.old.release if job.old else facts.current)
+    kept |= {live.previous} if live and live.previous else set()
     newest_good = good[-keep] if len(good) >= keep else ""
     return [r for r in releases if r not in kept and r < newest_good]
 

@@ -1,0 +1,135 @@
+"""Runbook features on the local fleet: hooks around a deploy, notifications to a receiver that
+is dead, fleet logs and exec across the hosts, prune that frees old versions and never breaks a
+rollback to a retained release.
+
+Model ``itrunbook`` on tb1..tb3, port offset 1700.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deploy_support import GOOD, Fleet, fleet_fixture
+from rollback_support import json_from
+from testbed_support import HOSTS, ssh
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "itrunbook", 1700
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET,
+                             {1: GOOD[1], 2: GOOD[2], 3: GOOD[3]}, serial=("100%",),
+                             keep_releases=1)
+
+
+def hook(directory: Path, name: str, body: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return path
+
+
+def recorder(directory: Path, name: str) -> Path:
+    """A hook that writes its TFSDEPLOY_* variables (and its result file) as JSON."""
+    out = directory / f"{name}.json"
+    hook(directory, name, "python3 - <<'EOF'\nimport json, os\n"
+         "env = {k: v for k, v in os.environ.items() if k.startswith('TFSDEPLOY_')}\n"
+         "path = env.get('TFSDEPLOY_RESULT_FILE')\n"
+         "env['result'] = json.load(open(path)) if path else None\n"
+         f"json.dump(env, open({str(out)!r}, 'w'))\nEOF\n")
+    return out
+
+
+def test_a_failing_pre_deploy_hook_touches_no_host(fleet: Fleet) -> None:
+    hooks = fleet.tmp / "hooks-refuse"
+    hook(hooks, "pre-deploy", "echo 'no change ticket for this release'; exit 7\n")
+    run = fleet.fab("deploy", "--version", "1", "--hooks", str(hooks))
+    assert run.code == 1, run.describe()
+    assert "no change ticket for this release" in run.out, run.describe()
+    for host in HOSTS:
+        assert fleet.containers(host) == [], host
+        assert ssh(host, f"test -e /srv/tfsdeploy/{MODEL}", check=False).returncode != 0
+
+
+def test_post_deploy_and_on_failure_hooks_get_the_run(fleet: Fleet) -> None:
+    hooks = fleet.tmp / "hooks-record"
+    post, failure = recorder(hooks, "post-deploy"), recorder(hooks, "on-failure")
+    ok = fleet.fab("deploy", "--version", "1", "--hooks", str(hooks), "--json")
+    assert ok.code == 0, ok.describe()
+    seen = json.loads(post.read_text())
+    release = json_from(ok.stdout)["release"]
+    assert seen["TFSDEPLOY_COMMAND"] == "deploy" and seen["TFSDEPLOY_MODEL"] == MODEL
+    assert seen["TFSDEPLOY_VERSION"] == "1" and seen["TFSDEPLOY_RELEASE"] == release
+    assert seen["TFSDEPLOY_RESULT"] == "ok" and seen["TFSDEPLOY_EXIT_CODE"] == "0"
+    assert seen["TFSDEPLOY_HOSTS"] == "tb1,tb2,tb3"
+    assert seen["result"]["release"] == release
+    assert not failure.exists(), "on-failure runs only when the run fails"
+    post.unlink()
+    # a failed run (a warmup threshold no release meets: every host restored, exit 2): the
+    # post-deploy hook reports it, and on-failure runs too
+    bad = fleet.fab("deploy", "--version", "2", "--hooks", str(hooks), "--lock-wait", "0",
+                    inventory=fleet.inventory_variant("broken_gate", warmup_p99_ms=0.001))
+    assert bad.code == 2, bad.describe()
+    seen = json.loads(failure.read_text())
+    assert seen["TFSDEPLOY_RESULT"] == "rolled_back" and seen["TFSDEPLOY_EXIT_CODE"] == "2"
+    assert json.loads(post.read_text())["TFSDEPLOY_RESULT"] == "rolled_back"
+    fleet.assert_serving(1)
+
+
+def test_a_dead_notification_receiver_adds_under_a_second(fleet: Fleet) -> None:
+    with socket.socket() as refusing:  # bound, never listening: connections are refused
+        refusing.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{refusing.getsockname()[1]}/hook"
+        quiet = fleet.fab("deploy", "--version", "1", "--json")  # unchanged: a short run
+        started = time.monotonic()
+        noisy = fleet.fab("deploy", "--version", "1", "--json", "--notify", dead)
+        took = time.monotonic() - started
+    assert quiet.code == 0 and noisy.code == 0, noisy.describe()
+    report = json_from(noisy.stdout)["notifications"]
+    assert not report["ok"] and report["waited_s"] < 1.0, report
+    assert took - quiet.seconds < 1.5, (took, quiet.seconds)  # wall noise of two fab runs
+
+
+def test_logs_and_exec_across_the_hosts(fleet: Fleet) -> None:
+    logs = fleet.fab("logs", "--lines", "5")
+    assert logs.code == 0, logs.describe()
+    stamps = [line.split()[0] for line in logs.stdout.splitlines() if line.strip()]
+    assert stamps == sorted(stamps) and len(stamps) >= 3
+    assert {line.split()[1] for line in logs.stdout.splitlines() if line.strip()} == set(HOSTS)
+    run = fleet.fab("exec", "--", "sh", "-c", "id -u; echo $HOSTNAME")
+    assert run.code == 0, run.describe()
+    assert "exit codes: tb1 0, tb2 0, tb3 0" in run.stdout
+    assert run.stdout.count("65534") == 3, "the servers run as an unprivileged user"
+    failed = fleet.fab("exec", "--", "false")
+    assert failed.code == 3 and "tb1 1" in failed.stdout, failed.describe()
+
+
+def test_prune_frees_old_versions_and_keeps_rollback_working(fleet: Fleet) -> None:
+    for version in (2, 3):
+        run = fleet.fab("deploy", "--version", str(version), "--json")
+        assert run.code == 0, run.describe()
+    staged = ssh("tb1", f"ls /srv/tfsdeploy/models/{MODEL}").stdout.split()
+    assert {"1", "2", "3"} <= set(staged)
+    check = fleet.fab("prune", "--check", "--json")
+    assert check.code == 0, check.describe()
+    run = fleet.fab("prune", "--json")
+    assert run.code == 0, run.describe()
+    details = " ".join(s["detail"] for o in json_from(run.stdout)["hosts"].values()
+                       for s in o["steps"])
+    assert "MiB in version(s) 1" in details, details
+    for host in HOSTS:
+        left = ssh(host, f"ls /srv/tfsdeploy/models/{MODEL}").stdout.split()
+        assert "1" not in left and {"2", "3"} <= set(left), (host, left)
+    back = fleet.fab("rollback", "--json")
+    assert back.code == 0, back.describe()
+    fleet.assert_serving(2)
