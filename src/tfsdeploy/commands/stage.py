@@ -14,7 +14,7 @@ from tfsdeploy.commands import Argv
 
 _EXTRACT = ('rm -rf -- "$2" && mkdir -p -m 0755 -- "$2" && '
             'tar --no-same-owner --no-same-permissions -xf "$1" -C "$2" && rm -f -- "$1" && '
-            'chmod -R u=rwX,go=rX -- "$2"')
+            'chmod -R u=rwX,go=rX -- "$2" || { rm -rf -- "$2" "$1"; exit 1; }')
 
 # exit 0 and "published" or "exists"; exit 5 when a checksum does not match
 _PUBLISH = ('cd "$1" || exit 1; '
@@ -34,7 +34,8 @@ _VERIFY = ('cd "$2" || exit 1; '
 
 
 def extract(archive: str, staging: str) -> Argv:
-    """Unpack an uploaded archive into a fresh staging directory, then delete the archive."""
+    """Unpack an uploaded archive into a fresh staging directory, then delete the archive
+    (both are removed when unpacking fails)."""
     return ["sh", "-c", _EXTRACT, "sh", archive, staging]
 
 
