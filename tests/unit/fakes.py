@@ -31,6 +31,7 @@ import socket
 import subprocess
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -329,6 +330,7 @@ class FakeHost:
     unreachable: bool = False
     log: list[list[str]] = field(default_factory=list)  # every argv run
     writes: list[str] = field(default_factory=list)  # every file written or uploaded
+    on_upload: Callable[[Path], None] | None = None  # changes an upload in transit
     docker: FakeDocker = field(init=False)
     proxy: FakeProxy = field(init=False)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -469,6 +471,8 @@ class LocalConnection:
             raise HostUnreachable(f"{self.host.name}: uploading to {path}: No such file")
         shutil.copyfile(local, path)
         self.fake.writes.append(path)
+        if self.fake.on_upload is not None:
+            self.fake.on_upload(Path(path))
 
     @property
     def docker(self) -> FakeDocker:
