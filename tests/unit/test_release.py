@@ -94,8 +94,8 @@ def test_a_linked_source_stages_the_linked_content(world: dict[str, Any]) -> Non
         members = tar.getmembers()
         assert all(m.isreg() for m in members)
         assert sorted(m.name for m in members) == [
-            "SHA256SUMS", "version/saved_model.pb", "version/variables/variables.data-00000-of-00001",
-            "version/variables/variables.index"]
+            "SHA256SUMS", "version/saved_model.pb",
+            "version/variables/variables.data-00000-of-00001", "version/variables/variables.index"]
     archive.discard()
 
 
