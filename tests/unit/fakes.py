@@ -311,10 +311,10 @@ class FakeDocker:
 _SOCAT = """#!/bin/sh
 # socat as the facts command uses it: `show stat` on the proxy's admin socket
 [ -f "{stat}" ] || {{ echo "socat: Connection refused" >&2; exit 1; }}
-cat > /dev/null
-cat "{stat}"
+read -r command
+exec cat "{stat}"
 """
-_CAT = '#!/bin/sh\ncat "{file}"\n'
+_CAT = '#!/bin/sh\nexec cat "{file}"\n'
 
 
 @dataclass
@@ -446,7 +446,8 @@ class LocalConnection:
             fake.sync_tools()
         env = {"PATH": f"{fake.bin}:/usr/bin:/bin", "HOME": str(fake.dir), "LC_ALL": "C"}
         try:
-            done = subprocess.run(["sh", "-c", shlex.join(argv)], input=stdin or b"",
+            # quoted once, as SSH quotes it; `exec`: no second process
+            done = subprocess.run(["sh", "-c", "exec " + shlex.join(argv)], input=stdin or b"",
                                   capture_output=True, env=env, cwd=fake.dir,
                                   timeout=timeout or 120, check=False)
         except subprocess.TimeoutExpired:

@@ -1,5 +1,5 @@
-"""Deploys and rollbacks of the test model ``hp2`` on four fake hosts h1..h4 (10.9.0.1-4),
-each with its own data root under the test's tmp_path."""
+"""Deploys and rollbacks of the test model ``hp2`` on fake hosts h1..h4 (10.9.0.1-4; fewer
+with ``count``), each with its own data root under the test's tmp_path."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from tfsdeploy.inventory import Gpu, Host
 host_vars = {host_vars!r}
 hosts = [Host(f"h{{i}}", f"10.9.0.{{i}}", gpus=[Gpu(0, 16384)],
               vars={{"data_root": f"{hosts}/h{{i}}/r", **host_vars.get(f"h{{i}}", {{}})}})
-         for i in (1, 2, 3, 4)]
+         for i in range(1, {count} + 1)]
 defaults = {{"image": "reg/tfs:2.21.0", "proxy_image": "reg/proxy:2.6"}}
 models = [Model(name="hp2", source="{source}", golden="{golden}",
                 signature=Signature(inputs={{"x": TensorSpec("DT_FLOAT", (-1, 1))}},
@@ -55,12 +55,13 @@ class Recorder:
 
 def inventory_file(world: dict[str, Any], *, serial: str = '(1, "100%")',
                    on_failure: str = "revert", max_fail: float = 0, window: float = 0,
-                   keep: int = 3, host_vars: dict[str, dict[str, Any]] | None = None) -> str:
-    """The inventory of the fake fleet with this rollout policy."""
+                   keep: int = 3, host_vars: dict[str, dict[str, Any]] | None = None,
+                   count: int = 4) -> str:
+    """The inventory of ``count`` fake hosts with this rollout policy."""
     text = INVENTORY.format(source=world["source"], golden=world["golden"],
                             hosts=world["tmp"], serial=serial, on_failure=on_failure,
                             max_fail=max_fail, window=window, keep=keep,
-                            host_vars=host_vars or {})
+                            host_vars=host_vars or {}, count=count)
     path = world["tmp"] / f"inv-{hashlib.sha256(text.encode()).hexdigest()[:12]}.py"
     path.write_text(text)
     return str(path)

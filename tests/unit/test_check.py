@@ -4,6 +4,7 @@ changes equal the changes the run records in each host's audit log, step by step
 from __future__ import annotations
 
 import re
+from functools import partial
 from typing import Any
 
 import pytest
@@ -14,8 +15,13 @@ from tfsdeploy.engine import PlannedStep
 from tfsdeploy.errors import ExitCode
 from tfsdeploy.records import parse_audit
 
+from . import runs
 from .fakes import FakeFleet, FakeHost
-from .runs import MODEL, run_deploy, target
+from .runs import MODEL
+
+# two hosts are enough for what these tests show
+run_deploy = partial(runs.run_deploy, count=2)
+target = partial(runs.target, count=2)
 
 Plan = dict[str, list[PlannedStep]]
 
@@ -72,7 +78,7 @@ def _check_then_run(world: dict[str, Any], versions: tuple[int, ...],
     fleet: FakeFleet = world["fleet"]
     compared = {name: (_planned(plan, checked_id, run.release_id),
                        _recorded(fleet[name], run.release_id)) for name, plan in plans.items()}
-    assert len(compared) == 4 and all(planned for planned, _ in compared.values())
+    assert len(compared) == 2 and all(planned for planned, _ in compared.values())
     return compared
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +20,13 @@ from tfsdeploy.inventory import HostVars, ResolvedHost
 from tfsdeploy.layout import HostPaths
 from tfsdeploy.records import LockRecord
 
+from . import runs
 from .fakes import FakeFleet, FrozenClock, LocalConnection
-from .runs import MODEL, run_deploy, target
+from .runs import MODEL
+
+# two hosts are enough for what these tests show
+run_deploy = partial(runs.run_deploy, count=2)
+target = partial(runs.target, count=2)
 
 
 def _site(tmp_path: Path, fleet: FakeFleet | None = None) -> lock.LockSite:

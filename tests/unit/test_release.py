@@ -8,6 +8,7 @@ import io
 import json
 import os
 import tarfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,14 @@ from tfsdeploy.errors import ConfigError, ExitCode
 from tfsdeploy.facts import gather
 from tfsdeploy.operations.stage import VersionArchive
 
+from . import runs
 from .fakes import FakeFleet, FakeHost, LocalConnection, read_json
-from .runs import MODEL, manifest, paths, run_deploy, run_rollback, target
+from .runs import MODEL, manifest, paths
+
+# two hosts are enough for what these tests show
+run_deploy = partial(runs.run_deploy, count=2)
+run_rollback = partial(runs.run_rollback, count=2)
+target = partial(runs.target, count=2)
 
 CPU = "reg/tfs-cpu:2.21.0"
 
