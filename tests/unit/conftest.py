@@ -1,18 +1,28 @@
-"""Fixtures of the rollout tier: a model source with three versions and golden outputs."""
+"""Fixtures of the rollout tier: a model source with three versions and golden outputs, and a
+fleet of fake hosts (tests/unit/fakes.py) whose REST side answers from their containers."""
 
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .fakes import FakeSlot
+from .fakes import FakeFleet, FakeSlot, rest_problems
 
 
 @pytest.fixture()
-def world(tmp_path: Path) -> dict[str, Any]:
+def fake_rest(monkeypatch: pytest.MonkeyPatch) -> FakeFleet:
+    """The REST gate's probe answers from the fake hosts' containers."""
+    fleet = FakeFleet()
+    monkeypatch.setattr("tfsdeploy.probes.rest_problems", partial(rest_problems, fleet))
+    return fleet
+
+
+@pytest.fixture()
+def world(tmp_path: Path, fake_rest: FakeFleet) -> dict[str, Any]:
     source = tmp_path / "models"
     golden: dict[str, Any] = {"version_details": {}}
     for version in (1, 2, 3):
@@ -25,7 +35,6 @@ def world(tmp_path: Path) -> dict[str, Any]:
                               "values": [[2.5 + version - 1], [3.5 + version - 1]]}}}]}
     (tmp_path / "golden.json").write_text(json.dumps(golden))
     FakeSlot.behaviour = {}
-    fleet: dict[str, Any] = {}
-    FakeSlot.fleet = fleet
+    FakeSlot.fleet = fake_rest
     return {"tmp": tmp_path, "source": source, "golden": tmp_path / "golden.json",
-            "fleet": fleet}
+            "fleet": fake_rest}

@@ -1,17 +1,50 @@
-"""A recording fake of hosts (Runner), of HAProxy's admin socket, of TFServing slots, and a
-frozen clock: the rollout tier of tests, with no network and no sleeping."""
+"""Fake hosts whose file system is real: the rollout tier of tests, with no network and no
+sleeping.
+
+A ``FakeHost`` is a directory under the test's tmp_path. Its ``data_root`` (a host var the
+test inventory sets) lies inside it, and ``LocalConnection`` runs every command of the toolkit
+there for real, through ``sh -c`` and the same quoting as the SSH boundary, so the shell
+scripts of ``commands`` (facts, lock, stage, files) run unchanged. What a test machine lacks is
+faked at the edges only:
+
+- ``nvidia-smi`` and ``ss`` are small scripts on the host's PATH, printing the GPUs (with
+  ``gpu_used_mib``) and the ports that the host's running containers, its proxy and
+  ``extra_listening`` hold;
+- HAProxy's runtime API (``socat`` to the admin socket) is answered in Python by ``FakeProxy``
+  (the facts command's own ``socat`` is a script reading the proxy's state from a file);
+- the Docker Engine is ``FakeDocker``: containers with labels, recording every call; starting
+  the proxy's spec loads the ``haproxy.cfg`` written on disk, like HAProxy does;
+- TFServing is ``FakeSlot`` (gRPC: status, signature, predict) and ``rest_problems`` (REST),
+  answering from the containers that run on the host: a half_plus_two version v answers
+  y = 0.5 x + v + 1.
+
+A host can be made unreachable: then every call raises HostUnreachable.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 
+from tfsdeploy.commands.containers import PROXY_CONFIG_DIR, ContainerSpec
+from tfsdeploy.dockerapi import ContainerFact, ContainerState, DockerFailed, container_fact
+from tfsdeploy.errors import HostUnreachable
 from tfsdeploy.inventory import ResolvedHost
+from tfsdeploy.layout import ADMIN_SOCKET_NAME, LABEL_PREFIX, PROXY_ADMIN_MOUNT
 from tfsdeploy.probes import VersionStatus
-from tfsdeploy.remote import HostUnreachable, Result
+from tfsdeploy.remote import Result
 
 
 class FrozenClock:
@@ -27,245 +60,514 @@ class FrozenClock:
         self.t += max(seconds, 0.001)
 
 
+# -- HAProxy's runtime API ------------------------------------------------------------------
+
+READY = "no check"  # what `show stat` says of a ready server without health checks
+
+
+class FakeProxy:
+    """One host's HAProxy: backends and servers loaded from haproxy.cfg when the proxy
+    container starts, changed by runtime commands, reported by `show stat`."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+        self.running = False
+        self.socket: str | None = None  # the admin socket on the host, while running
+        self.binds: dict[str, int] = {}  # frontend -> port
+        self.addresses: dict[tuple[str, str], int] = {}  # (backend, server) -> port
+        self.servers: dict[tuple[str, str], str] = {}  # (backend, server) -> status
+        self.weights: dict[tuple[str, str], int] = {}
+        self.sessions: dict[tuple[str, str], int] = {}  # requests in flight, per server
+        self.admin: list[str] = []  # every runtime command received, in order
+
+    def start(self, config_dir: str, admin_dir: str | None) -> None:
+        """Load ``haproxy.cfg`` as HAProxy does when its container starts."""
+        text = Path(config_dir, "haproxy.cfg").read_text()
+        self.binds, self.addresses, self.servers, self.weights = {}, {}, {}, {}
+        section, name, socket_path = "", "", None
+        for line in text.splitlines():
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            if words[0] in ("global", "defaults", "frontend", "backend"):
+                section, name = words[0], (words[1] if len(words) > 1 else "")
+            elif section == "frontend" and words[0] == "bind":
+                self.binds[name] = int(words[1].rsplit(":", 1)[1])
+            elif section == "backend" and words[0] == "server":
+                key = (name, words[1])
+                self.addresses[key] = int(words[2].rsplit(":", 1)[1])
+                self.servers[key] = "MAINT" if "disabled" in words else READY
+                self.weights[key] = 1
+            elif section == "global" and words[:2] == ["stats", "socket"]:
+                socket_path = words[2]
+        self.socket = None
+        if admin_dir and socket_path == f"{PROXY_ADMIN_MOUNT}/{ADMIN_SOCKET_NAME}":
+            self.socket = f"{admin_dir}/{ADMIN_SOCKET_NAME}"
+            make_socket_file(self.socket)
+        self.running = True
+
+    def stop(self) -> None:
+        """The container stopped: its socket file stays, nothing answers on it."""
+        self.running = False
+
+    def answer(self, argv: list[str], stdin: bytes | None) -> tuple[int, str, str]:
+        """``socat -t T - UNIX-CONNECT:<socket>`` with the commands on stdin."""
+        target = argv[-1].removeprefix("UNIX-CONNECT:")
+        if (len(argv) != 5 or argv[1] != "-t" or argv[3] != "-"
+                or not argv[-1].startswith("UNIX-CONNECT:")):
+            return 1, "", f"socat: unexpected arguments {argv[1:]}"
+        if not self.running or target != self.socket or not Path(target).is_socket():
+            return 1, "", f"socat: connect(, AF=1 \"{target}\", 110): Connection refused"
+        commands = [c.strip() for c in (stdin or b"").decode().split(";") if c.strip()]
+        self.admin += commands
+        return 0, "".join(self._one(c) for c in commands), ""
+
+    def _one(self, command: str) -> str:
+        words = command.split()
+        if words == ["show", "stat"]:
+            return self.stat_csv()
+        if words[:2] == ["set", "server"] and len(words) == 5 and "/" in words[2]:
+            key = tuple(words[2].split("/", 1))
+            if key not in self.servers:
+                return "No such server.\n\n"
+            if words[3] == "state" and words[4] in ("ready", "drain", "maint"):
+                self.servers[key] = {"ready": READY, "drain": "DRAIN", "maint": "MAINT"}[words[4]]
+                return "\n"
+            if words[3] == "weight" and words[4].isdigit() and int(words[4]) <= 256:
+                self.weights[key] = int(words[4])
+                return "\n"
+            return "Require 'ready', 'drain' or 'maint', or a weight 0..256.\n\n"
+        return "Unknown command.\n\n"
+
+    def stat_csv(self) -> str:
+        """`show stat`, with frontend and backend rows like HAProxy's."""
+        rows = ["# pxname,svname,scur,status,weight"]
+        for frontend in self.binds:
+            rows.append(f"{frontend},FRONTEND,0,OPEN,")
+        for (backend, server), status in self.servers.items():
+            rows.append(f"{backend},{server},{self.sessions.get((backend, server), 0)},"
+                        f"{status},{self.weights[(backend, server)]}")
+        for backend in {b for b, _ in self.servers}:
+            rows.append(f"{backend},BACKEND,0,UP,1")
+        return "\n".join(rows) + "\n\n"
+
+    def serving_port(self, backend: str = "grpc") -> int | None:
+        """The port of the one server of ``backend`` that takes new requests."""
+        ready = [self.addresses[k] for k, status in self.servers.items()
+                 if k[0] == backend and status == READY and self.weights[k] > 0]
+        return ready[0] if len(ready) == 1 else None
+
+
+def make_socket_file(path: str) -> None:
+    """Leave a unix socket file at ``path`` (what `[ -S ]` on the host looks for). It is bound
+    at a short name and renamed: a socket's address is limited to 107 bytes, tmp paths are
+    not."""
+    short = tempfile.mkdtemp(prefix="s")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(f"{short}/s")
+    finally:
+        sock.close()
+    os.replace(f"{short}/s", path)
+    os.rmdir(short)
+
+
+# -- the Docker Engine ----------------------------------------------------------------------
+
 @dataclass
 class FakeContainer:
+    """A container as the Engine holds it."""
+
+    name: str
     labels: dict[str, str]
+    image: str
+    command: tuple[str, ...] = ()
+    spec: ContainerSpec | None = None
     running: bool = True
     restarts: int = 0
+    exit_code: int = 0
+    log: str = ""
+
+    def port(self, flag: str) -> int | None:
+        """The port a serving container listens on (``--port``/``--rest_api_port``)."""
+        for arg in self.command:
+            if arg.startswith(f"{flag}="):
+                return int(arg.split("=", 1)[1])
+        return None
+
+    @property
+    def version(self) -> int:
+        return int(self.labels.get(f"{LABEL_PREFIX}.version", "0"))
+
+    @property
+    def release(self) -> str:
+        return self.labels.get(f"{LABEL_PREFIX}.release", "")
+
+
+class FakeDocker:
+    """``dockerapi.Docker`` over a fake host: every call is recorded in ``calls``."""
+
+    def __init__(self, host: FakeHost) -> None:
+        self.host = host
+        self.by_name: dict[str, FakeContainer] = {}
+        self.images: set[str] = set()
+        self.calls: list[tuple[str, Any]] = []
+
+    def _call(self, method: str, argument: Any) -> None:
+        self.host.check_reachable()
+        self.calls.append((method, argument))
+
+    def called(self, method: str) -> list[Any]:
+        """The arguments of every call of ``method``, in order."""
+        return [a for m, a in self.calls if m == method]
+
+    def add(self, name: str, labels: dict[str, str], *, image: str = "img",
+            running: bool = True) -> FakeContainer:
+        """A container that a test plants (as another tool or a past run left it)."""
+        self.by_name[name] = FakeContainer(name, labels, image, running=running)
+        return self.by_name[name]
+
+    def version(self) -> str:
+        self._call("version", None)
+        return "24.0.7"
+
+    def containers_of(self, model: str) -> list[FakeContainer]:
+        """The model's containers (no call recorded)."""
+        return [c for c in self.by_name.values()
+                if c.labels.get(f"{LABEL_PREFIX}.model") == model]
+
+    def containers(self, model: str) -> list[ContainerFact]:
+        self._call("containers", model)
+        facts = [container_fact({"Names": [f"/{c.name}"], "Labels": dict(c.labels),
+                                 "State": "running" if c.running else "exited",
+                                 "Status": "Up 3 minutes" if c.running else "Exited (137)",
+                                 "Image": c.image}) for c in self.containers_of(model)]
+        return sorted((f for f in facts if f is not None), key=lambda f: (f.release, f.name))
+
+    def run(self, spec: ContainerSpec) -> None:
+        self._call("run", spec)
+        if spec.name in self.by_name:
+            raise DockerFailed(f"{self.host.name}: run {spec.name}: Conflict. The container "
+                               f"name \"/{spec.name}\" is already in use")
+        self.by_name[spec.name] = FakeContainer(spec.name, dict(spec.labels), spec.image,
+                                                   tuple(spec.command), spec)
+        if spec.labels.get(f"{LABEL_PREFIX}.role") == "proxy":
+            self._start_proxy(spec)
+
+    def _start_proxy(self, spec: ContainerSpec) -> None:
+        config = next(m.source for m in spec.mounts if m.target == PROXY_CONFIG_DIR)
+        admin = next((m.source for m in spec.mounts if m.target == PROXY_ADMIN_MOUNT), None)
+        self.host.proxy.start(config, admin)
+
+    def _get(self, method: str, name: str) -> FakeContainer:
+        if name not in self.by_name:
+            raise DockerFailed(f"{self.host.name}: {method} {name}: No such container")
+        return self.by_name[name]
+
+    def start(self, name: str) -> None:
+        self._call("start", name)
+        container = self._get("start", name)
+        container.running = True
+        if container.spec and container.labels.get(f"{LABEL_PREFIX}.role") == "proxy":
+            self._start_proxy(container.spec)
+
+    def stop(self, name: str) -> None:
+        self._call("stop", name)
+        if name in self.by_name:
+            self.by_name[name].running = False
+            if self.by_name[name].labels.get(f"{LABEL_PREFIX}.role") == "proxy":
+                self.host.proxy.stop()
+
+    def remove(self, name: str) -> None:
+        self._call("remove", name)
+        removed = self.by_name.pop(name, None)
+        if removed and removed.labels.get(f"{LABEL_PREFIX}.role") == "proxy":
+            self.host.proxy.stop()
+
+    def state(self, name: str) -> ContainerState | None:
+        self._call("state", name)
+        c = self.by_name.get(name)
+        if c is None:
+            return None
+        return ContainerState(status="running" if c.running else "exited",
+                              restarts=c.restarts, exit_code=c.exit_code)
+
+    def logs(self, name: str, lines: int) -> str:
+        self._call("logs", name)
+        c = self.by_name.get(name)
+        return "\n".join(c.log.splitlines()[-lines:]) if c else ""
+
+    def image_present(self, image: str) -> bool:
+        self._call("image_present", image)
+        return image in self.images
+
+    def pull(self, image: str, on_progress: Any) -> None:
+        self._call("pull", image)
+        self.images.add(image)
+
+
+# -- a host ---------------------------------------------------------------------------------
+
+_SOCAT = """#!/bin/sh
+# socat as the facts command uses it: `show stat` on the proxy's admin socket
+[ -f "{stat}" ] || {{ echo "socat: Connection refused" >&2; exit 1; }}
+read -r command
+exec cat "{stat}"
+"""
+_CAT = '#!/bin/sh\nexec cat "{file}"\n'
 
 
 @dataclass
 class FakeHost:
-    """What one host holds; every command is recorded in ``log``."""
+    """One host: a directory holding its data root and its fake tools, an Engine, a proxy."""
 
     name: str
-    files: dict[str, bytes] = field(default_factory=dict)
-    containers: dict[str, FakeContainer] = field(default_factory=dict)
-    admin: list[str] = field(default_factory=list)
-    log: list[list[str]] = field(default_factory=list)
-    unreachable: bool = False
+    address: str
+    dir: Path
+    gpus: list[tuple[int, int]] = field(default_factory=list)  # (index, total MiB)
     gpu_used_mib: int = 1000
-    servers: dict[tuple[str, str], str] = field(default_factory=dict)  # HAProxy's states
+    extra_listening: set[int] = field(default_factory=set)  # ports another service holds
+    unreachable: bool = False
+    log: list[list[str]] = field(default_factory=list)  # every argv run
+    writes: list[str] = field(default_factory=list)  # every file written or uploaded
+    on_upload: Callable[[Path], None] | None = None  # changes an upload in transit
+    docker: FakeDocker = field(init=False)
+    proxy: FakeProxy = field(init=False)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.docker = FakeDocker(self)
+        self.proxy = FakeProxy(self)
+        self.bin = self.dir / "bin"
+        self.bin.mkdir(parents=True, exist_ok=True)
+        self._tool("nvidia-smi", _CAT.format(file=self.dir / "gpus.csv"))
+        self._tool("ss", _CAT.format(file=self.dir / "listening.txt"))
+        self._tool("socat", _SOCAT.format(stat=self.dir / "proxy.stat"))
+
+    def _tool(self, name: str, text: str) -> None:
+        path = self.bin / name
+        path.write_text(text)
+        path.chmod(0o755)
+
+    def check_reachable(self) -> None:
+        """Raise as SSH does when the host does not answer."""
+        if self.unreachable:
+            raise HostUnreachable(f"{self.name} ({self.address}): NoValidConnectionsError: "
+                                  "connection refused")
 
     def ran(self, *prefix: str) -> list[list[str]]:
         """Commands that start with ``prefix``."""
         return [a for a in self.log if a[:len(prefix)] == list(prefix)]
 
+    def listening(self) -> set[int]:
+        """Ports held on the host: running containers', the proxy's, another service's."""
+        ports = set(self.extra_listening)
+        for c in self.docker.by_name.values():
+            if c.running:
+                ports |= {p for p in (c.port("--port"), c.port("--rest_api_port")) if p}
+        if self.proxy.running:
+            ports |= set(self.proxy.binds.values())
+        return ports
 
-class FakeSocket:
-    """HAProxy's admin socket: records commands, answers `show stat` with no session."""
+    def sync_tools(self) -> None:
+        """Write what the fake tools print, from the host's state now."""
+        (self.dir / "gpus.csv").write_text(
+            "".join(f"{i}, {total}, {self.gpu_used_mib}\n" for i, total in self.gpus))
+        (self.dir / "listening.txt").write_text(
+            "".join(f"LISTEN 0      4096         0.0.0.0:{p}      0.0.0.0:*\n"
+                    for p in sorted(self.listening())))
+        stat = self.dir / "proxy.stat"
+        if self.proxy.running:
+            stat.write_text(self.proxy.stat_csv())
+        else:
+            stat.unlink(missing_ok=True)
 
-    def __init__(self, host: FakeHost) -> None:
+    def running(self, model: str) -> list[str]:
+        """Releases of ``model`` whose serving containers run, sorted."""
+        return sorted(c.release for c in self.docker.containers_of(model)
+                      if c.running and c.release)
+
+    def serving_version(self) -> int:
+        """The version of the container behind the proxy's serving gRPC server (0: none)."""
+        port = self.proxy.serving_port("grpc") if self.proxy.running else None
+        return next((c.version for c in self.docker.by_name.values()
+                     if c.running and port is not None and c.port("--port") == port), 0)
+
+
+class FakeFleet:
+    """Every fake host of a test, created on first connection from the inventory's host
+    (its directory is the parent of its ``data_root``)."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, FakeHost] = {}
+        self._lock = threading.Lock()
+
+    def host(self, resolved: ResolvedHost) -> FakeHost:
+        """The fake of an inventory host."""
+        with self._lock:
+            if resolved.name not in self.hosts:
+                self.hosts[resolved.name] = FakeHost(
+                    resolved.name, resolved.address, Path(resolved.vars.data_root).parent,
+                    gpus=[(g.index, g.memory_mib) for g in resolved.gpus])
+            return self.hosts[resolved.name]
+
+    def __getitem__(self, name: str) -> FakeHost:
+        return self.hosts[name]
+
+    def by_address(self, address: str) -> FakeHost:
+        """The host at ``address``."""
+        return next(h for h in self.hosts.values() if h.address == address)
+
+    def connect(self, resolved: ResolvedHost) -> LocalConnection:
+        """A connection factory for the engine and the CLI."""
+        return LocalConnection(resolved, self)
+
+
+class LocalConnection:
+    """``remote.Connection`` to a fake host: commands run locally, in the host's directory,
+    quoted once exactly as SSH quotes them; ``socat`` reaches the FakeProxy."""
+
+    def __init__(self, host: ResolvedHost, fleet: FakeFleet) -> None:
         self.host = host
-        self.reply = b""
+        self.fake = fleet.host(host)
+        self.closed = False
 
-    def sendall(self, data: bytes) -> None:
-        commands = [c.strip() for c in data.decode().strip().split(";")]
-        self.host.admin += commands
-        states = {"ready": "UP", "drain": "DRAIN", "maint": "MAINT"}
-        for command in commands:
-            words = command.split()
-            if words[:2] == ["set", "server"]:
-                backend, server = words[2].split("/")
-                self.host.servers[(backend, server)] = states[words[-1]]
-        if "show stat" in commands:
-            rows = ["# pxname,svname,scur,status"]
-            rows += [f"{b},{s},0,{state}" for (b, s), state in self.host.servers.items()]
-            self.reply = ("\n".join(rows) + "\n").encode()
-
-    def recv(self, size: int) -> bytes:
-        data, self.reply = self.reply, b""
-        return data
-
-    def close(self) -> None:
-        pass
-
-
-class FakeRunner:
-    """A Runner over a FakeHost."""
-
-    def __init__(self, host: ResolvedHost, fleet: dict[str, FakeHost]) -> None:
-        self.host = host
-        self.fake = fleet.setdefault(host.name, FakeHost(host.name))
-
-    def _check(self) -> None:
-        if self.fake.unreachable:
-            raise HostUnreachable(f"{self.host.name}: connection refused")
-
-    def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
-        self._check()
-        self.fake.log.append(list(argv))
-        code, out = self._dispatch(argv)
-        return Result(tuple(argv), code, out, "" if code == 0 else "failed")
-
-    def _dispatch(self, argv: list[str]) -> tuple[int, str]:
+    def run(self, argv: list[str], *, timeout: float | None = None,
+            stdin: bytes | None = None) -> Result:
         fake = self.fake
-        if argv[:2] == ["docker", "ps"]:
-            model = argv[argv.index("--filter") + 1].split("=", 2)[2]
-            return 0, "".join(json.dumps({
-                "Names": name, "State": "running" if c.running else "exited",
-                "Status": "Up", "Labels": ",".join(f"{k}={v}" for k, v in c.labels.items())})
-                + "\n" for name, c in fake.containers.items()
-                if c.labels.get("tfsdeploy.model") == model)
-        if argv[:2] == ["docker", "run"]:
-            name = argv[argv.index("--name") + 1]
-            labels = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--label")
-            fake.containers[name] = FakeContainer(labels)
-            if name.startswith("tfs-proxy-"):
-                self._proxy_started(name.removeprefix("tfs-proxy-"))
-            return 0, name
-        if argv[:2] == ["docker", "inspect"]:
-            c = fake.containers.get(argv[-1])
-            if c is None:
-                return 1, ""
-            return 0, f"{'running' if c.running else 'exited'} {c.restarts} 0"
-        if argv[:2] == ["docker", "rm"]:
-            fake.containers.pop(argv[-1], None)
-            return 0, ""
-        if argv[:2] == ["docker", "stop"]:
-            if argv[-1] in fake.containers:
-                fake.containers[argv[-1]].running = False
-            return 0, ""
-        if argv[:2] in (["docker", "version"], ["docker", "image"], ["docker", "logs"]):
-            return 0, "24.0.0"
-        if argv[0] == "nvidia-smi":
-            return 0, f"0, 16384, {fake.gpu_used_mib}\n"
-        if argv[0] == "readlink":
-            link = fake.files.get(argv[1], b"")
-            return (0, link[2:].decode()) if link.startswith(b"->") else (1, "")
-        if argv[0] == "tail":
-            data = fake.files.get(argv[-1])
-            return (0, data.decode()) if data is not None else (1, "")
-        if argv[:2] == ["docker", "start"]:
-            if argv[-1] not in fake.containers:
-                return 1, ""
-            fake.containers[argv[-1]].running = True
-            return 0, ""
-        if argv[0] == "cat":
-            data = fake.files.get(self._resolve(argv[1]))
-            return (0, data.decode()) if data is not None else (1, "")
-        if argv[0] == "test":
-            path = argv[2]
-            present = path in fake.files or any(k.startswith(path + "/") for k in fake.files)
-            return (0, "") if present else (1, "")
-        if argv[0] == "ls":
-            prefix = argv[-1].rstrip("/") + "/"
-            return 0, "\n".join(sorted({k[len(prefix):].split("/")[0] for k in fake.files
-                                        if k.startswith(prefix)}))
-        if argv[0] == "rm":
-            for key in [k for k in fake.files if k == argv[-1] or k.startswith(argv[-1] + "/")]:
-                del fake.files[key]
-            return 0, ""
-        if argv[0] == "sh":
-            return self._script(argv)
-        return 0, ""
+        fake.check_reachable()
+        with fake.lock:
+            fake.log.append(list(argv))
+        if argv[:1] == ["socat"]:
+            with fake.lock:
+                code, out, err = fake.proxy.answer(argv, stdin)
+            return Result(tuple(argv), code, out, err)
+        with fake.lock:
+            fake.sync_tools()
+        env = {"PATH": f"{fake.bin}:/usr/bin:/bin", "HOME": str(fake.dir), "LC_ALL": "C"}
+        try:
+            # quoted once, as SSH quotes it; `exec`: no second process
+            done = subprocess.run(["sh", "-c", "exec " + shlex.join(argv)], input=stdin or b"",
+                                  capture_output=True, env=env, cwd=fake.dir,
+                                  timeout=timeout or 120, check=False)
+        except subprocess.TimeoutExpired:
+            raise HostUnreachable(f"{self.host.name}: `{argv[0]} ...` gave no answer") from None
+        return Result(tuple(argv), done.returncode, done.stdout.decode(errors="replace"),
+                      done.stderr.decode(errors="replace"))
 
-    def _proxy_started(self, model: str) -> None:
-        config = self.fake.files[f"/srv/tfsdeploy/{model}/proxy/haproxy.cfg"].decode()
-        for line in config.splitlines():
-            words = line.split()
-            if words[:1] == ["backend"]:
-                backend = words[1]
-            elif words[:1] == ["server"]:
-                self.fake.servers[(backend, words[1])] = "MAINT" if "disabled" in words else "UP"
-
-    def _script(self, argv: list[str]) -> tuple[int, str]:
-        script, args = argv[2], argv[4:]
-        fake = self.fake
-        if "mkdir \"$1\" 2>/dev/null" in script:  # the lock
-            if any(k.startswith(args[0] + "/") for k in fake.files):
-                return 1, ""
-            fake.files[f"{args[0]}/info.json"] = args[1].encode()
-            return 0, ""
-        if "ln -sfn" in script:
-            fake.files[args[1]] = b"->" + args[0].encode()
-            if len(args) >= 5:  # record_current: the audit line, and the rolled-back manifest
-                fake.files[args[2]] = fake.files.get(args[2], b"") + args[3].encode() + b"\n"
-                if args[4] in fake.files:
-                    record = json.loads(fake.files[args[4]])
-                    record["status"] = "rolled_back"
-                    fake.files[args[4]] = json.dumps(record, indent=2).encode()
-            return 0, ""
-        if "df -Pm" in script:
-            return 0, "/dev/x 100000 1000 99000 1% /\n"
-        if "sha256sum" in script:
-            fake.files[f"{args[1]}/saved_model.pb"] = b"pb"
-            return 0, "published\n"
-        if "manifest.json; do" in script:  # read every retained release's manifest
-            prefix = args[0] + "/"
-            return 0, "\n".join(v.decode() for k, v in sorted(fake.files.items())
-                                 if k.startswith(prefix) and k.endswith("/manifest.json"))
-        if ">>" in script:
-            fake.files[args[1]] = fake.files.get(args[1], b"") + args[0].encode() + b"\n"
-        return 0, ""
-
-    def _resolve(self, path: str) -> str:
-        for link, target in self.fake.files.items():
-            if target.startswith(b"->") and path.startswith(link + "/"):
-                base = link.rsplit("/", 1)[0]
-                return f"{base}/{target[2:].decode()}{path[len(link):]}"
-        return path
-
-    def put_bytes(self, data: bytes, path: str) -> None:
-        self._check()
-        self.fake.files[path] = data
+    def put_bytes(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
+        self.fake.check_reachable()
+        target = Path(path)
+        if not target.parent.is_dir():  # SFTP cannot create parents either
+            raise HostUnreachable(f"{self.host.name}: writing {path}: No such file")
+        temp = target.with_name(f"{target.name}.tmp-fake")
+        temp.write_bytes(data)
+        temp.chmod(mode)
+        os.replace(temp, target)
+        self.fake.writes.append(path)
 
     def put_file(self, local: str, path: str) -> None:
-        self._check()
-        self.fake.files[path] = b"archive"
+        self.fake.check_reachable()
+        if not Path(path).parent.is_dir():
+            raise HostUnreachable(f"{self.host.name}: uploading to {path}: No such file")
+        shutil.copyfile(local, path)
+        self.fake.writes.append(path)
+        if self.fake.on_upload is not None:
+            self.fake.on_upload(Path(path))
 
-    def tunnel(self, port: int) -> FakeSocket:
-        self._check()
-        return FakeSocket(self.fake)
+    @property
+    def docker(self) -> FakeDocker:
+        return self.fake.docker
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
+
+# -- TFServing --------------------------------------------------------------------------------
 
 class FakeSlot:
-    """A TFServing slot: AVAILABLE unless the host is set to fail; half_plus_two outputs."""
+    """A TFServing gRPC client (``probes.SlotClient``'s calls) of one port of a fake host.
+
+    A slot port reaches the container listening on it; the stable port reaches the container
+    behind the proxy's serving server. ``behaviour[address]``: ok (default), slow (never
+    loads), broken (load fails), vanish (the host drops off the network at the first Predict),
+    refuse (the stable port refuses connections).
+    """
 
     behaviour: ClassVar[dict[str, str]] = {}
-    fleet: ClassVar[dict[str, FakeHost]] = {}
+    fleet: ClassVar[FakeFleet]
 
     def __init__(self, address: str, port: int, model: str) -> None:
-        self.address = address
-        self.port = port
+        self.address, self.port, self.model = address, port, model
+
+    def _host(self) -> FakeHost:
+        return self.fleet.by_address(self.address)
+
+    def _stable(self) -> bool:
+        host = self._host()
+        return host.proxy.running and self.port == host.proxy.binds.get("grpc")
+
+    def _container(self) -> FakeContainer:
+        found = [c for c in self._host().docker.by_name.values()
+                 if c.running and c.port("--port") == self.port]
+        if not found:
+            raise ConnectionRefusedError(f"{self.address}:{self.port}: connection refused")
+        return found[0]
 
     def status(self, *, timeout: float = 5.0) -> list[VersionStatus]:
+        version = self._container().version
         mode = self.behaviour.get(self.address, "ok")
         if mode == "slow":
-            return [VersionStatus(v, "LOADING", 0, "") for v in (1, 2, 3)]
+            return [VersionStatus(version, "LOADING", 0, "")]
         if mode == "broken":
-            return [VersionStatus(v, "END", 3, "Could not load the SavedModel") for v in (1, 2, 3)]
-        return [VersionStatus(v, "AVAILABLE", 0, "") for v in (1, 2, 3)]
+            return [VersionStatus(version, "END", 3, "Could not load the SavedModel")]
+        return [VersionStatus(version, "AVAILABLE", 0, "")]
 
     def signature(self, version: int, name: str, *, timeout: float = 10.0) -> dict[str, Any]:
+        self._container()
         return {"inputs": {"x": ("DT_FLOAT", (-1, 1))}, "outputs": {"y": ("DT_FLOAT", (-1, 1))}}
 
     def predict(self, inputs: dict[str, np.ndarray], *, version: int | None = None,
                 signature: str = "serving_default", timeout: float = 30.0
                 ) -> tuple[dict[str, np.ndarray], float]:
         mode = self.behaviour.get(self.address)
-        if mode == "vanish":  # the host drops off the network
+        if mode == "vanish":
             self._host().unreachable = True
-        if mode == "refuse" and version is None:  # nothing answers behind the stable port
-            raise ConnectionRefusedError("stable port: connection refused")
-        x = inputs["x"]
-        served = version or self._behind_proxy()
-        return {"y": x * 0.5 + 2 + served - 1}, 0.002
-
-    def _host(self) -> FakeHost:
-        """The fake host at this slot's address (10.9.0.N is hN)."""
-        return self.fleet[f"h{self.address.rsplit('.', 1)[1]}"]
+        if self._stable():
+            if mode == "refuse":
+                raise ConnectionRefusedError("stable port: connection refused")
+            served = self._behind_proxy()
+        else:
+            served = self._container().version
+            if version is not None and version != served:
+                raise RuntimeError(f"Servable not found for request: Specific({self.model}, "
+                                   f"{version})")
+        return {"y": inputs["x"] * 0.5 + 2 + served - 1}, 0.002
 
     def _behind_proxy(self) -> int:
-        """The version of the container in the slot the host's proxy sends requests to."""
-        host = self._host()
-        active = [s for (b, s), state in host.servers.items() if b == "grpc" and state == "UP"]
-        versions = [int(c.labels["tfsdeploy.version"]) for c in host.containers.values()
-                    if c.running and c.labels.get("tfsdeploy.slot") in active]
-        return max(versions) if versions else 0
+        """The version of the container the host's proxy sends new requests to."""
+        served = self._host().serving_version()
+        if not served:
+            raise ConnectionRefusedError("stable port: no server available")
+        return served
 
     def close(self) -> None:
         pass
+
+
+def rest_problems(fleet: FakeFleet, address: str, port: int, model: str, version: int, *,
+                  metrics_path: str | None, timeout_s: float = 3.0) -> list[str]:
+    """``probes.rest_problems`` answered by the container listening on ``port``."""
+    host = fleet.by_address(address)
+    found = [c for c in host.docker.by_name.values()
+             if c.running and c.port("--rest_api_port") == port]
+    if not found:
+        return [f"REST :{port}: ConnectError: connection refused"]
+    if found[0].version != version or FakeSlot.behaviour.get(address) in ("slow", "broken"):
+        return [f"GET /v1/models/{model}/versions/{version}: HTTP 404"]
+    return []
+
+
+def read_json(path: Path) -> Any:
+    """A JSON file on a fake host."""
+    return json.loads(path.read_text())

@@ -45,7 +45,7 @@ def test_fab_render_writes_a_proxy_config_haproxy_accepts(tmp_path: Path) -> Non
     assert len(configs) == 1
     text = configs[0].read_text()
     assert "bind :8500 proto h2" in text and "bind :8501" in text
-    assert "server blue 127.0.0.1:" in text and " disabled" in text
+    assert "server i0-blue 127.0.0.1:" in text and " disabled" in text
     haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
     assert Path(haproxy).exists(), "HAProxy is installed by scripts/setup"
     check = subprocess.run([haproxy, "-c", "-f", str(configs[0])], capture_output=True,
@@ -77,8 +77,9 @@ def test_fab_render_unknown_model_and_bad_version(tmp_path: Path) -> None:
 def test_render_path_never_imports_tensorflow(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from tfsdeploy.cli.render import RenderRequest, render_and_validate\n"
-        "render_and_validate(RenderRequest(model='resnet50', version=1))\n"
+        "from tfsdeploy.cli.render import render_and_validate\n"
+        "from tfsdeploy.target import load_target\n"
+        "render_and_validate(load_target('resnet50'), 1)\n"
         "import tasks\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))\n"
     )

@@ -1,41 +1,77 @@
-"""Exact commands: argument lists, quoted once at the SSH boundary, hostile names included."""
+"""Exact commands and specs: argument lists, quoted once at the SSH boundary, hostile names
+included; batches; the proxy's runtime commands and `show stat`; the Engine's container list."""
 
 from __future__ import annotations
 
 import shlex
+import subprocess
+from pathlib import Path
 
-from tfsdeploy import commands
+import pytest
+
 from tfsdeploy.batches import batch_size, plan_batches, threshold_exceeded
+from tfsdeploy.commands.containers import Mount, sdk_arguments, server_spec
+from tfsdeploy.commands.files import UnsafePath, append_lines, point_symlink, remove_tree
+from tfsdeploy.dockerapi import container_fact
+from tfsdeploy.facts import ProxyFact, parse_facts
 from tfsdeploy.layout import HostPaths, Ports
-from tfsdeploy.proxy import maint_commands, parse_sessions, switch_commands
-from tfsdeploy.state import parse_containers, traffic_slot
+from tfsdeploy.proxy import parse_stat, set_state, switch_commands
 
 PORTS = Ports(grpc=8500, rest=8501, slots={"blue": (8510, 8511), "green": (8520, 8521)},
               admin=8599)
+RELEASE = "r20261130-100000000-v3"
 
 
-def test_run_slot_argv() -> None:
+def test_server_spec() -> None:
     paths = HostPaths(root="/srv/tfsdeploy", model="m")
-    argv = commands.run_slot(model="m", release_id="r1", slot="green", version=3,
-                             image="reg/tfs:2.21.0", paths=paths, ports=PORTS,
-                             flags=["--enable_batching=true"], gpus=None)
-    assert argv[:4] == ["docker", "run", "--detach", "--name"]
-    assert argv[argv.index("--name") + 1] == "tfs-m-r1"
-    assert "/srv/tfsdeploy/models/m:/models/m:ro" in argv
-    assert "/srv/tfsdeploy/m/releases/r1:/etc/tfsdeploy:ro" in argv
-    assert argv[-4:] == ["reg/tfs:2.21.0", "--enable_batching=true", "--port=8520",
-                         "--rest_api_port=8521"]
-    assert argv[argv.index("--entrypoint") + 1] == "/usr/bin/tensorflow_model_server"
+    spec = server_spec(model="m", release_id=RELEASE, slot="green", version=3,
+                       image="reg/tfs:2.21.0", paths=paths, ports=PORTS,
+                       flags=["--enable_batching=true"], gpus=None)
+    assert spec.name == f"tfs-m-{RELEASE}-i0"
+    assert Mount("/srv/tfsdeploy/models/m", "/models/m", read_only=True) in spec.mounts
+    assert Mount(f"/srv/tfsdeploy/m/releases/{RELEASE}", "/etc/tfsdeploy",
+                 read_only=True) in spec.mounts
+    assert spec.image == "reg/tfs:2.21.0"
+    assert spec.command == ("--enable_batching=true", "--port=8520", "--rest_api_port=8521")
+    assert spec.entrypoint == ("/usr/bin/tensorflow_model_server",)
+    assert spec.labels["tfsdeploy.slot"] == "green" and spec.labels["tfsdeploy.version"] == "3"
+    run = sdk_arguments(spec)
+    assert (run["name"], run["image"], run["network_mode"]) == (spec.name, spec.image, "host")
+    assert run["entrypoint"] == ["/usr/bin/tensorflow_model_server"]
+    assert run["command"] == list(spec.command) and run["detach"] is True
+    assert run["cap_drop"] == ["ALL"] and run["security_opt"] == ["no-new-privileges"]
+    assert run["read_only"] is True and "/tmp" in run["tmpfs"]
+    assert [(m["Source"], m["Target"], m["ReadOnly"]) for m in run["mounts"]] == [
+        ("/srv/tfsdeploy/models/m", "/models/m", True),
+        (f"/srv/tfsdeploy/m/releases/{RELEASE}", "/etc/tfsdeploy", True)]
 
 
-def test_hostile_values_stay_single_arguments() -> None:
+def test_hostile_values_stay_single_arguments(tmp_path: Path) -> None:
     hostile = "x; rm -rf / #"
-    argv = commands.append_line("/srv/a b/audit.log", hostile)
-    assert argv[-2:] == [hostile, "/srv/a b/audit.log"]
+    log = str(tmp_path / "a b" / "audit.log")
+    argv = append_lines(log, [hostile, "$(id)"])
+    assert argv[-3:] == [log, hostile, "$(id)"]
     # quoting happens once: the shell sees the same words back
     assert shlex.split(shlex.join(argv)) == argv
-    assert shlex.split(shlex.join(commands.point_symlink("releases/$(id)", "/x/current")))[4] \
-        == "releases/$(id)"
+    subprocess.run(["sh", "-c", shlex.join(argv)], check=True)
+    assert Path(log).read_text() == f"{hostile}\n$(id)\n"
+    link = str(tmp_path / "current")
+    swap = point_symlink("releases/$(id)", link)
+    assert shlex.split(shlex.join(swap))[4] == "releases/$(id)"
+    subprocess.run(["sh", "-c", shlex.join(swap)], check=True)
+    assert Path(link).readlink() == Path("releases/$(id)")
+
+
+def test_remove_tree_refuses_paths_outside_its_root() -> None:
+    root = "/srv/tfsdeploy/m"
+    assert remove_tree(f"{root}/releases/{RELEASE}", root=root) == [
+        "rm", "-rf", "--", f"{root}/releases/{RELEASE}"]
+    for path in (f"{root}/releases/../../../../etc", "/etc", root, f"{root}/", "/srv/tfsdeploy",
+                 f"{root}x/releases", "releases/x", f"{root}/./x", f"{root}//x", ""):
+        with pytest.raises(UnsafePath):
+            remove_tree(path, root=root)
+    with pytest.raises(UnsafePath):
+        remove_tree("/srv/x", root="relative")
 
 
 def test_batches_follow_serial_and_the_last_step_repeats() -> None:
@@ -55,33 +91,42 @@ def test_threshold_is_inclusive() -> None:
 
 
 def test_switch_and_maint_commands() -> None:
-    assert switch_commands("green", "blue") == [
-        "set server grpc/green state ready", "set server rest/green state ready",
-        "set server grpc/blue state drain", "set server rest/blue state drain"]
-    assert switch_commands("blue", None)[2:] == maint_commands("green")
+    assert switch_commands(0, "green", "blue") == [
+        "set server grpc/i0-green state ready", "set server rest/i0-green state ready",
+        "set server grpc/i0-blue state drain", "set server rest/i0-blue state drain"]
+    assert switch_commands(0, "blue", None)[2:] == set_state(0, "green", "maint")
+    assert set_state(0, "green", "maint") == ["set server grpc/i0-green state maint",
+                                              "set server rest/i0-green state maint"]
 
 
 HEADER = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,"
-          "wretr,wredis,status\n")
-STAT = HEADER + """grpc,FRONTEND,,,3,9,8000,40,0,0,0,0,0,,,,,OPEN
-grpc,blue,0,0,2,5,,20,0,0,,0,,0,0,0,0,DRAIN
-grpc,green,0,0,1,4,,20,0,0,,0,,0,0,0,0,no check
-grpc,BACKEND,0,0,3,9,800,40,0,0,0,0,,0,0,0,0,UP
-rest,blue,0,0,0,0,,0,0,0,,0,,0,0,0,0,MAINT
-rest,green,0,0,0,0,,0,0,0,,0,,0,0,0,0,no check
+          "wretr,wredis,status,weight\n")
+STAT = HEADER + """grpc,FRONTEND,,,3,9,8000,40,0,0,0,0,0,,,,,OPEN,
+grpc,i0-blue,0,0,2,5,,20,0,0,,0,,0,0,0,0,DRAIN,1
+grpc,i0-green,0,0,1,4,,20,0,0,,0,,0,0,0,0,no check,1
+grpc,BACKEND,0,0,3,9,800,40,0,0,0,0,,0,0,0,0,UP,1
+rest,i0-blue,0,0,0,0,,0,0,0,,0,,0,0,0,0,MAINT,1
+rest,i0-green,0,0,0,0,,0,0,0,,0,,0,0,0,0,no check,1
 """
 
 
 def test_show_stat_parsing() -> None:
-    assert parse_sessions(STAT) == {("grpc", "blue"): 2, ("grpc", "green"): 1,
-                                    ("rest", "blue"): 0, ("rest", "green"): 0}
-    assert traffic_slot(STAT) == "green"
+    servers = parse_stat(STAT)
+    assert {(s.backend, s.slot): s.sessions for s in servers} == {
+        ("grpc", "blue"): 2, ("grpc", "green"): 1, ("rest", "blue"): 0, ("rest", "green"): 0}
+    assert ProxyFact(True, servers, True).serving_slot(0) == "green"
 
 
-def test_parse_containers_from_docker_ps() -> None:
-    line = ('{"Names":"tfs-m-r1","State":"running","Status":"Up 3 minutes","Labels":'
-            '"tfsdeploy.model=m,tfsdeploy.release=r1,tfsdeploy.slot=blue,tfsdeploy.version=4"}\n'
-            '{"Names":"tfs-proxy-m","State":"running","Labels":"tfsdeploy.proxy=m"}\n')
-    (only,) = parse_containers(line)
+def test_containers_from_the_engines_list() -> None:
+    server = {"Names": [f"/tfs-m-{RELEASE}-i0"], "State": "running",
+              "Status": "Up 3 minutes", "Image": "reg/tfs:2.21.0",
+              "Labels": {"tfsdeploy.model": "m", "tfsdeploy.role": "server",
+                         "tfsdeploy.release": RELEASE, "tfsdeploy.slot": "blue",
+                         "tfsdeploy.version": "4"}}
+    proxy = {"Names": ["/tfs-proxy-m"], "State": "running",
+             "Labels": {"tfsdeploy.model": "m", "tfsdeploy.proxy": "m"}}
+    facts = [container_fact(server), container_fact(proxy)]
+    assert all(f is not None for f in facts)
+    only, = parse_facts("h", "@@end\n", [f for f in facts if f]).servers
     assert (only.name, only.release, only.slot, only.version, only.running) == (
-        "tfs-m-r1", "r1", "blue", 4, True)
+        f"tfs-m-{RELEASE}-i0", RELEASE, "blue", 4, True)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tfsdeploy.cli.render import RenderRequest, render_and_validate
+from tfsdeploy.cli.render import render_and_validate
+from tfsdeploy.target import load_target
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CASES = [
@@ -28,8 +29,7 @@ def test_rendered_files_match_golden(name: str, inventory: str, model: str, vers
                                      tmp_path: Path) -> None:
     # the testbed inventory reads the live testbed's hosts.json; golden files use the defaults
     monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", str(tmp_path / "no-testbed"))
-    renders = render_and_validate(RenderRequest(model=model, inventory=inventory, hosts=hosts,
-                                                version=version))
+    renders = render_and_validate(load_target(model, inventory=inventory, hosts=hosts), version)
     assert renders, "nothing rendered"
     for render in renders:
         for rendered in render.files:

@@ -1,12 +1,18 @@
-"""The guard's arithmetic and the unattended outputs (pure)."""
+"""The guard's arithmetic, the unattended outputs, and the rollback target from the hosts'
+records (pure)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from tfsdeploy.cli.unattended import read_samples, update_textfile
+from tfsdeploy.facts import HostFacts, parse_facts
 from tfsdeploy.guard import Breach, parse_metrics, window
-from tfsdeploy.state import common_good_release, parse_json_stream
+from tfsdeploy.plans import choose_rollback
+from tfsdeploy.records import ReleaseRecord
+from tfsdeploy.target import Target
+
+from .helpers import inventory
 
 
 def _bucket(le: str, count: int) -> str:
@@ -14,11 +20,11 @@ def _bucket(le: str, count: int) -> str:
             f'entrypoint="GRPC",le="{le}"}} {count}')
 
 
-def _scrape(ok: int, bad: int, fast: int) -> str:
+def _scrape(ok: int, bad: int, fast: int, bad_status: str = "INTERNAL") -> str:
     return "\n".join([
         "# TYPE :tensorflow:serving:request_count counter",
         f':tensorflow:serving:request_count{{model_name="m",status="OK"}} {ok}',
-        f':tensorflow:serving:request_count{{model_name="m",status="INVALID_ARGUMENT"}} {bad}',
+        f':tensorflow:serving:request_count{{model_name="m",status="{bad_status}"}} {bad}',
         ':tensorflow:serving:request_count{model_name="other",status="OK"} 999',
         "# TYPE :tensorflow:serving:request_latency histogram",
         _bucket("1000", fast), _bucket("50000", ok), _bucket("+Inf", ok)]) + "\n"
@@ -83,17 +89,57 @@ def test_textfile_keeps_other_runs_and_last_success(tmp_path: Path) -> None:
     assert text.count("# TYPE tfsdeploy_last_run_exit_code gauge") == 1
 
 
-def test_common_good_release_and_json_stream() -> None:
-    stream = '{"id": "r1", "status": "serving"}\n{"id": "r2", "status": "serving"}\n{"id": "r3"'
-    assert [m["id"] for m in parse_json_stream(stream)] == ["r1", "r2"]
-    histories = {
-        "a": [{"id": "r1", "status": "serving"}, {"id": "r2", "status": "serving"},
-              {"id": "r3", "status": "serving"}],
-        "b": [{"id": "r1", "status": "serving"}, {"id": "r2", "status": "failed"},
-              {"id": "r3", "status": "serving"}],
-    }
-    assert common_good_release(histories, {"a": "r3", "b": "r3"}) == "r1"
-    assert common_good_release(histories, {"a": "r1", "b": "r1"}) == "r3"
+def test_client_errors_never_count() -> None:
+    # 50 malformed Predict calls among 1,050: the release is not failing, the callers are
+    attack = window(parse_metrics(_scrape(0, 0, 0, "INVALID_ARGUMENT"), "m"),
+                    parse_metrics(_scrape(1000, 50, 1000, "INVALID_ARGUMENT"), "m"))
+    assert (attack.total, attack.errors) == (1000, 0)
+    assert Breach().observe("h", attack, now=0, max_error_rate=0.01, slo_p99_ms=100) is None
+    for status in ("NOT_FOUND", "FAILED_PRECONDITION", "CANCELLED"):
+        w = window(parse_metrics(_scrape(0, 0, 0, status), "m"),
+                   parse_metrics(_scrape(100, 100, 100, status), "m"))
+        assert (w.total, w.errors) == (100, 0), status
+    # the same calls failing on the server's side do count
+    broken = window(parse_metrics(_scrape(0, 0, 0, "UNAVAILABLE"), "m"),
+                    parse_metrics(_scrape(1000, 50, 1000, "UNAVAILABLE"), "m"))
+    assert (broken.total, broken.errors) == (1050, 50)
+    assert "error rate 4.76% > 1.00%" in str(
+        Breach().observe("h", broken, now=0, max_error_rate=0.01, slo_p99_ms=100))
+
+
+def _release(n: int, status: str = "serving") -> ReleaseRecord:
+    return ReleaseRecord.model_validate({"id": _id(n), "model": "m", "version": n,
+                                         "image": "i", "slot": "blue", "status": status})
+
+
+def _id(n: int) -> str:
+    return f"r20261130-10000000{n}-v{n}"
+
+
+def test_one_truncated_record_hides_no_other() -> None:
+    records = [_release(n).to_json().decode() for n in (1, 2, 3)]
+    for broken in range(3):  # the first, a middle or the last record cut short
+        texts = list(records)
+        texts[broken] = texts[broken][:40]
+        output = "".join(f"@@record /d/m/releases/{_id(n)}/manifest.json\n{text}\n"
+                         for n, text in zip((1, 2, 3), texts, strict=True)) + "@@end\n"
+        facts = parse_facts("h", output, [])
+        assert [r.id for r in facts.releases] == [_id(n) for n in (1, 2, 3) if n != broken + 1]
+        assert [b.path for b in facts.broken] == [f"/d/m/releases/{_id(broken + 1)}/manifest.json"]
+
+
+def test_rollback_target_from_every_hosts_records() -> None:
+    inv = inventory()
+    target = Target(inv, inv.models["m"], inv.hosts)
+
+    def facts(current: str, statuses: dict[int, str]) -> HostFacts:
+        return HostFacts(host="h", current=current,
+                         releases=tuple(_release(n, s) for n, s in statuses.items()))
+
+    a = {1: "serving", 2: "serving", 3: "serving"}
+    b = {1: "serving", 2: "failed", 3: "serving"}
+    assert choose_rollback(target, {"a": facts(_id(3), a), "b": facts(_id(3), b)}, None) == _id(1)
+    assert choose_rollback(target, {"a": facts(_id(1), a), "b": facts(_id(1), b)}, None) == _id(3)
     # a rollback to r1 interrupted after host a: running it again finishes it
-    histories["a"][2]["status"] = "rolled_back"
-    assert common_good_release(histories, {"a": "r1", "b": "r3"}) == "r1"
+    a[3] = "rolled_back"
+    assert choose_rollback(target, {"a": facts(_id(1), a), "b": facts(_id(3), b)}, None) == _id(1)

@@ -1,0 +1,100 @@
+"""`fab deploy --check` lists exactly what the deploy that follows does: the check's planned
+changes equal the changes the run records in each host's audit log, step by step."""
+
+from __future__ import annotations
+
+import re
+from functools import partial
+from typing import Any
+
+import pytest
+
+from tfsdeploy import engine
+from tfsdeploy.cli.deploy import check, plan_lines
+from tfsdeploy.engine import PlannedStep
+from tfsdeploy.errors import ExitCode
+from tfsdeploy.records import parse_audit
+
+from . import runs
+from .fakes import FakeFleet, FakeHost
+from .runs import MODEL
+
+# two hosts are enough for what these tests show
+run_deploy = partial(runs.run_deploy, count=2)
+target = partial(runs.target, count=2)
+
+Plan = dict[str, list[PlannedStep]]
+
+
+def _checked(world: dict[str, Any], version: int, monkeypatch: pytest.MonkeyPatch
+             ) -> tuple[str, Plan, list[dict[str, Any]]]:
+    """Run `deploy --check` and keep the engine's plan (its changes, with their kinds)."""
+    seen: list[Any] = []
+    real = engine.check
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(real(*args, **kwargs))
+        return seen[-1]
+
+    monkeypatch.setattr(engine, "check", spy)
+    fleet: FakeFleet = world["fleet"]
+    rows = check(target(world), version=version, connect=fleet.connect)
+    context, plans, _ = seen[0]
+    assert all(isinstance(p, list) for p in plans.values())
+    return context.release_id, plans, rows
+
+
+def _planned(plan: list[PlannedStep], checked_id: str, run_id: str) -> list[tuple[str, ...]]:
+    return [(s.step, c.kind, c.describe().replace(checked_id, run_id))
+            for s in plan for c in s.changes if c.audited]
+
+
+def _recorded(host: FakeHost, run_id: str) -> list[tuple[str, ...]]:
+    entries = parse_audit((host.dir / "r" / MODEL / "audit.log").read_text())
+    return [(e.event, e.details["kind"], e.details["change"]) for e in entries
+            if e.release == run_id and "change" in e.details]
+
+
+def _without_record_sizes(lines: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    return [(*line[:2], RECORD_SIZE.sub("manifest.json", line[2])) for line in lines]
+
+
+RECORD_SIZE = re.compile(r"manifest\.json \(\d+ bytes\)")
+VERSIONS = pytest.mark.parametrize("versions", [(1,), (1, 2)], ids=["first deploy", "roll to v2"])
+
+
+def _check_then_run(world: dict[str, Any], versions: tuple[int, ...],
+                    monkeypatch: pytest.MonkeyPatch
+                    ) -> dict[str, tuple[list[tuple[str, ...]], list[tuple[str, ...]]]]:
+    """Per host: (the check's planned changes, the run's recorded changes)."""
+    for version in versions[:-1]:
+        assert run_deploy(world, version).exit_code == ExitCode.OK
+    checked_id, plans, rows = _checked(world, versions[-1], monkeypatch)
+    # what the check prints is the engine's plan, change by change
+    assert [line[3] for line in plan_lines(rows)] == [
+        c.describe() for row in rows for s in plans[row["host"]] for c in s.changes]
+    run = run_deploy(world, versions[-1])
+    assert run.exit_code == ExitCode.OK, run.message
+    fleet: FakeFleet = world["fleet"]
+    compared = {name: (_planned(plan, checked_id, run.release_id),
+                       _recorded(fleet[name], run.release_id)) for name, plan in plans.items()}
+    assert len(compared) == 2 and all(planned for planned, _ in compared.values())
+    return compared
+
+
+@VERSIONS
+def test_the_check_plans_what_the_run_then_does(world: dict[str, Any], versions: tuple[int, ...],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, (planned, recorded) in _check_then_run(world, versions, monkeypatch).items():
+        assert _without_record_sizes(recorded) == _without_record_sizes(planned), name
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "a release record's size is part of its plan line ('write .../manifest.json (N bytes)'), "
+    "but the record a run writes carries the steps and gates run so far, which a check does "
+    "not run: the check announces a smaller record than the run writes"))
+@VERSIONS
+def test_the_check_plans_the_records_the_run_writes_byte_for_byte(
+        world: dict[str, Any], versions: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, (planned, recorded) in _check_then_run(world, versions, monkeypatch).items():
+        assert recorded == planned, name

@@ -1,0 +1,170 @@
+"""The fleet lock on real files: the lock scripts of commands/lock.py run on a local data root
+(through LocalConnection), concurrently where two runs race."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tfsdeploy import lock
+from tfsdeploy.cli.fleet import lock_state
+from tfsdeploy.commands import lock as lock_commands
+from tfsdeploy.errors import ExitCode
+from tfsdeploy.inventory import HostVars, ResolvedHost
+from tfsdeploy.layout import HostPaths
+from tfsdeploy.records import LockRecord
+
+from . import runs
+from .fakes import FakeFleet, FrozenClock, LocalConnection
+from .runs import MODEL
+
+# two hosts are enough for what these tests show
+run_deploy = partial(runs.run_deploy, count=2)
+target = partial(runs.target, count=2)
+
+
+def _site(tmp_path: Path, fleet: FakeFleet | None = None) -> lock.LockSite:
+    host = ResolvedHost("h1", "10.9.0.1", (), (), HostVars(data_root=str(tmp_path / "h1" / "r")))
+    return lock.LockSite("h1", LocalConnection(host, fleet or FakeFleet()),
+                         HostPaths(root=str(tmp_path / "h1" / "r"), model=MODEL))
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def _stale(**changes: Any) -> LockRecord:
+    """The record of a run on this machine whose process is gone (killed with -9)."""
+    mine = lock.new_lock_record("deploy hp2 v1")
+    return mine.model_copy(update={"token": "5ca1ab1e" * 4, "pid": _dead_pid(),
+                                   "pid_start": 12345, **changes})
+
+
+def _holder(site: lock.LockSite) -> str:
+    return json.loads(Path(site.paths.lock_dir, "info.json").read_text())["token"]
+
+
+def _plant(site: lock.LockSite, record: LockRecord) -> None:
+    assert site.conn.run(lock_commands.acquire(site.paths, record.model_dump_json())).ok
+
+
+def test_is_stale_only_for_a_gone_process_of_this_boot_and_pid_namespace() -> None:
+    assert lock.is_stale(_stale())
+    assert not lock.is_stale(_stale(boot_id="0f0e0d0c-other-boot"))
+    assert not lock.is_stale(_stale(pid_namespace="pid:[4026531999]"))
+    assert not lock.is_stale(_stale(boot_id="", pid_namespace=""))  # an older record
+    mine = lock.new_lock_record("deploy hp2 v1")
+    assert not lock.is_stale(mine)  # this process runs
+    # the pid now runs another process (started later than the lock's): the holder is gone
+    assert lock.is_stale(mine.model_copy(update={"pid_start": mine.pid_start - 1}))
+
+
+def test_a_late_breaker_never_deletes_the_fresh_lock(tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    stale = _stale()
+    _plant(site, stale)
+    first, late = lock.new_lock_record("deploy hp2 v2"), lock.new_lock_record("rollback hp2")
+    for record in (first, late):  # both read the stale record
+        seen = site.conn.run(lock_commands.acquire(site.paths, record.model_dump_json()))
+        assert seen.code == 3 and json.loads(seen.stdout)["token"] == stale.token
+    assert lock.remove(site, stale.token) == (True, None)  # the first breaks it ...
+    _plant(site, first)  # ... and takes the lock
+    removed, now = lock.remove(site, stale.token)  # the late one breaks what it read
+    assert not removed and now is not None and now.token == first.token
+    assert _holder(site) == first.token
+    with pytest.raises(lock.LockHeld, match="deploy hp2 v2 by"):
+        lock.acquire_majority([site], late, wait_s=0, clock=FrozenClock(), model=MODEL)
+    assert _holder(site) == first.token
+
+
+def _race(sites: list[lock.LockSite], records: list[LockRecord]) -> tuple[list[str], list[str]]:
+    """Each site's run takes the lock at the same moment: (tokens that won, LockHeld texts)."""
+    start = threading.Barrier(len(sites))
+    won: list[str] = []
+    held: list[str] = []
+
+    def attempt(site: lock.LockSite, record: LockRecord) -> None:
+        start.wait()
+        try:
+            lock.acquire_majority([site], record, wait_s=0, clock=FrozenClock(), model=MODEL)
+            won.append(record.token)
+        except lock.LockHeld as error:
+            held.append(str(error))
+
+    threads = [threading.Thread(target=attempt, args=pair)
+               for pair in zip(sites, records, strict=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return won, held
+
+
+def test_two_breakers_of_one_stale_lock_at_once(tmp_path: Path) -> None:
+    fleet = FakeFleet()
+    for _ in range(8):
+        sites = [_site(tmp_path, fleet), _site(tmp_path, fleet)]
+        _plant(sites[0], _stale())
+        won, held = _race(sites, [lock.new_lock_record(f"deploy hp2 by {n}") for n in "ab"])
+        assert len(won) == 1 and len(held) == 1, (won, held)
+        assert _holder(sites[0]) == won[0]  # the winner's lock is the one on the host
+        assert lock.remove(sites[0], won[0]) == (True, None)
+        assert not Path(sites[0].paths.lock_dir).exists()
+
+
+UNREADABLE = {"empty": "", "cut": "{", "foreign": '{"token": "t", "who": "x"}',
+              "binary": "\x00\x01\x02"}
+
+
+@pytest.mark.parametrize("text", list(UNREADABLE.values()), ids=list(UNREADABLE))
+def test_an_unreadable_lock_record_holds_and_lock_break_removes_it(
+        world: dict[str, Any], text: str) -> None:
+    run_deploy(world, 1)
+    fleet: FakeFleet = world["fleet"]
+    for host in fleet.hosts.values():
+        (host.dir / "r" / MODEL / "lock").mkdir()
+        (host.dir / "r" / MODEL / "lock" / "info.json").write_text(text)
+    with pytest.raises(lock.LockHeld) as error:
+        run_deploy(world, 2)
+    assert error.value.exit_code == ExitCode.LOCKED
+    assert "a lock whose record is unreadable" in str(error.value)
+    lines, _ = lock_state(target(world), breaking=True, connect=fleet.connect)
+    assert all("broken, was a lock with an unreadable record" in line for line in lines), lines
+    assert not any((h.dir / "r" / MODEL / "lock").exists() for h in fleet.hosts.values())
+    assert run_deploy(world, 2).exit_code == ExitCode.OK
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "commands/lock.py's remove script reads the token with sed, not as JSON: a record cut "
+    "after its token is unreadable to the toolkit (parse_lock: None, so `fab lock --break` "
+    "asks to remove token ''), yet the script finds the token and refuses: the lock stays"))
+def test_lock_break_removes_a_record_cut_after_its_token(world: dict[str, Any]) -> None:
+    run_deploy(world, 1)
+    fleet: FakeFleet = world["fleet"]
+    for host in fleet.hosts.values():
+        (host.dir / "r" / MODEL / "lock").mkdir()
+        (host.dir / "r" / MODEL / "lock" / "info.json").write_text(
+            '{"token": "0123abcd", "who": "al')
+    lock_state(target(world), breaking=True, connect=fleet.connect)
+    assert not any((h.dir / "r" / MODEL / "lock").exists() for h in fleet.hosts.values())
+
+
+def test_a_lock_directory_without_a_record_holds_and_lock_break_removes_it(
+        world: dict[str, Any]) -> None:
+    run_deploy(world, 1)
+    fleet: FakeFleet = world["fleet"]
+    for host in fleet.hosts.values():
+        (host.dir / "r" / MODEL / "lock").mkdir()
+    with pytest.raises(lock.LockHeld, match="unreadable"):
+        run_deploy(world, 2)
+    lines, _ = lock_state(target(world), breaking=True, connect=fleet.connect)
+    assert all("broken, was a lock with an unreadable record" in line for line in lines), lines
+    assert not any((h.dir / "r" / MODEL / "lock").exists() for h in fleet.hosts.values())
