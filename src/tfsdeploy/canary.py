@@ -333,9 +333,10 @@ def judge(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy, *, weight: i
 
 
 def _error_failure(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy) -> list[str]:
-    """The error-rate failure, if any. With fewer than ``min_requests`` the new slot's rate is
-    taken over ``min_requests``: the lowest it can end at even if every further request
-    succeeds, so a release failing most requests at a low weight is stopped at once."""
+    """The error-rate failure, if any. With fewer than ``min_requests`` the new slot's errors
+    are judged as if the step had reached ``min_requests`` with every further request
+    successful: a release failing most requests at a low weight is stopped at once instead
+    of waiting for traffic (or passing under ``inconclusive="pass"``)."""
     allowed = old.error_rate + policy.max_error_rate_delta
     short = new.requests < policy.min_requests
     rate = new.errors / policy.min_requests if short else new.error_rate

@@ -49,7 +49,7 @@ import numpy as np
 from tfsdeploy import tfsapi
 from tfsdeploy.errors import ConfigError, Problem
 from tfsdeploy.golden import GoldenExample, tensor_from_spec
-from tfsdeploy.loadtest.payloads import PayloadError, requests_from_warmup
+from tfsdeploy.loadtest.payloads import PayloadError, requests_from_warmup, warmup_file
 
 Kind = Literal["regressor", "classifier", "exact"]
 KINDS: tuple[str, ...] = ("regressor", "classifier", "exact")
@@ -194,7 +194,8 @@ def load_corpus(path: str | Path) -> list[CorpusRequest]:
             f"request corpus unreadable: {err}",
             "name a TFRecord of PredictionLog (as a SavedModel's warmup file) or a JSON-lines "
             "file ending in .jsonl", file=str(path))) from None
-    return [_from_predict_request(request, f"{path.name}#{index}", path)
+    name = warmup_file(path).name
+    return [_from_predict_request(request, f"{name}#{index}", path)
             for index, request in enumerate(requests)]
 
 
