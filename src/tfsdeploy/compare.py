@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Literal, TypeAlias
 
 import numpy as np
@@ -92,6 +93,11 @@ class ComparisonPolicy:
     outputs: Mapping[str, OutputRule] = field(default_factory=dict)
     worst: int = 5  # worst examples reported per output
     seed: int = 0  # the corpus sample is the same on every host and every run
+
+    def __post_init__(self) -> None:
+        # read-only, as the catalog's other mappings (validation reports a non-mapping)
+        if isinstance(self.outputs, Mapping):
+            object.__setattr__(self, "outputs", MappingProxyType(dict(self.outputs)))
 
     def rule(self, name: str, old: Sequence[np.ndarray]) -> OutputRule:
         """The output's rule: named in the policy, or inferred from the old answers."""
