@@ -96,6 +96,42 @@ def _quantile(cumulative: list[tuple[float, float]], q: float) -> float | None:
     return None
 
 
+def restarted(before: Scrape, after: Scrape) -> bool:
+    """Whether the process restarted between two scrapes: a counter went back or vanished.
+
+    Counters only grow while a process lives, and a restart sets every one of them back to
+    zero; testing them one by one (as ``window`` does) misses the counters that grew past
+    their old value again after the restart, so judging the whole scrape is exact.
+    """
+    return any(after.requests.get(status, -1.0) < count
+               for status, count in before.requests.items()) or any(
+        after.buckets.get(bound, -1.0) < count for bound, count in before.buckets.items())
+
+
+def interpolated_quantile_ms(cumulative: list[tuple[float, float]], q: float) -> float | None:
+    """The ``q`` quantile (milliseconds) of a cumulative histogram in microseconds, assuming
+    the samples are spread evenly inside the bucket it falls in (Prometheus's
+    ``histogram_quantile`` rule); None with no samples.
+
+    TFServing's latency buckets grow by a factor 1.8 (``Buckets::Exponential(10, 1.8, 33)``
+    in tensorflow_serving/servables/tensorflow/util.cc), so a bucket's upper bound (what
+    ``window`` reports, the conservative reading against an absolute SLO) cannot tell apart
+    two figures less than 1.8 times apart: a ratio between two servers needs this reading.
+    A quantile in the open +Inf bucket is the highest finite bound.
+    """
+    if not cumulative or cumulative[-1][1] <= 0:
+        return None
+    rank = q * cumulative[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in cumulative:
+        if count >= rank and count > below:
+            if not math.isfinite(bound):
+                return lower / 1000.0
+            return (lower + (bound - lower) * (rank - below) / (count - below)) / 1000.0
+        lower, below = bound, count
+    return lower / 1000.0
+
+
 @dataclass
 class Breach:
     """How long a host has been out of its SLO."""
