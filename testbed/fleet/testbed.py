@@ -476,6 +476,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         states = list(pool.map(lambda i: hostlib.inspect(hostlib.Host(i, places)), indexes))
     reg_pid = registry.pid(places)
     reg_ok = registry.answers()
+    runtime = places.bin / "simgpu-runtime"
+    current = {
+        s.name: bool(s.dockerd)
+        and hostlib.dockerd_current(hostlib.Host(int(s.name[2:]), places), s.dockerd, runtime)
+        for s in states
+    }
     report = {
         "hosts": [
             {
@@ -485,6 +491,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "holder": s.holder,
                 "sshd": s.sshd,
                 "dockerd": s.dockerd,
+                # False: started by an older `up` (e.g. without the GPU hook); `up` restarts it
+                "dockerd_current": current[s.name],
                 "docker_answers": s.docker_ok,
                 "ssh_answers": s.ssh_ok,
                 "network": s.network_ok,
@@ -509,9 +517,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("no hosts (start them with scripts/testbed up)")
         for s in states:
             images = docker_images(hostlib.Host(int(s.name[2:]), places)) if s.docker_ok else "-"
+            stale = "" if current[s.name] or not s.dockerd else "  (dockerd outdated: run up)"
             print(
                 f"  {s.name} {s.address:<11} sshd {mark(s.ssh_ok and s.sshd, s.sshd):<12} "
                 f"dockerd {mark(s.docker_ok and s.dockerd, s.dockerd):<12} images: {images}"
+                f"{stale}"
             )
     healthy = bool(states) and all(s.healthy for s in states) and reg_ok
     return 0 if healthy else 3
