@@ -99,7 +99,7 @@ def test_up_gpus_gives_every_host_its_gpus_and_the_inventory_picks_them_up(fleet
 def test_gpus_device_1_sees_only_gpu_1_numbered_0(fleet: Testbed, host: TestbedHost) -> None:
     gpu1 = host.gpus[1]
     inside = in_container(fleet, host, ["--gpus", "device=1"],
-                          "echo $NVIDIA_VISIBLE_DEVICES; cat /run/simgpu/gpus.json; echo;"
+                          "echo $NVIDIA_VISIBLE_DEVICES; cat /run/simgpu/gpus.json;"
                           f" nvidia-smi {SMI_GPUS}; nvidia-smi -L").stdout.splitlines()
     assert inside[0] == "1"
     assert [g["uuid"] for g in json.loads(inside[1])["gpus"]] == [gpu1["uuid"]]
