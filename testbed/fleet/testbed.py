@@ -478,7 +478,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     reg_ok = registry.answers()
     runtime = places.bin / "simgpu-runtime"
     current = {
-        s.name: bool(s.dockerd)
+        s.name: s.dockerd is not None
         and hostlib.dockerd_current(hostlib.Host(int(s.name[2:]), places), s.dockerd, runtime)
         for s in states
     }
