@@ -116,9 +116,11 @@ def parse_gpu_specs(sizes: list[str], count: int, gpus: list[str] | None = None
     for name in (host_name(i) for i in range(1, count + 1)):
         size = mibs.get(name, mibs.get("", [DEFAULT_GPU_MIB]))
         wanted = counts.get(name, counts.get(""))
-        if len(size) == 1:
+        if not size:
+            layout[name] = []  # --gpu-mib tbN=0 wins over any --gpus
+        elif len(size) == 1:
             layout[name] = size * (DEFAULT_GPUS if wanted is None else wanted)
-        elif wanted is None or wanted == len(size) or not size:
+        elif wanted in (None, len(size)):
             layout[name] = size
         else:
             raise TestbedError(
@@ -317,7 +319,8 @@ def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path) ->
         if state.healthy:
             hostlib.write_gpus(host, gpu_doc)
             if state.dockerd and not hostlib.dockerd_current(host, state.dockerd, runtime):
-                log(f"{host.name}: dockerd runs with an older command line; restarting it")
+                log(f"{host.name}: dockerd runs with an older command line or environment; "
+                    "restarting it")
                 hostlib.restart_dockerd(host, runtime=runtime)
                 hostlib.refresh_sshd(host)
                 return "dockerd-restarted"
