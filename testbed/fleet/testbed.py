@@ -112,7 +112,7 @@ def parse_gpu_specs(sizes: list[str], count: int, gpus: list[str] | None = None
     """
     counts = _per_host("--gpus", gpus or [], _gpu_count)
     mibs = _per_host("--gpu-mib", sizes, _gpu_sizes)
-    layout = {}
+    layout: dict[str, list[int]] = {}
     for name in (host_name(i) for i in range(1, count + 1)):
         size = mibs.get(name, mibs.get("", [DEFAULT_GPU_MIB]))
         wanted = counts.get(name, counts.get(""))
