@@ -1,7 +1,12 @@
 """The local test fleet started by `scripts/testbed up` (the default inventory).
 
-Hosts come from the testbed's hosts.json when it exists (so `up --hosts 5` gives 5 hosts);
-otherwise the default three hosts tb1..tb3 are declared, which is enough to render files.
+Hosts come from the testbed's hosts.json when it exists (so `up --hosts 5` gives 5 hosts, and
+`up --gpus 2` two GPUs per host); otherwise the default three hosts tb1..tb3 with one GPU each
+are declared, which is enough to render files.
+
+The testbed's engines hand out GPUs as a host with the NVIDIA Container Toolkit does: only to a
+container that asks (docs/testbed.md), so the servers ask for every GPU of their host
+(`docker_gpus: all`, docker's `--gpus all`), as on the production inventory's GPU hosts.
 """
 
 import json
@@ -22,7 +27,8 @@ def _hosts() -> list[Host]:
         entries = json.loads(state_file.read_text())["hosts"]
     else:
         entries = [{"name": f"tb{i}", "address": f"10.87.0.{10 + i}",
-                    "gpus": [{"index": 0, "memory_mib": 16384}]} for i in (1, 2, 3)]
+                    "gpus": [{"index": 0, "memory_mib": 16384, "name": "Simulated Tesla T4"}]}
+                   for i in (1, 2, 3)]
     return [Host(e["name"], e["address"],
                  gpus=[Gpu(g["index"], g["memory_mib"], g.get("name", "GPU")) for g in e["gpus"]])
             for e in entries]
@@ -43,6 +49,7 @@ defaults = {
     "image": f"{REGISTRY}/tfserving-emulator:2.21.0",
     "tfserving_version": "2.21.0",
     "proxy_image": f"{REGISTRY}/tfsdeploy-proxy:2.6",
+    "docker_gpus": "all",
     "gpu_safety_margin": 1.2,
     "gpu_headroom": 0.1,
 }

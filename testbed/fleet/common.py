@@ -17,6 +17,8 @@ REGISTRY = f"{GATEWAY}:5000"
 MAX_HOSTS = 10
 DEFAULT_HOSTS = 3
 DEFAULT_GPU_MIB = 16384
+DEFAULT_GPUS = 1
+MAX_GPUS = 16
 DEFAULT_GPU_NAME = "Simulated Tesla T4"
 # mount points inside every host, each backed by a private directory under the state dir
 # /root too: a host is a fresh Debian machine, so the machine's own root dotfiles (shell start-up

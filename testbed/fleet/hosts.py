@@ -40,6 +40,9 @@ from common import (
     wait_until,
 )
 
+# PATH of a plain Debian host (dockerd gets the testbed's bin dir in front, see dockerd_env)
+HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 HOLDER_SCRIPT = r"""
 set -eu
 d=$1; name=$2
@@ -373,7 +376,9 @@ def _seed_home(home: Path) -> None:
 # ---------------------------------------------------------------- start
 
 
-def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+def _spawn(
+    argv: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as out:
         return subprocess.Popen(
             argv,
@@ -382,6 +387,7 @@ def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            env=env,
         )
 
 
@@ -442,6 +448,46 @@ def dockerd_argv(host: Host, runtime: Path) -> list[str]:
     ]
 
 
+def dockerd_env(host: Host) -> dict[str, str]:
+    """dockerd's environment: a host's plain PATH with the testbed's bin dir first, where
+    dockerd finds nvidia-container-runtime-hook at start-up and so registers its NVIDIA device
+    driver (`docker run --gpus`), as on a host with the NVIDIA Container Toolkit installed."""
+    return {"PATH": f"{host.places.bin}:{HOST_PATH}", "HOME": "/root", "LANG": "C.UTF-8"}
+
+
+def dockerd_current(host: Host, pid: int, runtime: Path) -> bool:
+    """The running dockerd has today's command line and environment (an older `up` may have
+    started it otherwise: without the GPU hook on its PATH, say)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    want_env = [f"{k}={v}".encode() for k, v in dockerd_env(host).items()]
+    return argv == [a.encode() for a in dockerd_argv(host, runtime)] and all(
+        e in environ for e in want_env
+    )
+
+
+def _start_dockerd(host: Host, holder: int, runtime: Path) -> None:
+    _spawn([*_enter(holder), *dockerd_argv(host, runtime)], host.log_path("dockerd"),
+           env=dockerd_env(host))
+
+
+def restart_dockerd(host: Host, *, runtime: Path, timeout: float = 60) -> None:
+    """Restart only the host's dockerd, with today's command line: sshd and sessions stay; the
+    containers stop with it and those with a restart policy start again with it."""
+    holder, pid = holder_pid(host), daemon_pid(host, "docker.pid", "dockerd")
+    if holder is None or pid is None:
+        raise TestbedError(f"{host.name}: no running dockerd to restart; run scripts/testbed up")
+    os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not pid_alive(pid), timeout=timeout,
+               what=f"{host.name}: dockerd {pid} to stop (log: {host.log_path('dockerd')})")
+    _start_dockerd(host, holder, runtime)
+    wait_until(lambda: docker_ping(host.docker_socket, timeout=1), timeout=timeout,
+               what=f"{host.name}: dockerd on /run/docker.sock (log: {host.log_path('dockerd')})")
+
+
 def start(host: Host, *, runtime: Path, gpus: dict[str, Any] | None) -> None:
     """Start host from nothing: network, holder, simulated GPU file, dockerd, sshd."""
     stop_processes(host)
@@ -450,7 +496,7 @@ def start(host: Host, *, runtime: Path, gpus: dict[str, Any] | None) -> None:
     _write_sshd_config(host)
     holder = _start_holder(host)
     write_gpus(host, gpus)
-    _spawn([*_enter(holder), *dockerd_argv(host, runtime)], host.log_path("dockerd"))
+    _start_dockerd(host, holder, runtime)
     _start_sshd(host, holder)
 
 

@@ -1,12 +1,20 @@
 #!/usr/bin/python3
-"""nvidia-smi for the testbed's simulated GPU: answers from /run/simgpu (private to each host).
+"""nvidia-smi for the testbed's simulated GPUs: answers from /run/simgpu (private to each host).
 
 Supports what the toolkit asks a real nvidia-smi:
   --query-gpu=index,name,uuid,memory.total,memory.used,memory.free --format=csv[,noheader][,nounits]
   --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid --format=csv[,noheader][,nounits]
-  -L, and a plain summary without arguments.  Output follows nvidia-smi's CSV format exactly.
-Reservation files whose owner died (their flock can be taken) are deleted while holding
-/run/simgpu/lock, as docs/testbed-contract.md specifies.
+  -i/--id, -L, and a plain summary without arguments.  Output follows nvidia-smi's CSV format.
+
+On a host, gpus.json lists every GPU; in a container it lists the GPUs the container was given
+(nvidia_container_hook.py), each with the host's index. Like the real nvidia-smi in a container,
+`index` numbers the GPUs it sees from 0, while `minor_number` and `pci.bus_id` stay the host's
+(the device node /dev/nvidia<minor> and the bus address do not change inside a container).
+memory.used is the whole GPU's, every process's on the host, as the driver reports it.
+
+A reservation record (procs/*.json) names its GPU by the host's index (`gpu`) or, when it has
+one, by UUID (`gpu_uuid`, which wins). Records whose owner died (their flock can be taken) are
+deleted while holding /run/simgpu/lock, as docs/testbed-contract.md specifies.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ NO_DRIVER = (
 # field -> (header, unit); aliases map to the canonical name nvidia-smi prints in the header
 GPU_FIELDS = {
     "index": ("index", ""),
+    "minor_number": ("minor_number", ""),
     "name": ("name", ""),
     "gpu_name": ("name", ""),
     "uuid": ("uuid", ""),
@@ -62,6 +71,7 @@ class Usage(Exception):
 
 
 def load_gpus() -> list[dict[str, Any]] | None:
+    """The GPUs this host (or container) sees, in enumeration order; None without a driver."""
     try:
         return list(json.loads((SIMGPU / "gpus.json").read_text())["gpus"])
     except FileNotFoundError:
@@ -78,32 +88,60 @@ def live_reservations() -> list[dict[str, Any]]:
         with contextlib.suppress(OSError):
             fcntl.flock(lock, fcntl.LOCK_EX)
         for path in sorted(procs.glob("*.json")):
-            try:
-                fd = os.open(path, os.O_RDWR)
-            except FileNotFoundError:
-                continue
-            try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except OSError as exc:
-                    if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                        raise
-                    records.append(json.loads(Path(path).read_text() or "{}"))
-                    continue
-                path.unlink(missing_ok=True)  # we got the lock: its owner is dead
-            except ValueError:
-                continue  # a live owner still writing its record
-            finally:
-                os.close(fd)
+            record = _live_record(path)
+            if record is not None:
+                records.append(record)
     return records
 
 
-def used_by_gpu(records: list[dict[str, Any]]) -> dict[int, int]:
+def _live_record(path: Path) -> dict[str, Any] | None:
+    """The record at ``path`` if its owner holds its lock; a dead owner's file is deleted."""
+    try:
+        fd = os.open(path, os.O_RDONLY)  # flock needs no write access: any user can look
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            return dict(json.loads(path.read_text() or "{}"))
+        # we got the lock: its owner is dead (another user's file in the sticky procs/ stays)
+        with contextlib.suppress(OSError):
+            path.unlink(missing_ok=True)
+        return None
+    except ValueError:
+        return None  # a live owner still writing its record
+    finally:
+        os.close(fd)
+
+
+def record_position(record: dict[str, Any], gpus: list[dict[str, Any]]) -> int | None:
+    """Which of ``gpus`` (by position) a record is on: by UUID if it names one, else by the
+    host's index; None for a GPU not in the list (another container's)."""
+    for position, gpu in enumerate(gpus):
+        if "gpu_uuid" in record:
+            if record["gpu_uuid"] == gpu.get("uuid"):
+                return position
+        elif int(record.get("gpu", 0)) == int(gpu["index"]):
+            return position
+    return None
+
+
+def used_by_gpu(gpus: list[dict[str, Any]], records: list[dict[str, Any]]) -> dict[int, int]:
+    """MiB used on each GPU, by position in ``gpus``."""
     used: dict[int, int] = {}
     for rec in records:
-        gpu = int(rec.get("gpu", 0))
-        used[gpu] = used.get(gpu, 0) + int(rec.get("used_mib", 0))
+        position = record_position(rec, gpus)
+        if position is not None:
+            used[position] = used.get(position, 0) + int(rec.get("used_mib", 0))
     return used
+
+
+def bus_id(gpu: dict[str, Any]) -> str:
+    """The GPU's PCI address, from the host's index (the same on the host and in containers)."""
+    return f"00000000:{int(gpu['index']) + 1:02X}:00.0"
 
 
 def parse_format(value: str) -> tuple[bool, bool]:
@@ -137,20 +175,24 @@ def render(
     return "".join(line + "\n" for line in lines)
 
 
-def gpu_rows(gpus: list[dict[str, Any]], used: dict[int, int]) -> list[dict[str, Any]]:
+def gpu_rows(
+    gpus: list[dict[str, Any]], used: dict[int, int], *, positions: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """One row per GPU; ``positions`` (default: all) picks which, ``used`` is by position."""
     rows = []
-    for gpu in gpus:
-        index = int(gpu["index"])
+    for position in range(len(gpus)) if positions is None else positions:
+        gpu = gpus[position]
         total = int(gpu["memory_total_mib"])
-        in_use = used.get(index, 0)
+        in_use = used.get(position, 0)
         rows.append(
             {
-                "index": index,
+                "index": position,
+                "minor_number": int(gpu["index"]),
                 "name": gpu["name"],
                 "uuid": gpu["uuid"],
                 "count": len(gpus),
                 "driver_version": DRIVER_VERSION,
-                "pci.bus_id": f"00000000:{index + 1:02X}:00.0",
+                "pci.bus_id": bus_id(gpu),
                 "memory.total [MiB]": total,
                 "memory.used [MiB]": in_use,
                 "memory.free [MiB]": max(total - in_use, 0),
@@ -162,42 +204,61 @@ def gpu_rows(gpus: list[dict[str, Any]], used: dict[int, int]) -> list[dict[str,
     return rows
 
 
-def app_rows(gpus: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    by_index = {int(g["index"]): g for g in gpus}
+def app_rows(
+    gpus: list[dict[str, Any]], records: list[dict[str, Any]], *, positions: list[int] | None = None
+) -> list[dict[str, Any]]:
+    """One row per process on one of the GPUs at ``positions`` (default: all), GPU by GPU."""
+    wanted = range(len(gpus)) if positions is None else positions
+    placed = [(record_position(rec, gpus), rec) for rec in records]
     rows = []
-    for rec in records:
-        gpu = by_index.get(int(rec.get("gpu", 0)))
-        if gpu is None:
-            continue
-        rows.append(
-            {
-                "pid": rec.get("pid", 0),
-                "process_name": rec.get("process_name", ""),
-                "used_gpu_memory [MiB]": rec.get("used_mib", 0),
-                "gpu_uuid": gpu["uuid"],
-                "gpu_name": gpu["name"],
-                "gpu_bus_id": f"00000000:{int(gpu['index']) + 1:02X}:00.0",
-            }
-        )
+    for position in wanted:
+        gpu = gpus[position]
+        for rec in (r for p, r in placed if p == position):
+            rows.append(
+                {
+                    "gpu_index": position,
+                    "pid": rec.get("pid", 0),
+                    "process_name": rec.get("process_name", ""),
+                    "used_gpu_memory [MiB]": rec.get("used_mib", 0),
+                    "gpu_uuid": gpu["uuid"],
+                    "gpu_name": gpu["name"],
+                    "gpu_bus_id": bus_id(gpu),
+                }
+            )
     return rows
 
 
-def summary(gpus: list[dict[str, Any]], records: list[dict[str, Any]]) -> str:
-    rows = gpu_rows(gpus, used_by_gpu(records))
+def summary(gpus: list[dict[str, Any]], records: list[dict[str, Any]], positions: list[int]) -> str:
+    """The plain `nvidia-smi` view: each GPU's memory, then the processes and their GPU."""
+    rows = gpu_rows(gpus, used_by_gpu(gpus, records), positions=positions)
     out = [
         f"NVIDIA-SMI {DRIVER_VERSION}   Driver Version: {DRIVER_VERSION}   (testbed simulated GPU)"
     ]
     for r in rows:
         out.append(
-            f"GPU {r['index']}: {r['name']}  {r['memory.used [MiB]']}MiB / "
+            f"GPU {r['index']}: {r['name']}  {r['pci.bus_id']}  {r['memory.used [MiB]']}MiB / "
             f"{r['memory.total [MiB]']}MiB"
         )
     out.append("Processes:")
-    for a in app_rows(gpus, records):
-        out.append(f"  pid {a['pid']}  {a['process_name']}  {a['used_gpu_memory [MiB]']}MiB")
-    if not records:
+    apps = app_rows(gpus, records, positions=positions)
+    for a in apps:
+        out.append(
+            f"  GPU {a['gpu_index']}  pid {a['pid']}  {a['process_name']}  "
+            f"{a['used_gpu_memory [MiB]']}MiB"
+        )
+    if not apps:
         out.append("  No running processes found")
     return "\n".join(out) + "\n"
+
+
+def select_positions(gpus: list[dict[str, Any]], spec: str) -> list[int]:
+    """`-i`: GPUs by index (as this nvidia-smi numbers them), UUID or PCI bus id."""
+    wanted = {part.strip() for part in spec.split(",") if part.strip()}
+    return [
+        position
+        for position, gpu in enumerate(gpus)
+        if {str(position), gpu.get("uuid"), bus_id(gpu)} & wanted
+    ]
 
 
 def parse_args(argv: list[str]) -> dict[str, str]:
@@ -244,31 +305,32 @@ def main(argv: list[str]) -> int:
         if gpus is None:
             sys.stdout.write(NO_DRIVER)
             return 9
-        if "id" in opts:
-            wanted = {int(x) for x in opts["id"].split(",")}
-            gpus = [g for g in gpus if int(g["index"]) in wanted]
-            if not gpus:
-                sys.stdout.write("No devices were found\n")
-                return 6
+        positions = select_positions(gpus, opts["id"]) if "id" in opts else list(range(len(gpus)))
+        if not positions:
+            sys.stdout.write("No devices were found\n")
+            return 6
         records = live_reservations()
         if "list" in opts:
             sys.stdout.write(
-                "".join(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']})\n" for g in gpus)
+                "".join(
+                    f"GPU {p}: {gpus[p]['name']} (UUID: {gpus[p]['uuid']})\n" for p in positions
+                )
             )
             return 0
         query = opts.get("query-gpu") or opts.get("query-apps")
         if query is None:
-            sys.stdout.write(summary(gpus, records))
+            sys.stdout.write(summary(gpus, records, positions))
             return 0
         if "format" not in opts:
             raise Usage("--format=csv is required with a query (only csv is supported)")
         noheader, nounits = parse_format(opts["format"])
         fields = [f.strip() for f in query.split(",") if f.strip()]
         if "query-gpu" in opts:
-            rows = gpu_rows(gpus, used_by_gpu(records))
+            rows = gpu_rows(gpus, used_by_gpu(gpus, records), positions=positions)
             sys.stdout.write(render(fields, GPU_FIELDS, rows, noheader, nounits))
         else:
-            sys.stdout.write(render(fields, APP_FIELDS, app_rows(gpus, records), noheader, nounits))
+            rows = app_rows(gpus, records, positions=positions)
+            sys.stdout.write(render(fields, APP_FIELDS, rows, noheader, nounits))
         return 0
     except Usage as exc:
         sys.stdout.write(f"{exc}\nPlease run 'nvidia-smi -h' for help.\n")

@@ -25,8 +25,10 @@ from common import (
     BRIDGE,
     DEFAULT_GPU_MIB,
     DEFAULT_GPU_NAME,
+    DEFAULT_GPUS,
     DEFAULT_HOSTS,
     FLEET_DIR,
+    MAX_GPUS,
     MAX_HOSTS,
     NVIDIA_SMI_PATH,
     REGISTRY,
@@ -59,29 +61,73 @@ REQUIRED_TOOLS = [
 # ---------------------------------------------------------------- options
 
 
-def parse_gpu_specs(specs: list[str], count: int) -> dict[str, list[int]]:
-    """`--gpu-mib` values -> GPU memory sizes per host.
-
-    `16384` sets every host, `tb3=8192` one host, `tb3=8192,8192` two GPUs, `tb2=0` no GPU.
-    """
-    default = [DEFAULT_GPU_MIB]
-    per_host: dict[str, list[int]] = {}
+def _per_host(option: str, specs: list[str], parse: Callable[[str], Any]) -> dict[str, Any]:
+    """`VALUE` (every host, key "") and `tbN=VALUE` (one host) option values, parsed."""
+    found: dict[str, Any] = {}
+    names = [host_name(i) for i in range(1, MAX_HOSTS + 1)]
     for spec in specs:
-        target, _, sizes = spec.rpartition("=")
-        try:
-            mibs = [int(s) for s in sizes.split(",") if int(s) > 0]
-        except ValueError:
-            raise TestbedError(
-                f"--gpu-mib {spec!r}: sizes must be integers in MiB, "
-                "e.g. --gpu-mib 16384 or --gpu-mib tb3=8192"
-            ) from None
-        if not target:
-            default = mibs
-        elif target in [host_name(i) for i in range(1, MAX_HOSTS + 1)]:
-            per_host[target] = mibs
+        target, _, value = spec.rpartition("=")
+        if target and target not in names:
+            raise TestbedError(f"{option} {spec!r}: unknown host {target!r} (tb1..tb{MAX_HOSTS})")
+        found[target] = parse(value)
+    return found
+
+
+def _gpu_count(value: str) -> int:
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if not 0 <= count <= MAX_GPUS:
+        raise TestbedError(
+            f"--gpus {value!r}: give a number of GPUs per host, 0..{MAX_GPUS} "
+            "(e.g. --gpus 2, or --gpus tb3=4 for one host)"
+        )
+    return count
+
+
+def _gpu_sizes(value: str) -> list[int]:
+    try:
+        mibs = [int(s) for s in value.split(",")]
+    except ValueError:
+        mibs = [-1]
+    if mibs == [0]:
+        return []  # tbN=0: no GPU at all
+    if any(m <= 0 for m in mibs):
+        raise TestbedError(
+            f"--gpu-mib {value!r}: sizes must be positive integers in MiB, or 0 alone for no "
+            "GPU (e.g. --gpu-mib 16384, --gpu-mib tb3=8192, --gpu-mib tb2=16384,8192)"
+        )
+    return mibs
+
+
+def parse_gpu_specs(sizes: list[str], count: int, gpus: list[str] | None = None
+                    ) -> dict[str, list[int]]:
+    """`--gpus` and `--gpu-mib` values -> the memory of each GPU of each of ``count`` hosts.
+
+    `--gpus 2` gives every host two GPUs, `--gpus tb3=4` one host four (default: 1). A single
+    `--gpu-mib` size (`16384`, `tb3=8192`) is the size of each of the host's GPUs; a list
+    (`tb2=16384,8192`) sizes them one by one and, without `--gpus`, sets how many; `tb2=0`: no
+    GPU.
+    """
+    counts = _per_host("--gpus", gpus or [], _gpu_count)
+    mibs = _per_host("--gpu-mib", sizes, _gpu_sizes)
+    layout: dict[str, list[int]] = {}
+    for name in (host_name(i) for i in range(1, count + 1)):
+        size = mibs.get(name, mibs.get("", [DEFAULT_GPU_MIB]))
+        wanted = counts.get(name, counts.get(""))
+        if not size:
+            layout[name] = []  # --gpu-mib tbN=0 wins over any --gpus
+        elif len(size) == 1:
+            layout[name] = size * (DEFAULT_GPUS if wanted is None else wanted)
+        elif wanted in (None, len(size)):
+            layout[name] = size
         else:
-            raise TestbedError(f"--gpu-mib {spec!r}: unknown host {target!r} (tb1..tb{MAX_HOSTS})")
-    return {host_name(i): per_host.get(host_name(i), default) for i in range(1, count + 1)}
+            raise TestbedError(
+                f"{name}: --gpu-mib lists {len(size)} GPU sizes but --gpus asks for {wanted}; "
+                f"give one size (for every GPU) or {wanted} sizes"
+            )
+    return layout
 
 
 def gpu_document(name: str, mibs: list[int]) -> dict[str, Any] | None:
@@ -112,6 +158,18 @@ def install_file(source: Path, target: Path) -> None:
     shutil.copyfile(source, tmp)
     tmp.chmod(0o755)
     tmp.rename(target)
+
+
+def install_gpu_tools(places: Places) -> Path:
+    """The simulated-GPU runtime, its hook and nvidia-smi; returns the runtime's path.
+
+    The shared rules go first: a runtime or hook that starts meanwhile finds them."""
+    install_file(FLEET_DIR / "simgpu_devices.py", places.bin / "simgpu_devices.py")
+    install_file(FLEET_DIR / "nvidia_container_hook.py",
+                 places.bin / "nvidia-container-runtime-hook")
+    install_file(FLEET_DIR / "simgpu_runtime.py", places.bin / "simgpu-runtime")
+    install_file(FLEET_DIR / "nvidia_smi.py", NVIDIA_SMI_PATH)
+    return places.bin / "simgpu-runtime"
 
 
 def ensure_client_key(places: Places) -> None:
@@ -260,6 +318,12 @@ def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path) ->
         state = hostlib.inspect(host)
         if state.healthy:
             hostlib.write_gpus(host, gpu_doc)
+            if state.dockerd and not hostlib.dockerd_current(host, state.dockerd, runtime):
+                log(f"{host.name}: dockerd runs with an older command line or environment; "
+                    "restarting it")
+                hostlib.restart_dockerd(host, runtime=runtime)
+                hostlib.refresh_sshd(host)
+                return "dockerd-restarted"
             return "running" if not hostlib.refresh_sshd(host) else "sshd-reconfigured"
         hostlib.start(host, runtime=runtime, gpus=gpu_doc)
         hostlib.wait_ready(host)
@@ -295,16 +359,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     timer = Timer()
     if not 1 <= args.hosts <= MAX_HOSTS:
         raise TestbedError(f"--hosts {args.hosts}: choose 1..{MAX_HOSTS}")
-    gpus = parse_gpu_specs(args.gpu_mib, args.hosts)
+    gpus = parse_gpu_specs(args.gpu_mib, args.hosts, args.gpus)
     for sub in ("logs", "bin", "hosts", "registry"):
         (places.state / sub).mkdir(parents=True, exist_ok=True)
     if args.ssh_forwarding is not None:
         (places.state / hostlib.FORWARDING_FILE).write_text(args.ssh_forwarding + "\n")
     t = time.monotonic()
     ensure_client_key(places)
-    runtime = places.bin / "simgpu-runtime"
-    install_file(FLEET_DIR / "simgpu_runtime.py", runtime)
-    install_file(FLEET_DIR / "nvidia_smi.py", NVIDIA_SMI_PATH)
+    runtime = install_gpu_tools(places)
     extras = [i for i in existing_hosts(places) if i > args.hosts]
     if extras:
         log(f"stopping {', '.join(map(host_name, extras))} (beyond --hosts {args.hosts})")
@@ -328,14 +390,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def gpu_label(mibs: list[int]) -> str:
+    """`GPU 16384 MiB`, `GPUs 2x16384 MiB`, `GPUs 16384+8192 MiB` or `no GPU`."""
+    if not mibs:
+        return "no GPU"
+    if len(mibs) == 1:
+        return f"GPU {mibs[0]} MiB"
+    if len(set(mibs)) == 1:
+        return f"GPUs {len(mibs)}x{mibs[0]} MiB"
+    return f"GPUs {'+'.join(map(str, mibs))} MiB"
+
+
 def print_summary(
     places: Places, states: dict[str, str], reg: str, gpus: dict[str, list[int]], timer: Timer
 ) -> None:
     print(f"testbed up: {len(states)} hosts, registry {REGISTRY} ({reg})")
     for name, what in states.items():
-        mib = "+".join(str(m) for m in gpus[name]) or "no"
         print(
-            f"  {name}  {host_address(int(name[2:])):<11}  {what:<9}  GPU {mib} MiB   "
+            f"  {name}  {host_address(int(name[2:])):<11}  {what:<9}  {gpu_label(gpus[name])}   "
             f"ssh -F {places.ssh_config} {name}"
         )
     print(
@@ -407,6 +479,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         states = list(pool.map(lambda i: hostlib.inspect(hostlib.Host(i, places)), indexes))
     reg_pid = registry.pid(places)
     reg_ok = registry.answers()
+    runtime = places.bin / "simgpu-runtime"
+    current = {
+        s.name: s.dockerd is not None
+        and hostlib.dockerd_current(hostlib.Host(int(s.name[2:]), places), s.dockerd, runtime)
+        for s in states
+    }
     report = {
         "hosts": [
             {
@@ -416,6 +494,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "holder": s.holder,
                 "sshd": s.sshd,
                 "dockerd": s.dockerd,
+                # False: started by an older `up` (e.g. without the GPU hook); `up` restarts it
+                "dockerd_current": current[s.name],
                 "docker_answers": s.docker_ok,
                 "ssh_answers": s.ssh_ok,
                 "network": s.network_ok,
@@ -440,9 +520,11 @@ def cmd_status(args: argparse.Namespace) -> int:
             print("no hosts (start them with scripts/testbed up)")
         for s in states:
             images = docker_images(hostlib.Host(int(s.name[2:]), places)) if s.docker_ok else "-"
+            stale = "" if current[s.name] or not s.dockerd else "  (dockerd outdated: run up)"
             print(
                 f"  {s.name} {s.address:<11} sshd {mark(s.ssh_ok and s.sshd, s.sshd):<12} "
                 f"dockerd {mark(s.docker_ok and s.dockerd, s.dockerd):<12} images: {images}"
+                f"{stale}"
             )
     healthy = bool(states) and all(s.healthy for s in states) and reg_ok
     return 0 if healthy else 3
@@ -471,11 +553,19 @@ def main(argv: list[str]) -> int:
     up = sub.add_parser("up", help="start (or repair) the local fleet; idempotent")
     up.add_argument("--hosts", type=int, default=DEFAULT_HOSTS, help="number of hosts, 1..10")
     up.add_argument(
+        "--gpus",
+        action="append",
+        default=[],
+        metavar="[tbN=]N",
+        help=f"simulated GPUs per host (default {DEFAULT_GPUS}): for all hosts, or one host",
+    )
+    up.add_argument(
         "--gpu-mib",
         action="append",
         default=[],
         metavar="[tbN=]MIB[,MIB]",
-        help="simulated GPU memory: for all hosts, or one host; 0 = no GPU",
+        help=f"memory of each simulated GPU (default {DEFAULT_GPU_MIB}): for all hosts, or one "
+        "host; a list sizes the GPUs one by one; 0 = no GPU",
     )
     up.add_argument("--no-images", action="store_true", help="skip building/pushing/pulling images")
     up.add_argument(

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 REPO = Path(__file__).resolve().parents[2]
 TESTBED = REPO / "scripts" / "testbed"
+FLEET = REPO / "testbed" / "fleet"
 STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
 
 
@@ -108,3 +112,20 @@ def ensure_up() -> None:
         raise RuntimeError(
             f"scripts/testbed up failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         )
+
+
+def fleet_module(name: str) -> ModuleType:
+    """A module of testbed/fleet (the fleet's own stdlib-only tools), for their pure rules.
+
+    Loaded under the name ``fleet_<name>``: `testbed` is also the repository's testbed/ folder.
+    """
+    if str(FLEET) not in sys.path:
+        sys.path.insert(0, str(FLEET))  # their own imports (common, hosts, simgpu_devices, ...)
+    key = f"fleet_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, FLEET / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]

@@ -97,6 +97,10 @@ def test_gpu_memory_can_be_set_per_host(destructive: Testbed) -> None:
         query = "nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits"
         assert fleet.ssh(fleet.hosts[1], query).stdout.strip() == "8192"
         assert fleet.ssh(fleet.hosts[0], query).stdout.strip() == "16384"
+        up("--hosts", n, "--no-images", "--gpus", "tb1=3", "--gpu-mib", "tb1=4096")
+        fleet = load_testbed(destructive.started_here)
+        assert [g["memory_mib"] for g in fleet.hosts[0].gpus] == [4096] * 3
+        assert fleet.ssh(fleet.hosts[0], query).stdout.split() == ["4096"] * 3
         up("--hosts", n, "--no-images", "--gpu-mib", "tb2=0")
         proc = fleet.ssh(fleet.hosts[1], query, check=False)
         assert proc.returncode != 0 and "couldn't communicate with the NVIDIA driver" in proc.stdout

@@ -1,4 +1,5 @@
-"""The simulated GPU: nvidia-smi answers from /run/simgpu, the runtime mounts it into containers."""
+"""The simulated GPU: nvidia-smi answers from /run/simgpu; a container that asks for GPUs gets
+them (test_fleet_gpus.py has the rules of who gets which)."""
 
 from __future__ import annotations
 
@@ -109,13 +110,15 @@ def test_nvidia_smi_rejects_unknown_fields_like_the_real_one(testbed: Testbed) -
     assert proc.returncode == 2 and 'Field "bogus" is not a valid field to query.' in proc.stdout
 
 
-def test_every_container_gets_run_simgpu(testbed: Testbed) -> None:
+def test_a_container_asking_for_all_gpus_gets_the_hosts_gpu_files(testbed: Testbed) -> None:
     host = gpu_host(testbed)
-    # a plain `docker run`: the host's default runtime (the simgpu wrapper) adds the mount
+    # `--gpus all`: dockerd's NVIDIA driver and the testbed's hook give it the host's GPUs
     out = testbed.docker(
         host,
         "run",
         "--rm",
+        "--gpus",
+        "all",
         "--entrypoint",
         "cat",
         testbed.image("tfsdeploy-proxy"),
@@ -138,6 +141,8 @@ def test_a_container_sees_reservations_and_its_lock_is_shared(testbed: Testbed) 
             host,
             "run",
             "--rm",
+            "--gpus",
+            "all",
             "--entrypoint",
             "python3",
             testbed.image("tfsdeploy-proxy"),
