@@ -158,8 +158,13 @@ class SdkDocker:
 
     def start(self, name: str) -> None:
         """Start."""
-        with self._calls(f"start {name}"):
-            self._client.api.start(name)
+        import docker.errors
+
+        try:
+            with self._calls(f"start {name}"):
+                self._client.api.start(name)
+        except docker.errors.NotFound:
+            raise DockerFailed(f"{self._host}: start {name}: no such container") from None
 
     def stop(self, name: str) -> None:
         """Stop at once."""

@@ -9,6 +9,7 @@ not answer (a killed run may have switched traffic without recording it).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -74,6 +75,7 @@ class HostFacts:
     live_files: dict[str, str] = field(default_factory=dict)  # current's files -> sha256
     lock: LockRecord | None = None
     lock_present: bool = False  # a lock directory exists (its record may be unreadable)
+    lock_digest: str = "none"  # sha256 of the lock record's bytes ("none": no record file)
     versions: dict[int, str] = field(default_factory=dict)  # staged version -> digest or ""
     disk_free_mib: int | None = None
     gpus: tuple[GpuFact, ...] = ()
@@ -120,6 +122,9 @@ class HostFacts:
         """The release serving instance 0 (the host's live release)."""
         live = self.serving(0)
         return live.release if live else None
+
+
+DIGITS = re.compile(r"[0-9]{1,18}")  # str.isdigit() also takes "²", which int() refuses
 
 
 def parse_sections(text: str) -> dict[str, list[tuple[str, str]]]:
@@ -173,6 +178,7 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
         current=link if is_release_id(link) else None,
         live_files=_sums(_body(sections, "live")),
         lock=parse_lock(lock_text) if lock_text else None,
+        lock_digest=_lock_digest(sections),
         lock_present="lockdir" in sections,
         versions=_versions(_body(sections, "versions")),
         disk_free_mib=_disk(_body(sections, "disk")), gpus=_gpus(_body(sections, "gpus")),
@@ -188,6 +194,11 @@ def _proxy(containers: Sequence[ContainerFact], stat: str) -> ProxyFact:
                      answered=bool(servers))
 
 
+def _lock_digest(sections: dict[str, list[tuple[str, str]]]) -> str:
+    found = _body(sections, "lockdigest").split()
+    return found[0] if found and len(found[0]) == 64 else "none"
+
+
 def _sums(text: str) -> dict[str, str]:
     found = {}
     for line in text.splitlines():
@@ -201,14 +212,14 @@ def _versions(text: str) -> dict[int, str]:
     found = {}
     for line in text.splitlines():
         number, _, digest = line.strip().partition(" ")
-        if number.isdigit() and int(number) > 0:
+        if DIGITS.fullmatch(number) and int(number) > 0:
             found[int(number)] = digest.strip()
     return found
 
 
 def _disk(text: str) -> int | None:
     fields = text.split()
-    return int(fields[3]) if len(fields) >= 4 and fields[3].isdigit() else None
+    return int(fields[3]) if len(fields) >= 4 and DIGITS.fullmatch(fields[3]) else None
 
 
 def _gpus(text: str) -> tuple[GpuFact, ...]:
@@ -226,7 +237,7 @@ def _listening(text: str) -> frozenset[int]:
     ports = set()
     for line in text.splitlines():
         fields = line.split()
-        if len(fields) >= 4 and fields[3].rsplit(":", 1)[-1].isdigit():
+        if len(fields) >= 4 and DIGITS.fullmatch(fields[3].rsplit(":", 1)[-1]):
             ports.add(int(fields[3].rsplit(":", 1)[-1]))
     return frozenset(ports)
 

@@ -17,6 +17,7 @@ On a host (``data_root`` defaults to /srv/tfsdeploy)::
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -158,7 +159,7 @@ def server_name(slot: str, instance: int = 0) -> str:
 def parse_server_name(name: str) -> tuple[int, str] | None:
     """(instance, slot) of a proxy server name, or None when it is not one of ours."""
     head, _, slot = name.partition("-")
-    if not head.startswith("i") or not head[1:].isdigit() or slot not in SLOTS:
+    if not re.fullmatch(r"i[0-9]{1,4}", head) or slot not in SLOTS:
         return None
     return int(head[1:]), slot
 

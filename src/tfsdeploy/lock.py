@@ -127,11 +127,12 @@ def read(site: LockSite) -> tuple[LockRecord | None, bool]:
     return None, exists
 
 
-def remove(site: LockSite, token: str) -> tuple[bool, LockRecord | None]:
-    """Remove the lock if it still records ``token``; (removed, what it holds otherwise)."""
-    result = site.conn.run(lock_commands.remove_if_token(site.paths, token))
+def remove(site: LockSite, token: str, digest: str = "none") -> tuple[bool, LockRecord | None]:
+    """Remove the lock if it still records ``token`` (or, with no token, still has the bytes
+    of ``digest``); (whether this call removed it, what it holds otherwise)."""
+    result = site.conn.run(lock_commands.remove_if_token(site.paths, token, digest))
     if result.ok:
-        return True, None
+        return result.stdout.strip() == "removed", None
     if result.code == 3:
         return False, parse_lock(result.stdout)
     raise HostUnreachable(f"{site.host}: the lock could not be changed: {result.tail()}")

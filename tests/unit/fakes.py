@@ -232,9 +232,11 @@ class FakeDocker:
         return "24.0.7"
 
     def containers_of(self, model: str) -> list[FakeContainer]:
-        """The model's containers (no call recorded)."""
+        """The model's serving containers and its proxy, as the Engine's two label filters
+        find them (no call recorded)."""
         return [c for c in self.by_name.values()
-                if c.labels.get(f"{LABEL_PREFIX}.model") == model]
+                if c.labels.get(f"{LABEL_PREFIX}.model") == model
+                or c.labels.get(f"{LABEL_PREFIX}.proxy") == model]
 
     def containers(self, model: str) -> list[ContainerFact]:
         self._call("containers", model)

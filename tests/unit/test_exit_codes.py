@@ -141,10 +141,6 @@ def test_rollback_to_a_release_on_an_unreachable_selected_host_exits_3(
         assert not Path(paths(fleet[name]).lock_dir).exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "with every host of the model unreachable the fleet lock finds no majority first: "
-    "LockQuorumLost gives exit 1 ('nothing changed'), where a rollback that could not act "
-    "at all is to exit 3"))
 def test_rollback_to_a_release_with_every_host_unreachable_exits_3(
         fab: Any, world: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
     first = fab("deploy", version="1")[1]["release"]

@@ -142,10 +142,6 @@ def test_an_unreadable_lock_record_holds_and_lock_break_removes_it(
     assert run_deploy(world, 2).exit_code == ExitCode.OK
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "commands/lock.py's remove script reads the token with sed, not as JSON: a record cut "
-    "after its token is unreadable to the toolkit (parse_lock: None, so `fab lock --break` "
-    "asks to remove token ''), yet the script finds the token and refuses: the lock stays"))
 def test_lock_break_removes_a_record_cut_after_its_token(world: dict[str, Any]) -> None:
     run_deploy(world, 1)
     fleet: FakeFleet = world["fleet"]

@@ -152,11 +152,6 @@ def test_a_failed_verify_leaves_nothing_staged(world: dict[str, Any]) -> None:
     assert fleet["h2"].running(MODEL) == [first.release_id]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "commands/stage.py's extract script stops at a failing tar (`&&`) before it removes the "
-    "uploaded archive, and nothing removes the staging directory: a damaged upload leaves "
-    ".staging-<version>-<release>.tar and .staging-<version>-<release>/ in the models "
-    "directory"))
 def test_a_failed_unpack_leaves_nothing_staged(world: dict[str, Any]) -> None:
     run_deploy(world, 1)
     fleet: FakeFleet = world["fleet"]

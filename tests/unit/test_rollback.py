@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import pytest
-
 from tfsdeploy.errors import ExitCode
 
 from .fakes import FakeFleet, FakeHost, read_json
@@ -106,11 +104,6 @@ def test_deploy_killed_between_switch_and_record_converges(world: dict[str, Any]
     assert serving(h1) == [third.release_id]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "plans.choose_rollback excludes only a release live on EVERY host, and takes 'live' from "
-    "the proxy: after a rollback killed between h1's switch and its record, h1 serves v1 and "
-    "h2-h4 v2, so both are candidates and the newest, v2 (the release being rolled back "
-    "from), is chosen instead of finishing the rollback to v1"))
 def test_rollback_killed_after_a_switch_then_run_again_keeps_the_serving_container(
         world: dict[str, Any]) -> None:
     first = run_deploy(world, 1)

@@ -132,7 +132,8 @@ def lock_state(target: Target, *, breaking: bool = False,
                                  else "") if holder else "a lock with an unreadable record")
         if breaking and present:
             site = locks.LockSite(host.name, conn, host_paths(host, target.model))
-            removed, now = locks.remove(site, holder.token if holder else "")
+            removed, now = locks.remove(site, holder.token if holder else "",
+                                        facts.lock_digest)
             line = f"broken, was {line}" if removed else (
                 f"NOT broken: it changed meanwhile, now {now.describe() if now else '?'}")
         return {"line": line, "held": present}

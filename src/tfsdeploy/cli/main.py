@@ -230,8 +230,8 @@ def _surrounded(command: str, a: dict[str, Any], run: Callable[..., Any]) -> int
     shown = runbook.EventReporter(reporter(a["json"], a["log_file"]))
 
     def before(plan: Any) -> None:
-        shown.around = runbook.prepare(command, chosen, hooks_dir=a["hooks"],
-                                       notify_urls=a["notify"] or (), version=plan.version,
+        shown.around = runbook.prepare(command, chosen, hooks_dir=a.get("hooks"),
+                                       notify_urls=a.get("notify") or (), version=plan.version,
                                        release=plan.release)
         runbook.before(shown.around, shown)
 

@@ -23,6 +23,7 @@ done
 echo "@@live"; [ -d "$home/current/" ] && (cd "$home/current/" && sha256sum -- * 2>/dev/null)
 echo "@@lock"; cat "$home/lock/info.json" 2>/dev/null; echo
 [ -d "$home/lock" ] && echo "@@lockdir"
+echo "@@lockdigest"; [ -f "$home/lock/info.json" ] && sha256sum < "$home/lock/info.json"
 echo "@@versions"
 for d in "$models"/*; do
   v=${d##*/}; case $v in ''|*[!0-9]*) continue;; esac

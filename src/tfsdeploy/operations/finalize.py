@@ -73,9 +73,9 @@ def doomed_releases(job: HostJob, stopped: set[str]) -> list[str]:
     running = {c.release for c in facts.servers if c.running and c.name not in stopped}
     kept = set(good[-keep:]) | running | this_run
     kept |= {job.old.release} if job.old else set()
-    # the release the live one replaced: a rollback's first target, whatever keep_releases says
-    live = facts.record(job.old.release if job.old else facts.current)
-    kept |= {live.previous} if live and live.previous else set()
+    if not run.release_id:  # a prune: the release the live one replaced is a rollback's
+        live = facts.record(job.old.release if job.old else facts.current)  # first target
+        kept |= {live.previous} if live and live.previous else set()
     newest_good = good[-keep] if len(good) >= keep else ""
     return [r for r in releases if r not in kept and r < newest_good]
 
