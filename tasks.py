@@ -126,6 +126,8 @@ def history(c: Any, model: str, inventory: str | None = None, hosts: str | None 
     "interval_s": "seconds between metric reads (default 5)",
     "duration_s": "stop watching after this long (default: until a rollback)",
     "min_requests": "ignore windows with fewer requests (default 20)",
+    "count_client_errors": "count client errors (malformed requests) too; by default only "
+                           "the server's errors count",
     "log_file": UNATTENDED["log_file"],
     "metrics_file": UNATTENDED["metrics_file"],
 })
@@ -133,7 +135,8 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
           limit: str | None = None, max_error_rate: float = 0.01,
           slo_p99_ms: float | None = None, for_s: float = 30.0, interval_s: float = 5.0,
           duration_s: float | None = None, min_requests: int = 20,
-          log_file: str | None = None, metrics_file: str | None = None) -> None:
+          count_client_errors: bool = False, log_file: str | None = None,
+          metrics_file: str | None = None) -> None:
     """Watch TFServing's metrics; roll back automatically when the SLO breaks."""
     _main("guard", locals())
 

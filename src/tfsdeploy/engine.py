@@ -237,7 +237,7 @@ def run_phases(roll: Roll) -> RunResult:
     if roll.failed:
         finish(roll, ExitCode.INCONSISTENT,
                f"{len(roll.failed)} host(s) failed within the allowed threshold and still "
-               "serve their previous release")
+               f"serve their previous release: {', '.join(sorted(roll.failed))}")
     else:
         finish(roll, ExitCode.OK, f"every host serves {roll.context.release_id}")
     return roll.result

@@ -75,10 +75,10 @@ def _increase(before: float, after: float) -> float:
     return after - before if after >= before else after
 
 
-def window(before: Scrape, after: Scrape) -> Window:
+def window(before: Scrape, after: Scrape, *, count_client_errors: bool = False) -> Window:
     """Requests, errors and P99 latency between two scrapes."""
     delta = {s: _increase(before.requests.get(s, 0.0), v) for s, v in after.requests.items()}
-    total = sum(v for s, v in delta.items() if s not in CLIENT_ERRORS)
+    total = sum(v for s, v in delta.items() if count_client_errors or s not in CLIENT_ERRORS)
     errors = total - delta.get("OK", 0.0)
     return Window(total=total, errors=errors,
                   p99_ms=_quantile(bucket_deltas(before, after), 0.99))

@@ -52,6 +52,7 @@ class RunContext:
     archive: Any = None  # operations.stage.VersionArchive, built when first uploaded
     client_factory: ClientFactory | None = None  # tests pass a fake TFServing client
     check: bool = False  # --check: plan only
+    reason: str = ""  # "guard": a rollback the SLO guard started
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -141,7 +142,8 @@ class HostJob:
             instances=(InstanceRecord(index=0, slot=self.new_slot, container=self.container,
                                       gpu_fraction=gpu.fraction if gpu else None),),
             previous=self.old.release if self.old else None, deployed_by=self.run.who,
-            updated_at=now_iso(), gates=tuple(self.gates), steps=tuple(self.steps))
+            updated_at=now_iso(), gates=tuple(self.gates), steps=tuple(self.steps),
+            restored_by=self.run.reason if self.run.rollback else "")
 
 
 Planner = Callable[[dict[str, HostFacts | HostUnreachable]], tuple[RunContext, list[HostJob]]]

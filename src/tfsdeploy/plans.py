@@ -137,9 +137,16 @@ def split_files(text: str) -> dict[str, str]:
     return {argument: body + "\n" for argument, body in parse_sections(text).get("file", [])}
 
 
+class GuardStops(TfsDeployError):
+    """The guard does not roll back a release its own rollback made current: repeated
+    breaches (an attack, a broken client) must not walk the fleet back through history."""
+
+    exit_code = ExitCode.INCONSISTENT
+
+
 def rollback_planner(target: Target, to: str | None, *, clock: Clock,
-                     client_factory: ClientFactory | None, conns: dict[str, Connection]
-                     ) -> Planner:
+                     client_factory: ClientFactory | None, conns: dict[str, Connection],
+                     by_guard: bool = False) -> Planner:
     """The planner of a rollback: the target release chosen from every reachable host's
     records; each host's job rebuilt from its own record and files of that release."""
     def plan(facts: Facts) -> tuple[RunContext, list[HostJob]]:
@@ -148,6 +155,14 @@ def rollback_planner(target: Target, to: str | None, *, clock: Clock,
             raise NothingReachable(
                 "every selected host is unreachable: nothing was rolled back; a person must "
                 "look (" + "; ".join(str(e) for e in facts.values()) + ")")
+        if by_guard:
+            guarded = [h for h, f in reachable.items()
+                       if (r := f.record(f.current)) is not None and r.restored_by == "guard"]
+            if guarded:
+                raise GuardStops(
+                    f"the live release on {', '.join(sorted(guarded))} is itself the guard's "
+                    "rollback: the guard does not roll back again (it never walks the fleet "
+                    "back through its history); a person must look")
         release_id = to or choose_rollback(target, reachable, None)
         if to:
             choose_rollback(target, reachable, to)
@@ -158,7 +173,7 @@ def rollback_planner(target: Target, to: str | None, *, clock: Clock,
         version = first.version
         context = RunContext(
             verb="rollback", model=target.model, version=version, release_id=release_id,
-            who=current_user(), clock=clock,
+            who=current_user(), clock=clock, reason="guard" if by_guard else "",
             golden=load_golden(target.model.golden, version) if target.model.golden else [],
             source_dir=str(_source_dir(target, version)), client_factory=client_factory)
         jobs = []

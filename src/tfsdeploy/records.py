@@ -99,6 +99,7 @@ class ReleaseRecord(_Record):
     gates: tuple[GateRecord, ...] = ()
     steps: tuple[StepRecord, ...] = ()
     canary: dict[str, Any] | None = None
+    restored_by: str = ""  # "guard": the guard's rollback made this release current again
 
     def with_status(self, status: ReleaseStatus) -> ReleaseRecord:
         """The same record with another status, stamped now."""

@@ -1,6 +1,8 @@
-"""`fab guard` on the real testbed: it reads each host's TFServing metrics through the
-stable REST port; with good traffic only it exits 0 after its duration; with an injected error
-rate (Predict with a wrong input name: INVALID_ARGUMENT) it rolls the release back, exit 2."""
+"""`fab guard` on the real testbed: it reads each serving process's TFServing metrics (each
+slot's REST port); with good traffic only it exits 0 after its duration; with an injected error
+rate (Predict with a wrong input name: INVALID_ARGUMENT, counted with --count-client-errors:
+by default client errors never count) it rolls the release back, exit 2; the guard never rolls
+back the release its own rollback made current."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "rbk4", 600
 GUARD = ("--for-s", "3", "--interval-s", "1", "--max-error-rate", "0.05",
-         "--min-requests", "5")
+         "--min-requests", "5", "--count-client-errors")
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,9 @@ class GuardPolicy:
     duration_s: float | None = None  # None: until a rollback (or forever)
     min_requests: int = 20
     lock_wait: float = 60.0
+    # client errors (malformed requests) count only when asked: anyone able to send bad
+    # requests could otherwise roll a good release back
+    count_client_errors: bool = False
 
 
 def scrape(address: str, port: int, path: str, model: str) -> Scrape:
@@ -48,7 +51,7 @@ Scraper = Callable[[str, int, str, str], Scrape]
 
 
 def host_window(host: ResolvedHost, target: Target, last: dict[tuple[str, int], Scrape],
-                read: Scraper) -> Window | None:
+                read: Scraper, *, count_client_errors: bool = False) -> Window | None:
     """The host's traffic since the previous reading, over its serving processes (None when
     no process has a previous reading yet)."""
     ports = model_ports(host, target.model)
@@ -61,7 +64,8 @@ def host_window(host: ResolvedHost, target: Target, last: dict[tuple[str, int], 
             last.pop(key, None)
             continue
         if key in last:
-            windows.append(window(last[key], current))
+            windows.append(window(last[key], current,
+                                  count_client_errors=count_client_errors))
             buckets.append(bucket_deltas(last[key], current))
         last[key] = current
     return merge(windows, buckets) if windows else None
@@ -75,13 +79,15 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
     breach = Breach()
     last: dict[tuple[str, int], Scrape] = {}
     start = time.monotonic()
+    counted = "all errors" if policy.count_client_errors else "server errors"
     reporter.note(f"guarding {target.model.name} on {len(target.hosts)} host(s): error rate "
-                  f"<= {policy.max_error_rate:.2%} (server errors), P99 <= {slo:g} ms; act "
+                  f"<= {policy.max_error_rate:.2%} ({counted}), P99 <= {slo:g} ms; act "
                   f"after {policy.for_s:g} s of breach")
     while policy.duration_s is None or time.monotonic() - start < policy.duration_s:
         now = time.monotonic()
         for host in target.hosts:
-            w = host_window(host, target, last, read)
+            w = host_window(host, target, last, read,
+                            count_client_errors=policy.count_client_errors)
             if w is None:
                 continue
             why = breach.observe(host.name, w, now=now, max_error_rate=policy.max_error_rate,
@@ -97,7 +103,8 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
 def _roll_back(target: Target, policy: GuardPolicy, host: str, why: str, reporter: Reporter,
                act: Callable[[], RunResult] | None) -> tuple[ExitCode, str]:
     reporter.note(f"{host}: {why} for {policy.for_s:g} s: rolling back {target.model.name}")
-    run = act or (lambda: rollback(target, lock_wait=policy.lock_wait, reporter=reporter))
+    run = act or (lambda: rollback(target, lock_wait=policy.lock_wait, reporter=reporter,
+                                   by_guard=True))
     try:
         result = run()
     except TfsDeployError as error:

@@ -334,7 +334,8 @@ def cmd_guard(a: dict[str, Any]) -> int:
     started = time.monotonic()
     policy = GuardPolicy(max_error_rate=a["max_error_rate"], slo_p99_ms=a["slo_p99_ms"],
                          for_s=a["for_s"], interval_s=a["interval_s"],
-                         duration_s=a["duration_s"], min_requests=a["min_requests"])
+                         duration_s=a["duration_s"], min_requests=a["min_requests"],
+                         count_client_errors=bool(a.get("count_client_errors")))
     code, message = guard(target(a), policy, reporter=reporter(False, a["log_file"]))
     print(message)
     if a["metrics_file"]:

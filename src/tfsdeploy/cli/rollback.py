@@ -19,7 +19,8 @@ def rollback(target: Target, *, to: str | None = None, playbook: str | None = No
              lock_wait: float = 0.0, reporter: Reporter,
              connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
              client_factory: ClientFactory | None = None,
-             before: Callable[[RunPlan], None] | None = None) -> RunResult:
+             before: Callable[[RunPlan], None] | None = None,
+             by_guard: bool = False) -> RunResult:
     """Choose the release (``--to`` or the newest good on every reachable host), rebuild each
     host's job from its record, run the rollback playbook."""
     cancel = threading.Event()
@@ -28,7 +29,8 @@ def rollback(target: Target, *, to: str | None = None, playbook: str | None = No
     plan = RunPlan(verb="rollback", target=target,
                    playbook=default_playbook("rollback", playbook),
                    planner=rollback_planner(target, to, clock=run_clock,
-                                            client_factory=client_factory, conns=conns),
+                                            client_factory=client_factory, conns=conns,
+                                            by_guard=by_guard),
                    images=sorted({h.vars.proxy_image for h in target.hosts}),
                    lock_wait=lock_wait)
     if before is not None:
