@@ -250,7 +250,9 @@ def _problem(detail: ErrorDetails, *, file: str | None, host: str | None, prefix
         leaf = f"{container} key" if container else "key"
     reason, fix = explain(detail, leaf)
     value = shown(detail["input"])
-    if kind != "tfsdeploy":
+    if kind in ("missing", "missing_argument"):
+        message = f"{leaf} {reason}"  # the input shown would be its container
+    elif kind != "tfsdeploy":
         message = f"{leaf} is {value}: {reason}"
     elif reason.startswith(_PREDICATES):
         message = f"{leaf} {value} {reason}"
