@@ -281,17 +281,20 @@ def _run_inventory(path: str) -> dict[str, Any]:
         raise ConfigError(Problem(
             f"the inventory called sys.exit({exc.code!r})",
             fix="remove the exit: an inventory only defines hosts, groups, defaults and models",
-            file=f"{path}:{line}" if line else path, field="sys.exit")) from None
+            file=f"{path}:{line}" if line else path)) from None
     except Exception as exc:  # any error in user code becomes a located config error
         line = _line_in(path, exc)
         raise ConfigError(Problem(
             f"the inventory raised {type(exc).__name__}: {exc}",
-            fix="fix the Python at that line", file=f"{path}:{line}" if line else path,
-            field="python")) from exc
+            fix="fix the Python at that line",
+            file=f"{path}:{line}" if line else path)) from exc
 
 
 def _line_in(path: str, exc: BaseException) -> int | None:
     target = os.path.abspath(path)
+    if isinstance(exc, SyntaxError) and exc.filename \
+            and os.path.abspath(exc.filename) == target:
+        return exc.lineno  # raised while compiling: no frame of the file yet
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if os.path.abspath(f.filename) == target]
     return frames[-1].lineno if frames else None

@@ -218,7 +218,8 @@ MODEL = st.builds(
         load_timeout_s=mostly(st.sampled_from([30, 300.0]), HOSTILE_NUMBERS)),
         HOSTILE_JSON),
     labels=mostly(st.dictionaries(mostly(st.sampled_from(["stable", "canary"]), HOSTILE_TEXT),
-                                  mostly(st.sampled_from(["release", 1, 2]), _HOSTILE_SCALARS),
+                                  mostly(st.sampled_from(["release", "release", 3]),
+                                         _HOSTILE_SCALARS),
                                   max_size=2),
                   HOSTILE_JSON),
     port_offset=mostly(st.just(0), HOSTILE_NUMBERS),  # models() spreads them out
@@ -237,7 +238,8 @@ def _spread_ports(models: list[Any]) -> list[Any]:
             for i, m in enumerate(models)]
 
 
-MODELS = mostly(st.lists(MODEL, max_size=3, unique_by=lambda m: m.name).map(_spread_ports),
+MODELS = mostly(st.lists(MODEL, min_size=1, max_size=3, unique_by=lambda m: m.name)
+                .map(_spread_ports),
                 HOSTILE_JSON)
 
 

@@ -197,7 +197,7 @@ def test_hostile_input_is_a_located_error_not_a_traceback(tmp_path: Path, text: 
                                                           field: str) -> None:
     problems = _problems(tmp_path, text)
     assert any(p.field == field for p in problems), _text(problems)
-    assert all(p.file and (p.field or p.host) for p in problems), _text(problems)
+    assert all(is_located(p) for p in problems), _text(problems)
 
 
 # -- hostile inventories: each was accepted (exit 0) before --------------------------------
@@ -257,18 +257,30 @@ ACCEPTED = [
      "the host layout uses"),
     ("hosts = [Host('a', '10.0.0.1')]\nmodels = [M(name='-rf')]\n", "models.-rf.name",
      "starting with a letter or digit"),
-    ("hosts = [Host('a', '10.0.0.1')]\nsys.exit(0)\n", "sys.exit", "sys.exit(0)"),
-    ("hosts = [Host('a', '10.0.0.1')]\nraise SystemExit\n", "sys.exit", "sys.exit(None)"),
+    ("hosts = [Host('a', '10.0.0.1')]\nsys.exit(0)\n", None, "sys.exit(0)"),
+    ("hosts = [Host('a', '10.0.0.1')]\nraise SystemExit\n", None, "sys.exit(None)"),
 ]
 
 
 @pytest.mark.parametrize("text, field, words", ACCEPTED)
-def test_bad_values_are_refused_with_their_place(tmp_path: Path, text: str, field: str,
+def test_bad_values_are_refused_with_their_place(tmp_path: Path, text: str, field: str | None,
                                                  words: str) -> None:
     problems = _problems(tmp_path, text)
     located = [p for p in problems if p.field == field]
     assert located and words in _text(located), _text(problems)
-    assert all(p.file and (p.field or p.host) for p in problems), _text(problems)
+    assert all(is_located(p) for p in problems), _text(problems)
+
+
+def is_located(problem: Problem) -> bool:
+    """A file and a field or host, or a line of the inventory file (its Python failed)."""
+    return bool(problem.file and (problem.field or problem.host
+                                  or problem.file.rpartition(":")[2].isdigit()))
+
+
+def test_syntax_error_names_the_line(tmp_path: Path) -> None:
+    problems = _problems(tmp_path, "hosts = [\n    Host('a' '10.0.0.1'),,\n]\n")
+    assert problems[0].file == f"{tmp_path / 'inv.py'}:{PREAMBLE_LINES + 2}"
+    assert "SyntaxError" in problems[0].message
 
 
 def test_sys_exit_names_the_line(tmp_path: Path) -> None:
