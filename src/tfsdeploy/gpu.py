@@ -3,7 +3,8 @@
 TensorFlow's default fraction 0 takes nearly all free GPU memory, so a second TFServing on the
 same GPU fails to start. Every release therefore gets an explicit
 ``--per_process_gpu_memory_fraction`` sized from the model's footprint, and the old and the new
-release must both fit during the window.
+release must both fit during the window. Each process also holds a CUDA context outside its
+fraction (host var ``gpu_context_mib``); the window counts one per process.
 """
 
 from __future__ import annotations

@@ -113,12 +113,15 @@ class HostVars:
     gpu_safety_margin: GpuMargin = 1.2
     gpu_headroom: Annotated[float, Strict(), Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.1
     # GPU memory each TFServing process takes outside its fraction (CUDA context, cuDNN and
-    # cuBLAS handles); gpu.py's window counts it once per process. Published figures: 234 MiB
-    # for TFServing 2.2.0-gpu on a T4 (tensorflow/serving issue 1668: used = f x total +
-    # 234 MiB at f = 0.25 and 0.5); about 400 MiB for a CUDA >= 11.7 context with lazy module
-    # loading (pytorch/pytorch issue 109888, NVIDIA's maintainer); 107-555 MiB from the
-    # smallest to the largest current GPU (ggml-org/llama.cpp PR 23604). 512 covers all but
-    # the largest cards: measure yours (nvidia-smi of an idle server minus f x total).
+    # cuBLAS handles); gpu.py's window counts it once per process. Published figures:
+    # - 234 MiB for TFServing 2.2.0-gpu on a T4: used = f x total + 234 MiB at f = 0.25 and
+    #   0.5 (github.com/tensorflow/serving/issues/1668);
+    # - about 400 MiB for a CUDA >= 11.7 context with lazy module loading, over 1000 MiB before
+    #   lazy loading (NVIDIA's PyTorch maintainer, github.com/pytorch/pytorch/issues/109888);
+    # - 107 MiB (RTX 4060 Ti) to 555 MiB (RTX PRO 6000) for a bare context
+    #   (github.com/ggml-org/llama.cpp/pull/23604).
+    # 512 covers all but the largest cards: measure yours (nvidia-smi of an idle server minus
+    # f x total).
     gpu_context_mib: Annotated[int, Strict(), Field(ge=0, le=65536)] = 512
     monitoring_path: UrlPath = "/monitoring/prometheus/metrics"
     # TFServing: a negative value disables polling and start-up waits for a model forever
@@ -498,6 +501,11 @@ def placement_problems(inventory: Inventory) -> list[Problem]:
         except ConfigError as error:
             problems += error.problems
             continue
+        if not placed:
+            problems.append(Problem(f"models.{name}.hosts {model.hosts!r} names no host",
+                                    fix="name hosts, groups or globs, comma-separated (default "
+                                        "'all')", file=inventory.path,
+                                    field=f"models.{name}.hosts"))
         for host in placed:
             ports = model_ports(host, model)
             used = sorted({ports.grpc, ports.rest, ports.admin,

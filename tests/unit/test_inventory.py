@@ -257,6 +257,10 @@ ACCEPTED = [
      "the host layout uses"),
     ("hosts = [Host('a', '10.0.0.1')]\nmodels = [M(name='-rf')]\n", "models.-rf.name",
      "starting with a letter or digit"),
+    ("hosts = [Host('a', '10.0.0.1')]\nmodels = [M(hosts=',')]\n", "models.m.hosts",
+     "names no host"),
+    ("hosts = [Host('a', '10.0.0.1')]\nmodels = [M(hosts='b*')]\n", "models.m.hosts",
+     "matches no host"),
     ("hosts = [Host('a', '10.0.0.1')]\nsys.exit(0)\n", None, "sys.exit(0)"),
     ("hosts = [Host('a', '10.0.0.1')]\nraise SystemExit\n", None, "sys.exit(None)"),
 ]
