@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -315,3 +317,20 @@ def test_version_argument_is_ascii_digits_in_int64(requested: str) -> None:
     with pytest.raises(ConfigError) as err:
         choose_version(model(), requested, "inv.py")
     assert err.value.problems[0].field == "--version"
+
+
+@pytest.mark.parametrize("ending, expected", [
+    ("sys.exit(0)\n", "the inventory called sys.exit(0)"),
+    ("models = [M(memory_mib='1024')]\n", "memory_mib is '1024': must be a whole number"),
+    ("defaults = {'image': '--privileged'}\n", "is not a docker image reference"),
+])
+def test_fab_render_of_a_hostile_inventory_exits_1_with_the_place(
+        tmp_path: Path, ending: str, expected: str) -> None:
+    path = _inv(tmp_path, "hosts = [Host('a', '10.0.0.1', gpus=[Gpu(0, 16384)])]\n" + ending)
+    fab = str(Path(sys.executable).with_name("fab"))
+    result = subprocess.run([fab, "render", "--model", "m", "--version", "1", "--inventory",
+                             str(path), "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert expected in result.stderr and f"file {path}" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out").exists()
