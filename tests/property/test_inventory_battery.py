@@ -64,7 +64,7 @@ def render_everything(parts: dict[str, Any], version: int) -> int:
 OUTCOMES = {"built": 0, "refused": 0, "clean_hosts": 0}
 
 
-@examples(700)
+@examples(500)
 @given(inventory_parts(), mostly(st.just(3), st.sampled_from([1, 2, 2**63 - 1])))
 def test_generated_inventories_render_or_are_refused_with_located_problems(
         parts: dict[str, Any], version: int) -> None:
@@ -83,7 +83,7 @@ def test_the_battery_reaches_both_outcomes() -> None:
         assert OUTCOMES["built"] and OUTCOMES["refused"] and OUTCOMES["clean_hosts"], OUTCOMES
 
 
-@examples(200)
+@examples(300)
 @given(hostile_json(6), hostile_json(6), hostile_json(6), hostile_json(6))
 def test_any_shape_of_top_level_names(hosts: Any, groups: Any, defaults: Any,
                                       models: Any) -> None:
@@ -93,7 +93,7 @@ def test_any_shape_of_top_level_names(hosts: Any, groups: Any, defaults: Any,
         assert_located(error.problems)
 
 
-@examples(200)
+@examples(300)
 @given(catalog_model())
 def test_catalog_entries_alone(model: Any) -> None:
     assert_located(validate_model(model, FILE) or [_ok()])
@@ -103,7 +103,7 @@ def _ok() -> Problem:
     return Problem("valid", fix="none", file=FILE, field="models")
 
 
-@examples(150)
+@examples(200)
 @given(st.one_of(hostile_text(), hostile_scalars()))
 def test_version_argument(requested: Any) -> None:
     spec = TensorSpec("DT_FLOAT", (-1, 1))
