@@ -57,7 +57,10 @@ models = [
         # the article's reproducible starting point, timeout kept below SLO/3
         batching=Batching(max_batch_size=32, batch_timeout_micros=20000, max_enqueued_batches=32,
                           num_batch_threads=1, allowed_batch_sizes=(8, 16, 32)),
-        threads=Threads(intra_op=8, inter_op=4, grpc_max_threads=32),
+        # clients keep 2 x max_batch_size in flight (session_bundle_config.proto's advice);
+        # gRPC's thread quota holds grpc_max_threads - 1 of them
+        expected_concurrency=64,
+        threads=Threads(intra_op=8, inter_op=4, grpc_max_threads=72),
         warmup=Warmup(samples=500, p99_ms=100),
         rollout=Rollout(serial=(1, "25%", "100%"), max_fail_percentage=0, keep_releases=5,
                         min_healthy_s=30),
@@ -75,7 +78,8 @@ models = [
         batching=Batching(max_batch_size=256, batch_timeout_micros=50000,
                           max_enqueued_batches=16, num_batch_threads=2,
                           allowed_batch_sizes=(64, 128, 256)),
-        threads=Threads(intra_op=4, inter_op=2, grpc_max_threads=16),
+        expected_concurrency=512,
+        threads=Threads(intra_op=4, inter_op=2, grpc_max_threads=520),
         warmup=Warmup(samples=300, p99_ms=250),
         rollout=Rollout(serial=(2, "50%", "100%"), max_fail_percentage=10),
     ),

@@ -8,26 +8,45 @@ An inventory is a Python file that defines these module-level names::
     models = [Model(...), ...]
 
 Vars precedence, lowest first: built-in defaults < ``defaults`` < groups (in the order the
-file declares them) < host vars. Every var is checked against ``HostVars``; an unknown key is an
-error that names where it was set.
+file declares them) < host vars. Every value is checked with pydantic against the annotations
+of ``Host``, ``Gpu``, ``Group``, ``HostVars`` and the catalog types, where it was set (an
+unknown var names where it was set and the closest known name); then the rules between
+values (names and addresses declared once, ports, placements). ``build_inventory`` reports
+every problem in one ConfigError.
 """
 
 from __future__ import annotations
 
 import difflib
 import fnmatch
+import ipaddress
 import os
-import re
 import runpy
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, ClassVar
 
-from tfsdeploy.catalog import Model
+from pydantic import ConfigDict, Field, Strict
+
+from tfsdeploy.catalog import CHECKED, Model, validate_catalog
 from tfsdeploy.errors import ConfigError, Problem
+from tfsdeploy.schema import (
+    AbsoluteDir,
+    Address,
+    Flag,
+    GroupName,
+    HostName,
+    ImageReference,
+    NonNegativeInt32,
+    Port,
+    Text,
+    UrlPath,
+    check,
+    pattern_rule,
+    rule,
+)
 
 DEFAULT_INVENTORY = "inventory/testbed.py"
 INVENTORY_ENV = "TFSDEPLOY_INVENTORY"
@@ -37,43 +56,89 @@ INVENTORY_ENV = "TFSDEPLOY_INVENTORY"
 class Gpu:
     """One GPU of a host: its index (CUDA_VISIBLE_DEVICES) and total memory."""
 
-    index: int
-    memory_mib: int
-    name: str = "GPU"
+    __pydantic_config__: ClassVar[ConfigDict] = CHECKED
+    index: Annotated[int, Strict(), Field(ge=0, le=1023)]
+    memory_mib: Annotated[int, Strict(), Field(ge=1, le=1 << 20)]
+    name: Annotated[str, Strict(), Field(min_length=1, max_length=128)] = "GPU"
+
+
+SLOT_NAMES = ("blue", "green")
+
+
+def _slot_ports_problem(ports: Mapping[str, tuple[int, int]]) -> str | None:
+    missing = [s for s in SLOT_NAMES if s not in ports]
+    return f"defines no slot {' or '.join(missing)}" if missing else None
+
+
+SlotName = Annotated[str, Strict(), rule(
+    lambda v: None if v in SLOT_NAMES else "is not a slot", "name the slots blue and green")]
+SlotPorts = Annotated[Mapping[SlotName, tuple[Port, Port]], rule(
+    _slot_ports_problem, "give both slots their (gRPC, REST) ports: "
+    "{'blue': (8510, 8511), 'green': (8520, 8521)}")]
+# a POSIX account name; never starting with '-' (it would read as an ssh option)
+SshUser = Annotated[str, Strict(), pattern_rule(
+    r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}", "a user name ([A-Za-z0-9_][A-Za-z0-9_.-]*)",
+    "write the remote account name, e.g. deploy")]
+TfsVersion = Annotated[str, Strict(), pattern_rule(
+    r"[0-9]{1,4}(\.[0-9]{1,4}){1,2}(-[A-Za-z0-9_.]{1,32})?", "a TFServing release number",
+    "write the release like '2.21.0'")]
+# docker run --gpus: all, a count, or device=/capabilities= lists
+DockerGpus = Annotated[str, Strict(), pattern_rule(
+    r'all|[0-9]{1,3}|"?(device|capabilities)=[A-Za-z0-9_,:-]+"?', "a `docker run --gpus` value",
+    "write 'all', a count, or 'device=0,1'")]
+GpuMargin = Annotated[float, Strict(), Field(le=10.0, allow_inf_nan=False), rule(
+    lambda v: "is below 1: the reservation would be smaller than the model's footprint"
+    if v < 1.0 else None, "set gpu_safety_margin between 1.2 and 1.5 (the measured need "
+    "times 1.2-1.5)")]
 
 
 @dataclass(frozen=True)
 class HostVars:
-    """Every var a host can have, with its built-in default."""
+    """Every var a host can have, with its built-in default and its allowed values."""
 
-    ssh_user: str = "root"
-    ssh_port: int = 22
-    ssh_key: str | None = None
-    ssh_known_hosts: str | None = None
-    data_root: str = "/srv/tfsdeploy"
-    image: str = "tensorflow/serving:2.21.0-gpu"
-    tfserving_version: str = "2.21.0"
-    proxy_image: str = "haproxy:2.6"
-    grpc_port: int = 8500
-    rest_port: int = 8501
-    slot_ports: Mapping[str, tuple[int, int]] = field(
+    __pydantic_config__: ClassVar[ConfigDict] = CHECKED
+    ssh_user: SshUser = "root"
+    ssh_port: Port = 22
+    ssh_key: Text | None = None
+    ssh_known_hosts: Text | None = None
+    data_root: AbsoluteDir = "/srv/tfsdeploy"
+    image: ImageReference = "tensorflow/serving:2.21.0-gpu"
+    tfserving_version: TfsVersion = "2.21.0"
+    proxy_image: ImageReference = "haproxy:2.6"
+    grpc_port: Port = 8500
+    rest_port: Port = 8501
+    slot_ports: SlotPorts = field(
         default_factory=lambda: {"blue": (8510, 8511), "green": (8520, 8521)})
-    proxy_admin_port: int = 8599
-    gpu_safety_margin: float = 1.2
-    gpu_headroom: float = 0.1
-    monitoring_path: str = "/monitoring/prometheus/metrics"
-    file_system_poll_wait_seconds: int = 1
-    grpc_max_connection_age_ms: int = 0
-    enable_model_warmup: bool = True
+    proxy_admin_port: Port = 8599
+    gpu_safety_margin: GpuMargin = 1.2
+    gpu_headroom: Annotated[float, Strict(), Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.1
+    # GPU memory each TFServing process takes outside its fraction (CUDA context, cuDNN and
+    # cuBLAS handles); gpu.py's window counts it once per process. Published figures:
+    # - 234 MiB for TFServing 2.2.0-gpu on a T4: used = f x total + 234 MiB at f = 0.25 and
+    #   0.5 (github.com/tensorflow/serving/issues/1668);
+    # - about 400 MiB for a CUDA >= 11.7 context with lazy module loading, over 1000 MiB before
+    #   lazy loading (NVIDIA's PyTorch maintainer, github.com/pytorch/pytorch/issues/109888);
+    # - 107 MiB (RTX 4060 Ti) to 555 MiB (RTX PRO 6000) for a bare context
+    #   (github.com/ggml-org/llama.cpp/pull/23604).
+    # 512 covers all but the largest cards: measure yours (nvidia-smi of an idle server minus
+    # f x total).
+    gpu_context_mib: Annotated[int, Strict(), Field(ge=0, le=65536)] = 512
+    monitoring_path: UrlPath = "/monitoring/prometheus/metrics"
+    # TFServing: a negative value disables polling and start-up waits for a model forever
+    file_system_poll_wait_seconds: Annotated[int, Strict(), Field(ge=0, le=86_400)] = 1
+    grpc_max_connection_age_ms: NonNegativeInt32 = 0
+    enable_model_warmup: Flag = True
     # TFServing retries a failed load 5 times a minute apart by default: a bad release would
     # hold its gate for 5 minutes. One quick retry covers transient file-system errors.
-    max_num_load_retries: int = 1
-    load_retry_interval_micros: int = 5_000_000
-    docker_gpus: str | None = None
+    max_num_load_retries: Annotated[int, Strict(), Field(ge=0, le=1000)] = 1
+    load_retry_interval_micros: Annotated[int, Strict(), Field(ge=0, le=3_600_000_000)] = \
+        5_000_000
+    docker_gpus: DockerGpus | None = None
 
     def __post_init__(self) -> None:
-        ports = {k: tuple(v) for k, v in dict(self.slot_ports).items()}
-        object.__setattr__(self, "slot_ports", MappingProxyType(ports))
+        if isinstance(self.slot_ports, Mapping):
+            ports = {k: tuple(v) for k, v in dict(self.slot_ports).items()}
+            object.__setattr__(self, "slot_ports", MappingProxyType(ports))
 
 
 VAR_NAMES = frozenset(f.name for f in fields(HostVars))
@@ -83,26 +148,32 @@ VAR_NAMES = frozenset(f.name for f in fields(HostVars))
 class Host:
     """A machine reachable over SSH with a Docker engine."""
 
-    name: str
-    address: str
-    gpus: Sequence[Gpu] = ()
+    __pydantic_config__: ClassVar[ConfigDict] = CHECKED
+    name: HostName
+    address: Address
+    gpus: Annotated[Sequence[Gpu], Field(max_length=64)] = ()
     vars: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "gpus", tuple(self.gpus))
-        object.__setattr__(self, "vars", MappingProxyType(dict(self.vars)))
+        if isinstance(self.gpus, (list, tuple)):
+            object.__setattr__(self, "gpus", tuple(self.gpus))
+        if isinstance(self.vars, Mapping):
+            object.__setattr__(self, "vars", MappingProxyType(dict(self.vars)))
 
 
 @dataclass(frozen=True)
 class Group:
     """Named set of hosts with vars that apply to all of them."""
 
-    hosts: Sequence[str]
+    __pydantic_config__: ClassVar[ConfigDict] = CHECKED
+    hosts: Sequence[Annotated[str, Strict()]]
     vars: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "hosts", tuple(self.hosts))
-        object.__setattr__(self, "vars", MappingProxyType(dict(self.vars)))
+        if isinstance(self.hosts, (list, tuple)):
+            object.__setattr__(self, "hosts", tuple(self.hosts))
+        if isinstance(self.vars, Mapping):
+            object.__setattr__(self, "vars", MappingProxyType(dict(self.vars)))
 
 
 @dataclass(frozen=True)
@@ -145,7 +216,8 @@ class Inventory:
     def select(self, patterns: str | None = None, *, limit: str | None = None,
                model: Model | None = None) -> tuple[ResolvedHost, ...]:
         """Hosts matching ``patterns`` (default: the model's hosts), narrowed by ``limit``."""
-        chosen = self.match(patterns or (model.hosts if model else "all"), "--hosts")
+        option = "--hosts" if patterns or not model else f"models.{model.name}.hosts"
+        chosen = self.match(patterns or (model.hosts if model else "all"), option)
         if limit:
             keep = {h.name for h in self.match(limit, "--limit")}
             chosen = tuple(h for h in chosen if h.name in keep)
@@ -153,7 +225,7 @@ class Inventory:
             raise ConfigError(Problem(
                 f"no host matches --hosts {patterns or 'all'!r} and --limit {limit!r}",
                 fix="list hosts, groups or globs that exist (see `fab hosts`)",
-                file=self.path))
+                file=self.path, field="--limit" if limit else option))
         return chosen
 
     def match(self, patterns: str, option: str) -> tuple[ResolvedHost, ...]:
@@ -168,7 +240,7 @@ class Inventory:
                     f"{option} {token!r} matches no host, group or glob",
                     fix=f"use one of the groups ({', '.join(sorted(self.groups)) or 'none'}) or "
                         "host names; globs like 'gpu-a*' match host names",
-                    file=self.path))
+                    file=self.path, field=option))
             wanted |= names
         return tuple(h for h in self.hosts if h.name in wanted)
 
@@ -199,22 +271,33 @@ def load_inventory(path: str | None = None) -> Inventory:
 
 
 def _run_inventory(path: str) -> dict[str, Any]:
-    if not Path(path).is_file():
+    if not os.path.isfile(path):
         raise ConfigError(Problem(
             f"inventory file {path!r} does not exist",
             fix="pass --inventory PATH or set TFSDEPLOY_INVENTORY to a Python inventory file",
             file=path))
     try:
         return runpy.run_path(path, run_name="tfsdeploy_inventory")
+    except SystemExit as exc:
+        # sys.exit() in an inventory would end the command silently with its code
+        line = _line_in(path, exc)
+        raise ConfigError(Problem(
+            f"the inventory called sys.exit({exc.code!r})",
+            fix="remove the exit: an inventory only defines hosts, groups, defaults and models",
+            file=f"{path}:{line}" if line else path)) from None
     except Exception as exc:  # any error in user code becomes a located config error
         line = _line_in(path, exc)
         raise ConfigError(Problem(
             f"the inventory raised {type(exc).__name__}: {exc}",
-            fix="fix the Python at that line", file=f"{path}:{line}" if line else path)) from exc
+            fix="fix the Python at that line",
+            file=f"{path}:{line}" if line else path)) from exc
 
 
 def _line_in(path: str, exc: BaseException) -> int | None:
     target = os.path.abspath(path)
+    if isinstance(exc, SyntaxError) and exc.filename \
+            and os.path.abspath(exc.filename) == target:
+        return exc.lineno  # raised while compiling: no frame of the file yet
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if os.path.abspath(f.filename) == target]
     return frames[-1].lineno if frames else None
@@ -223,82 +306,147 @@ def _line_in(path: str, exc: BaseException) -> int | None:
 def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Group],
                     defaults: Mapping[str, Any], models: Iterable[Model]) -> Inventory:
     """Check and resolve inventory data (pure); raises ConfigError with every problem."""
-    problems: list[Problem] = []
-    host_list = list(hosts)
-    group_map = dict(groups)
-    problems += _check_hosts(path, host_list)
-    problems += _check_groups(path, host_list, group_map)
-    problems += _check_var_keys(path, "defaults", defaults)
+    host_list, host_vars, problems = _checked_hosts(path, hosts)
+    group_map, found = _checked_groups(path, groups)
+    problems += found
+    base, found = _checked_vars(path, defaults, "defaults")
+    problems += found
+    group_vars: dict[str, dict[str, Any]] = {}
     for name, group in group_map.items():
-        problems += _check_var_keys(path, f"groups.{name}.vars", group.vars)
-    for host in host_list:
-        problems += _check_var_keys(path, f"hosts.{host.name}.vars", host.vars)
-    model_map, model_problems = _index_models(path, models)
-    problems += model_problems
+        group_vars[name], found = _checked_vars(path, group.vars, f"groups.{name}.vars")
+        problems += found
+    problems += _check_names(path, host_list, group_map)
+    model_map, found = _checked_models(path, models)
+    problems += found
     if problems:
         raise ConfigError(problems)
-    resolved = tuple(_resolve(h, group_map, defaults) for h in host_list)
-    problems = [p for h in resolved for p in _check_types(path, h)]
+    resolved = tuple(_resolve(h, group_map, base, group_vars, host_vars[h.name])
+                     for h in host_list)
+    inventory = Inventory(
+        path=path, hosts=resolved,
+        groups=MappingProxyType({k: tuple(g.hosts) for k, g in group_map.items()}),
+        models=MappingProxyType(model_map))
+    problems = [p for h in resolved for p in host_port_problems(path, h)]
+    problems += placement_problems(inventory)
     if problems:
-        raise ConfigError(problems)
-    return Inventory(path=path, hosts=resolved,
-                     groups=MappingProxyType({k: tuple(g.hosts) for k, g in group_map.items()}),
-                     models=MappingProxyType(model_map))
+        raise ConfigError(merge_hosts(problems))
+    return inventory
 
 
-HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+def merge_hosts(problems: list[Problem]) -> list[Problem]:
+    """One problem for the hosts that share it (a value set in ``defaults`` or a group
+    repeats on each of its hosts), naming the first hosts and how many more."""
+    hosts: dict[tuple[str, str, str | None, str | None], list[str]] = {}
+    for problem in problems:
+        key = (problem.message, problem.fix, problem.file, problem.field)
+        hosts.setdefault(key, []).append(problem.host or "")
+    merged = []
+    for (message, fix, file, field_), names in hosts.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        merged.append(Problem(message, fix=fix, host=shown or None, file=file, field=field_))
+    return merged
 
 
-def _check_hosts(path: str, hosts: list[Host]) -> list[Problem]:
+def _checked_hosts(path: str, hosts: object
+                   ) -> tuple[list[Host], dict[str, dict[str, Any]], list[Problem]]:
+    """The valid hosts, the vars each host sets (checked), and every problem."""
+    items, problems = check(list[Any], hosts, file=path, prefix="hosts")
+    valid: list[Host] = []
+    own_vars: dict[str, dict[str, Any]] = {}
+    for index, raw in enumerate(items or ()):
+        name = getattr(raw, "name", None)
+        named = isinstance(name, str) and name.isprintable() and 0 < len(name) <= 128
+        where = f"hosts.{name}" if named else f"hosts[{index}]"
+        host, found = check(Host, raw, file=path, host=name if named else None, prefix=where)
+        problems += found
+        if isinstance(getattr(raw, "vars", None), Mapping):
+            own_vars[str(name)], found = _checked_vars(path, raw.vars, f"{where}.vars",
+                                                       host=name if named else None)
+            problems += found
+        if host is not None:
+            valid.append(host)
+    return valid, own_vars, problems
+
+
+def _checked_groups(path: str, groups: object) -> tuple[dict[str, Group], list[Problem]]:
+    items, problems = check(dict[str, Any], groups, file=path, prefix="groups")
+    valid: dict[str, Group] = {}
+    for name, raw in (items or {}).items():
+        _, found = check(dict[GroupName, Any], {name: raw}, file=path, prefix="groups")
+        group, more = check(Group, raw, file=path, prefix=f"groups.{name}")
+        problems += found + more
+        if group is not None and not found:
+            valid[name] = group
+    return valid, problems
+
+
+def _checked_vars(path: str, values: object, where: str, host: str | None = None
+                  ) -> tuple[dict[str, Any], list[Problem]]:
+    """The vars set in one place, each checked against HostVars (unset ones stay unset)."""
+    given, problems = check(dict[str, Any], values, file=path, host=host, prefix=where)
+    if not given:
+        return {}, problems
+    checked, problems = check(HostVars, given, file=path, host=host, prefix=where,
+                              known=VAR_NAMES, unknown="var")
+    return ({key: getattr(checked, key) for key in given} if checked else {}), problems
+
+
+def _checked_models(path: str, models: object) -> tuple[dict[str, Model], list[Problem]]:
+    items, problems = check(list[Any], models, file=path, prefix="models")
+    valid, found = validate_catalog(items or [], path)
+    problems += found
+    result: dict[str, Model] = {}
+    for model in valid:
+        if model.name in result:
+            problems.append(Problem(f"model {model.name!r} is declared twice",
+                                    fix="declare each model once", file=path,
+                                    field=f"models.{model.name}"))
+        result[model.name] = model
+    return result, problems
+
+
+def _check_names(path: str, hosts: list[Host], groups: dict[str, Group]) -> list[Problem]:
+    """Each host, address and group once; groups name known hosts only."""
     problems: list[Problem] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}
+    by_address: dict[str, str] = {}
     for host in hosts:
-        if not isinstance(host, Host):
-            problems.append(Problem(f"`hosts` holds {host!r}, not a Host",
-                                    fix="write Host(name, address, ...)", file=path,
-                                    field="hosts"))
-            continue
-        if not HOST_NAME.match(host.name):
-            problems.append(Problem(f"host name {host.name!r} is not valid",
-                                    fix="use letters, digits, '.', '_' and '-'", file=path,
-                                    field=f"hosts.{host.name}"))
         if host.name in seen:
             problems.append(Problem(f"host {host.name!r} is declared twice",
                                     fix="declare each host once; put shared vars in a group",
                                     file=path, field=f"hosts.{host.name}"))
-        seen.add(host.name)
+        seen[host.name] = host.address
+        address = _canonical_address(host.address)
+        if address in by_address and by_address[address] != host.name:
+            problems.append(Problem(
+                f"hosts {by_address[address]!r} and {host.name!r} have the same address "
+                f"{host.address!r}: two deploys would run on one machine at once",
+                fix="give each machine one host entry (or correct the address)",
+                host=host.name, file=path, field=f"hosts.{host.name}.address"))
+        by_address.setdefault(address, host.name)
         indexes = [g.index for g in host.gpus]
         if len(set(indexes)) != len(indexes):
-            problems.append(Problem(f"GPU indexes repeat: {indexes}", fix="give each GPU its own "
-                                    "index", host=host.name, file=path, field="gpus"))
-        for gpu in host.gpus:
-            if gpu.memory_mib <= 0:
-                problems.append(Problem(f"GPU {gpu.index} memory_mib is {gpu.memory_mib}",
-                                        fix="set the GPU's total memory in MiB (e.g. 16384)",
-                                        host=host.name, file=path, field="gpus.memory_mib"))
-    return problems
-
-
-def _check_groups(path: str, hosts: list[Host], groups: dict[str, Group]) -> list[Problem]:
-    known = {h.name for h in hosts if isinstance(h, Host)}
-    problems: list[Problem] = []
+            problems.append(Problem(f"GPU indexes repeat: {indexes}",
+                                    fix="give each GPU its own index", host=host.name,
+                                    file=path, field=f"hosts.{host.name}.gpus"))
     for name, group in groups.items():
-        if name == "all" or name in known:
+        if name == "all" or name in seen:
             problems.append(Problem(f"group name {name!r} clashes with "
                                     f"{'the implicit group all' if name == 'all' else 'a host'}",
                                     fix="rename the group", file=path, field=f"groups.{name}"))
         for member in group.hosts:
-            if member not in known:
+            if member not in seen:
                 problems.append(Problem(f"group {name!r} lists unknown host {member!r}",
-                                        fix=_suggest(member, known, "declare it in `hosts`"),
+                                        fix=_suggest(member, seen, "declare it in `hosts`"),
                                         file=path, field=f"groups.{name}.hosts"))
     return problems
 
 
-def _check_var_keys(path: str, where: str, values: Mapping[str, Any]) -> list[Problem]:
-    return [Problem(f"unknown var {key!r}", fix=_suggest(key, VAR_NAMES, "remove it"),
-                    file=path, field=f"{where}.{key}")
-            for key in values if key not in VAR_NAMES]
+def _canonical_address(address: str) -> str:
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address.lower().rstrip(".")
 
 
 def _suggest(word: str, choices: Iterable[str], otherwise: str) -> str:
@@ -306,50 +454,73 @@ def _suggest(word: str, choices: Iterable[str], otherwise: str) -> str:
     return f"did you mean {close[0]!r}?" if close else otherwise
 
 
-def _index_models(path: str, models: Iterable[Model]) -> tuple[dict[str, Model], list[Problem]]:
-    result: dict[str, Model] = {}
-    problems: list[Problem] = []
-    for model in models:
-        if not isinstance(model, Model):
-            problems.append(Problem(f"`models` holds {model!r}, not a Model",
-                                    fix="write Model(name=..., ...)", file=path, field="models"))
-        elif model.name in result:
-            problems.append(Problem(f"model {model.name!r} is declared twice",
-                                    fix="declare each model once", file=path,
-                                    field=f"models.{model.name}"))
-        else:
-            result[model.name] = model
-    return result, problems
-
-
-def _resolve(host: Host, groups: Mapping[str, Group], defaults: Mapping[str, Any]
+def _resolve(host: Host, groups: Mapping[str, Group], base: Mapping[str, Any],
+             group_vars: Mapping[str, Mapping[str, Any]], own: Mapping[str, Any]
              ) -> ResolvedHost:
     member_of = tuple(name for name, g in groups.items() if host.name in g.hosts)
-    merged: dict[str, Any] = dict(defaults)
+    merged: dict[str, Any] = dict(base)
     for name in member_of:
-        merged.update(groups[name].vars)
-    merged.update(host.vars)
+        merged.update(group_vars[name])
+    merged.update(own)
     return ResolvedHost(name=host.name, address=host.address, gpus=tuple(host.gpus),
-                        groups=member_of, vars=replace(HostVars(), **merged))
+                        groups=member_of, vars=HostVars(**merged))
 
 
-_EXPECTED_TYPES: dict[str, tuple[type, ...]] = {
-    f.name: (int,) if f.type == "int" else (float, int) if f.type == "float"
-    else (bool,) if f.type == "bool" else (str,) if f.type == "str"
-    else (str, type(None)) if f.type == "str | None" else (object,)
-    for f in fields(HostVars)
-}
-
-
-def _check_types(path: str, host: ResolvedHost) -> list[Problem]:
+def host_port_problems(path: str, host: ResolvedHost) -> list[Problem]:
+    """The host's stable, admin and slot ports must all differ."""
+    v = host.vars
+    owners: dict[int, str] = {}
     problems = []
-    for name, expected in _EXPECTED_TYPES.items():
-        value = getattr(host.vars, name)
-        wrong_bool = isinstance(value, bool) and bool not in expected
-        if not isinstance(value, expected) or wrong_bool:
+    named = [("grpc_port", v.grpc_port), ("rest_port", v.rest_port),
+             ("proxy_admin_port", v.proxy_admin_port)]
+    named += [(f"slot_ports.{slot}[{i}]", port)
+              for slot in SLOT_NAMES for i, port in enumerate(v.slot_ports[slot])]
+    for name, port in named:
+        if port in owners:
             problems.append(Problem(
-                f"var {name!r} is {value!r} ({type(value).__name__}), expected "
-                f"{' or '.join(t.__name__ for t in expected)}",
-                fix=f"set {name} to a {expected[0].__name__}", host=host.name, file=path,
-                field=name))
+                f"{owners[port]} and {name} are both {port}: a port has one listener (a slot "
+                "with one port for gRPC and REST serves no REST and no metrics)",
+                fix="give every stable, admin and slot port its own number",
+                host=host.name, file=path, field=name.split("[", 1)[0]))
+        owners.setdefault(port, name)
+    return problems
+
+
+def placement_problems(inventory: Inventory) -> list[Problem]:
+    """Each model's ``hosts`` names hosts; on each of them its ports (shifted by its
+    ``port_offset``) exist and no two models share one."""
+    from tfsdeploy.layout import model_ports  # layout imports this module for its types
+
+    problems: list[Problem] = []
+    owners: dict[tuple[str, int], str] = {}
+    if not inventory.hosts:
+        return []  # nothing to place (an inventory of models only, e.g. while being written)
+    for name, model in sorted(inventory.models.items()):
+        try:
+            placed = inventory.match(model.hosts, f"models.{name}.hosts")
+        except ConfigError as error:
+            problems += error.problems
+            continue
+        if not placed:
+            problems.append(Problem(f"models.{name}.hosts {model.hosts!r} names no host",
+                                    fix="name hosts, groups or globs, comma-separated (default "
+                                        "'all')", file=inventory.path,
+                                    field=f"models.{name}.hosts"))
+        for host in placed:
+            ports = model_ports(host, model)
+            used = sorted({ports.grpc, ports.rest, ports.admin,
+                           *(p for pair in ports.slots.values() for p in pair)})
+            if used[-1] > 65535:
+                problems.append(Problem(
+                    f"port_offset {model.port_offset} moves the ports of model {name!r} up to "
+                    f"{used[-1]}, beyond 65535", fix="lower port_offset (or the host's ports)",
+                    host=host.name, file=inventory.path, field=f"models.{name}.port_offset"))
+                continue
+            clash = next((p for p in used if (host.name, p) in owners), None)
+            if clash is not None:
+                problems.append(Problem(
+                    f"models {owners[(host.name, clash)]!r} and {name!r} both use port {clash}",
+                    fix=f"give one of them a port_offset (e.g. port_offset=100 on {name!r})",
+                    host=host.name, file=inventory.path, field=f"models.{name}.port_offset"))
+            owners.update({(host.name, p): name for p in used})
     return problems

@@ -15,7 +15,7 @@ from google.protobuf.message import Message
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfsdeploy import tfproto
-from tfsdeploy.catalog import DTYPES, Model
+from tfsdeploy.catalog import Model, validate_catalog
 from tfsdeploy.errors import Problem
 from tfsdeploy.flags import (
     PARALLELISM_FLAGS,
@@ -25,6 +25,7 @@ from tfsdeploy.flags import (
     parse_version,
 )
 from tfsdeploy.gpu import check_gpu_plan
+from tfsdeploy.inventory import Inventory, placement_problems
 from tfsdeploy.render import (
     BATCHING_CONFIG,
     CONTAINER_CONFIG_DIR,
@@ -33,80 +34,31 @@ from tfsdeploy.render import (
     MONITORING_CONFIG,
     HostRender,
 )
+from tfsdeploy.schema import INT64_MAX, model_name_problem
 
-MODEL_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 LABEL_NAME = re.compile(r"^[A-Za-z0-9_]+$")
 DEFAULT_MAX_BATCH_SIZE = 1000  # TFServing's default when max_batch_size is unset
 
 
 def check_model_name(name: str) -> str | None:
     """Why ``name`` cannot be a model name (it becomes a directory on every host), or None."""
-    if not MODEL_NAME.match(name):
-        return f"model name {name!r} must match [A-Za-z0-9_.-]+"
-    if name in {".", ".."} or ".." in name:
-        return f"model name {name!r} would escape its directory"
-    return None
+    if not isinstance(name, str):
+        return f"model name {name!r} is not a string"
+    return model_name_problem(name)
 
 
 def check_version(version: int) -> str | None:
-    """Why ``version`` is not a TFServing version number, or None."""
-    if isinstance(version, bool) or not isinstance(version, int) or version <= 0:
-        return f"version {version!r} must be a positive integer (a numeric directory name)"
+    """Why ``version`` is not a TFServing version number (a positive int64), or None."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 < version <= INT64_MAX:
+        return (f"version {version!r} must be a positive integer up to {INT64_MAX} (a numeric "
+                "directory name)")
     return None
 
 
 def validate_model(model: Model, inventory_file: str) -> list[Problem]:
-    """Rules on a catalog entry, before rendering."""
-    where: dict[str, Any] = {"file": inventory_file}
-    problems: list[Problem] = []
-
-    def add(message: str, fix: str, field: str) -> None:
-        problems.append(Problem(message, fix, field=f"models.{model.name}.{field}", **where))
-
-    reason = check_model_name(model.name)
-    if reason:
-        add(reason, "rename the model: letters, digits, '_', '.' and '-' only", "name")
-    if model.memory_mib <= 0:
-        add(f"memory_mib is {model.memory_mib}", "set the measured GPU footprint in MiB",
-            "memory_mib")
-    if model.latency_slo_ms <= 0:
-        add(f"latency_slo_ms is {model.latency_slo_ms}", "set the P99 latency SLO in ms",
-            "latency_slo_ms")
-    for kind, tensors in (("inputs", model.signature.inputs),
-                          ("outputs", model.signature.outputs)):
-        for tensor_name, spec in tensors.items():
-            if spec.dtype not in DTYPES:
-                add(f"{kind} {tensor_name!r} has dtype {spec.dtype!r}",
-                    f"use a TensorFlow DataType name: {', '.join(sorted(DTYPES))}",
-                    f"signature.{kind}.{tensor_name}.dtype")
-    for label, target in model.labels.items():
-        if not LABEL_NAME.match(label):
-            add(f"label {label!r} must match [a-zA-Z0-9_]+ (TFServing's REST label paths)",
-                "rename the label", f"labels.{label}")
-        if target != "release" and check_version(target) is not None:  # type: ignore[arg-type]
-            add(f"label {label!r} points at {target!r}",
-                "point it at a positive version number or 'release'", f"labels.{label}")
-    problems += _check_serial(model, add)
-    return problems
-
-
-def _check_serial(model: Model, add: Callable[[str, str, str], None]) -> list[Problem]:
-    rollout = model.rollout
-    for step in rollout.serial:
-        ok = (isinstance(step, int) and not isinstance(step, bool) and step > 0) or (
-            isinstance(step, str) and re.fullmatch(r"\d+(\.\d+)?%", step)
-            and 0 < float(step[:-1]) <= 100)
-        if not ok:
-            add(f"serial step {step!r} is neither a positive count nor a percentage in (0, 100]",
-                "write e.g. serial=(1, '25%', '100%')", "rollout.serial")
-    if not 0 <= rollout.max_fail_percentage <= 100:
-        add(f"max_fail_percentage {rollout.max_fail_percentage} is outside [0, 100]",
-            "set a percentage of hosts, e.g. 0", "rollout.max_fail_percentage")
-    if rollout.keep_releases < 2:
-        add(f"keep_releases {rollout.keep_releases} cannot hold the previous release",
-            "keep at least 2 releases so that rollback has somewhere to go",
-            "rollout.keep_releases")
-    return []
+    """Every field of a catalog entry and the rules between them (also run by
+    ``build_inventory`` for every model); each problem located at ``models.<name>.<field>``."""
+    return validate_catalog([model], inventory_file)[1]
 
 
 def validate_render(render: HostRender, inventory_file: str) -> list[Problem]:
@@ -139,18 +91,45 @@ def validate_render(render: HostRender, inventory_file: str) -> list[Problem]:
 
 def parse_text_proto(text: str, message_type: type[Message], host: str, name: str
                      ) -> tuple[Message, Problem | None]:
-    """Parse like TextFormat::ParseFromString: unknown fields, JSON and bare wrappers fail."""
-    message = message_type()
-    try:
-        text_format.Parse(text, message)
-    except text_format.ParseError as exc:
-        line = f":{exc.GetLine()}" if exc.GetLine() else ""
-        return message, Problem(
-            f"TFServing would reject this file ({message_type.DESCRIPTOR.name}): {exc}",
-            fix="write protobuf text format (not JSON); wrapper fields need "
-                "`name { value: N }`; only fields of " + message_type.DESCRIPTOR.full_name,
-            host=host, file=name + line)
-    return message, None
+    """Parse like TextFormat::ParseFromString: unknown fields, JSON and bare wrappers fail.
+
+    The message returned may be shared with other hosts whose file differs only in comments
+    (a fleet's files do): read it, never change it."""
+    message, error = _parse(_without_comment_lines(text), message_type)
+    if error is None:
+        return message, None
+    reason, line = error
+    return message, Problem(
+        f"TFServing would reject this file ({message_type.DESCRIPTOR.name}): {reason}",
+        fix="write protobuf text format (not JSON); wrapper fields need "
+            "`name { value: N }`; only fields of " + message_type.DESCRIPTOR.full_name,
+        host=host, file=f"{name}:{line}" if line else name)
+
+
+def _without_comment_lines(text: str) -> str:
+    """``text`` with whole-line comments emptied: the same message, the same line numbers."""
+    return "\n".join("" if line.lstrip().startswith("#") else line
+                     for line in text.split("\n"))
+
+
+Parsed = tuple[Message, tuple[str, int | None] | None]
+_PARSED: dict[tuple[str, str], Parsed] = {}
+
+
+def _parse(text: str, message_type: type[Message]) -> Parsed:
+    """The parsed message and (reason, line) of a parse error, cached: a fleet's files are
+    the same text for every host, and parsing is most of the time a render takes."""
+    key = (message_type.DESCRIPTOR.full_name, text)
+    if key not in _PARSED:
+        if len(_PARSED) > 256:
+            _PARSED.clear()
+        message = message_type()
+        try:
+            text_format.Parse(text, message)
+            _PARSED[key] = (message, None)
+        except text_format.ParseError as exc:
+            _PARSED[key] = (message, (str(exc), exc.GetLine() or None))
+    return _PARSED[key]
 
 
 def check_model_config(config: Any, host: str, flags: Sequence[FlagLine]) -> list[Problem]:
@@ -208,44 +187,71 @@ def _wrapper(message: Any, field: str, default: int | None) -> int | None:
 
 
 def check_batching(params: Any, host: str, slo_ms: float) -> list[Problem]:
-    """BatchingParameters rules from bundle_factory_util.cc and the batching guide."""
+    """BatchingParameters as the server checks them, then the toolkit's latency rules.
+
+    The server (TensorFlow's shared_batch_scheduler.h, TFServing's bundle_factory_util.cc):
+    the load fails when max_batch_size is below 1, batch_timeout_micros is negative, the
+    last allowed_batch_sizes entry is not max_batch_size, or, with
+    enable_large_batch_splitting, max_execution_batch_size exceeds max_batch_size;
+    start-up fails when num_batch_threads is below 1; max_enqueued_batches 0 is rewritten to
+    1 (and fails with splitting). The toolkit also refuses max_enqueued_batches 0 (write what
+    the server will do), sizes that do not increase (session_bundle_config.proto requires
+    increasing entries; the server only pads each batch to the first entry that fits, so an
+    entry after a larger one is never used), and a timeout above a third of the SLO."""
     def problem(message: str, fix: str, field: str) -> Problem:
         return Problem(message, fix, host=host, file=BATCHING_CONFIG, field=field)
 
     problems = []
     max_batch = _wrapper(params, "max_batch_size", DEFAULT_MAX_BATCH_SIZE) or 0
     if max_batch < 1:
-        problems.append(problem(f"max_batch_size is {max_batch}", "set it to 1 or more",
+        problems.append(problem(f"max_batch_size is {max_batch}; TFServing fails the load "
+                                "(it must be positive)", "set it to 1 or more",
                                 "max_batch_size"))
-    for field in ("num_batch_threads", "max_enqueued_batches"):
+    splitting = bool(_wrapper(params, "enable_large_batch_splitting", 0))
+    for field, reason in (("num_batch_threads", "TFServing fails at start-up"),
+                          ("max_enqueued_batches",
+                           "TFServing fails the load" if splitting else
+                           "TFServing replaces 0 with 1 and fails the load below 0")):
         value = _wrapper(params, field, None)
         if value is not None and value < 1:
-            problems.append(problem(f"{field} is {value}; TFServing needs at least 1",
+            problems.append(problem(f"{field} is {value}; {reason}",
                                     f"set {field} to 1 or more", field))
     timeout = _wrapper(params, "batch_timeout_micros", 0) or 0
     budget = int(slo_ms * 1000 / 3)
-    if timeout > budget:
+    if timeout < 0:
+        problems.append(problem(f"batch_timeout_micros is {timeout}; TFServing fails the load "
+                                "(it must be non-negative)", "set it to 0 or more",
+                                "batch_timeout_micros"))
+    elif timeout > budget:
         problems.append(problem(
-            f"batch_timeout_micros {timeout} exceeds a third of the {slo_ms} ms latency SLO "
+            f"batch_timeout_micros {timeout} exceeds a third of the {slo_ms:g} ms latency SLO "
             f"({budget} us): the tail waits about the whole timeout",
             f"lower batch_timeout_micros to at most {budget}, or raise max_batch_size instead",
             "batch_timeout_micros"))
-    sizes = list(params.allowed_batch_sizes)
-    if sizes:
-        if any(b <= a for a, b in itertools.pairwise(sizes)) or sizes[0] < 1:
-            problems.append(problem(f"allowed_batch_sizes {sizes} are not strictly increasing",
-                                    "list positive sizes in increasing order",
-                                    "allowed_batch_sizes"))
-        if sizes[-1] != max_batch:
-            problems.append(problem(
-                f"the last allowed_batch_sizes entry {sizes[-1]} must equal max_batch_size "
-                f"{max_batch} (TFServing fails the load otherwise)",
-                f"end allowed_batch_sizes with {max_batch}", "allowed_batch_sizes"))
+    problems += _check_sizes(list(params.allowed_batch_sizes), max_batch, problem)
     execution = _wrapper(params, "max_execution_batch_size", None)
-    if execution is not None and execution > max_batch:
+    if splitting and execution is not None and execution > max_batch:
         problems.append(problem(f"max_execution_batch_size {execution} > max_batch_size "
-                                f"{max_batch}", "keep it at most max_batch_size",
+                                f"{max_batch} with enable_large_batch_splitting: TFServing "
+                                "fails the load", "keep it at most max_batch_size",
                                 "max_execution_batch_size"))
+    return problems
+
+
+def _check_sizes(sizes: list[int], max_batch: int, problem: Callable[[str, str, str], Problem]
+                 ) -> list[Problem]:
+    if not sizes:
+        return []
+    problems = []
+    if any(b <= a for a, b in itertools.pairwise(sizes)) or sizes[0] < 1:
+        problems.append(problem(f"allowed_batch_sizes {sizes} are not strictly increasing",
+                                "list positive sizes in increasing order (the server pads a "
+                                "batch to the first entry that fits)", "allowed_batch_sizes"))
+    if sizes[-1] != max_batch:
+        problems.append(problem(
+            f"the last allowed_batch_sizes entry {sizes[-1]} must equal max_batch_size "
+            f"{max_batch} (TFServing fails the load otherwise)",
+            f"end allowed_batch_sizes with {max_batch}", "allowed_batch_sizes"))
     return problems
 
 
@@ -313,7 +319,6 @@ def check_flags(flags: Sequence[FlagLine], render: HostRender) -> list[Problem]:
                                 "op parallelism is set", "drop one of them"))
     problems += _check_fraction_flag(value("per_process_gpu_memory_fraction"), render, problem)
     problems += _check_files(flags, render, problem)
-    problems += _check_slot_ports(render, problem)
     return problems
 
 
@@ -344,47 +349,7 @@ def _check_files(flags: Sequence[FlagLine], render: HostRender,
             for f in flags if f.name.endswith("_file") and f.value and f.value not in shipped]
 
 
-def _check_slot_ports(render: HostRender, problem: Callable[..., Problem]) -> list[Problem]:
-    variables = render.host.vars
-    problems = []
-    stable = {variables.grpc_port, variables.rest_port}
-    used: set[int] = set()
-    for slot, (grpc, rest) in variables.slot_ports.items():
-        if grpc == rest:
-            problems.append(problem(f"slot {slot}: --port and --rest_api_port are both {grpc}; "
-                                    "TFServing then serves no REST (and no metrics)",
-                                    "give the slot two different ports"))
-        if {grpc, rest} & (stable | used):
-            problems.append(problem(f"slot {slot} ports {grpc}/{rest} clash with the stable "
-                                    "ports or another slot", "give each slot its own ports"))
-        used |= {grpc, rest}
-    if len(variables.slot_ports) != 2:
-        problems.append(problem(f"slot_ports defines {len(variables.slot_ports)} slots",
-                                "define exactly two slots (blue and green)"))
-    return problems
-
-
-def check_port_clashes(inventory: Any) -> list[Problem]:
-    """Models the inventory places on the same host must not share a port."""
-    from tfsdeploy.layout import model_ports
-    from tfsdeploy.render import placements
-
-    placed = placements(inventory)
-    problems = []
-    for host in inventory.hosts:
-        owners: dict[int, str] = {}
-        for name, on in sorted(placed.items()):
-            if host.name not in on:
-                continue
-            ports = model_ports(host, inventory.models[name])
-            used = {ports.grpc, ports.rest, ports.admin,
-                    *(p for pair in ports.slots.values() for p in pair)}
-            for port in sorted(used):
-                if port in owners:
-                    problems.append(Problem(
-                        f"models {owners[port]!r} and {name!r} both use port {port}",
-                        fix=f"give one of them a port_offset (e.g. port_offset=100 on {name!r})",
-                        host=host.name, file=inventory.path, field=f"models.{name}.port_offset"))
-                    break
-                owners[port] = name
-    return problems
+def check_port_clashes(inventory: Inventory) -> list[Problem]:
+    """Models the inventory places on the same host must not share a port, and every port
+    shifted by a model's ``port_offset`` must exist (``build_inventory`` runs this too)."""
+    return placement_problems(inventory)

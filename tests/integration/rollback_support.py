@@ -166,7 +166,7 @@ def make_fleet(tmp: Path, model: str, offset: int, *, window_s: float = 600.0,
         warmup="Warmup(samples=20)",
         rollout=f"Rollout(serial={serial!r}, min_healthy_s={min_healthy_s!r}, "
                 f"window_s={window_s!r}, keep_releases={keep_releases!r}, "
-                f"load_timeout_s=120, health_timeout_s=60)"))
+                f"load_timeout_s=120)"))
     (tmp / "playbooks").mkdir(exist_ok=True)
     playbook = tmp / "playbooks" / "deploy-fast.yml"
     playbook.write_text(FAST_PLAYBOOK)

@@ -74,8 +74,16 @@ def test_batch_timeout_above_a_third_of_slo() -> None:
 
 
 def test_allowed_batch_sizes_must_increase_and_end_at_max() -> None:
-    text = _messages(_problems(_render(batching=Batching(
-        max_batch_size=16, allowed_batch_sizes=(8, 4, 12)))))
+    problems = validate_model(model(batching=Batching(
+        max_batch_size=16, allowed_batch_sizes=(8, 4, 12))), "inv.py")
+    text = _messages(problems)
+    assert "are not strictly increasing" in text
+    assert "last allowed_batch_sizes entry 12 must equal max_batch_size 16" in text
+    assert {p.field for p in problems} == {"models.m.batching.allowed_batch_sizes"}
+    # the same rules on a rendered file (a custom template)
+    text = _messages(_problems(_with_file(_render(), BATCHING_CONFIG, (
+        "max_batch_size { value: 16 }\nallowed_batch_sizes: 8\nallowed_batch_sizes: 4\n"
+        "allowed_batch_sizes: 12\n"))))
     assert "are not strictly increasing" in text
     assert "last allowed_batch_sizes entry 12 must equal max_batch_size 16" in text
 
@@ -83,8 +91,60 @@ def test_allowed_batch_sizes_must_increase_and_end_at_max() -> None:
 @pytest.mark.parametrize("field", ["num_batch_threads", "max_enqueued_batches"])
 def test_batch_threads_and_queue_at_least_one(field: str) -> None:
     batching = replace(Batching(max_batch_size=8, allowed_batch_sizes=(8,)), **{field: 0})
-    text = _messages(_problems(_render(batching=batching)))
-    assert f"{field} is 0; TFServing needs at least 1" in text
+    problems = validate_model(model(batching=batching), "inv.py")
+    assert [(p.field, p.message) for p in problems] == [
+        (f"models.m.batching.{field}", f"{field} is 0: must be at least 1")]
+
+
+@pytest.mark.parametrize("text, expected", [
+    # the server's own checks (shared_batch_scheduler.h, bundle_factory_util.cc)
+    ("batch_timeout_micros { value: -5 }", "batch_timeout_micros is -5; TFServing fails the load"),
+    ("max_batch_size { value: 0 }", "max_batch_size is 0; TFServing fails the load"),
+    ("num_batch_threads { value: 0 }", "num_batch_threads is 0; TFServing fails at start-up"),
+    ("max_enqueued_batches { value: 0 }",
+     "max_enqueued_batches is 0; TFServing replaces 0 with 1"),
+    ("enable_large_batch_splitting { value: true }\nmax_enqueued_batches { value: 0 }",
+     "max_enqueued_batches is 0; TFServing fails the load"),
+    ("enable_large_batch_splitting { value: true }\nmax_execution_batch_size { value: 16 }",
+     "max_execution_batch_size 16 > max_batch_size 8 with enable_large_batch_splitting"),
+    ("allowed_batch_sizes: 4", "last allowed_batch_sizes entry 4 must equal max_batch_size 8"),
+])
+def test_rendered_batching_follows_the_server(text: str, expected: str) -> None:
+    body = f"max_batch_size {{ value: 8 }}\n{text}\n" if "max_batch_size {" not in text \
+        else text + "\n"
+    problems = _problems(_with_file(_render(), BATCHING_CONFIG, body))
+    assert any(expected in p.message and p.file == BATCHING_CONFIG and p.host == "h1"
+               for p in problems), _messages(problems)
+
+
+def test_rendered_batching_the_server_accepts_passes() -> None:
+    # max_execution_batch_size is read only with splitting; 0 enqueued batches is refused on
+    # purpose (the server would run 1), so it is not in this file
+    body = ("max_batch_size { value: 8 }\nbatch_timeout_micros { value: 0 }\n"
+            "max_execution_batch_size { value: 16 }\nallowed_batch_sizes: 8\n")
+    assert _problems(_with_file(_render(), BATCHING_CONFIG, body)) == []
+
+
+@pytest.mark.parametrize("threads, batching, concurrency, ok", [
+    (0, Batching(max_batch_size=64, allowed_batch_sizes=(64,)), 0, True),  # server default
+    (65, Batching(max_batch_size=64, allowed_batch_sizes=(64,)), 0, True),
+    (64, Batching(max_batch_size=64, allowed_batch_sizes=(64,)), 0, False),
+    (2, Batching(enabled=False), 0, True),
+    (1, Batching(enabled=False), 0, False),  # the only thread polls: every call refused
+    (33, Batching(max_batch_size=8, allowed_batch_sizes=(8,)), 32, True),
+    (32, Batching(max_batch_size=8, allowed_batch_sizes=(8,)), 32, False),
+])
+def test_grpc_max_threads_holds_the_expected_concurrency(
+        threads: int, batching: Batching, concurrency: int, ok: bool) -> None:
+    problems = validate_model(model(threads=Threads(grpc_max_threads=threads),
+                                    batching=batching, expected_concurrency=concurrency),
+                              "inv.py")
+    assert (problems == []) == ok, _messages(problems)
+    if not ok:
+        assert problems[0].field == "models.m.threads.grpc_max_threads"
+        assert "RESOURCE_EXHAUSTED" in problems[0].message
+        need = concurrency or (batching.max_batch_size if batching.enabled else 1)
+        assert f"at least {need + 1}" in problems[0].fix
 
 
 def test_relative_base_path_refused() -> None:
@@ -133,7 +193,8 @@ def test_labels_need_allow_unavailable_flag() -> None:
 
 def test_label_names_restricted() -> None:
     problems = validate_model(model(labels={"to-day": "release"}), "inv.py")
-    assert "must match [a-zA-Z0-9_]+" in _messages(problems)
+    assert "labels key 'to-day' is not 1-64 of [A-Za-z0-9_]" in _messages(problems)
+    assert problems[0].field == "models.m.labels.to-day"
 
 
 def test_model_name_with_model_config_file_refused() -> None:
@@ -177,18 +238,43 @@ def test_flag_newer_than_target_release() -> None:
 
 
 def test_gpu_fraction_too_large_for_two_releases_names_numbers() -> None:
-    m = model(memory_mib=6000)
+    m = model(memory_mib=5500)
     inv = inventory(models=[m], gpu_mib=16384)
     render = render_fleet(inv, m, 1, inv.select("h1"))[0]
-    assert _problems(render) == []  # fits: 2 x 0.440 = 0.880 <= 0.9
+    assert _problems(render) == []  # fits: 2 x 0.403 + 2 x 512 MiB context = 0.869 <= 0.9
     assert render.gpu is not None
     arithmetic = render.gpu.arithmetic()
-    assert "fraction = ceil(6000 MiB x 1.2 / 16384 MiB, 3 places) = 0.440" in arithmetic
-    m = model(memory_mib=6500)
+    assert "fraction = ceil(5500 MiB x 1.2 / 16384 MiB, 3 places) = 0.403" in arithmetic
+    assert ("window = 0.000 (other models) + 2 x 0.403 + 2 x 512 MiB CUDA context / 16384 MiB"
+            " = 0.806 + 0.063 = 0.869") in arithmetic
+    m = model(memory_mib=6000)  # fitted before the CUDA contexts were counted: 0.880
     inv = inventory(models=[m], gpu_mib=16384)
     text = _messages(_problems(render_fleet(inv, m, 1, inv.select("h1"))[0]))
-    assert "window = 0.000 (other models) + 2 x 0.477 = 0.954, limit 1 - 0.1 = 0.900" in text
+    assert ("window = 0.000 (other models) + 2 x 0.440 + 2 x 512 MiB CUDA context / 16384 MiB"
+            " = 0.880 + 0.063 = 0.943, limit 1 - 0.1 = 0.900") in text
     assert "strategy 'recreate'" in text
+
+
+def test_gpu_context_is_a_host_var() -> None:
+    m = model(memory_mib=6000)
+    inv = inventory(models=[m], gpu_mib=16384, defaults={"gpu_context_mib": 0})
+    render = render_fleet(inv, m, 1, inv.select("h1"))[0]
+    assert _problems(render) == [] and render.gpu is not None
+    assert "window = 0.000 (other models) + 2 x 0.440 = 0.880, limit" in render.gpu.arithmetic()
+    inv = inventory(models=[m], gpu_mib=16384, defaults={"gpu_context_mib": 2048})
+    render = render_fleet(inv, m, 1, inv.select("h1"))[0]
+    assert "+ 2 x 2048 MiB CUDA context / 16384 MiB = 0.880 + 0.250 = 1.130" in \
+        _messages(_problems(render))
+    # the printed arithmetic is in the flags file the host receives
+    assert "2 x 2048 MiB CUDA context" in render.file(FLAGS).text
+
+
+def test_one_process_alone_must_fit() -> None:
+    m = model(memory_mib=12000, rollout=Rollout(strategy="recreate"))
+    inv = inventory(models=[m], gpu_mib=16384, defaults={"gpu_context_mib": 2048,
+                                                         "gpu_headroom": 0.0})
+    text = _messages(_problems(render_fleet(inv, m, 1, inv.select("h1"))[0]))
+    assert "does not fit this GPU (1 release(s) at once)" in text  # 0.879 + 0.125 > 1
 
 
 def test_recreate_strategy_needs_room_for_one_release_only() -> None:
@@ -206,13 +292,15 @@ def test_gpu_host_needs_explicit_fraction() -> None:
 
 
 def test_co_located_models_share_the_gpu() -> None:
-    a, b = model(name="a", memory_mib=4000), model(name="b", memory_mib=4000)
+    a, b = model(name="a", memory_mib=3500), model(name="b", memory_mib=3500, port_offset=100)
     inv = inventory(models=[a, b])
-    assert _problems(render_fleet(inv, a, 1, inv.select("h1"))[0]) == []  # 0.879 fits
-    a, b = model(name="a", memory_mib=5000), model(name="b", memory_mib=5000)
+    assert _problems(render_fleet(inv, a, 1, inv.select("h1"))[0]) == []  # 0.865 fits
+    a, b = model(name="a", memory_mib=5000), model(name="b", memory_mib=5000, port_offset=100)
     inv = inventory(models=[a, b])
     text = _messages(_problems(render_fleet(inv, a, 1, inv.select("h1"))[0]))
-    assert "0.367 (other models) + 2 x 0.367 = 1.101" in text
+    # three processes: b's release, and a's old and new
+    assert ("0.367 (other models) + 2 x 0.367 + 3 x 512 MiB CUDA context / 16384 MiB = "
+            "1.101 + 0.094 = 1.195") in text
 
 
 def test_serial_and_rollout_rules() -> None:
@@ -221,16 +309,20 @@ def test_serial_and_rollout_rules() -> None:
                                                     max_fail_percentage=120)), "inv.py")
     text = _messages(problems)
     assert text.count("serial step") == 3
-    assert "keep_releases 1" in text and "max_fail_percentage 120" in text
+    assert "keep_releases is 1: must be at least 2" in text
+    assert "max_fail_percentage is 120: must be at most 100" in text
+    assert {p.field for p in problems} == {
+        "models.m.rollout.serial[0]", "models.m.rollout.serial[1]", "models.m.rollout.serial[2]",
+        "models.m.rollout.keep_releases", "models.m.rollout.max_fail_percentage"}
 
 
 def test_slot_ports_must_differ() -> None:
-    m = model()
-    inv = inventory(models=[m], defaults={"slot_ports": {"blue": (8510, 8510),
-                                                         "green": (8500, 8521)}})
-    text = _messages(_problems(render_fleet(inv, m, 1, inv.select("h1"))[0]))
-    assert "--port and --rest_api_port are both 8510" in text
-    assert "slot green ports 8500/8521 clash" in text
+    with pytest.raises(ConfigError) as err:
+        inventory(defaults={"slot_ports": {"blue": (8510, 8510), "green": (8500, 8521)}})
+    text = str(err.value)
+    assert "slot_ports.blue[0] and slot_ports.blue[1] are both 8510" in text
+    assert "serves no REST and no metrics" in text
+    assert "grpc_port and slot_ports.green[0] are both 8500" in text
 
 
 def test_template_with_undefined_variable(tmp_path: object, monkeypatch: pytest.MonkeyPatch
@@ -249,6 +341,22 @@ def test_co_located_models_need_distinct_ports() -> None:
     from tfsdeploy.validate import check_port_clashes
 
     a, b = model(name="a"), model(name="b", memory_mib=100)
-    problems = check_port_clashes(inventory(models=[a, b]))
-    assert problems and "models 'a' and 'b' both use port 8500" in problems[0].message
+    with pytest.raises(ConfigError) as err:
+        inventory(models=[a, b])
+    (problem,) = err.value.problems
+    assert problem.message == "models 'a' and 'b' both use port 8500"
+    assert problem.host == "h1, h2" and problem.field == "models.b.port_offset"
     assert check_port_clashes(inventory(models=[a, model(name="b", port_offset=100)])) == []
+
+
+def test_port_offset_beyond_the_last_port() -> None:
+    with pytest.raises(ConfigError, match="moves the ports of model 'm' up to 65599, beyond 65535"):
+        inventory(models=[model(port_offset=57000)])
+
+
+def test_negative_batch_timeout_is_refused_before_rendering() -> None:
+    with pytest.raises(ConfigError) as err:
+        inventory(models=[model(batching=Batching(batch_timeout_micros=-5))])
+    (problem,) = err.value.problems
+    assert problem.field == "models.m.batching.batch_timeout_micros"
+    assert problem.message == "batch_timeout_micros is -5: must be at least 0"

@@ -1,8 +1,11 @@
 """Outputs for cron and systemd: a JSON result file and a Prometheus textfile.
 
 Files are written atomically (temp file + rename) so a collector never reads half a file.
-The textfile follows node_exporter's textfile-collector format; runs of other commands or
-models in the same file are kept.
+The textfile follows node_exporter's textfile-collector format (Prometheus' text exposition
+format: label values escape backslash, double quote and newline) and is readable by every
+user, since node_exporter runs as its own; runs of other commands or models in the same file
+are kept. A model name that is not a valid catalog name is never written as a label: such a
+run is recorded under ``model="<invalid>"``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tfsdeploy.schema import model_name_problem
+
 METRICS = {
     "tfsdeploy_last_run_timestamp_seconds": "Unix time the last run of the command ended.",
     "tfsdeploy_last_run_exit_code": "Exit code of the last run (0 ok, 1 invalid, 2 rolled "
@@ -23,15 +28,23 @@ METRICS = {
     "tfsdeploy_last_success_timestamp_seconds": "Unix time of the last run that exited 0.",
     "tfsdeploy_release_info": "The release and version the last run ended on (value 1).",
 }
-SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{[^}]*\})?\s+(?P<value>\S+)$")
+# a label value is a double-quoted string in which \\, \" and \n are escapes
+_VALUE = r'"(?:[^"\\]|\\.)*"'
+SAMPLE = re.compile(rf"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{{(?:[^\"}}]|{_VALUE})*\}})?"
+                    r"\s+(?P<value>\S+)(?:\s+-?[0-9]+)?$")
+LABEL = re.compile(rf'\s*(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*(?P<value>{_VALUE})\s*,?')
+INVALID_MODEL = "<invalid>"  # not a model name: a model name starts with a letter or digit
+TEXTFILE_MODE = 0o644  # node_exporter reads it as another user
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Replace ``path`` with ``text`` in one rename."""
+def write_atomic(path: str, text: str, mode: int | None = None) -> None:
+    """Replace ``path`` with ``text`` in one rename (``mode``: its permissions, else 0600)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     with os.fdopen(fd, "w") as handle:
+        if mode is not None:
+            os.fchmod(handle.fileno(), mode)
         handle.write(text)
     os.replace(temp, target)
 
@@ -41,14 +54,38 @@ def write_json_file(path: str, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
+def escape_label(value: str) -> str:
+    """A label value for the text format: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def unescape_label(quoted: str) -> str:
+    """The value of a double-quoted, escaped label value."""
+    return re.sub(r"\\(.)", lambda m: "\n" if m[1] == "n" else m[1], quoted[1:-1])
+
+
+def label_values(labels: str) -> dict[str, str]:
+    """``{a="x",b="y"}`` -> {"a": "x", "b": "y"}."""
+    inner = labels[1:-1] if labels.startswith("{") else labels
+    return {m["key"]: unescape_label(m["value"]) for m in LABEL.finditer(inner)}
+
+
 def _labels(**values: str) -> str:
-    return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(values.items())) + "}"
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in sorted(values.items())) + "}"
+
+
+def model_label(model: str) -> str:
+    """``model`` if it is a valid model name, else INVALID_MODEL (a run with a bad --model
+    is still recorded, but the text given is never written)."""
+    return model if isinstance(model, str) and model_name_problem(model) is None \
+        else INVALID_MODEL
 
 
 def textfile_samples(*, model: str, command: str, exit_code: int, seconds: float,
                      release: str, version: int | None, now: float,
                      previous_success: float | None) -> dict[str, float]:
     """``name{labels}`` -> value for one run (pure)."""
+    model = model_label(model)
     base = _labels(model=model, command=command)
     samples = {f"tfsdeploy_last_run_timestamp_seconds{base}": now,
                f"tfsdeploy_last_run_exit_code{base}": float(exit_code),
@@ -77,6 +114,14 @@ def read_samples(path: str) -> dict[str, float]:
     return found
 
 
+def _is_run_of(key: str, model: str, command: str) -> bool:
+    """Whether the sample ``key`` belongs to the runs of ``command`` on ``model``."""
+    name, _, labels = key.partition("{")
+    values = label_values("{" + labels)
+    return name.startswith("tfsdeploy_") and values.get("model") == model \
+        and values.get("command") == command
+
+
 def format_textfile(samples: dict[str, float]) -> str:
     """HELP and TYPE once per metric, then its samples, sorted."""
     lines = []
@@ -92,11 +137,10 @@ def update_textfile(path: str, *, model: str, command: str, exit_code: int, seco
                     release: str, version: int | None) -> None:
     """Rewrite the textfile with this run's samples, keeping every other run's."""
     old = read_samples(path)
-    ours = _labels(model=model, command=command)[1:-1]
-    success_key = f"tfsdeploy_last_success_timestamp_seconds{{{ours}}}"
-    kept = {k: v for k, v in old.items()
-            if not (k.startswith("tfsdeploy_") and ours in k)}
+    model = model_label(model)
+    success_key = f"tfsdeploy_last_success_timestamp_seconds{_labels(model=model, command=command)}"
+    kept = {k: v for k, v in old.items() if not _is_run_of(k, model, command)}
     kept.update(textfile_samples(model=model, command=command, exit_code=exit_code,
                                  seconds=seconds, release=release, version=version,
                                  now=time.time(), previous_success=old.get(success_key)))
-    write_atomic(path, format_textfile(kept))
+    write_atomic(path, format_textfile(kept), mode=TEXTFILE_MODE)
