@@ -109,7 +109,6 @@ class HostVars:
     rest_port: Port = 8501
     slot_ports: SlotPorts = field(
         default_factory=lambda: {"blue": (8510, 8511), "green": (8520, 8521)})
-    proxy_admin_port: Port = 8599
     gpu_safety_margin: GpuMargin = 1.2
     gpu_headroom: Annotated[float, Strict(), Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.1
     # GPU memory each TFServing process takes outside its fraction (CUDA context, cuDNN and
@@ -467,12 +466,11 @@ def _resolve(host: Host, groups: Mapping[str, Group], base: Mapping[str, Any],
 
 
 def host_port_problems(path: str, host: ResolvedHost) -> list[Problem]:
-    """The host's stable, admin and slot ports must all differ."""
+    """The host's stable and slot ports must all differ."""
     v = host.vars
     owners: dict[int, str] = {}
     problems = []
-    named = [("grpc_port", v.grpc_port), ("rest_port", v.rest_port),
-             ("proxy_admin_port", v.proxy_admin_port)]
+    named = [("grpc_port", v.grpc_port), ("rest_port", v.rest_port)]
     named += [(f"slot_ports.{slot}[{i}]", port)
               for slot in SLOT_NAMES for i, port in enumerate(v.slot_ports[slot])]
     for name, port in named:
@@ -508,7 +506,7 @@ def placement_problems(inventory: Inventory) -> list[Problem]:
                                     field=f"models.{name}.hosts"))
         for host in placed:
             ports = model_ports(host, model)
-            used = sorted({ports.grpc, ports.rest, ports.admin,
+            used = sorted({ports.grpc, ports.rest,
                            *(p for pair in ports.slots.values() for p in pair)})
             if used[-1] > 65535:
                 problems.append(Problem(

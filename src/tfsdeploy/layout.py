@@ -33,12 +33,12 @@ PROXY_ADMIN_MOUNT = "/run/tfsdeploy-admin"  # where the proxy container sees the
 @dataclass(frozen=True)
 class Ports:
     """A model's ports on one host: stable (the proxy's) and each slot's (instance 0's; an
-    instance ``k`` adds ``k x instance_stride``)."""
+    instance ``k`` adds ``k x instance_stride``). The proxy's admin API is a unix socket, not a
+    port (``HostPaths.admin_socket``)."""
 
     grpc: int
     rest: int
     slots: dict[str, tuple[int, int]]
-    admin: int
     instance_stride: int = 40
 
     def slot_grpc(self, slot: str, instance: int = 0) -> int:
@@ -55,8 +55,7 @@ def model_ports(host: ResolvedHost, model: Model) -> Ports:
     shift = model.port_offset
     v = host.vars
     return Ports(grpc=v.grpc_port + shift, rest=v.rest_port + shift,
-                 slots={s: (g + shift, r + shift) for s, (g, r) in v.slot_ports.items()},
-                 admin=v.proxy_admin_port + shift)
+                 slots={s: (g + shift, r + shift) for s, (g, r) in v.slot_ports.items()})
 
 
 @dataclass(frozen=True)

@@ -143,7 +143,7 @@ class Fleet(ModelFleet):
 
 
 def model_ports(offset: int) -> list[int]:
-    return [p + offset for p in (8500, 8501, 8510, 8511, 8520, 8521, 8599)]
+    return [p + offset for p in (8500, 8501, 8510, 8511, 8520, 8521)]
 
 
 def listeners(host: str, ports: list[int]) -> list[str]:

@@ -6,7 +6,8 @@ convergence tests) build on this module.
 
 Each test module deploys its OWN model (own name, own port offset) so that it never collides
 with another module or with another session sharing the fleet. Ports of a model with offset o:
-stable gRPC/REST 8500/8501 + o, slots 8510/8511 and 8520/8521 + o, proxy admin 8599 + o.
+stable gRPC/REST 8500/8501 + o, slots 8510/8511 and 8520/8521 + o (the proxy's admin API is
+a unix socket on the host, no port).
 Offsets in use: 0 is the default inventory's (the demo's half_plus_two and resnet50), 200
 hand-run demos, 300-800 the rollback tests, 900 benchmarks/bench_rollback.py, 1000-1300 the
 deploy tests, 1400 benchmarks/bench_deploy.py.

@@ -17,8 +17,7 @@ from tfsdeploy.facts import ProxyFact, parse_facts
 from tfsdeploy.layout import HostPaths, Ports
 from tfsdeploy.proxy import parse_stat, set_state, switch_commands
 
-PORTS = Ports(grpc=8500, rest=8501, slots={"blue": (8510, 8511), "green": (8520, 8521)},
-              admin=8599)
+PORTS = Ports(grpc=8500, rest=8501, slots={"blue": (8510, 8511), "green": (8520, 8521)})
 RELEASE = "r20261130-100000000-v3"
 
 

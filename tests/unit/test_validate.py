@@ -350,8 +350,8 @@ def test_co_located_models_need_distinct_ports() -> None:
 
 
 def test_port_offset_beyond_the_last_port() -> None:
-    with pytest.raises(ConfigError, match="moves the ports of model 'm' up to 65599, beyond 65535"):
-        inventory(models=[model(port_offset=57000)])
+    with pytest.raises(ConfigError, match="moves the ports of model 'm' up to 65621, beyond 65535"):
+        inventory(models=[model(port_offset=57100)])
 
 
 def test_negative_batch_timeout_is_refused_before_rendering() -> None:
