@@ -194,6 +194,7 @@ class Inventory:
     hosts: tuple[ResolvedHost, ...]
     groups: Mapping[str, tuple[str, ...]]
     models: Mapping[str, Model]
+    notify: tuple[str, ...] = ()  # event receivers of every deploy/rollback (docs/hooks.md)
 
     def host(self, name: str) -> ResolvedHost:
         """The host called ``name``."""
@@ -266,6 +267,7 @@ def load_inventory(path: str | None = None) -> Inventory:
         groups=namespace.get("groups", {}),
         defaults=namespace.get("defaults", {}),
         models=namespace.get("models", []),
+        notify=namespace.get("notify", []),
     )
 
 
@@ -303,9 +305,13 @@ def _line_in(path: str, exc: BaseException) -> int | None:
 
 
 def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Group],
-                    defaults: Mapping[str, Any], models: Iterable[Model]) -> Inventory:
+                    defaults: Mapping[str, Any], models: Iterable[Model],
+                    notify: object = ()) -> Inventory:
     """Check and resolve inventory data (pure); raises ConfigError with every problem."""
     host_list, host_vars, problems = _checked_hosts(path, hosts)
+    receivers, found = check(list[str], list(notify) if isinstance(notify, (list, tuple))
+                             else notify, file=path, prefix="notify")
+    problems += found
     group_map, found = _checked_groups(path, groups)
     problems += found
     base, found = _checked_vars(path, defaults, "defaults")
@@ -324,7 +330,7 @@ def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Gr
     inventory = Inventory(
         path=path, hosts=resolved,
         groups=MappingProxyType({k: tuple(g.hosts) for k, g in group_map.items()}),
-        models=MappingProxyType(model_map))
+        models=MappingProxyType(model_map), notify=tuple(receivers or ()))
     problems = [p for h in resolved for p in host_port_problems(path, h)]
     problems += placement_problems(inventory)
     if problems:

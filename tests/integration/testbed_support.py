@@ -186,6 +186,7 @@ defaults = {{
     "image": "{registry}/tfserving-emulator:2.21.0",
     "tfserving_version": "2.21.0",
     "proxy_image": "{registry}/tfsdeploy-proxy:2.6",
+    "docker_gpus": "all",
 }}
 models = [
     Model(

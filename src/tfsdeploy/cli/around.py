@@ -37,7 +37,7 @@ def prepare(command: str, target: Target, *, hooks_dir: str | None,
                            addresses=tuple(h.address for h in target.hosts),
                            who=current_user(), inventory=target.inventory.path,
                            run_id=uuid.uuid4().hex[:16])
-    urls = [*getattr(target.inventory, "notify", ()), *notify_urls]
+    urls = [*target.inventory.notify, *notify_urls]
     return Around(command, found, notify.Notifier(urls, facts), facts)
 
 
