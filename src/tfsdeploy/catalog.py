@@ -156,6 +156,9 @@ class Rollout:
     # after a successful roll the drained old release stays running this long, so that a
     # rollback is a switch back with no model load (0: stop it at the end of the roll)
     window_s: Annotated[float, Strict(), Field(ge=0, le=ONE_WEEK_S, allow_inf_nan=False)] = 0.0
+    # a host's instances out of rotation at once; instances roll one after the other, so the
+    # host keeps at least (instances - 1) serving (with "recreate", the one rolling is out)
+    max_unavailable: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "serial", _tuple(self.serial))
@@ -203,9 +206,17 @@ class Model:
     # added to every port, so that co-located models do not clash (checked per host)
     port_offset: Annotated[int, Strict(), Field(ge=0, le=65535)] = 0
     expected_concurrency: Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)] = 0
+    # on GPU hosts: one TFServing instance per GPU ("per_gpu": TensorFlow places a model's ops
+    # on the first GPU it sees), or one instance seeing all of them ("host": for models that
+    # place ops on several GPUs themselves); ``gpus`` limits the host GPUs used (None: all)
+    placement: Literal["per_gpu", "host"] = "per_gpu"
+    gpus: Annotated[tuple[Annotated[int, Strict(), Field(ge=0, le=1023)], ...] | None,
+                    Field(min_length=1, max_length=64)] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "labels", _frozen(self.labels))
+        if self.gpus is not None:
+            object.__setattr__(self, "gpus", _tuple(self.gpus))
 
 
 def validate_catalog(models: Sequence[object], file: str) -> tuple[list[Model], list[Problem]]:

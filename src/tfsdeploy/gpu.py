@@ -38,6 +38,7 @@ class GpuPlan:
     slots: int = 2  # releases of this model resident at once: 2 in a dual-version window
     context_mib: int = 0  # per process, outside its fraction
     other_models: int = 0  # processes of the other models on this host
+    where: str = "this GPU"  # "GPU 1" on a host with several
 
     @property
     def processes(self) -> int:
@@ -84,26 +85,70 @@ def release_fraction(footprint_mib: int, margin: float, gpu_memory_mib: int) -> 
     return math.ceil(footprint_mib * margin / gpu_memory_mib * 1000 - 1e-9) / 1000
 
 
-def plan_gpu(host: ResolvedHost, model: Model, co_located: Sequence[Model] = ()
-             ) -> GpuPlan | None:
-    """The GPU plan of ``model`` on ``host``; None when the host has no GPU.
+@dataclass(frozen=True)
+class InstancePlan:
+    """One TFServing instance of a model on a host: the host GPUs it sees (``gpus``, empty on
+    a host without GPU) and its memory plan (None without GPU)."""
 
-    ``co_located`` are the other models the inventory places on the same host: each keeps
-    one release resident while this one rolls. A host's smallest GPU bounds the fraction,
-    because TensorFlow applies one fraction to every GPU the process sees.
+    index: int
+    gpus: tuple[int, ...]
+    plan: GpuPlan | None
+
+
+def instance_gpus(host: ResolvedHost, model: Model) -> list[tuple[int, ...]]:
+    """The host GPUs of each instance of ``model`` on ``host`` (pure): one instance per GPU
+    (``per_gpu``), one seeing them all (``host``), or one with no GPU on a host without."""
+    chosen = [g.index for g in host.gpus if model.gpus is None or g.index in model.gpus]
+    if not chosen:
+        return [()]
+    if model.placement == "host":
+        return [tuple(chosen)]
+    return [(index,) for index in chosen]
+
+
+def plan_instances(host: ResolvedHost, model: Model, co_located: Sequence[Model] = ()
+                   ) -> tuple[InstancePlan, ...]:
+    """Every instance of ``model`` on ``host`` with its fraction and the window arithmetic of
+    the GPUs it sees.
+
+    ``co_located`` are the models the inventory places on the same host: each keeps one
+    release resident on every GPU one of its instances sees while this one rolls. An instance
+    seeing several GPUs is sized by the smallest (TensorFlow applies one fraction to every GPU
+    a process sees) and judged on its most crowded GPU.
     """
-    if not host.gpus:
-        return None
-    memory = min(g.memory_mib for g in host.gpus)
-    margin, headroom = host.vars.gpu_safety_margin, host.vars.gpu_headroom
+    memory = {g.index: g.memory_mib for g in host.gpus}
     others = [m for m in co_located if m.name != model.name]
+    seen = {m.name: {i for g in instance_gpus(host, m) for i in g} for m in others}
+    plans = []
+    for index, gpus in enumerate(instance_gpus(host, model)):
+        if not gpus:
+            plans.append(InstancePlan(index, (), None))
+            continue
+        plans.append(InstancePlan(index, gpus, max(
+            (_plan_on(host, model, min(memory[g] for g in gpus),
+                      [m for m in others if card in seen[m.name]],
+                      f"GPU {card}" if len(memory) > 1 else "this GPU") for card in gpus),
+            key=lambda p: p.window_total)))
+    return tuple(plans)
+
+
+def _plan_on(host: ResolvedHost, model: Model, memory: int, others: Sequence[Model],
+             where: str) -> GpuPlan:
+    margin, headroom = host.vars.gpu_safety_margin, host.vars.gpu_headroom
     return GpuPlan(host=host.name, model=model.name, gpu_memory_mib=memory,
                    footprint_mib=model.memory_mib, margin=margin, headroom=headroom,
                    fraction=release_fraction(model.memory_mib, margin, memory),
                    others=round(sum(release_fraction(m.memory_mib, margin, memory)
                                     for m in others), 6),
                    slots=1 if model.rollout.strategy == "recreate" else 2,
-                   context_mib=host.vars.gpu_context_mib, other_models=len(others))
+                   context_mib=host.vars.gpu_context_mib, other_models=len(others),
+                   where=where)
+
+
+def plan_gpu(host: ResolvedHost, model: Model, co_located: Sequence[Model] = ()
+             ) -> GpuPlan | None:
+    """The GPU plan of ``model``'s first instance on ``host``; None when it has no GPU."""
+    return plan_instances(host, model, co_located)[0].plan
 
 
 def check_gpu_plan(plan: GpuPlan, file: str) -> list[Problem]:
@@ -111,7 +156,7 @@ def check_gpu_plan(plan: GpuPlan, file: str) -> list[Problem]:
     alone = plan.fraction + plan.context_mib / plan.gpu_memory_mib
     if alone > 1.0 or plan.window_total > plan.limit:
         return [Problem(
-            f"{plan.model} does not fit this GPU ({plan.slots} release(s) at once): "
+            f"{plan.model} does not fit {plan.where} ({plan.slots} release(s) at once): "
             f"{plan.arithmetic()}",
             fix="give the host a larger GPU, lower the model's memory_mib or gpu_safety_margin "
                 "if measured lower, or choose rollout strategy 'recreate' for this model "

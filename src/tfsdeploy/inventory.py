@@ -492,8 +492,10 @@ def host_port_problems(path: str, host: ResolvedHost) -> list[Problem]:
 
 def placement_problems(inventory: Inventory) -> list[Problem]:
     """Each model's ``hosts`` names hosts; on each of them its ports (shifted by its
-    ``port_offset``) exist and no two models share one."""
-    from tfsdeploy.layout import model_ports  # layout imports this module for its types
+    ``port_offset``, and by ``layout.INSTANCE_PORT_STRIDE`` per instance) exist and no two
+    models, nor two instances, share one; ``gpus`` names GPUs the host has."""
+    from tfsdeploy.gpu import instance_gpus  # both import this module for its types
+    from tfsdeploy.layout import model_ports
 
     problems: list[Problem] = []
     owners: dict[tuple[str, int], str] = {}
@@ -512,8 +514,17 @@ def placement_problems(inventory: Inventory) -> list[Problem]:
                                     field=f"models.{name}.hosts"))
         for host in placed:
             ports = model_ports(host, model)
+            missing = sorted(set(model.gpus or ()) - {g.index for g in host.gpus})
+            if missing and host.gpus:
+                problems.append(Problem(
+                    f"model {name!r} asks for GPU(s) {missing}; the host has "
+                    f"{[g.index for g in host.gpus]}", fix="name GPUs the host has in the "
+                    "model's gpus, or leave gpus unset (every GPU)", host=host.name,
+                    file=inventory.path, field=f"models.{name}.gpus"))
+            count = len(instance_gpus(host, model))
             used = sorted({ports.grpc, ports.rest,
-                           *(p for pair in ports.slots.values() for p in pair)})
+                           *(port for k in range(count) for slot in ports.slots
+                             for port in (ports.slot_grpc(slot, k), ports.slot_rest(slot, k)))})
             if used[-1] > 65535:
                 problems.append(Problem(
                     f"port_offset {model.port_offset} moves the ports of model {name!r} up to "
@@ -523,8 +534,12 @@ def placement_problems(inventory: Inventory) -> list[Problem]:
             clash = next((p for p in used if (host.name, p) in owners), None)
             if clash is not None:
                 problems.append(Problem(
-                    f"models {owners[(host.name, clash)]!r} and {name!r} both use port {clash}",
-                    fix=f"give one of them a port_offset (e.g. port_offset=100 on {name!r})",
+                    f"models {owners[(host.name, clash)]!r} and {name!r} both use port {clash}"
+                    + (f" ({name!r} runs {count} instances here, each instance's slots "
+                       f"{ports.instance_stride} ports above the previous one's)"
+                       if count > 1 else ""),
+                    fix=f"give one of them a port_offset (e.g. port_offset="
+                        f"{100 * (1 + (count * ports.instance_stride) // 100)} on {name!r})",
                     host=host.name, file=inventory.path, field=f"models.{name}.port_offset"))
             owners.update({(host.name, p): name for p in used})
     return problems

@@ -25,6 +25,9 @@ from tfsdeploy.catalog import Model
 from tfsdeploy.inventory import ResolvedHost
 
 SLOTS = ("blue", "green")
+# instance k of a model uses its slot ports + k x 20: with the default slot ports, instance 0
+# has 8510/8511 (blue) and 8520/8521 (green), instance 1 8530/8531 and 8540/8541, ...
+INSTANCE_PORT_STRIDE = 20
 LABEL_PREFIX = "tfsdeploy"
 ADMIN_SOCKET_NAME = "admin.sock"
 PROXY_ADMIN_MOUNT = "/run/tfsdeploy-admin"  # where the proxy container sees the admin dir
@@ -39,7 +42,7 @@ class Ports:
     grpc: int
     rest: int
     slots: dict[str, tuple[int, int]]
-    instance_stride: int = 40
+    instance_stride: int = INSTANCE_PORT_STRIDE
 
     def slot_grpc(self, slot: str, instance: int = 0) -> int:
         """The gRPC port of one instance's slot."""

@@ -18,7 +18,7 @@ import jinja2
 
 from tfsdeploy.catalog import Model
 from tfsdeploy.errors import ConfigError, Problem
-from tfsdeploy.gpu import GpuPlan, plan_gpu
+from tfsdeploy.gpu import GpuPlan, InstancePlan, plan_instances
 from tfsdeploy.inventory import Inventory, ResolvedHost
 
 TEMPLATES_ENV = "TFSDEPLOY_TEMPLATES"
@@ -47,8 +47,9 @@ class HostRender:
     host: ResolvedHost
     model: Model
     version: int
-    gpu: GpuPlan | None
+    gpu: GpuPlan | None  # the first instance's (the fraction tfserving.flags names)
     files: tuple[RenderedFile, ...]
+    instances: tuple[InstancePlan, ...] = (InstancePlan(0, (), None),)
 
     def file(self, name: str) -> RenderedFile:
         """The rendered file called ``name``."""
@@ -108,13 +109,15 @@ def placements(inventory: Inventory) -> dict[str, frozenset[str]]:
 def render_host(host: ResolvedHost, model: Model, version: int, *,
                 co_located: Sequence[Model] = (), directory: Path | None = None) -> HostRender:
     """Render the files of one release of ``model`` at ``version`` for ``host``."""
-    gpu = plan_gpu(host, model, co_located)
+    instances = plan_instances(host, model, co_located)
+    gpu = instances[0].plan
     context = {"host": host, "vars": host.vars, "model": model, "version": version,
                "batching": model.batching, "labels": resolve_labels(model, version),
                "paths": container_paths(model), "gpu": gpu}
     env = _environment(str(directory or templates_dir()))
     files = tuple(RenderedFile(name, _render_one(env, name, context)) for name in FILE_NAMES)
-    return HostRender(host=host, model=model, version=version, gpu=gpu, files=files)
+    return HostRender(host=host, model=model, version=version, gpu=gpu, files=files,
+                      instances=instances)
 
 
 def _render_one(env: jinja2.Environment, name: str, context: dict[str, object]) -> str:

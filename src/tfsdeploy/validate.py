@@ -84,8 +84,9 @@ def validate_render(render: HostRender, inventory_file: str) -> list[Problem]:
     if MONITORING_CONFIG in parsed:
         problems += check_monitoring(parsed[MONITORING_CONFIG], host)
     problems += check_flags(flags, render)
-    if render.gpu:
-        problems += check_gpu_plan(render.gpu, inventory_file)
+    for instance in render.instances:
+        if instance.plan:
+            problems += check_gpu_plan(instance.plan, inventory_file)
     return problems
 
 
