@@ -197,15 +197,25 @@ def _record_step(job: HostJob, phase: str, step: str, ok: bool, seconds: float,
                                 detail=detail[:2000]))
 
 
+def roll_host(roll: Roll, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
+    """Run a batch phase's tasks on one host, instance by instance (the host's other
+    instances keep serving meanwhile); raise on the first failure, with ``job.inst`` the
+    instance that failed."""
+    for instance in job.instances:
+        run_tasks(roll, job.on(instance), phase, tasks)
+
+
 def run_parallel(roll: Roll, phase: Phase, jobs: list[HostJob], tasks: Sequence[Task]
                  ) -> dict[str, BaseException | None]:
-    """Run ``tasks`` on ``jobs`` at once (at most ``forks``); Ctrl-C cancels cleanly."""
+    """Run ``tasks`` on ``jobs`` at once (at most ``forks``), per instance in a batch phase;
+    Ctrl-C cancels cleanly."""
     errors: dict[str, BaseException | None] = {}
     if not jobs:
         return errors
+    body = roll_host if phase.mode == "batches" else run_tasks
     with ThreadPoolExecutor(max_workers=max(1, min(roll.playbook.forks, len(jobs)))) as pool:
         futures: dict[Future[None], HostJob] = {
-            pool.submit(run_tasks, roll, job, phase.name, tasks): job for job in jobs}
+            pool.submit(body, roll, job, phase.name, tasks): job for job in jobs}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -295,7 +305,9 @@ def roll_batches(roll: Roll, phase: Phase, jobs: list[HostJob]) -> bool:
                 continue
             roll.failed.add(job.name)
             roll.outcome(job).error = describe(error)
-            roll.outcome(job).status = rescue_host(roll, phase, job)
+            # revert: the whole host goes back; stay: only the instance that failed
+            roll.outcome(job).status = rescue_host(roll, phase, job,
+                                                   every=roll.on_failure == "revert")
         stop = roll.cancel.is_set() or threshold_exceeded(
             len(roll.failed), len(roll.jobs), roll.max_fail_percentage)
         if stop:
@@ -313,7 +325,7 @@ def stop_roll(roll: Roll, phase: Phase, rolled: list[HostJob],
     reverted_ok = True
     if roll.on_failure == "revert":
         for job in rolled:
-            status = rescue_host(roll, phase, job)
+            status = rescue_host(roll, phase, job, every=True)
             roll.outcome(job).status = status
             reverted_ok &= status == "reverted"
     restored_ok = all(roll.result.hosts[n].status in ("restored", "reverted")
@@ -326,26 +338,35 @@ def stop_roll(roll: Roll, phase: Phase, rolled: list[HostJob],
                f"{why}; the fleet is mixed or a host could not be restored: look at the hosts")
 
 
-def rescue_host(roll: Roll, phase: Phase, job: HostJob) -> str:
-    """Run the phase's rescue tasks on the host; returns its final status."""
+def rescue_host(roll: Roll, phase: Phase, job: HostJob, *, every: bool = False) -> str:
+    """Run the phase's rescue tasks for the host's current instance (the one that failed) or,
+    with ``every``, for each instance the run changed, last rolled first; returns the host's
+    final status."""
     if not phase.rescue:
         return "failed"
     started = time.monotonic()
-    had_traffic = job.took_traffic
+    had_traffic = job.took_any_traffic
+    chosen = [job.inst] + ([i for i in reversed(job.instances)
+                            if i is not job.inst and i.touched] if every else [])
     try:
-        for task in phase.rescue:  # never cancelled: a second Ctrl-C cannot cut a restore
-            begun = time.monotonic()
-            outcome = run_step(job, task.action, registry()[task.action], task.params,
-                               check=False, on_progress=roll.progress)
-            _record_step(job, "restore", task.action, True, time.monotonic() - begun,
-                         outcome.detail)
+        for instance in chosen:
+            job.on(instance)
+            for task in phase.rescue:  # never cancelled: a second Ctrl-C cannot cut a restore
+                begun = time.monotonic()
+                outcome = run_step(job, task.action, registry()[task.action], task.params,
+                                   check=False, on_progress=roll.progress)
+                _record_step(job, "restore", task.action, True, time.monotonic() - begun,
+                             outcome.detail)
     except Exception as error:  # the host may be unreachable: a person must look
         roll.reporter.step(job.name, "restore", "restore", "failed",
                            time.monotonic() - started, describe(error))
         return "unknown"
-    previous = job.old.release if job.old else "no release (first deploy)"
+    first = job.instances[0]
+    previous = first.old.release if first.old else "no release (first deploy)"
+    restored = "" if len(job.instances) == 1 else \
+        f" ({len(chosen)} of {len(job.instances)} instance(s) restored)"
     roll.reporter.step(job.name, "restore", "restore", "ok", time.monotonic() - started,
-                       f"back on {previous}")
+                       f"back on {previous}{restored}")
     return "reverted" if had_traffic else "restored"
 
 

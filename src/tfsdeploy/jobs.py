@@ -35,6 +35,7 @@ from tfsdeploy.remote import Connection
 from tfsdeploy.render import FLAGS, HostRender
 
 ClientFactory = Callable[[str, int, str], Any]
+FRACTION_FLAG = "--per_process_gpu_memory_fraction"
 
 
 @dataclass
@@ -62,8 +63,41 @@ class RunContext:
 
 
 @dataclass
+class InstanceJob:
+    """One TFServing instance's part of a host's run (one per GPU, or one per host)."""
+
+    index: int
+    gpus: tuple[int, ...]  # the host GPUs it sees
+    fraction: float | None  # its --per_process_gpu_memory_fraction (None: no GPU)
+    new_slot: str = "blue"
+    old: ContainerFact | None = None  # what serves this instance now
+    warm: bool = False  # the target container was already running and loaded
+    started: bool = False  # the run created the new container (restore removes it)
+    resumed: bool = False  # the run started a retained, stopped container (restore stops it)
+    switched: bool = False  # traffic moved to the new slot (restore moves it back)
+    took_traffic: bool = False  # the new release served (restore makes it "reverted")
+    out_of_rotation: bool = False  # "recreate": its old release was taken out of rotation
+
+    @property
+    def touched(self) -> bool:
+        """Whether the run changed this instance (a rescue has something to undo)."""
+        return self.started or self.resumed or self.switched or self.out_of_rotation
+
+
+def _delegated(name: str) -> property:
+    """A HostJob attribute that is the current instance's."""
+    return property(lambda job: getattr(job.inst, name),
+                    lambda job, value: setattr(job.inst, name, value),
+                    doc=f"The current instance's ``{name}``.")
+
+
+@dataclass
 class HostJob:
-    """One host's part of a run: what it runs, what was read of it, what was done."""
+    """One host's part of a run: what it runs, what was read of it, what was done.
+
+    The roll goes instance by instance: ``inst`` is the instance being rolled, and the
+    per-instance attributes (``new_slot``, ``old``, ``started``, ...) are its.
+    """
 
     run: RunContext
     host: ResolvedHost
@@ -71,21 +105,46 @@ class HostJob:
     render: HostRender
     image: str
     facts: HostFacts = field(default_factory=lambda: HostFacts(host=""))
-    new_slot: str = "blue"
-    old: ContainerFact | None = None
+    instances: list[InstanceJob] = field(default_factory=list)
+    inst: InstanceJob = field(default_factory=lambda: InstanceJob(0, (), None))
     unchanged: bool = False
-    warm: bool = False  # the target container was already running and loaded
-    started: bool = False  # the run created the new container (restore removes it)
-    resumed: bool = False  # the run started a retained, stopped container (restore stops it)
-    switched: bool = False  # traffic moved to the new slot (restore moves it back)
     recorded: bool = False  # `current` points at the new release
+    proxy_started: bool = False  # this run started the model's proxy on the host
     uploaded: bool = False  # the release's directory and record exist on the host
-    took_traffic: bool = False  # the new release served (restore makes it "reverted")
     touched: bool = False  # a container or the proxy was changed (no longer "nothing changed")
     unreachable: HostUnreachable | None = None  # the facts could not be read
     gates: list[GateRecord] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     previous_record: ReleaseRecord | None = None
+
+    new_slot = _delegated("new_slot")
+    old = _delegated("old")
+    warm = _delegated("warm")
+    started = _delegated("started")
+    resumed = _delegated("resumed")
+    switched = _delegated("switched")
+    took_traffic = _delegated("took_traffic")
+
+    def __post_init__(self) -> None:
+        if not self.instances:
+            self.instances = [InstanceJob(i.index, i.gpus, i.plan.fraction if i.plan else None)
+                              for i in self.render.instances]
+        self.inst = self.instances[0]
+
+    def on(self, instance: InstanceJob) -> HostJob:
+        """Make ``instance`` the one the next steps act on."""
+        self.inst = instance
+        return self
+
+    @property
+    def last_instance(self) -> bool:
+        """Whether the current instance is the host's last to roll."""
+        return self.inst is self.instances[-1]
+
+    @property
+    def took_any_traffic(self) -> bool:
+        """Whether any instance's new release served."""
+        return any(i.took_traffic for i in self.instances)
 
     @property
     def name(self) -> str:
@@ -109,39 +168,55 @@ class HostJob:
 
     @property
     def container(self) -> str:
-        """The new release's container (instance 0)."""
-        return container_name(self.run.model.name, self.run.release_id)
+        """The new release's container of the current instance."""
+        return container_name(self.run.model.name, self.run.release_id, self.inst.index)
 
     @property
     def gpus(self) -> GpuRequest | None:
-        """Docker's GPU request for the host's serving container."""
-        return parse_gpus(self.host.vars.docker_gpus)
+        """Docker's GPU request for the current instance: its own GPUs when the host asks
+        for GPUs at all (``docker_gpus``) and the instance has some."""
+        request = parse_gpus(self.host.vars.docker_gpus)
+        if request is None or not self.inst.gpus:
+            return request
+        return GpuRequest(device_ids=tuple(str(g) for g in self.inst.gpus))
 
     @property
     def target_running(self) -> bool:
         """The release being brought in already runs here (a rollback within the window)."""
         return any(c.running for c in self.facts.of_release(self.run.release_id))
 
-    def flag_lines(self) -> list[str]:
-        """The server flags of the release, without comments."""
-        return [line.strip() for line in self.render.file(FLAGS).text.splitlines()
-                if line.strip().startswith("--")]
+    def flag_lines(self, instance: InstanceJob | None = None) -> list[str]:
+        """The server flags of the release for an instance (the current one by default: its
+        own GPU fraction), without comments."""
+        chosen = instance or self.inst
+        lines = [line.strip() for line in self.render.file(FLAGS).text.splitlines()
+                 if line.strip().startswith("--")]
+        if chosen.fraction is None:
+            return lines
+        return [f"{FRACTION_FLAG}={chosen.fraction:.3f}"
+                if line.startswith(FRACTION_FLAG + "=") else line for line in lines]
 
     def file_hashes(self) -> dict[str, str]:
         """sha256 of each rendered file."""
         return {f.name: hashlib.sha256(f.text.encode()).hexdigest() for f in self.render.files}
 
     def release_record(self, status: ReleaseStatus) -> ReleaseRecord:
-        """The release's record on this host, as it stands now."""
-        gpu = self.render.gpu
+        """The release's record on this host, as it stands now (the first instance's slot,
+        container and fraction are the host's; every instance is listed)."""
+        first = self.instances[0]
+        name = self.run.model.name
+        previous = next((i.old.release for i in self.instances if i.old), None)
         return ReleaseRecord(
-            id=self.run.release_id, model=self.run.model.name, version=self.run.version,
-            image=self.image, slot=self.new_slot, status=status, container=self.container,
-            flags=tuple(self.flag_lines()), files=self.file_hashes(),
-            gpu_fraction=gpu.fraction if gpu else None,
-            instances=(InstanceRecord(index=0, slot=self.new_slot, container=self.container,
-                                      gpu_fraction=gpu.fraction if gpu else None),),
-            previous=self.old.release if self.old else None, deployed_by=self.run.who,
+            id=self.run.release_id, model=name, version=self.run.version,
+            image=self.image, slot=first.new_slot, status=status,
+            container=container_name(name, self.run.release_id, first.index),
+            flags=tuple(self.flag_lines(first)), files=self.file_hashes(),
+            gpu_fraction=first.fraction,
+            instances=tuple(InstanceRecord(
+                index=i.index, slot=i.new_slot, gpus=i.gpus, gpu_fraction=i.fraction,
+                container=container_name(name, self.run.release_id, i.index))
+                for i in self.instances),
+            previous=previous, deployed_by=self.run.who,
             updated_at=now_iso(), gates=tuple(self.gates), steps=tuple(self.steps),
             restored_by=self.run.reason if self.run.rollback else "")
 

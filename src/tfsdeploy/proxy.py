@@ -30,8 +30,10 @@ MAX_WEIGHT = 256
 
 
 def render_proxy_config(host: ResolvedHost, model: Model, ports: Ports,
-                        active: dict[int, str]) -> str:
-    """haproxy.cfg with each instance's ``active`` slot serving and the other one disabled."""
+                        active: dict[int, str | None]) -> str:
+    """haproxy.cfg with each instance's ``active`` slot serving and its other slot disabled
+    (both, for an instance that serves nothing yet); requests go round-robin across the
+    instances' serving slots."""
     env = _environment(str(templates_dir()))
     servers = [(server_name(slot, i), ports.slot_grpc(slot, i), ports.slot_rest(slot, i),
                 slot == active[i]) for i in sorted(active) for slot in SLOTS]

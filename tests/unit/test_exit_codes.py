@@ -104,7 +104,7 @@ def test_a_defect_in_the_engine_after_hosts_changed_exits_3(
     assert fab("deploy", version="1")[0] == 0
     FakeSlot.behaviour = {"10.9.0.1": "broken"}
 
-    def rescue_with_a_defect(*args: Any) -> str:
+    def rescue_with_a_defect(*args: Any, **kwargs: Any) -> str:
         raise AttributeError("defect in the rescue")
 
     monkeypatch.setattr(engine, "rescue_host", rescue_with_a_defect)

@@ -156,7 +156,8 @@ def test_gpu_without_room_is_refused_in_preflight(world: dict[str, Any]) -> None
     world["fleet"]["h2"].gpu_used_mib = 16000
     result = run_deploy(world, 2)
     assert result.exit_code == ExitCode.INVALID
-    assert "623 MiB free on GPU 0" in result.hosts["h2"].error
+    # the fraction's 623 MiB and the process's CUDA context (gpu_context_mib, 512)
+    assert "1135 MiB free on GPU 0 for the new release" in result.hosts["h2"].error
     assert "384 MiB free (16000 of 16384 MiB used)" in result.hosts["h2"].error
 
 

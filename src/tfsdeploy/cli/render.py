@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tfsdeploy.gpu import InstancePlan
 from tfsdeploy.layout import SLOTS, model_ports
 from tfsdeploy.proxy import render_proxy_config
 from tfsdeploy.render import HostRender
@@ -28,9 +29,9 @@ def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
         folder = out / render.host.name / render.model.name
         (folder / "proxy").mkdir(parents=True, exist_ok=True)
         texts = {f.name: f.text for f in render.files}
-        texts[PROXY_CONFIG] = render_proxy_config(render.host, render.model,
-                                                  model_ports(render.host, render.model),
-                                                  {0: SLOTS[0]})
+        texts[PROXY_CONFIG] = render_proxy_config(
+            render.host, render.model, model_ports(render.host, render.model),
+            {i.index: SLOTS[0] for i in render.instances})
         for name, text in texts.items():
             path = folder / name
             path.write_text(text)
@@ -38,12 +39,19 @@ def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
     return written
 
 
+def _instance_gpu(instance: InstancePlan, *, several: bool) -> str:
+    plan = instance.plan
+    assert plan is not None
+    label = f"GPU {','.join(map(str, instance.gpus))}: " if several else ""
+    return f"{label}{plan.fraction:.3f} (window {plan.window_total:.3f}/{plan.limit:.3f})"
+
+
 def summary_rows(renders: list[HostRender]) -> list[tuple[str, ...]]:
     """One row per host: name, address, version, GPU fraction and window, files."""
     rows: list[tuple[str, ...]] = []
     for r in renders:
-        gpu = (f"{r.gpu.fraction:.3f} (window {r.gpu.window_total:.3f}/{r.gpu.limit:.3f})"
-               if r.gpu else "no GPU")
+        gpu = "; ".join(_instance_gpu(i, several=len(r.instances) > 1)
+                        for i in r.instances if i.plan) or "no GPU"
         rows.append((r.host.name, r.host.address, str(r.version), gpu,
                      str(len(r.files) + 1)))  # + the proxy config
     return rows

@@ -3,7 +3,8 @@
 any other step; ``--check`` lists them.
 
 Both get the run's facts as environment variables: TFSDEPLOY_HOST, TFSDEPLOY_ADDRESS,
-TFSDEPLOY_MODEL, TFSDEPLOY_VERSION, TFSDEPLOY_RELEASE, TFSDEPLOY_SLOT (the new release's) and
+TFSDEPLOY_MODEL, TFSDEPLOY_VERSION, TFSDEPLOY_RELEASE, TFSDEPLOY_INSTANCE, TFSDEPLOY_SLOT (the new
+release's) and
 TFSDEPLOY_SLOT_GRPC_PORT / TFSDEPLOY_SLOT_REST_PORT (its ports, to test the release before
 it takes traffic).
 """
@@ -22,8 +23,9 @@ def run_variables(job: HostJob) -> dict[str, str]:
     return {"TFSDEPLOY_HOST": job.name, "TFSDEPLOY_ADDRESS": job.host.address,
             "TFSDEPLOY_MODEL": job.model.name, "TFSDEPLOY_VERSION": str(job.run.version),
             "TFSDEPLOY_RELEASE": job.run.release_id, "TFSDEPLOY_SLOT": job.new_slot,
-            "TFSDEPLOY_SLOT_GRPC_PORT": str(job.ports.slot_grpc(job.new_slot)),
-            "TFSDEPLOY_SLOT_REST_PORT": str(job.ports.slot_rest(job.new_slot))}
+            "TFSDEPLOY_INSTANCE": str(job.inst.index),
+            "TFSDEPLOY_SLOT_GRPC_PORT": str(job.ports.slot_grpc(job.new_slot, job.inst.index)),
+            "TFSDEPLOY_SLOT_REST_PORT": str(job.ports.slot_rest(job.new_slot, job.inst.index))}
 
 
 def _codes(ignore_errors: bool) -> tuple[int, ...]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from tfsdeploy.changes import Command, RemoveContainer, StopContainer, WriteFile
 from tfsdeploy.commands.files import point_symlink, remove_tree
 from tfsdeploy.jobs import HostJob
+from tfsdeploy.layout import container_name
 from tfsdeploy.operations import Ops, operation
 from tfsdeploy.records import GOOD, ReleaseStatus
 
@@ -17,9 +18,13 @@ def retire_old(job: HostJob) -> Ops:
     On a host that a killed run had already rolled (``unchanged`` now), the old release it
     never retired is found the same way: running, but not in the slot that serves.
     """
-    serving_slot = job.old.slot if job.unchanged and job.old else job.new_slot
+    serving = {i.index: (i.old.slot if job.unchanged and i.old else i.new_slot)
+               for i in job.instances}
+    new = {i.index: container_name(job.model.name, job.run.release_id, i.index)
+           for i in job.instances}
     leftovers = [c for c in job.facts.servers
-                 if c.running and c.slot != serving_slot and c.name != job.container]
+                 if c.running and c.slot != serving.get(c.instance) and c.name != new.get(
+                     c.instance)]
     window = job.model.rollout.window_s
     notes = []
     for container in leftovers:
@@ -29,8 +34,9 @@ def retire_old(job: HostJob) -> Ops:
             continue
         yield StopContainer(container.name)
         notes.append(f"stopped {container.name}")
-    if job.unchanged and job.old and job.facts.current != job.old.release:
-        notes.append((yield from _finish_interrupted_record(job, job.old.release)))
+    first = job.instances[0]
+    if job.unchanged and first.old and job.facts.current != first.old.release:
+        notes.append((yield from _finish_interrupted_record(job, first.old.release)))
     stopped = {c.name for c in leftovers} if window <= 0 else set()
     notes.append((yield from prune_releases(job, stopped)))
     return "; ".join(n for n in notes if n) or "nothing to retire"
@@ -72,7 +78,7 @@ def doomed_releases(job: HostJob, stopped: set[str]) -> list[str]:
     good = [r for r in releases if status.get(r) in GOOD]
     running = {c.release for c in facts.servers if c.running and c.name not in stopped}
     kept = set(good[-keep:]) | running | this_run
-    kept |= {job.old.release} if job.old else set()
+    kept |= {i.old.release for i in job.instances if i.old}
     if not run.release_id:  # a prune: the release the live one replaced is a rollback's
         live = facts.record(job.old.release if job.old else facts.current)  # first target
         kept |= {live.previous} if live and live.previous else set()

@@ -32,7 +32,7 @@ def grpc_client(job: HostJob, port: int) -> Any:
 
 def slot_client(job: HostJob) -> Any:
     """A gRPC client of the new slot."""
-    return grpc_client(job, job.ports.slot_grpc(job.new_slot))
+    return grpc_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index))
 
 
 def container_problem(job: HostJob) -> str | None:
@@ -118,15 +118,16 @@ def gate_available(job: HostJob, timeout_s: float | None = None) -> Ops:
 
     def run() -> str:
         started = time.monotonic()
+        port = job.ports.slot_grpc(job.new_slot, job.inst.index)
         with gate_errors(job, "available", started, step="gate_available", expected=expected):
-            verdict = _with_client(job, job.ports.slot_grpc(job.new_slot), lambda c: poll(
+            verdict = _with_client(job, port, lambda c: poll(
                 lambda: check(c), step="gate_available", expected=expected,
                 deadline_s=deadline, clock=job.run.clock).seen)
         record_gate(job, "available", started, True, verdict)
         return expected
 
     yield Check(f"wait until version {version} is AVAILABLE on "
-                f":{job.ports.slot_grpc(job.new_slot)} ({deadline:g} s)", run)
+                f":{job.ports.slot_grpc(job.new_slot, job.inst.index)} ({deadline:g} s)", run)
     return ""  # the check says what it saw
 
 
@@ -158,7 +159,7 @@ def gate_signature(job: HostJob) -> Ops:
 
     def run() -> str:
         started = time.monotonic()
-        served = _with_client(job, job.ports.slot_grpc(job.new_slot),
+        served = _with_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index),
                               lambda c: c.signature(job.run.version, contract.name))
         differences = signature_differences(contract, served)
         record_gate(job, "signature", started, not differences,
@@ -206,7 +207,7 @@ def gate_warmup(job: HostJob, rounds: int = 20, skip_if_warm: bool = False) -> O
         started = time.monotonic()
         with gate_errors(job, "warmup", started, step="gate_warmup",
                          expected="warmup requests to succeed"):
-            p99 = _with_client(job, job.ports.slot_grpc(job.new_slot), body)
+            p99 = _with_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index), body)
         detail = (f"P99 {float(p99) * 1000:.1f} ms over {model.warmup.samples} requests "
                   f"(<= {threshold * 1000:.0f} ms)")
         ok = float(p99) <= threshold
@@ -254,7 +255,7 @@ def gate_health(job: HostJob, min_healthy_s: float | None = None) -> Ops:
         started = time.monotonic()
         with gate_errors(job, "health", started, step="gate_health",
                          expected="golden requests to succeed"):
-            detail = _with_client(job, job.ports.slot_grpc(job.new_slot), body)
+            detail = _with_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index), body)
         record_gate(job, "health", started, True, detail)
         return detail
 
@@ -269,7 +270,7 @@ def gate_rest(job: HostJob, timeout_s: float = 10.0) -> Ops:
     serves gRPC, and every other gate uses gRPC."""
     from tfsdeploy.probes import rest_problems
 
-    port = job.ports.slot_rest(job.new_slot)
+    port = job.ports.slot_rest(job.new_slot, job.inst.index)
     path = job.host.vars.monitoring_path
 
     def run() -> str:
@@ -292,15 +293,17 @@ def gate_rest(job: HostJob, timeout_s: float = 10.0) -> Ops:
 
 @operation("gate_stable")
 def gate_stable(job: HostJob) -> Ops:
-    """A golden request through the host's stable port (the path clients use) is answered
-    by the new release."""
+    """A golden request through the host's stable port (the path clients use) is answered by
+    the new release; while a host's instances are still rolling (requests go to any of them)
+    it must be answered, by the new release or the old."""
     port = job.ports.grpc
+    all_new = job.last_instance or all(i.switched for i in job.instances)
 
     def body(client: Any) -> tuple[str, float]:
         example = golden_requests(job, "gate_stable")[0]
         outputs, latency = client.predict(example.inputs, signature=example.signature,
                                           timeout=30)
-        return mismatch(example, outputs) or "", latency
+        return (mismatch(example, outputs) or "") if all_new else "", latency
 
     def run() -> str:
         started = time.monotonic()
@@ -311,8 +314,9 @@ def gate_stable(job: HostJob) -> Ops:
         if wrong:
             raise GateFailed("gate_stable", f"version {job.run.version}'s golden outputs on "
                              f"the stable port {port}", wrong)
-        return f":{port} answers with version {job.run.version} ({latency * 1000:.1f} ms)"
+        who = f"version {job.run.version}" if all_new else "the host's instances"
+        return f":{port} answers with {who} ({latency * 1000:.1f} ms)"
 
-    yield Check(f"a golden request through the stable port :{port} answered by version "
-                f"{job.run.version}", run)
+    yield Check(f"a golden request through the stable port :{port} answered by "
+                + (f"version {job.run.version}" if all_new else "a serving instance"), run)
     return ""  # the check says what it saw

@@ -5,6 +5,7 @@ release is already live). Only ``pull_image`` changes a host (it adds an image).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from tfsdeploy.changes import PullImage
 from tfsdeploy.gates import GateFailed
@@ -35,43 +36,63 @@ def check_docker(job: HostJob) -> Ops:
 
 
 @operation("discover")
-def discover(job: HostJob) -> Ops:
-    """Take the live release from the facts and choose the free slot; detect a release that
-    is already live."""
+def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = None) -> Ops:
+    """Take each instance's live release from the facts and choose its slot (the free one;
+    the same one with ``recreate``); detect a release that is already live."""
     yield from ()  # a decision: no change
     facts = job.facts
-    job.old = facts.serving(0)
-    job.new_slot = other_slot(job.old.slot) if job.old else "blue"
+    recreate = (strategy or job.model.rollout.strategy) == "recreate"
+    for instance in job.instances:
+        instance.old = facts.serving(instance.index)
+        instance.new_slot = ("blue" if not instance.old else instance.old.slot if recreate
+                             else other_slot(instance.old.slot))
+    first = job.instances[0]
     note = "".join(f"; unreadable record {b.path} ignored ({b.error})" for b in facts.broken)
     if job.run.verb not in ("deploy", "rollback"):
-        return (f"serving {job.old.release} in {job.old.slot}" if job.old
+        return (f"serving {first.old.release} in {first.old.slot}" if first.old
                 else "nothing serving") + note
     if job.run.rollback:
-        return _rollback_slot(job) + note
-    live = facts.record(job.old.release) if job.old else None
+        return _rollback_slots(job) + note
+    live = facts.record(first.old.release) if first.old else None
     job.previous_record = live
-    job.unchanged = bool(job.old and live and live.version == job.run.version
-                         and live.image == job.image and live.files == job.file_hashes())
-    if job.old and job.old.release == job.run.release_id:
+    same = all(i.old and live and i.old.release == live.id for i in job.instances)
+    job.unchanged = bool(same and live and live.version == job.run.version
+                         and live.image == job.image and live.files == job.file_hashes()
+                         and len(live.instances or (None,)) == len(job.instances))
+    if all(i.old and i.old.release == job.run.release_id for i in job.instances):
         job.unchanged = True
-    if job.unchanged and job.old:
-        return f"already serving {job.old.release} (unchanged){note}"
-    if job.old:
-        return f"serving {job.old.release} in {job.old.slot}; new slot {job.new_slot}{note}"
-    return f"no release yet; new slot blue{note}"
+    return _describe_slots(job) + note
 
 
-def _rollback_slot(job: HostJob) -> str:
-    """A rollback's slot: where the retained release still runs (warm), else the free one."""
-    job.previous_record = job.facts.record(job.old.release) if job.old else None
-    if job.old and job.old.release == job.run.release_id:
+def _describe_slots(job: HostJob) -> str:
+    first = job.instances[0]
+    if job.unchanged and first.old:
+        return f"already serving {first.old.release} (unchanged)"
+    several = len(job.instances) > 1
+    parts = []
+    for i in job.instances:
+        label = f"i{i.index} (GPU {','.join(map(str, i.gpus))}): " if several else ""
+        parts.append(label + (f"serving {i.old.release} in {i.old.slot}; new slot {i.new_slot}"
+                              if i.old else f"no release yet; new slot {i.new_slot}"))
+    return "; ".join(parts)
+
+
+def _rollback_slots(job: HostJob) -> str:
+    """A rollback's slots: where the retained release still runs (warm), else the free one."""
+    first = job.instances[0]
+    job.previous_record = job.facts.record(first.old.release) if first.old else None
+    if all(i.old and i.old.release == job.run.release_id for i in job.instances):
         job.unchanged = True
-        return f"already serving {job.old.release} (unchanged)"
-    retained = [c for c in job.facts.of_release(job.run.release_id) if c.instance == 0]
-    if retained and retained[0].running and (not job.old or retained[0].slot != job.old.slot):
-        job.new_slot = retained[0].slot
-    where = f"serving {job.old.release} in {job.old.slot}" if job.old else "nothing serving"
-    return f"{where}; {job.run.release_id} in {job.new_slot}"
+        return f"already serving {job.run.release_id} (unchanged)"
+    for instance in job.instances:
+        retained = [c for c in job.facts.of_release(job.run.release_id)
+                    if c.instance == instance.index]
+        if retained and retained[0].running and (
+                not instance.old or retained[0].slot != instance.old.slot):
+            instance.new_slot = retained[0].slot
+    where = f"serving {first.old.release} in {first.old.slot}" if first.old else \
+        "nothing serving"
+    return f"{where}; {job.run.release_id} in {first.new_slot}"
 
 
 @operation("check_ports")
@@ -79,11 +100,15 @@ def check_ports(job: HostJob) -> Ops:
     """The model's ports are free, or held by this model's own proxy and slots."""
     yield from ()  # a check: no change
     ports = job.ports
-    mine = {ports.grpc, ports.rest, *(p for pair in ports.slots.values() for p in pair)}
-    ours = {ports.grpc, ports.rest} if job.facts.proxy.running else set()
-    for slot, pair in ports.slots.items():
-        if any(c.running for c in job.facts.in_slot(slot)):
-            ours |= set(pair)
+    mine, ours = {ports.grpc, ports.rest}, set()
+    if job.facts.proxy.running:
+        ours |= {ports.grpc, ports.rest}
+    for instance in job.instances:
+        for slot in ports.slots:
+            pair = {ports.slot_grpc(slot, instance.index), ports.slot_rest(slot, instance.index)}
+            mine |= pair
+            if any(c.running for c in job.facts.in_slot(slot, instance.index)):
+                ours |= pair
     foreign = sorted((mine & job.facts.listening) - ours)
     if foreign:
         raise GateFailed("check_ports", f"ports {sorted(mine)} free or held by "
@@ -116,29 +141,54 @@ def _tree_mib(path: str) -> int:
 
 @operation("check_gpu")
 def check_gpu(job: HostJob) -> Ops:
-    """Free GPU memory for the new release's fraction beside the old release."""
+    """The host's GPUs are the inventory's (count and memory, as nvidia-smi reports them), and
+    each instance's GPU has room for its new release beside the live one."""
     yield from ()  # a check: no change
-    gpu = job.render.gpu
-    if gpu is None or job.unchanged:
-        return "no GPU" if gpu is None else "unchanged"
-    if job.target_running:
-        return "the release's container already runs"
-    if not job.facts.gpus:
-        raise GateFailed("check_gpu", f"the host's GPUs ({len(job.host.gpus)} in the "
-                         "inventory) in nvidia-smi", "nvidia-smi listed no GPU")
-    need = gpu.fraction * gpu.gpu_memory_mib
-    # a drained old release still running in the slot we take is replaced, freeing its share
-    reclaim = need if any(c.running and c != job.old
-                          for c in job.facts.in_slot(job.new_slot)) else 0.0
-    for card in job.facts.gpus:
-        free = card.total_mib - card.used_mib + int(reclaim)
-        if free < need:
-            raise GateFailed(
-                "check_gpu", f"{need:.0f} MiB free on GPU {card.index} for the new release "
-                f"(fraction {gpu.fraction:.3f} x {card.total_mib} MiB) beside the live one",
-                f"{free} MiB free ({card.used_mib} of {card.total_mib} MiB used); "
-                f"plan: {gpu.arithmetic()}")
-    return f"{len(job.facts.gpus)} GPU(s), need {need:.0f} MiB free each"
+    if not job.host.gpus:
+        return "no GPU"
+    mismatch = gpu_mismatch(job)
+    if mismatch:
+        raise GateFailed("check_gpu", f"the inventory's GPUs: {mismatch[0]}", mismatch[1])
+    if job.unchanged:
+        return "unchanged"
+    cards = {g.index: g for g in job.facts.gpus}
+    for instance in job.instances:
+        plan = job.render.instances[instance.index].plan
+        if plan is None or any(c.running for c in job.facts.of_release(job.run.release_id)
+                               if c.instance == instance.index):
+            continue
+        need = plan.fraction * plan.gpu_memory_mib + plan.context_mib
+        # a drained old release still running in the slot we take is replaced, freeing it
+        reclaim = need if any(c.running and c != instance.old for c in
+                              job.facts.in_slot(instance.new_slot, instance.index)) else 0.0
+        if job.model.rollout.strategy == "recreate" and instance.old:
+            reclaim = need  # the old release stops before the new one starts
+        for index in instance.gpus:
+            card = cards[index]
+            free = card.total_mib - card.used_mib + int(reclaim)
+            if free < need:
+                whose = (f"instance {instance.index}'s" if len(job.instances) > 1 else "the")
+                raise GateFailed(
+                    "check_gpu", f"{need:.0f} MiB free on GPU {index} for {whose} new "
+                    f"release (fraction {plan.fraction:.3f} x "
+                    f"{plan.gpu_memory_mib} MiB + {plan.context_mib} MiB CUDA context)",
+                    f"{free} MiB free ({card.used_mib} of {card.total_mib} MiB used); "
+                    f"plan: {plan.arithmetic()}")
+    return (f"{len(cards)} GPU(s) as in the inventory; {len(job.instances)} instance(s) "
+            "have room")
+
+
+def gpu_mismatch(job: HostJob) -> tuple[str, str] | None:
+    """(expected, seen) when nvidia-smi's GPUs differ from the inventory's (count or memory,
+    within 1%), else None."""
+    want = {g.index: g.memory_mib for g in job.host.gpus}
+    seen = {g.index: g.total_mib for g in job.facts.gpus}
+    wrong = sorted(i for i in want if i not in seen or abs(seen[i] - want[i]) > want[i] / 100)
+    if len(want) == len(seen) and not wrong:
+        return None
+    return (", ".join(f"GPU {i} {m} MiB" for i, m in sorted(want.items())),
+            "nvidia-smi: " + (", ".join(f"GPU {i} {m} MiB" for i, m in sorted(seen.items()))
+                              or "no GPU") + "; fix the host's gpus in the inventory")
 
 
 @operation("pull_image")

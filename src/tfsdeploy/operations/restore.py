@@ -31,7 +31,7 @@ def record_attempt(job: HostJob) -> Ops:
     release's record as it was)."""
     if job.run.rollback or not job.uploaded:
         return "nothing to record"
-    outcome = ReleaseStatus.REVERTED if job.took_traffic else ReleaseStatus.FAILED
+    outcome = ReleaseStatus.REVERTED if job.took_any_traffic else ReleaseStatus.FAILED
     yield WriteFile(f"{job.paths.release_dir(job.run.release_id)}/manifest.json",
                     job.release_record(outcome).to_json())
     return f"{job.run.release_id} recorded as {outcome.value}"
