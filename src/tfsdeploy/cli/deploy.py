@@ -24,6 +24,13 @@ def default_playbook(name: str, given: str | None) -> Playbook:
     return load_playbook(given or project_dir() / "playbooks" / f"{name}.yml")
 
 
+def deploy_playbook(target: Target, given: str | None) -> Playbook:
+    """``--playbook``, or the project's deploy playbook for the model's strategy (dual-slot:
+    deploy.yml; recreate: deploy-recreate.yml)."""
+    recreate = target.model.rollout.strategy == "recreate"
+    return default_playbook("deploy-recreate" if recreate else "deploy", given)
+
+
 def deploy_plan(target: Target, *, version: int | str | None, playbook: Playbook,
                 clock: Clock, conns: dict[str, Connection],
                 client_factory: ClientFactory | None, lock_wait: float = 0.0) -> RunPlan:
@@ -61,7 +68,7 @@ def deploy(target: Target, *, version: int | str | None = None, playbook: str | 
     cancel = threading.Event()
     run_clock = engine.CancellableClock(clock or SystemClock(), cancel)
     conns, factory = _shared(connect)
-    plan = deploy_plan(target, version=version, playbook=default_playbook("deploy", playbook),
+    plan = deploy_plan(target, version=version, playbook=deploy_playbook(target, playbook),
                        clock=run_clock, conns=conns, client_factory=client_factory,
                        lock_wait=lock_wait)
     if before is not None:
@@ -77,7 +84,7 @@ def check(target: Target, *, version: int | str | None = None, playbook: str | N
     (the same operations a deploy drives), and with ``diff`` the file diffs; touches
     nothing."""
     conns, factory = _shared(connect)
-    plan = deploy_plan(target, version=version, playbook=default_playbook("deploy", playbook),
+    plan = deploy_plan(target, version=version, playbook=deploy_playbook(target, playbook),
                        clock=SystemClock(), conns=conns, client_factory=None)
     _, plans, jobs = engine.check(plan, connect=factory)
     rows = []

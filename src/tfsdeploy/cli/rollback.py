@@ -27,7 +27,9 @@ def rollback(target: Target, *, to: str | None = None, playbook: str | None = No
     run_clock = engine.CancellableClock(clock or SystemClock(), cancel)
     conns, factory = _shared(connect)
     plan = RunPlan(verb="rollback", target=target,
-                   playbook=default_playbook("rollback", playbook),
+                   playbook=default_playbook(
+                       "rollback-recreate" if target.model.rollout.strategy == "recreate"
+                       else "rollback", playbook),
                    planner=rollback_planner(target, to, clock=run_clock,
                                             client_factory=client_factory, conns=conns,
                                             by_guard=by_guard),
