@@ -257,8 +257,10 @@ class Partition:
         for port in self._ssh_source_ports() if self.pid else []:
             self.rules.append(["INPUT", "-p", "tcp", "--dport", "22", "--sport", str(port),
                                *base])
-        self.rules.append(["INPUT", "-p", "tcp", "--dport", "22", "-m", "conntrack",
-                           "--ctstate", "NEW", *base])
+        # new connections only: their SYN (matching conntrack's NEW would also drop the first
+        # packet of an established connection that conntrack had not tracked before: it
+        # starts tracking a namespace's connections only once a rule there needs it)
+        self.rules.append(["INPUT", "-p", "tcp", "--dport", "22", "--syn", *base])
         if self.ports:
             low, high = self.ports
             self.rules.append(["INPUT", "-p", "tcp", "--dport", f"{low}:{high}", *base])

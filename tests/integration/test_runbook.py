@@ -28,7 +28,7 @@ MODEL, OFFSET = "itrunbook", 1700
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET,
                              {1: GOOD[1], 2: GOOD[2], 3: GOOD[3]}, serial=("100%",),
-                             keep_releases=1)
+                             keep_releases=2)
 
 
 def hook(directory: Path, name: str, body: str) -> Path:
