@@ -57,10 +57,11 @@ def unblock_all_ssh() -> None:
 
 
 def _iptables(host: str, op: str) -> list[str]:
-    # NEW connections only: established SSH sessions of other runs keep working
-    return netns(host, "iptables", op, "INPUT", "-p", "tcp", "--dport", "22", "-m",
-                 "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment",
-                 "tfsdeploy-rollback-tests", "-j", "REJECT", "--reject-with", "tcp-reset")
+    # new connections only (their SYN): established SSH sessions of other runs keep working
+    # (conntrack's NEW would also match the first packet of a session it had not tracked)
+    return netns(host, "iptables", op, "INPUT", "-p", "tcp", "--dport", "22", "--syn", "-m",
+                 "comment", "--comment", "tfsdeploy-rollback-tests", "-j", "REJECT",
+                 "--reject-with", "tcp-reset")
 
 
 class ssh_blocked:
