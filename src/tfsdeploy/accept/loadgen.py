@@ -30,7 +30,6 @@ from tfsdeploy.remote import HostUnreachable, Result, SshRunner
 
 SETUP_TIMEOUT_S = 300.0
 RAN_CODES = (0, 2, 130)  # the generator's own exit codes that come with results
-CLOCK_WARN_MS = 50.0
 
 
 class LoadgenError(TfsDeployError):
@@ -111,9 +110,23 @@ def prepare_local(spec: GeneratorSpec, requests: bytes) -> GeneratorHost:
                          "this machine's environment")
 
 
+def clock_offset_ms(sent_ns: int, remote_ns: int, received_ns: int) -> float:
+    """How far the host's clock is at least from ours: 0 when its reading falls inside our
+    round trip (the clocks agree to within it), else the distance to the nearer end.
+
+    Not the midpoint: the host reads its clock after starting python3, late in the round
+    trip, so a midpoint would report that start-up time as an offset.
+    """
+    if remote_ns < sent_ns:
+        return (remote_ns - sent_ns) / 1e6
+    if remote_ns > received_ns:
+        return (remote_ns - received_ns) / 1e6
+    return 0.0
+
+
 def _probe(runner: HostRunner, dirs: commands.HostDirs, name: str
            ) -> tuple[dict[str, Any], float]:
-    """The host's facts, and its clock minus ours (ms, to within half the round trip)."""
+    """The host's facts, and how far its clock is at least from ours (ms)."""
     sent = time.time_ns()
     result = runner.run(commands.probe(dirs.env), timeout=60)
     received = time.time_ns()
@@ -121,8 +134,8 @@ def _probe(runner: HostRunner, dirs: commands.HostDirs, name: str
         raise LoadgenError(f"{name}: python3 did not run ({result.tail()}): a generator host "
                            "needs python3 of the toolkit's version")
     facts: dict[str, Any] = json.loads(result.stdout)
-    offset_ms = (facts["timeNs"] - (sent + received) / 2) / 1e6
-    return facts, offset_ms
+    facts["roundTripMs"] = (received - sent) / 1e6
+    return facts, clock_offset_ms(sent, int(facts["timeNs"]), received)
 
 
 def _install(runner: HostRunner, bundle: Bundle, dirs: commands.HostDirs, name: str) -> None:
@@ -163,6 +176,8 @@ def prepare_remote(spec: GeneratorSpec, bundle: Bundle, run_id: str, requests: b
     except BaseException:
         runner.close()
         raise
+    note += f"; clock within {offset_ms:+.0f} ms of ours (round trip " \
+            f"{facts['roundTripMs']:.0f} ms)"
     return GeneratorHost(spec, runner, dirs.python, files, int(facts["cores"]), offset_ms,
                          note)
 

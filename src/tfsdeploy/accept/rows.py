@@ -26,10 +26,12 @@ from typing import Any
 
 from tfsdeploy.accept.merge import FleetMerge, GeneratorOutcome, Slice
 from tfsdeploy.accept.plan import AcceptPlan
+from tfsdeploy.loadtest import stats
 
 THROUGHPUT_SHARE = 0.99
 LATE_SHARE_LIMIT = 0.01  # a generator with more late sends could not hold its share
 CPU_BUSY_WARN = 0.85  # a generator process using this share of its core is near its limit
+CLOCK_WARN_MS = 50.0  # generators' clocks further apart misalign their seconds visibly
 
 EXIT_OK, EXIT_NOTHING, EXIT_ROW_FAILED = 0, 1, 2
 EXIT_INCONSISTENT, EXIT_LOCKED, EXIT_LOADGEN = 3, 4, 5
@@ -161,13 +163,17 @@ def release_row(plan: AcceptPlan, release: ReleaseOutcome, window: Slice | None)
 
 # -- the generators ------------------------------------------------------------------------------
 
-def generator_warnings(outcome: GeneratorOutcome, merged: Any) -> list[str]:
+def generator_warnings(outcome: GeneratorOutcome, merged: stats.Merged | None) -> list[str]:
     """Why this generator's figures may show its own limits rather than the fleet's."""
-    if not outcome.measured:
-        what = "was lost mid-run" if outcome.status == "lost" else "failed"
-        return [f"{outcome.name} {what}: {outcome.error}; its share "
-                f"({outcome.share_qps:g} QPS) is missing from the figures"]
     warnings = []
+    if outcome.clock_offset_ms is not None and abs(outcome.clock_offset_ms) > CLOCK_WARN_MS:
+        warnings.append(f"{outcome.name}'s clock is at least {outcome.clock_offset_ms:+.0f} ms "
+                        "off this machine's: it started off the common instant and its seconds "
+                        "are shifted by that much (synchronise the clocks, e.g. NTP)")
+    if not outcome.measured or merged is None:
+        what = "was lost mid-run" if outcome.status == "lost" else "failed"
+        return [*warnings, f"{outcome.name} {what}: {outcome.error}; its share "
+                f"({outcome.share_qps:g} QPS) is missing from the figures"]
     count = max(merged.count, 1)
     late_share = merged.late_sends / count
     if late_share > LATE_SHARE_LIMIT:
@@ -182,12 +188,12 @@ def generator_warnings(outcome: GeneratorOutcome, merged: Any) -> list[str]:
     return warnings
 
 
-def _cpu_share(outcome: GeneratorOutcome, merged: Any) -> float:
+def _cpu_share(outcome: GeneratorOutcome, merged: stats.Merged) -> float:
     cores_used = (merged.cpu_user_s + merged.cpu_system_s) / merged.wall_s
     return float(cores_used / max(outcome.procs, 1))
 
 
-def _cpu_text(outcome: GeneratorOutcome, merged: Any) -> str:
+def _cpu_text(outcome: GeneratorOutcome, merged: stats.Merged) -> str:
     cores_used = (merged.cpu_user_s + merged.cpu_system_s) / merged.wall_s
     text = f"its processes used {cores_used:.2f} cores of {max(outcome.procs, 1)}"
     busy = (outcome.host_cpu or {}).get("busyPct")
@@ -196,7 +202,7 @@ def _cpu_text(outcome: GeneratorOutcome, merged: Any) -> str:
     return text
 
 
-def lagged(outcome: GeneratorOutcome, merged: Any) -> bool:
+def lagged(outcome: GeneratorOutcome, merged: stats.Merged | None) -> bool:
     """Whether the generator fell behind its schedule (more than 1% late sends)."""
     return bool(outcome.measured and merged is not None
                 and merged.late_sends / max(merged.count, 1) > LATE_SHARE_LIMIT)

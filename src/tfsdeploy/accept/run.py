@@ -124,8 +124,7 @@ def prepare_all(plan: AcceptPlan, requests: bytes, run_id: str,
         first = errors[0]
         raise first if isinstance(first, LoadgenError) else LoadgenError(str(first))
     for gen in ready:
-        offset = f"clock {gen.clock_offset_ms:+.1f} ms" if gen.clock_offset_ms else "clock -"
-        say(f"{gen.name}: ready ({gen.note}; {gen.cores} cores; {offset})")
+        say(f"{gen.name}: ready ({gen.note}; {gen.cores} cores)")
     return ready
 
 
@@ -283,6 +282,7 @@ def run_accept(options: AcceptOptions, *, root: Path, out: Path | None = None,
     out_dir = out or Path("out") / "accept" / f"{plan.model.name}-{run_id}"
     out_dir.mkdir(parents=True, exist_ok=True)
     _announce(plan)
+    say(f"run {run_id}; report in {out_dir}")
     gens = prepare_all(plan, requests, run_id, runner_factory)
     start_at = time.time() + plan.start_margin_s
     release: ReleaseOutcome | None = None
