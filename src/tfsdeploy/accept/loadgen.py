@@ -176,8 +176,8 @@ def prepare_remote(spec: GeneratorSpec, bundle: Bundle, run_id: str, requests: b
     except BaseException:
         runner.close()
         raise
-    note += f"; clock within {offset_ms:+.0f} ms of ours (round trip " \
-            f"{facts['roundTripMs']:.0f} ms)"
+    note += (f"; clock agrees with ours to within the {facts['roundTripMs']:.0f} ms probe"
+             if offset_ms == 0 else f"; clock at least {offset_ms:+.0f} ms off ours")
     return GeneratorHost(spec, runner, dirs.python, files, int(facts["cores"]), offset_ms,
                          note)
 

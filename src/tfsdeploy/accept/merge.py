@@ -36,6 +36,7 @@ class GeneratorOutcome:
     ended_s: float | None = None  # seconds after the common start when its command returned
     procs: int = 0
     workers: int = 0
+    warmup: int = 0  # requests sent before the window (not counted; a server sees them)
     clock_offset_ms: float | None = None
 
     @property

@@ -44,7 +44,8 @@ def _generator_json(outcome: GeneratorOutcome, merged: stats.Merged | None,
     item: dict[str, Any] = {
         "name": outcome.name, "address": address, "shareQps": outcome.share_qps,
         "status": outcome.status, "error": outcome.error or None, "procs": outcome.procs,
-        "workers": outcome.workers, "clockOffsetMs": outcome.clock_offset_ms,
+        "workers": outcome.workers, "warmupRequests": outcome.warmup,
+        "clockOffsetMs": outcome.clock_offset_ms,
         "endedS": outcome.ended_s, "hostCpu": outcome.host_cpu,
         "warnings": generator_warnings(outcome, merged)}
     if merged is not None:

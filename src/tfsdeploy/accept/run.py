@@ -148,7 +148,8 @@ def _collect(futures: dict[Future[GeneratorOutcome], GeneratorHost], abort: thre
     for future in as_completed(futures):
         gen = futures[future]
         outcome = future.result()
-        outcome.procs, outcome.workers = loads[gen.name].procs, loads[gen.name].workers
+        load = loads[gen.name]
+        outcome.procs, outcome.workers, outcome.warmup = load.procs, load.workers, load.warmup
         outcomes[gen.name] = outcome
         if not outcome.measured:
             abort.set()
