@@ -46,6 +46,10 @@ models = [Model(name="m", source={source!r}, hosts="srv", latency_slo_ms=1000, m
 '''
 
 
+# a data root no shell may split or expand: every command passes it as one argument
+G1_ROOT = "g1 data 'root' $HOME;x"
+
+
 def warmup_source(root: Path) -> Path:
     """A model source whose version 1 has three warmup Predict requests (x = 0, 1, 2)."""
     extra = root / "source" / "1" / "assets.extra"
@@ -70,7 +74,7 @@ def setup(tmp_path: Path, fake_server: FakeServer, monkeypatch: pytest.MonkeyPat
     """The inventory file and the output directory; bundles are packed under tmp_path."""
     monkeypatch.setenv("TFSDEPLOY_CACHE", str(tmp_path / "cache"))
     inventory = tmp_path / "inventory.py"
-    inventory.write_text(INVENTORY.format(port=fake_server.port, root1=str(tmp_path / "g1"),
+    inventory.write_text(INVENTORY.format(port=fake_server.port, root1=str(tmp_path / G1_ROOT),
                                           root2=str(tmp_path / "g2"),
                                           source=str(warmup_source(tmp_path))))
     return inventory, tmp_path / "out"
@@ -122,8 +126,8 @@ def test_two_generator_hosts_get_their_environment_and_merge_exactly(
     warmups = sum(g["warmupRequests"] for g in gens.values())
     assert served == data["count"] + warmups  # nothing lost, nothing counted twice
     assert [r["count"] for r in accept["series"]] == [160, 160, 160, 160]
-    for name in ("g1", "g2"):
-        root = Path(str(inventory.parent / name)) / "loadgen"
+    for name in (G1_ROOT, "g2"):
+        root = inventory.parent / name / "loadgen"
         envs = [p for p in (root / "env").iterdir() if (p / ".complete").exists()]
         assert len(envs) == 1, f"{name}: one cached environment"
         assert not any((root / "runs").iterdir()), f"{name}: the run directory is removed"
@@ -184,7 +188,7 @@ def test_bad_input_touches_nothing(setup: tuple[Path, Path]) -> None:
         run_accept(AcceptOptions(model="m", inventory=str(inventory), release="9",
                                  loadgens="loadgens"), root=REPO, out=out)
     assert not out.exists()
-    assert not (inventory.parent / "g1").exists()
+    assert not (inventory.parent / G1_ROOT).exists()
 
 
 def test_the_release_runs_in_the_window_and_is_marked(
