@@ -68,7 +68,7 @@ def stop_server(proc: subprocess.Popen[str]) -> int:
     return int(found.group(1))
 
 
-def run_generators(count: int, target: str, args: argparse.Namespace
+def run_generators(count: int, args: argparse.Namespace
                    ) -> tuple[list[GeneratorOutcome], int]:
     """``count`` generators at once against a fresh server; their outcomes and the server's
     count of requests received."""
