@@ -218,3 +218,30 @@ def test_the_release_runs_in_the_window_and_is_marked(
     assert "deploying m v1" in (out / "deploy.log").read_text()
     assert accept["rows"][3]["row"] == "p99 during release v1" and accept["rows"][3]["passed"]
     assert shaded_columns(out / "accept.png") is not None
+
+
+def test_ctrl_c_ends_the_window_and_still_reports(setup: tuple[Path, Path]) -> None:
+    """SIGINT to ``fab accept`` (as a terminal's Ctrl-C reaches its process group): the
+    generator ends its window early, its figures are reported, exit 130."""
+    import signal
+    import subprocess
+    import sys
+
+    inventory, out = setup
+    fab = Path(sys.executable).with_name("fab")
+    proc = subprocess.Popen([str(fab), "accept", "--model", "m", "--inventory", str(inventory),
+                             "--target-qps", "50", "--duration", "30s", "--start-margin", "3s",
+                             "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if "accept: load from" in line:
+            break
+    time.sleep(3 + 3)  # the margin, then 3 s of load
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, rest
+    data = report(out)
+    accept = data["tfsdeploy"]["accept"]
+    assert 50 <= data["count"] <= 250, rest  # about 3 s of 50 QPS, not 30 s
+    assert accept["exitCode"] == 130 and accept["merge"]["equal"]

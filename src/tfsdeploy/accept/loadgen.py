@@ -59,10 +59,15 @@ class LocalRunner:
         self._env = env
 
     def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
-        """Run ``argv`` here; a command past its deadline is killed and reported lost."""
+        """Run ``argv`` here; a command past its deadline is killed and reported lost.
+
+        Each command leads a session of its own, as a command over SSH does: a Ctrl-C at the
+        terminal reaches ``fab accept``, which then stops each generator exactly once.
+        """
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                                  env=self._env, stdin=subprocess.DEVNULL)
+                                  env=self._env, stdin=subprocess.DEVNULL,
+                                  start_new_session=True)
         except subprocess.TimeoutExpired as err:
             raise HostUnreachable(f"this machine: `{argv[0]} ...` gave no answer in "
                                   f"{timeout:g} s") from err
