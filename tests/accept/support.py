@@ -47,8 +47,9 @@ Request = tuple[int, int, bool]  # (completion ns after the common start, latenc
 
 
 def proc_result(requests: list[Request], *, origin_ns: int = 0, cpu_s: float = 0.2,
-                late: int = 0) -> stats.ProcResult:
-    """One generator process's result, recorded the way the engine records it."""
+                late: int = 0, own_late: int = 0) -> stats.ProcResult:
+    """One generator process's result, recorded the way the engine records it; ``late``
+    requests sent late for want of a free worker, ``own_late`` by the client's own lag."""
     rec = stats.Recorder(keep_service_time=False, intervals=True)
     rec.origin_ns = origin_ns
     for done, latency, ok in sorted(requests):
@@ -57,7 +58,9 @@ def proc_result(requests: list[Request], *, origin_ns: int = 0, cpu_s: float = 0
         else:
             rec.record_error(latency, origin_ns + done, "Unavailable", "rpc error: x")
     return stats.finish(rec, start_ns=origin_ns, end_ns=origin_ns + 10 * S, cpu_user_s=cpu_s,
-                        cpu_system_s=0.0, end_reason="timeout", late_sends=late)
+                        cpu_system_s=0.0, end_reason="timeout",
+                        late_sends=late + own_late, own_late_sends=own_late,
+                        max_send_lag_ns=25_000_000 if own_late else 0)
 
 
 def outcome(name: str, results: list[stats.ProcResult]) -> GeneratorOutcome:

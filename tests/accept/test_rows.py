@@ -49,8 +49,10 @@ def accept(tmp_path: Path) -> AcceptPlan:
     return plan(tmp_path, target_qps=200.0, duration="10s", loadgens="loadgens")
 
 
-def two_generators(a: list[Request], b: list[Request], *, late: int = 0) -> list[GeneratorOutcome]:
-    return [outcome("tb1", [proc_result(a, late=late)]), outcome("tb2", [proc_result(b)])]
+def two_generators(a: list[Request], b: list[Request], *, late: int = 0,
+                   own_late: int = 0) -> list[GeneratorOutcome]:
+    return [outcome("tb1", [proc_result(a, late=late, own_late=own_late)]),
+            outcome("tb2", [proc_result(b)])]
 
 
 def test_a_fleet_that_keeps_up_passes_every_row(accept: AcceptPlan) -> None:
@@ -151,17 +153,29 @@ def test_a_lost_generator_fails_the_run_with_its_partner_figures_kept(
 
 def test_lag_makes_a_failure_inconclusive_never_a_pass(accept: AcceptPlan) -> None:
     slow = steady(10, 100, 5, slow_second=4, slow_ms=80)
-    # tb1 sent 30 of its 1000 requests late: a failed row may be its own doing
-    outcomes = two_generators(slow, steady(10, 100, 5), late=30)
+    # tb1 sent 30 of its 1000 requests late with a worker free: a failed row may be its doing
+    outcomes = two_generators(slow, steady(10, 100, 5), own_late=30)
     _, code = table(accept, outcomes)
     assert code == rows.EXIT_LOADGEN
     merged = merge_fleet(outcomes)
     warning = rows.generator_warnings(outcomes[0], merged.generators["tb1"])
-    assert len(warning) == 1 and warning[0].startswith("tb1 could not hold its share: 30 of "
-                                                       "1000 requests (3.0%)")
+    assert len(warning) == 1 and warning[0].startswith(
+        "tb1 could not hold its share: 30 of 1000 requests (3.0%) were sent > 10 ms after "
+        "their time though a worker was free (worst 25 ms late)")
     # the same lag with every row passed: lateness only adds latency, so the pass stands
-    _, code = table(accept, two_generators(steady(10, 100, 5), steady(10, 100, 5), late=30))
+    _, code = table(accept, two_generators(steady(10, 100, 5), steady(10, 100, 5),
+                                           own_late=30))
     assert code == rows.EXIT_OK
+
+
+def test_late_sends_that_waited_for_a_worker_are_the_fleets_slowness(
+        accept: AcceptPlan) -> None:
+    # every worker was waiting for an answer: the fleet was slow, the generator kept up
+    outcomes = two_generators(steady(10, 100, 5, slow_second=4, slow_ms=80),
+                              steady(10, 100, 5), late=300)
+    _, code = table(accept, outcomes)
+    assert code == rows.EXIT_ROW_FAILED
+    assert rows.generator_warnings(outcomes[0], merge_fleet(outcomes).generators["tb1"]) == []
 
 
 def test_nothing_measured_is_exit_1(accept: AcceptPlan) -> None:

@@ -144,7 +144,9 @@ def _probe(runner: HostRunner, dirs: commands.HostDirs, name: str
 
 
 def _install(runner: HostRunner, bundle: Bundle, dirs: commands.HostDirs, name: str) -> None:
-    runner.run(commands.make_dirs(dirs.env_root), timeout=60)
+    made = runner.run(commands.make_dirs(dirs.env_root), timeout=60)
+    if not made.ok:
+        raise LoadgenError(f"{name}: cannot create {dirs.env_root}: {made.tail(1)}")
     runner.put_file(str(bundle.path), dirs.upload)
     result = runner.run(commands.install_env(dirs, import_check()), timeout=SETUP_TIMEOUT_S)
     if not result.ok:
@@ -173,11 +175,17 @@ def prepare_remote(spec: GeneratorSpec, bundle: Bundle, run_id: str, requests: b
             note = f"environment {bundle.key} installed in {time.monotonic() - started:.1f} s"
         runner.run(commands.prune_envs(dirs), timeout=60)
         files = commands.RunFiles(dirs.run)
-        runner.run(commands.make_dirs(dirs.run), timeout=60)
+        made = runner.run(commands.make_dirs(dirs.run), timeout=60)
+        if not made.ok:
+            raise LoadgenError(f"{spec.name}: cannot create {dirs.run}: {made.tail(1)}")
         runner.put_bytes(requests, files.requests)
     except HostUnreachable as err:
         runner.close()
         raise LoadgenError(f"{spec.name}: unreachable during set-up: {err}") from err
+    except OSError as err:  # an upload refused (no space, no permission under data_root)
+        runner.close()
+        raise LoadgenError(f"{spec.name}: set-up under {dirs.root}/loadgen failed: {err}: "
+                           "free space there or set the host's data_root") from err
     except BaseException:
         runner.close()
         raise
@@ -229,7 +237,8 @@ def run_generator(gen: GeneratorHost, argv: list[str], *, timeout_s: float,
         return outcome
     outcome.ended_s = time.time() - start_at_s
     if result.code not in RAN_CODES:
-        outcome.status = LOST if outcome.ended_s > 0 else FAILED
+        # 1 is the generator's own "could not start" (bad input, unreachable target, late)
+        outcome.status = FAILED if result.code == 1 or outcome.ended_s <= 0 else LOST
         died = f"killed by signal {-result.code}" if result.code < 0 else f"exit {result.code}"
         outcome.error = f"generator {died}: {result.tail(3) or 'no output'}"
         return outcome

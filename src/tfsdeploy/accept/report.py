@@ -55,7 +55,8 @@ def _generator_json(outcome: GeneratorOutcome, merged: stats.Merged | None,
             "rps": merged.count / merged.wall_s,
             "p50Ms": stats.percentile_ns(merged.ok_hist, 50) / 1e6,
             "p99Ms": stats.percentile_ns(merged.ok_hist, 99) / 1e6,
-            "lateSends": merged.late_sends, "maxSendLagMs": merged.max_send_lag_ns / 1e6,
+            "lateSends": merged.late_sends, "ownLateSends": merged.own_late_sends,
+            "maxSendLagMs": merged.max_send_lag_ns / 1e6,
             "cpuSeconds": round(cpu, 3), "coresUsed": round(cpu / merged.wall_s, 3),
             "hdrHistogram": merged.ok_hist.encode().decode("ascii")})
     return item
@@ -125,7 +126,8 @@ def generator_table(data: Mapping[str, Any]) -> list[tuple[str, ...]]:
             str(g["count"]) if measured else "-",
             f"{g['rps']:.1f}" if measured else "-",
             f"{g['p99Ms']:.2f} ms" if measured else "-",
-            f"{g['lateSends']} (max {g['maxSendLagMs']:.0f} ms)" if measured else "-",
+            f"{g['lateSends']}; own lag {g['ownLateSends']} (max {g['maxSendLagMs']:.0f} ms)"
+            if measured else "-",
             (f"{g['coresUsed']:.2f} of {g['procs']} procs" if measured else "-")
             + (f", host {busy:g}% busy" if busy is not None else "")))
     return out

@@ -175,13 +175,14 @@ def generator_warnings(outcome: GeneratorOutcome, merged: stats.Merged | None) -
         return [*warnings, f"{outcome.name} {what}: {outcome.error}; its share "
                 f"({outcome.share_qps:g} QPS) is missing from the figures"]
     count = max(merged.count, 1)
-    late_share = merged.late_sends / count
+    late_share = merged.own_late_sends / count
     if late_share > LATE_SHARE_LIMIT:
         warnings.append(
-            f"{outcome.name} could not hold its share: {merged.late_sends} of {merged.count} "
-            f"requests ({late_share:.1%}) were sent > 10 ms after their time (worst "
-            f"{merged.max_send_lag_ns / 1e6:.0f} ms late); {_cpu_text(outcome, merged)}. Its "
-            "lateness counts as latency: add generators or give it more cores")
+            f"{outcome.name} could not hold its share: {merged.own_late_sends} of "
+            f"{merged.count} requests ({late_share:.1%}) were sent > 10 ms after their time "
+            f"though a worker was free (worst {merged.max_send_lag_ns / 1e6:.0f} ms late); "
+            f"{_cpu_text(outcome, merged)}. Its lateness counts as latency: add generators or "
+            "give them cores")
     elif _cpu_share(outcome, merged) >= CPU_BUSY_WARN:
         warnings.append(f"{outcome.name} is near its limit ({_cpu_text(outcome, merged)}), "
                         "though its sends kept to the schedule")
@@ -203,9 +204,11 @@ def _cpu_text(outcome: GeneratorOutcome, merged: stats.Merged) -> str:
 
 
 def lagged(outcome: GeneratorOutcome, merged: stats.Merged | None) -> bool:
-    """Whether the generator fell behind its schedule (more than 1% late sends)."""
+    """Whether the generator fell behind its schedule by its own doing: more than 1% of its
+    requests sent > 10 ms late although a worker was free (late sends that waited for a
+    worker are the fleet's slowness: every worker was waiting for an answer)."""
     return bool(outcome.measured and merged is not None
-                and merged.late_sends / max(merged.count, 1) > LATE_SHARE_LIMIT)
+                and merged.own_late_sends / max(merged.count, 1) > LATE_SHARE_LIMIT)
 
 
 def exit_code(rows: Sequence[Row], outcomes: Sequence[GeneratorOutcome], merged: FleetMerge,

@@ -39,7 +39,7 @@ from tfsdeploy.loadtest.transport import (
 
 NS = 1_000_000_000
 DURATION_STOPS = ("wait", "close", "ignore")
-LATE_NS = 10_000_000  # a paced request sent 10 ms late means no worker was free
+LATE_NS = 10_000_000  # a paced request sent 10 ms late: no worker was free, or the loop lagged
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,10 @@ class _Run:
                           if plan.total else -1)
         self.ticks = self._local_ticks() if plan.rate is not None else None
         self.late_sends = 0  # paced requests sent more than LATE_NS after their time
-        self.max_lag_ns = 0  # the latest any paced request was sent after its time
+        # ... of which a worker was free before the intended time: the loop itself woke late
+        # (a saturated or starved client), not a wait for a worker (a slow server)
+        self.own_late_sends = 0
+        self.max_own_lag_ns = 0
 
     def _local_ticks(self) -> Iterator[int]:
         """Intended send times (ns) of this process's share of the paced requests."""
@@ -173,7 +176,8 @@ async def _send_paced(run: _Run, worker: int, send: Sender, bodies: tuple[Any, .
         due = run.next_due()
         if due is None:
             return
-        delay = due - clock()
+        taken = clock()
+        delay = due - taken
         if delay > 0:
             await asyncio.sleep(delay / NS)
         body = bodies[i % n]
@@ -182,7 +186,9 @@ async def _send_paced(run: _Run, worker: int, send: Sender, bodies: tuple[Any, .
         lag = sent - due
         if lag > LATE_NS:
             run.late_sends += 1
-            run.max_lag_ns = max(run.max_lag_ns, lag)
+            if delay >= 0:  # free in time, yet sent late: this client's own lag
+                run.own_late_sends += 1
+                run.max_own_lag_ns = max(run.max_own_lag_ns, lag)
         origin = due if open_loop else sent
         try:
             await send(body)
@@ -286,7 +292,7 @@ async def _measured(plan: ProcPlan, senders: _Senders, workers: list[int],
     return stats.finish(rec, start_ns=start_ns, end_ns=end_ns,
                         cpu_user_s=cpu1.user - cpu0.user, cpu_system_s=cpu1.system - cpu0.system,
                         end_reason=reason, late_sends=run.late_sends,
-                        max_send_lag_ns=run.max_lag_ns)
+                        own_late_sends=run.own_late_sends, max_send_lag_ns=run.max_own_lag_ns)
 
 
 @contextlib.contextmanager

@@ -167,7 +167,8 @@ class ProcResult:
     end_reason: str
     late_sends: int = 0
     details: list[tuple[int, int, str, str]] = field(default_factory=list)
-    max_send_lag_ns: int = 0  # paced runs: the latest a request was sent after its time
+    own_late_sends: int = 0  # late sends although a worker was free: the client's own lag
+    max_send_lag_ns: int = 0  # the worst of those (0 when none)
     interval_hists: dict[int, str] = field(default_factory=dict)  # second -> encoded OK hist
 
 
@@ -225,6 +226,7 @@ class Merged:
     end_reason: str
     late_sends: int
     details: list[tuple[int, int, str, str]]
+    own_late_sends: int = 0
     max_send_lag_ns: int = 0
     interval_hists: dict[int, str] = field(default_factory=dict)  # second -> merged, encoded
 
@@ -273,6 +275,7 @@ def merge_results(results: Sequence[ProcResult]) -> Merged:
         end_reason=_end_reason([r.end_reason for r in results]),
         late_sends=sum(r.late_sends for r in results),
         details=sorted(d for r in results for d in r.details),
+        own_late_sends=sum(r.own_late_sends for r in results),
         max_send_lag_ns=max((r.max_send_lag_ns for r in results), default=0),
         interval_hists=merge_intervals(r.interval_hists for r in results))
 
@@ -335,7 +338,7 @@ def result_to_json(result: ProcResult, *, clock_offset_ns: int = 0) -> dict[str,
         "startNs": result.start_ns + clock_offset_ns, "endNs": result.end_ns + clock_offset_ns,
         "cpuUserS": result.cpu_user_s, "cpuSystemS": result.cpu_system_s,
         "endReason": result.end_reason, "lateSends": result.late_sends,
-        "maxSendLagNs": result.max_send_lag_ns,
+        "ownLateSends": result.own_late_sends, "maxSendLagNs": result.max_send_lag_ns,
         "intervals": {str(k): v for k, v in result.interval_hists.items()},
     }
 
@@ -355,6 +358,7 @@ def result_from_json(data: Mapping[str, Any]) -> ProcResult:
             start_ns=int(data["startNs"]), end_ns=int(data["endNs"]),
             cpu_user_s=float(data["cpuUserS"]), cpu_system_s=float(data["cpuSystemS"]),
             end_reason=str(data["endReason"]), late_sends=int(data["lateSends"]),
+            own_late_sends=int(data["ownLateSends"]),
             max_send_lag_ns=int(data["maxSendLagNs"]),
             interval_hists=_int_keys(data["intervals"]))
     except (KeyError, TypeError) as err:
