@@ -245,3 +245,23 @@ def test_ctrl_c_ends_the_window_and_still_reports(setup: tuple[Path, Path]) -> N
     accept = data["tfsdeploy"]["accept"]
     assert 50 <= data["count"] <= 250, rest  # about 3 s of 50 QPS, not 30 s
     assert accept["exitCode"] == 130 and accept["merge"]["equal"]
+
+
+def test_requests_carry_the_model_name_and_no_version_pin(tmp_path: Path) -> None:
+    """The warmup records were generated under another name and pin version 1: the load
+    goes to the catalog's model and follows whatever version the fleet serves."""
+    from tfsdeploy.accept.plan import build_plan
+    from tfsdeploy.accept.run import serialized_requests
+
+    from .support import inventory
+
+    accept = build_plan(AcceptOptions(model="m"), inventory(warmup_source(tmp_path)))
+    records = list(tfrecord.iter_records(serialized_requests(accept)))
+    assert len(records) == 3
+    for i, record in enumerate(records):
+        request: Any = tfsapi.message_class(tfsapi.PREDICT_REQUEST).FromString(record)
+        assert request.model_spec.name == "m"
+        assert request.model_spec.signature_name == "serving_default"
+        assert not request.model_spec.HasField("version") and not \
+            request.model_spec.version_label
+        assert tfsapi.array_from_tensor(request.inputs["x"]).tolist() == [[float(i)]]
