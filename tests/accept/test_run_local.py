@@ -68,11 +68,17 @@ def warmup_source(root: Path) -> Path:
     return root / "source"
 
 
+@pytest.fixture(scope="module")
+def bundle_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where these tests pack the generator bundle (once for the module)."""
+    return tmp_path_factory.mktemp("cache")
+
+
 @pytest.fixture
-def setup(tmp_path: Path, fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch
-          ) -> tuple[Path, Path]:
-    """The inventory file and the output directory; bundles are packed under tmp_path."""
-    monkeypatch.setenv("TFSDEPLOY_CACHE", str(tmp_path / "cache"))
+def setup(tmp_path: Path, fake_server: FakeServer, monkeypatch: pytest.MonkeyPatch,
+          bundle_cache: Path) -> tuple[Path, Path]:
+    """The inventory file and the output directory; bundles are packed under a temp dir."""
+    monkeypatch.setenv("TFSDEPLOY_CACHE", str(bundle_cache))
     inventory = tmp_path / "inventory.py"
     inventory.write_text(INVENTORY.format(port=fake_server.port, root1=str(tmp_path / G1_ROOT),
                                           root2=str(tmp_path / "g2"),

@@ -194,12 +194,16 @@ def _tar_info(member: Member) -> tarfile.TarInfo:
 def write_bundle(path: Path, members: Sequence[Member]) -> None:
     """A gzip'd tar of ``members`` (sorted, owner-free), written to a temp name then renamed."""
     part = path.with_name(path.name + f".part{os.getpid()}")
-    with open(part, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3,
-                                                mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for member in sorted(members, key=lambda m: m.arcname):
-            with open(_checked(member).source, "rb") as handle:
-                tar.addfile(_tar_info(member), handle)
+    try:
+        with open(part, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=3,
+                                                    mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for member in sorted(members, key=lambda m: m.arcname):
+                with open(_checked(member).source, "rb") as handle:
+                    tar.addfile(_tar_info(member), handle)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
     part.replace(path)
 
 
