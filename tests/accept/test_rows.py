@@ -152,11 +152,16 @@ def test_a_lost_generator_fails_the_run_with_its_partner_figures_kept(
 
 
 def test_lag_makes_a_failure_inconclusive_never_a_pass(accept: AcceptPlan) -> None:
-    slow = steady(10, 100, 5, slow_second=4, slow_ms=80)
-    # tb1 sent 30 of its 1000 requests late with a worker free: a failed row may be its doing
+    # tb1 sent 30 of its 1000 requests up to 25 ms late with a worker free; one second's P99
+    # is 60 ms: without that lag it might have been 35 ms, so the failure may be its doing
+    slow = steady(10, 100, 5, slow_second=4, slow_ms=60)
     outcomes = two_generators(slow, steady(10, 100, 5), own_late=30)
     _, code = table(accept, outcomes)
     assert code == rows.EXIT_LOADGEN
+    # 80 ms - 25 ms is still over the 50 ms SLO: the fleet failed, whatever the lag
+    _, code = table(accept, two_generators(steady(10, 100, 5, slow_second=4, slow_ms=80),
+                                           steady(10, 100, 5), own_late=30))
+    assert code == rows.EXIT_ROW_FAILED
     merged = merge_fleet(outcomes)
     warning = rows.generator_warnings(outcomes[0], merged.generators["tb1"])
     assert len(warning) == 1 and warning[0].startswith(
