@@ -128,7 +128,8 @@ def report(count: int, outcomes: list[GeneratorOutcome], merged: FleetMerge,
         cpu = own.cpu_user_s + own.cpu_system_s
         print(f"  {outcome.name}: {own.count:7d} requests, {own.count / own.wall_s:7.0f} req/s, "
               f"CPU {cpu:5.2f} s ({cpu / own.wall_s:4.2f} cores, "
-              f"{own.count / max(cpu, 1e-9):6.0f} req per CPU-s), late sends {own.late_sends}")
+              f"{own.count / max(cpu, 1e-9):6.0f} req per CPU-s), late sends {own.late_sends} "
+              f"(own lag {own.own_late_sends}, worst {own.max_send_lag_ns / 1e6:.0f} ms)")
     fleet = merged.fleet
     if fleet is not None:
         print(f"  merged: {merged.count:7d} requests, {merged.count / fleet.wall_s:7.0f} req/s, "
