@@ -215,7 +215,9 @@ def _lost_reason(gen: GeneratorHost, err: Exception) -> str:
                                 gen.files.pid], timeout=20)
     except Exception as again:
         return f"host unreachable ({again})"
-    state = "still running" if alive.ok else "gone"
+    if alive.ok:  # we no longer wait for it: end its window, it must not run on unwatched
+        stop_generator(gen)
+    state = "still running (stopped now)" if alive.ok else "gone"
     return f"connection to the generator lost ({err}); host reachable, generator process {state}"
 
 

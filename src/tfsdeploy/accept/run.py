@@ -110,22 +110,33 @@ def prepare_all(plan: AcceptPlan, requests: bytes, run_id: str,
         return loadgen.prepare_remote(spec, bundle, run_id, requests,
                                       runner_factory=runner_factory)
 
+    ready: list[GeneratorHost] = []
+    errors: list[Exception] = []
     with ThreadPoolExecutor(max_workers=min(16, len(plan.generators))) as pool:
         futures = [pool.submit(one, spec) for spec in plan.generators]
-        ready, errors = [], []
-        for future in futures:
-            try:
-                ready.append(future.result())
-            except Exception as err:
-                errors.append(err)
+        try:
+            for future in futures:
+                try:
+                    ready.append(future.result())
+                except Exception as err:
+                    errors.append(err)
+        except BaseException:  # Ctrl-C during set-up: undo what is ready, including late ones
+            ready += [f.result() for f in futures if not f.cancel() and f.exception() is None
+                      and f.result() not in ready]
+            _cleanup_all(ready)
+            raise
     if errors:
-        for gen in ready:
-            loadgen.cleanup(gen)
+        _cleanup_all(ready)
         first = errors[0]
         raise first if isinstance(first, LoadgenError) else LoadgenError(str(first))
     for gen in ready:
         say(f"{gen.name}: ready ({gen.note}; {gen.cores} cores)")
     return ready
+
+
+def _cleanup_all(gens: Sequence[GeneratorHost]) -> list[str]:
+    """Every generator's run directory removed and connection closed; the problems."""
+    return [p for p in (loadgen.cleanup(g) for g in gens) if p]
 
 
 def load_spec(plan: AcceptPlan, gen: GeneratorHost, start_at_s: float) -> commands.LoadSpec:
@@ -297,7 +308,7 @@ def run_accept(options: AcceptOptions, *, root: Path, out: Path | None = None,
             say("waiting for the deploy to finish (a deploy is never cut short)")
             release = stop.release.result()
     finally:
-        problems = [p for p in (loadgen.cleanup(g) for g in gens) if p]
+        problems = _cleanup_all(gens)
     return write_report(plan, outcomes, release, start_at_s=start_at, out_dir=out_dir,
                         cleanup_problems=problems, interrupted=interrupted)
 
