@@ -5,7 +5,8 @@ The testbed's models (docs/models.md) are all fast at serving time; the slow one
 ``serving_default`` with y = 0.5 x + b after a fixed sleep inside the graph (a tf.data sleep,
 so it costs no CPU on the shared machine): with batching, every batch waits about twice
 ``sleep_ms`` (the sleep applies to each element fetch, and the end-of-data check is one).
-Its warmup records are copied from a good version, so it loads and warms up like one.
+``times_two`` (y = 2 x) is fast, as in half_plus_two, whose golden requests use both. Its
+warmup records are copied from a good version, so it loads and warms up like one.
 
 Run with the project's venv: ``python tests/accept/slowmodel.py OUT_DIR B SLEEP_MS WARMUP_FROM``.
 """
@@ -33,9 +34,13 @@ def save(out: Path, b: float, sleep_ms: int, warmup_from: Path) -> None:
         slow = tf.data.Dataset.from_tensors(y).apply(testing.sleep(sleep_ms * 1000))
         return {"y": slow.get_single_element()}
 
-    signature = tf.function(serve, input_signature=[tf.TensorSpec([None, 1], tf.float32,
-                                                                  name="x")])
-    tf.saved_model.save(module, str(out), signatures={"serving_default": signature})
+    def times_two(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": 2.0 * x}
+
+    spec = [tf.TensorSpec([None, 1], tf.float32, name="x")]
+    tf.saved_model.save(module, str(out), signatures={
+        "serving_default": tf.function(serve, input_signature=spec),
+        "times_two": tf.function(times_two, input_signature=spec)})
     shutil.copytree(warmup_from / "assets.extra", out / "assets.extra")
 
 
