@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,13 @@ def test_a_host_python_must_match_abi_machine_and_libc() -> None:
     assert other is not None and "Python ABI cpython-312" in other and "(python3 3.12)" in other
     assert "architecture aarch64" in str(bundle.compatibility_problem(
         here, {**here, "machine": "aarch64"}))
+
+
+def test_only_the_newest_bundles_are_kept(tmp_path: Path) -> None:
+    for age, name in enumerate(("a", "b", "c", "d")):
+        old = tmp_path / f"generator-{name}.tar.gz"
+        old.write_bytes(b"x")
+        os.utime(old, (1_000_000 + age, 1_000_000 + age))
+    made = bundle.ensure_bundle(tmp_path)
+    left = sorted(p.name for p in tmp_path.glob("generator-*.tar.gz"))
+    assert left == sorted([made.path.name, "generator-d.tar.gz", "generator-c.tar.gz"])

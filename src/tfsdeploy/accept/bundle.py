@@ -43,6 +43,7 @@ GENERATOR_MODULES = ("tfsdeploy.loadtest.cli", "tfsdeploy.loadtest.parallel",
                      "tfsdeploy.loadtest.engine", "tfsdeploy.loadtest.transport",
                      "tfsdeploy.loadtest.hostcpu", "grpc.aio", "hdrh.histogram")
 OWN_PACKAGE = "tfsdeploy"
+KEEP_BUNDLES = 3
 _CLOSURE_SCRIPT = """\
 import importlib, json, sys
 before = set(sys.modules)
@@ -230,7 +231,16 @@ def ensure_bundle(directory: Path | None = None) -> Bundle:
     path = where / f"generator-{key}.tar.gz"
     if not path.is_file():
         write_bundle(path, [*own, *(m for n in names for m in _dist_members(n))])
+        _prune(where, keep=path)
     return Bundle(key=key, path=path, distributions=dists)
+
+
+def _prune(where: Path, *, keep: Path) -> None:
+    """Keep the newest few bundles here (each change of the toolkit's code makes a new one)."""
+    older = sorted((p for p in where.glob("generator-*.tar.gz") if p != keep),
+                   key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in older[KEEP_BUNDLES - 1:]:
+        stale.unlink(missing_ok=True)
 
 
 def iter_arcnames(path: Path) -> Iterator[str]:
