@@ -221,5 +221,34 @@ def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     _main("prune", locals())
 
 
+@task(auto_shortflags=False, help={
+    "model": "model name from the inventory's catalog (required)",
+    "inventory": INVENTORY,
+    "target_qps": "open-loop rate the fleet must sustain, in all (default 100)",
+    "duration": "how long, e.g. 60s, 5m (default 5m, the article's)",
+    "release": "deploy this version in the middle of the window (fab deploy --version)",
+    "release_at": "when the release starts: seconds (20s) or share of the window (default 25%)",
+    "loadgens": "inventory hosts or group running the generators (default: this machine)",
+    "interval": "P99 must hold in every interval of this length (default 1s)",
+    "slo_p99_ms": "P99 limit in ms (default: the model's latency_slo_ms in the catalog)",
+    "max_error_rate": "error-rate limit in percent (default 0.01)",
+    "data_version": "version whose warmup records are the requests (default: the newest)",
+    "start_margin": "time given to the generators to start before the common start (15s)",
+    "timeout": "deadline per request (default 10s)",
+    "concurrency": "requests in flight per generator (default: from its rate and the SLO)",
+    "procs": "processes per generator (default: one per 2000 QPS of its share, per core)",
+    "out": "directory for accept.json, accept.png, deploy.log (default out/accept/<run>)",
+})
+def accept(c: Any, model: str, inventory: str | None = None, target_qps: float | None = None,
+           duration: str = "5m", release: str | None = None, release_at: str | None = None,
+           loadgens: str | None = None, interval: str = "1s", slo_p99_ms: float | None = None,
+           max_error_rate: float | None = None, data_version: str | None = None,
+           start_margin: str | None = None, timeout: str | None = None,
+           concurrency: int | None = None, procs: int | None = None,
+           out: str | None = None) -> None:
+    """The fleet acceptance run: the article's table against the model's stable ports."""
+    _main("accept", locals())
+
+
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
-                lock, logs, exec_, prune)
+                lock, logs, exec_, prune, accept)

@@ -39,6 +39,8 @@ hosts = _hosts()
 groups = {
     "canary": Group([hosts[0].name]),
     "main": Group([h.name for h in hosts[1:]]),
+    # where `fab accept --loadgens loadgens` runs its load generators
+    "loadgens": Group([h.name for h in hosts[:2]]),
 }
 
 defaults = {

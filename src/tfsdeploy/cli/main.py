@@ -404,11 +404,27 @@ def cmd_prune(a: dict[str, Any]) -> int:
                   metrics_file=a["metrics_file"], events=shown.events)
 
 
+def cmd_accept(a: dict[str, Any]) -> int:
+    """`fab accept` (docs/acceptance.md)."""
+    from tfsdeploy.accept.plan import AcceptOptions
+    from tfsdeploy.accept.run import run_accept
+
+    options = AcceptOptions(
+        model=safe_model(a["model"]), inventory=a["inventory"], target_qps=a["target_qps"],
+        duration=a["duration"], interval=a["interval"], release=a["release"],
+        release_at=a["release_at"], loadgens=a["loadgens"], slo_p99_ms=a["slo_p99_ms"],
+        max_error_rate_pct=a["max_error_rate"], data_version=a["data_version"],
+        start_margin=a["start_margin"], timeout=a["timeout"], concurrency=a["concurrency"],
+        procs=a["procs"])
+    root = Path(__file__).resolve().parents[3]
+    return run_accept(options, root=root, out=Path(a["out"]) if a["out"] else None)
+
+
 COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
     "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
-    "prune": cmd_prune,
+    "prune": cmd_prune, "accept": cmd_accept,
 }
 UNATTENDED = ("deploy", "rollback", "guard", "prune")
 

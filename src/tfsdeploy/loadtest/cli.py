@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tfsdeploy.loadtest import gates, payloads, report, stats
+from tfsdeploy.loadtest import gates, payloads, report, stats, tfrecord
 from tfsdeploy.loadtest.engine import DURATION_STOPS, ProcPlan
 from tfsdeploy.loadtest.schedule import KINDS, Schedule, ScheduleError
 
@@ -66,6 +66,9 @@ def _add_request_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--data-from-warmup", type=Path, metavar="PATH",
                        help="SavedModel version dir (or the TFRecord file) whose "
                             "assets.extra/tf_serving_warmup_requests give the requests")
+    group.add_argument("--data-serialized", type=Path, metavar="PATH",
+                       help="TFRecord file of serialized PredictRequest messages, sent as they "
+                            "are (gRPC; no --model/--signature/--version overrides)")
     group.add_argument("--input-dtype", action="append", default=[], metavar="NAME=DT_X",
                        help="dtype of a JSON input (default DT_FLOAT for numbers)")
     group.add_argument("--rest", action="store_true",
@@ -144,6 +147,19 @@ def _add_gate_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sweep-plot", type=Path, default=Path("sweep.png"))
 
 
+def _add_coordination_options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("one generator among several (fab accept)")
+    group.add_argument("--start-at", type=float, metavar="EPOCH_S",
+                       help="start the measured window at this wall-clock time (seconds since "
+                            "the epoch, shared by every generator); not ready by then: exit 1")
+    group.add_argument("--interval-histograms", action="store_true",
+                       help="also keep one OK-latency histogram per second (for merging "
+                            "per-second percentiles exactly)")
+    group.add_argument("--raw-output", type=Path, metavar="PATH",
+                       help="write every process's exact results (histograms, counts, CPU) "
+                            "as JSON, for merging with other generators")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``scripts/loadtest`` argument parser."""
     parser = _Parser(prog="loadtest", description="Predict load against TFServing targets "
@@ -152,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_options(parser)
     _add_output_options(parser)
     _add_gate_options(parser)
+    _add_coordination_options(parser)
     return parser
 
 
@@ -179,10 +196,15 @@ def _dtypes(items: Sequence[str]) -> dict[str, str]:
 
 
 def load_requests(ns: argparse.Namespace) -> payloads.Payloads:
-    """The request bodies from -d / -D / --data-from-warmup, with the overrides applied."""
-    given = [x for x in (ns.data, ns.data_file, ns.data_from_warmup) if x is not None]
+    """The request bodies from -d / -D / --data-from-warmup / --data-serialized, with the
+    overrides applied."""
+    given = [x for x in (ns.data, ns.data_file, ns.data_from_warmup, ns.data_serialized)
+             if x is not None]
     if len(given) != 1:
-        raise UsageError("give exactly one of -d/--data, -D/--data-file, --data-from-warmup")
+        raise UsageError("give exactly one of -d/--data, -D/--data-file, --data-from-warmup, "
+                         "--data-serialized")
+    if ns.data_serialized is not None:
+        return serialized_requests(ns)
     spec = payloads.RequestSpec(model=ns.model, signature=ns.signature, version=ns.version,
                                 version_label=ns.version_label,
                                 input_dtypes=_dtypes(ns.input_dtype))
@@ -198,6 +220,25 @@ def load_requests(ns: argparse.Namespace) -> payloads.Payloads:
         items = obj if isinstance(obj, list) else [obj]
         requests = [payloads.request_from_json(o, spec.input_dtypes) for o in items]
     return payloads.build_payloads(requests, spec, rest=ns.rest)
+
+
+def serialized_requests(ns: argparse.Namespace) -> payloads.Payloads:
+    """Pre-serialized PredictRequests (what fab accept ships to its generator hosts, which
+    then need no TensorFlow definitions): sent byte for byte, so nothing can override them."""
+    overrides = [f"--{name.replace('_', '-')}" for name in
+                 ("model", "signature", "version", "version_label", "rest")
+                 if getattr(ns, name) not in (None, False)]
+    if overrides or ns.input_dtype:
+        raise UsageError(f"--data-serialized requests are sent as they are: drop "
+                         f"{', '.join(overrides) or '--input-dtype'} (set the model spec when "
+                         "writing the file)")
+    try:
+        bodies = tuple(tfrecord.read_records(ns.data_serialized))
+    except (OSError, tfrecord.TFRecordError) as err:
+        raise UsageError(f"--data-serialized: {err}") from err
+    if not bodies:
+        raise UsageError(f"--data-serialized {ns.data_serialized}: no request in the file")
+    return payloads.Payloads(grpc=bodies, rest=(), model=ns.name or "")
 
 
 def _schedule(ns: argparse.Namespace, prefix: str, default_start: float) -> Schedule:
@@ -247,7 +288,7 @@ def build_run(ns: argparse.Namespace, bodies: payloads.Payloads,
         rate=rate, open_loop=open_loop, total=total, duration_s=duration, warmup=ns.skip_first,
         connections=ns.connections, timeout_s=ns.timeout, connect_timeout_s=ns.connect_timeout,
         duration_stop=ns.duration_stop, procs=procs, details=ns.details,
-        max_message_bytes=ns.max_message_bytes)
+        max_message_bytes=ns.max_message_bytes, interval_histograms=ns.interval_histograms)
     mode = "closed-loop" if rate is None else ("open-loop" if open_loop else "paced-closed-loop")
     return Run(plan, procs, _echo_options(ns, plan, bodies.model), mode)
 
@@ -293,22 +334,52 @@ def _echo_options(ns: argparse.Namespace, plan: ProcPlan, model: str) -> dict[st
 
 # -- running -----------------------------------------------------------------------------------
 
+def _start_at_ns(ns: argparse.Namespace) -> int | None:
+    return None if ns.start_at is None else int(ns.start_at * 1e9)
+
+
 def execute(run: Run, ns: argparse.Namespace) -> dict[str, Any]:
     """Run the load and build the report (gates not yet applied)."""
+    import time
+
+    from tfsdeploy.loadtest.hostcpu import HostCpuMeter
     from tfsdeploy.loadtest.parallel import run_processes
 
-    merged = stats.merge_results(run_processes(run.plan, run.procs))
+    meter = HostCpuMeter()
+    meter.start_at(_start_at_ns(ns))
+    results = run_processes(run.plan, run.procs, _start_at_ns(ns))
+    host_cpu = meter.stop()
+    if ns.raw_output is not None:
+        # the monotonic clock of this machine, moved onto the wall clock shared by generators
+        offset = time.time_ns() - time.perf_counter_ns()
+        write_raw_output(ns.raw_output, results, offset_ns=offset, host_cpu=host_cpu,
+                         options=run.options)
+    merged = stats.merge_results(results)
     per_proc = math.ceil(ns.connections / run.procs)
     extra = {"targets": list(run.plan.targets), "transport": run.plan.transport,
              "loadMode": run.mode, "latencyFrom": "intended send time"
              if run.mode == "open-loop" else "actual send", "procs": run.procs,
              "connectionsPerProcess": max(per_proc, len(run.plan.targets))
              if run.plan.transport == "grpc" else None,
-             "warmupRequests": run.plan.warmup}
+             "warmupRequests": run.plan.warmup, "hostCpu": host_cpu}
     tags = json.loads(ns.tags) if ns.tags else None
     return report.ghz_report(merged, options=run.options, run=extra,
                              count_errors=ns.count_errors, name=ns.name, tags=tags,
                              details=ns.details > 0)
+
+
+RAW_KIND = "tfsdeploy.loadgen"
+
+
+def write_raw_output(path: Path, results: Sequence[stats.ProcResult], *, offset_ns: int,
+                     host_cpu: Mapping[str, Any] | None, options: Mapping[str, Any]) -> None:
+    """Every process's exact results (stats.result_to_json), written atomically."""
+    data = {"kind": RAW_KIND, "procs": [stats.result_to_json(r, clock_offset_ns=offset_ns)
+                                        for r in results],
+            "hostCpu": host_cpu, "options": dict(options)}
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(data) + "\n", encoding="utf-8")
+    part.replace(path)
 
 
 def gate_spec(ns: argparse.Namespace) -> gates.GateSpec:
@@ -393,12 +464,14 @@ def run_namespace(ns: argparse.Namespace) -> int:
 
     try:
         _targets(ns.targets)
+        if ns.sweep and ns.start_at is not None:
+            raise UsageError("--start-at starts one run; a sweep runs several: drop one")
         bodies = load_requests(ns)
         return sweep_run(ns, bodies) if ns.sweep else single_run(ns, bodies)
     except (UsageError, ScheduleError, payloads.PayloadError) as err:
         print(f"loadtest: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except (WorkerFailed, ConnectError, OSError) as err:
+    except (WorkerFailed, ConnectError, OSError) as err:  # LateStart is a WorkerFailed
         print(f"loadtest: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

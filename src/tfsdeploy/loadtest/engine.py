@@ -39,7 +39,7 @@ from tfsdeploy.loadtest.transport import (
 
 NS = 1_000_000_000
 DURATION_STOPS = ("wait", "close", "ignore")
-LATE_NS = 10_000_000  # a paced request sent 10 ms late means no worker was free
+LATE_NS = 10_000_000  # a paced request sent 10 ms late: no worker was free, or the loop lagged
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,7 @@ class ProcPlan:
     procs: int = 1
     details: int = 0
     max_message_bytes: int = 64 * 1024 * 1024
+    interval_histograms: bool = False  # also keep one OK-latency histogram per second
 
     def local_workers(self) -> list[int]:
         """Global ids of the workers this process runs (worker g lives in process g % procs)."""
@@ -91,6 +92,10 @@ class _Run:
                           if plan.total else -1)
         self.ticks = self._local_ticks() if plan.rate is not None else None
         self.late_sends = 0  # paced requests sent more than LATE_NS after their time
+        # ... of which a worker was free before the intended time: the loop itself woke late
+        # (a saturated or starved client), not a wait for a worker (a slow server)
+        self.own_late_sends = 0
+        self.max_own_lag_ns = 0
 
     def _local_ticks(self) -> Iterator[int]:
         """Intended send times (ns) of this process's share of the paced requests."""
@@ -171,14 +176,19 @@ async def _send_paced(run: _Run, worker: int, send: Sender, bodies: tuple[Any, .
         due = run.next_due()
         if due is None:
             return
-        delay = due - clock()
+        taken = clock()
+        delay = due - taken
         if delay > 0:
             await asyncio.sleep(delay / NS)
         body = bodies[i % n]
         i += 1
         sent = clock()
-        if sent - due > LATE_NS:
+        lag = sent - due
+        if lag > LATE_NS:
             run.late_sends += 1
+            if delay >= 0:  # free in time, yet sent late: this client's own lag
+                run.own_late_sends += 1
+                run.max_own_lag_ns = max(run.max_own_lag_ns, lag)
         origin = due if open_loop else sent
         try:
             await send(body)
@@ -261,7 +271,7 @@ async def _measured(plan: ProcPlan, senders: _Senders, workers: list[int],
                     start_ns: int) -> stats.ProcResult:
     """The measured window: from ``start_ns`` until the schedule, count or duration ends."""
     rec = stats.Recorder(keep_service_time=plan.rate is not None and plan.open_loop,
-                         keep_details=plan.details)
+                         keep_details=plan.details, intervals=plan.interval_histograms)
     rec.origin_ns = start_ns
     run = _Run(plan, rec, start_ns)
     loop_fn = _send_paced if plan.rate is not None else _send_closed
@@ -281,7 +291,8 @@ async def _measured(plan: ProcPlan, senders: _Senders, workers: list[int],
     cpu1 = os.times()
     return stats.finish(rec, start_ns=start_ns, end_ns=end_ns,
                         cpu_user_s=cpu1.user - cpu0.user, cpu_system_s=cpu1.system - cpu0.system,
-                        end_reason=reason, late_sends=run.late_sends)
+                        end_reason=reason, late_sends=run.late_sends,
+                        own_late_sends=run.own_late_sends, max_send_lag_ns=run.max_own_lag_ns)
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ reported latencies, open-loop behaviour and gates. It does no protobuf work per 
 is also the "fast server" of the benchmark. Optional REST ``:predict`` endpoint (HTTP/1.1).
 
 Run: ``python -m tfsdeploy.loadtest.fakeserver --port 0 --latency-ms 5`` prints
-``listening grpc=<port> rest=<port>`` on stdout once it serves. Binds 127.0.0.1 only.
+``listening grpc=<port> rest=<port>`` on stdout once it serves, and ``stopped served=<n>``
+(requests received, gRPC and REST) when SIGTERM or SIGINT stops it. Binds 127.0.0.1 only.
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ async def serve(port: int, rest_port: int | None, behaviour: Behaviour) -> None:
     if rest_server is not None:
         rest_server.close()
     await server.stop(grace=0.2)
+    # what a benchmark compares with the clients' merged count (nothing lost, nothing twice)
+    print(f"stopped served={behaviour.seen}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,11 @@ about one core). Protocol over a pipe per child: the child connects and warms up
 ``ready``; when all are ready the parent sends one common start instant (CLOCK_MONOTONIC is
 system wide, so ``perf_counter_ns`` agrees across processes); each child returns a
 ``ProcResult`` with its encoded histograms, which the parent merges exactly.
+
+Several generators on several machines (``fab accept``) start together at a wall-clock instant
+given to each one (``start_at_ns``): each machine turns it into its own monotonic clock. A
+generator not ready by then fails (``LateStart``) rather than start with a backlog of overdue
+requests, which would count its own lateness as the fleet's latency.
 """
 
 from __future__ import annotations
@@ -29,6 +34,26 @@ class WorkerFailed(RuntimeError):
     """A worker process could not run (bad target, crash)."""
 
 
+class LateStart(WorkerFailed):
+    """The generator was ready only after the common start instant it was given."""
+
+
+def start_instant(start_at_ns: int | None, default_delay_ns: int) -> int:
+    """The measured window's start on this machine's monotonic clock.
+
+    ``start_at_ns`` is a wall-clock instant (ns since the epoch) shared by every generator;
+    without it the window starts ``default_delay_ns`` from now.
+    """
+    now = time.perf_counter_ns()
+    if start_at_ns is None:
+        return now + default_delay_ns
+    start = now + (start_at_ns - time.time_ns())
+    if start < now:
+        raise LateStart(f"ready {(now - start) / 1e9:.2f} s after the common start time "
+                        "(--start-at): start the generators earlier")
+    return start
+
+
 def _child_main(conn: multiprocessing.connection.Connection, plan: ProcPlan) -> None:
     """Entry point of a worker process."""
     # Ctrl-C reaches the children through the parent (or the terminal's process group); it
@@ -51,11 +76,11 @@ def _child_main(conn: multiprocessing.connection.Connection, plan: ProcPlan) -> 
     conn.send(("result", result))
 
 
-def run_inline(plan: ProcPlan) -> stats.ProcResult:
+def run_inline(plan: ProcPlan, start_at_ns: int | None = None) -> stats.ProcResult:
     """One process: run in this one (no fork, no pickling)."""
 
     async def ready() -> int:
-        return time.perf_counter_ns() + START_DELAY_NS // 5
+        return start_instant(start_at_ns, START_DELAY_NS // 5)
 
     return asyncio.run(run_process(plan, ready))
 
@@ -83,10 +108,14 @@ def _receive(conns: Sequence[multiprocessing.connection.Connection], kind: str,
     return out
 
 
-def run_processes(plan: ProcPlan, procs: int) -> list[stats.ProcResult]:
-    """Run ``plan`` split over ``procs`` worker processes; return each one's result."""
+def run_processes(plan: ProcPlan, procs: int,
+                  start_at_ns: int | None = None) -> list[stats.ProcResult]:
+    """Run ``plan`` split over ``procs`` worker processes; return each one's result.
+
+    ``start_at_ns``: the wall-clock instant (ns since the epoch) the window starts at.
+    """
     if procs <= 1:
-        return [run_inline(replace(plan, proc_index=0, procs=1))]
+        return [run_inline(replace(plan, proc_index=0, procs=1), start_at_ns)]
     ctx = multiprocessing.get_context("spawn")  # gRPC's core does not survive fork
     pipes = [ctx.Pipe() for _ in range(procs)]
     children = [ctx.Process(target=_child_main,
@@ -98,7 +127,7 @@ def run_processes(plan: ProcPlan, procs: int) -> list[stats.ProcResult]:
         child.start()
     try:
         _receive(parents, "ready", children)
-        start_ns = time.perf_counter_ns() + START_DELAY_NS
+        start_ns = start_instant(start_at_ns, START_DELAY_NS)
         for conn in parents:
             conn.send(start_ns)
         try:

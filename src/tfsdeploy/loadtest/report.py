@@ -92,6 +92,8 @@ def _extension(merged: stats.Merged, hist: HdrHistogram, run: Mapping[str, Any])
         "perSecond": [{"second": s, "count": c, "errors": e}
                       for s, (c, e) in merged.per_second.items()],
         "lateSends": merged.late_sends,
+        "ownLateSends": merged.own_late_sends,
+        "maxSendLag": merged.max_send_lag_ns,
         "hdrHistogram": hist.encode().decode("ascii"),
     }
     if merged.service_hist is not None:

@@ -1,0 +1,180 @@
+"""``fab accept`` on the local fleet (real sshd, dockerd, HAProxy, the TFServing-compatible
+server): load from two testbed hosts (group ``loadgens``), a release in the window.
+
+Model ``acceptit``, port offset 2000 (stable gRPC 10500). Versions: 1 and 2 are half_plus_two
+1 and 2; 3 answers like half_plus_two 3 (y = 0.5 x + 4) but sleeps about 80 ms inside every
+batch (tests/accept/slowmodel.py): slow at serving time. The inventory's warmup gate is loose
+(P99 5 s) so that the deploy lets it through: the acceptance table must catch it.
+
+Tests run in file order: v1 is deployed by the fixture, the passing run releases v2, the lost
+generator run changes nothing, the slow run releases v3.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+
+from deploy_support import GOOD, assemble_source, assert_ports_free
+from testbed_support import (
+    HOSTS,
+    MODELS,
+    VENV_BIN,
+    ModelFleet,
+    Run,
+    copy_version,
+    expected_y,
+    fleet_lifetime,
+    grpc_predict,
+    inventory_text,
+    ssh,
+)
+
+from .plotcheck import expected_columns, plot_arguments, shaded_columns
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "acceptit", 2000
+SLOW_VERSION, SLOW_B, SLOW_SLEEP_MS = 3, 4.0, 40
+LOADGENS = ("tb1", "tb2")
+GROUPS = ('{"canary": Group(["tb1"]), "main": Group(["tb2", "tb3"]), '
+          '"loadgens": Group(["tb1", "tb2"])}')
+
+
+def make_slow_version(source: Path, golden: Path, tmp: Path) -> None:
+    """Version 3: the slow model, with half_plus_two 3's warmup records and golden outputs."""
+    built = tmp / "slow-build"
+    subprocess.run([str(VENV_BIN / "python"), str(Path(__file__).with_name("slowmodel.py")),
+                    str(built), str(SLOW_B), str(SLOW_SLEEP_MS),
+                    str(MODELS / "half_plus_two" / "3")], check=True, timeout=300,
+                   capture_output=True)
+    copy_version(built, source, SLOW_VERSION)
+    data = json.loads(golden.read_text())
+    catalog = json.loads((MODELS / "half_plus_two" / "catalog.json").read_text())
+    data["version_details"][str(SLOW_VERSION)] = {
+        "golden": catalog["version_details"]["3"]["golden"], "from": "slowmodel b=4"}
+    golden.write_text(json.dumps(data, indent=1))
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelFleet]:
+    def make() -> ModelFleet:
+        assert_ports_free(OFFSET)
+        tmp = tmp_path_factory.mktemp(MODEL)
+        source, golden = assemble_source(tmp, {1: GOOD[1], 2: GOOD[2]})
+        make_slow_version(source, golden, tmp)
+        inventory = tmp / "inventory.py"
+        inventory.write_text(inventory_text(
+            title="the acceptance-run tests", model=MODEL, source=source, golden=golden,
+            offset=OFFSET, groups=GROUPS,
+            warmup="Warmup(samples=10, p99_ms=5000.0, timeout_s=60)",
+            rollout="Rollout(serial=(1, '100%'), min_healthy_s=1.0, load_timeout_s=120.0, "
+                    "drain_timeout_s=30)"))
+        fleet = ModelFleet(model=MODEL, offset=OFFSET, tmp=tmp, source=source,
+                           inventory=inventory)
+        fleet.deploy(1)
+        return fleet
+
+    yield from fleet_lifetime(MODEL, make, keep_env="TFSDEPLOY_ACCEPT_TESTS_KEEP")
+
+
+def accept_json(out: Path) -> dict[str, Any]:
+    return json.loads((out / "accept.json").read_text())  # type: ignore[no-any-return]
+
+
+def run_dirs_left(run_id: str) -> dict[str, str]:
+    """What each generator host still has of the run (nothing, after a run)."""
+    left = {}
+    for host in LOADGENS:
+        found = ssh(host, f"ls -d /srv/tfsdeploy/loadgen/runs/{run_id} 2>/dev/null; true"
+                    ).stdout.strip()
+        if found:
+            left[host] = found
+    return left
+
+
+def run_id_of(run: Run) -> str:
+    found = re.search(r"accept: run (\S+);", run.out)
+    assert found, run.describe()
+    return found.group(1)
+
+
+def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) -> None:
+    out = fleet.tmp / "pass"
+    run = fleet.fab("accept", "--target-qps", "300", "--duration", "60s", "--release", "2",
+                    "--loadgens", "loadgens", "--out", str(out), timeout=600)
+    data = accept_json(out)
+    accept = data["tfsdeploy"]["accept"]
+    assert run.code == 0, run.describe()
+    assert [(r["row"], r["passed"]) for r in accept["rows"]] == [
+        ("throughput", True), ("p99 every 1 s", True), ("error rate", True),
+        ("p99 during release v2", True)]
+    # every request of every generator counted once in the merge
+    gens = {g["name"]: g for g in accept["generators"]}
+    assert set(gens) == set(LOADGENS) and all(g["status"] == "ok" for g in gens.values())
+    assert all(g["count"] == 9000 for g in gens.values()), gens  # 150 QPS x 60 s each
+    assert data["count"] == accept["merge"]["count"] == sum(g["count"] for g in gens.values())
+    assert sum(r["count"] for r in accept["series"]) == data["count"]
+    # the release ran inside the window, and the plot shows it there
+    release = accept["release"]
+    assert release["exitCode"] == 0 and 14 <= release["startS"] < release["endS"] <= 60
+    png = out / "accept.png"
+    found = shaded_columns(png)
+    want = expected_columns(accept["series"], **plot_arguments(data))
+    assert found is not None and found == pytest.approx(want, abs=2), (found, want)
+    # the release happened (v2 answers), and the generators left nothing behind
+    for address in HOSTS.values():
+        assert grpc_predict(address, fleet.grpc_port, MODEL, [2.0]) == [expected_y(2)]
+    assert run_dirs_left(run_id_of(run)) == {}
+    assert all("environment" in line for line in run.out.splitlines()
+               if re.match(r"accept: tb\d: ready", line))
+
+
+def test_a_generator_lost_mid_run_fails_the_run_and_keeps_the_rest(fleet: ModelFleet) -> None:
+    out = fleet.tmp / "lost"
+    watched = fleet.background("accept", "--target-qps", "100", "--duration", "20s",
+                               "--loadgens", "loadgens", "--start-margin", "8s",
+                               "--out", str(out))
+    run_id = re.search(r"run (\S+);", watched.wait_for(r"accept: run \S+;")).group(1)  # type: ignore[union-attr]
+    watched.wait_for(r"accept: load from", timeout=300)
+    time.sleep(8 + 8)  # the margin, then 8 s into the window
+    ssh("tb2", f"kill -9 $(cat /srv/tfsdeploy/loadgen/runs/{run_id}/pid)")
+    run = watched.finish(timeout=300)
+    data = accept_json(out)
+    accept = data["tfsdeploy"]["accept"]
+    assert run.code == 5, run.describe()
+    gens = {g["name"]: g for g in accept["generators"]}
+    assert gens["tb2"]["status"] == "lost" and "process gone" in gens["tb2"]["error"]
+    assert 5 <= gens["tb2"]["endedS"] <= 14
+    assert gens["tb1"]["status"] == "ok" and gens["tb1"]["count"] == 1000  # kept
+    assert data["count"] == 1000 and accept["merge"]["equal"]
+    assert any("tb2 was lost mid-run" in w for w in accept["warnings"])
+    assert "inconclusive" in accept["verdict"]
+    assert run_dirs_left(run_id) == {}
+
+
+def test_a_release_that_breaks_the_slo_fails_the_release_row(fleet: ModelFleet) -> None:
+    out = fleet.tmp / "slow"
+    run = fleet.fab("accept", "--target-qps", "300", "--duration", "40s", "--release",
+                    str(SLOW_VERSION), "--release-at", "5s", "--loadgens", "loadgens",
+                    "--start-margin", "8s", "--out", str(out), timeout=600)
+    accept = accept_json(out)["tfsdeploy"]["accept"]
+    release_row = accept["rows"][3]
+    assert release_row["row"] == f"p99 during release v{SLOW_VERSION}"
+    assert accept["release"]["exitCode"] == 0, run.describe()  # the deploy let it through
+    assert not release_row["passed"] and release_row["figure"] > 50, run.describe()
+    # 2: the fleet failed; 5 only when a generator also fell behind its schedule
+    assert run.code in (2, 5), run.describe()
+    if run.code == 5:
+        assert any("could not hold its share" in w for w in accept["warnings"]), run.describe()
+
