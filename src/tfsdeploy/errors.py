@@ -14,6 +14,8 @@ class ExitCode(IntEnum):
     ROLLED_BACK = 2  # failed; every host back on its previous release
     INCONSISTENT = 3  # failed and the fleet is NOT consistent: a person must look
     LOCKED = 4  # another deploy holds the lock
+    INCONCLUSIVE = 5  # fab accept: a load generator was lost or lagged too much to judge
+    PAUSED = 6  # a canary holds part of the traffic, waiting for fab promote or fab abort
 
 
 @dataclass(frozen=True)
