@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import stat
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from deploy_support import GOOD, Fleet, fleet_fixture
 from rollback_support import json_from
-from testbed_support import HOSTS, ssh
+from testbed_support import HOSTS, REPO, Run, fab_env, ssh
 
 pytestmark = pytest.mark.testbed
 
@@ -106,12 +107,23 @@ def test_logs_and_exec_across_the_hosts(fleet: Fleet) -> None:
     stamps = [line.split()[0] for line in logs.stdout.splitlines() if line.strip()]
     assert stamps == sorted(stamps) and len(stamps) >= 3
     assert {line.split()[1] for line in logs.stdout.splitlines() if line.strip()} == set(HOSTS)
-    run = fleet.fab("exec", "--", "sh", "-c", "id -u; echo $HOSTNAME")
+    run = fab_exec(fleet, "sh", "-c", "id -u; echo $HOSTNAME")
     assert run.code == 0, run.describe()
     assert "exit codes: tb1 0, tb2 0, tb3 0" in run.stdout
     assert run.stdout.count("65534") == 3, "the servers run as an unprivileged user"
-    failed = fleet.fab("exec", "--", "false")
+    failed = fab_exec(fleet, "false")
     assert failed.code == 3 and "tb1 1" in failed.stdout, failed.describe()
+
+
+def fab_exec(fleet: Fleet, *command: str) -> Run:
+    """``fab exec --model M --inventory I -- COMMAND ...`` (the command after ``--``, last)."""
+    argv = [*fleet.argv("exec"), "--", *command]
+    started = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=fab_env())
+    run = Run(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+    fleet.log.append(run.describe())
+    return run
 
 
 def test_prune_frees_old_versions_and_keeps_rollback_working(fleet: Fleet) -> None:
