@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Annotated, ClassVar, Literal, get_args
 
-from pydantic import ConfigDict, Field, Strict
+from pydantic import ConfigDict, Field, SkipValidation, Strict
 
+from tfsdeploy.canary_policy import CanaryPolicy
 from tfsdeploy.errors import Problem
 from tfsdeploy.schema import (
     INT32_MAX,
@@ -159,6 +160,9 @@ class Rollout:
     # a host's instances out of rotation at once; instances roll one after the other, so the
     # host keeps at least (instances - 1) serving (with "recreate", the one rolling is out)
     max_unavailable: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
+    # weighted steps on the first batch, judged new slot against old on live traffic
+    # (canary.CanaryPolicy, checked by canary.validate_canary; None: no canary steps)
+    canary: Annotated[CanaryPolicy | None, SkipValidation] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "serial", _tuple(self.serial))
@@ -243,6 +247,17 @@ def model_field(raw: object, index: int) -> str:
 
 def model_rules(model: Model, file: str) -> list[Problem]:
     """Rules between the fields of one valid model."""
+    from tfsdeploy.canary_policy import validate_canary
+
+    canary = model.rollout.canary
+    if canary is not None and not isinstance(canary, CanaryPolicy):
+        return [Problem(f"rollout.canary {canary!r} is not a CanaryPolicy",
+                        fix="write canary=CanaryPolicy(weights=(5, 25, 50), ...)", file=file,
+                        field=f"models.{model.name}.rollout.canary")]
+    if canary is not None:
+        found = validate_canary(canary, field=f"models.{model.name}.rollout.canary", file=file)
+        if found:
+            return found
     where = f"models.{model.name}"
     problems = []
     sizes = model.batching.allowed_batch_sizes

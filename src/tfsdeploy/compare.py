@@ -39,135 +39,29 @@ import json
 import math
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, Literal, TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from tfsdeploy import tfsapi
+from tfsdeploy.canary_policy import (  # noqa: F401 (the names this module had)
+    KINDS,
+    ComparisonPolicy,
+    Kind,
+    OutputRule,
+    Verdict,
+    _is_int,
+    _is_number,
+    validate_comparison,
+)
 from tfsdeploy.errors import ConfigError, Problem
 from tfsdeploy.golden import GoldenExample, tensor_from_spec
 from tfsdeploy.loadtest.payloads import PayloadError, requests_from_warmup, warmup_file
 
-Kind = Literal["regressor", "classifier", "exact"]
-KINDS: tuple[str, ...] = ("regressor", "classifier", "exact")
 JSON_LINES_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json"})
 Outputs: TypeAlias = Mapping[str, np.ndarray]
-
-
-class Verdict(StrEnum):
-    """The outcome of a judgement (a canary step, a comparison)."""
-
-    PASS = "pass"
-    FAIL = "fail"
-    INCONCLUSIVE = "inconclusive"
-
-
-@dataclass(frozen=True)
-class OutputRule:
-    """How one output is compared (see the module's docstring)."""
-
-    kind: Kind
-    atol: float = 1e-6
-    rtol: float = 1e-6
-    max_mismatch_fraction: float = 0.0  # regressor, exact
-    max_agreement_drop: float = 0.0  # classifier: fraction of rows, 0.01 = 1 point
-
-
-@dataclass(frozen=True)
-class ComparisonPolicy:
-    """Whether and how a canary's answers are compared with the old release's.
-
-    The default tolerances are golden.py's: the new release must answer as the old one did
-    (a new image, new batching or thread flags, a re-exported model). A retrained model is
-    expected to answer differently: name its outputs in ``outputs`` with the tolerances that
-    separate an acceptable change from a broken one.
-    """
-
-    enabled: bool = True
-    samples: int = 200  # requests sent, golden ones first, then a sample of the corpus
-    corpus: str | None = None  # TFRecord of PredictionLog, or JSON lines
-    outputs: Mapping[str, OutputRule] = field(default_factory=dict)
-    worst: int = 5  # worst examples reported per output
-    seed: int = 0  # the corpus sample is the same on every host and every run
-
-    def __post_init__(self) -> None:
-        # read-only, as the catalog's other mappings (validation reports a non-mapping)
-        if isinstance(self.outputs, Mapping):
-            object.__setattr__(self, "outputs", MappingProxyType(dict(self.outputs)))
-
-    def rule(self, name: str, old: Sequence[np.ndarray]) -> OutputRule:
-        """The output's rule: named in the policy, or inferred from the old answers."""
-        return self.outputs.get(name) or OutputRule(kind=infer_kind(old))
-
-
-def validate_comparison(policy: ComparisonPolicy, *, field: str = "rollout.canary.comparison",
-                        file: str | None = None) -> list[Problem]:
-    """Every bad value of ``policy``, located under ``field``, each with its fix."""
-    problems: list[Problem] = []
-
-    def add(message: str, fix: str, name: str) -> None:
-        problems.append(Problem(message, fix, file=file, field=f"{field}.{name}"))
-
-    if not isinstance(policy.enabled, bool):
-        add(f"enabled {policy.enabled!r} is not True or False", "write enabled=True",
-            "enabled")
-    if not _is_int(policy.samples) or policy.samples < 1:
-        add(f"samples {policy.samples!r} is not a positive integer",
-            "send a bounded sample, e.g. samples=200", "samples")
-    if policy.corpus is not None and (not isinstance(policy.corpus, str)
-                                      or not policy.corpus.strip()):
-        add(f"corpus {policy.corpus!r} is not a file path",
-            "name a TFRecord of PredictionLog or a JSON-lines file, or leave it None",
-            "corpus")
-    if not _is_int(policy.worst) or policy.worst < 0:
-        add(f"worst {policy.worst!r} is not an integer >= 0",
-            "report e.g. worst=5 examples per output", "worst")
-    if not _is_int(policy.seed):
-        add(f"seed {policy.seed!r} is not an integer", "write e.g. seed=0", "seed")
-    if not isinstance(policy.outputs, Mapping):
-        add(f"outputs {policy.outputs!r} is not a mapping of output name to OutputRule",
-            "write outputs={'probabilities': OutputRule(kind='classifier')}", "outputs")
-        return problems
-    for name, rule in policy.outputs.items():
-        problems += _rule_problems(rule, field=f"{field}.outputs.{name}", file=file)
-    return problems
-
-
-def _rule_problems(rule: object, *, field: str, file: str | None) -> list[Problem]:
-    if not isinstance(rule, OutputRule):
-        return [Problem(f"{rule!r} is not an OutputRule", "write OutputRule(kind='regressor', "
-                        "atol=..., rtol=...)", file=file, field=field)]
-    problems = []
-    if rule.kind not in KINDS:
-        problems.append(Problem(f"kind {rule.kind!r} is not one of {', '.join(KINDS)}",
-                                "name how the output is compared", file=file,
-                                field=f"{field}.kind"))
-    for name in ("atol", "rtol"):
-        value = getattr(rule, name)
-        if not _is_number(value) or value < 0:
-            problems.append(Problem(f"{name} {value!r} is not a number >= 0",
-                                    f"write e.g. {name}=1e-6", file=file,
-                                    field=f"{field}.{name}"))
-    for name in ("max_mismatch_fraction", "max_agreement_drop"):
-        value = getattr(rule, name)
-        if not _is_number(value) or not 0 <= value <= 1:
-            problems.append(Problem(f"{name} {value!r} is not a fraction in [0, 1]",
-                                    f"write it as a fraction: {name}=0.01 is 1%", file=file,
-                                    field=f"{field}.{name}"))
-    return problems
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
 
 
 # -- the request corpus -----------------------------------------------------------------------
