@@ -74,13 +74,19 @@ def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
     "check": "show every host's plan: the steps and the changes a deploy would make; "
              "touch nothing",
     "diff": "with --check: also diff every file against what is live",
+    "canary_weights": "weighted steps on the first batch, percent of requests to the new "
+                      "release, e.g. 5,25,50 (default: the model's Rollout(canary=...))",
+    "step_s": "seconds each canary step is held and judged (default: the policy's, 60)",
+    "pause": "after the last canary step, stop holding the canary (exit 6): fab promote or "
+             "fab abort finish it",
     **RUNBOOK,
     **UNATTENDED,
 })
 def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
            limit: str | None = None, version: str | None = None, playbook: str | None = None,
            lock_wait: float = 0.0, check: bool = False, diff: bool = False,
-           hooks: str | None = None, notify: list[str] | None = None,
+           canary_weights: str | None = None, step_s: float | None = None,
+           pause: bool = False, hooks: str | None = None, notify: list[str] | None = None,
            json: bool = False, log_file: str | None = None, json_file: str | None = None,
            metrics_file: str | None = None) -> None:
     """Roll a model release host by host in a dual-version window, gated on health."""
@@ -102,6 +108,29 @@ def rollback(c: Any, model: str, inventory: str | None = None, hosts: str | None
              json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Return hosts to a retained release: a gated switch back within the window."""
     _main("rollback", locals())
+
+
+CANARY = {**SELECT,
+          "lock_wait": "seconds to wait for another run's lock before exiting 4 (default 0)",
+          **RUNBOOK, **UNATTENDED}
+
+
+@task(iterable=["notify"], help=CANARY)
+def promote(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+            limit: str | None = None, lock_wait: float = 0.0, hooks: str | None = None,
+            notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
+            json_file: str | None = None, metrics_file: str | None = None) -> None:
+    """Finish a paused canary: its hosts switch fully, the other hosts roll in their batches."""
+    _main("promote", locals())
+
+
+@task(iterable=["notify"], help=CANARY)
+def abort(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+          limit: str | None = None, lock_wait: float = 0.0, hooks: str | None = None,
+          notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
+          json_file: str | None = None, metrics_file: str | None = None) -> None:
+    """Return a paused canary's hosts to their old release at 100% and free the lock."""
+    _main("abort", locals())
 
 
 @task(help={**SELECT, "json": "print JSON instead of a table"})
@@ -251,4 +280,4 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: float |
 
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
-                lock, logs, exec_, prune, accept)
+                lock, logs, exec_, prune, accept, promote, abort)

@@ -289,14 +289,21 @@ def roll_batches(roll: Roll, phase: Phase, jobs: list[HostJob]) -> bool:
     """Roll batch by batch; on a stop, rescue and apply the policy. True to go on."""
     rolled: list[HostJob] = []
     batches = plan_batches(jobs, roll.serial)
+    roll.context.canary_hosts = frozenset(j.name for j in batches[0]) if batches else frozenset()
     for number, batch in enumerate(batches, start=1):
         roll.reporter.note(f"batch {number}/{len(batches)}: "
                            + ", ".join(j.name for j in batch))
         roll.event("batch_started", batch=number, batches=len(batches),
                    hosts=[j.name for j in batch])
         errors = run_parallel(roll, phase, batch, phase.tasks)
+        paused = [j for j in batch if is_pause(errors.get(j.name))]
+        for job in paused:
+            roll.outcome(job).status = "paused"
+            rolled.append(job)
         for job in batch:
             error = errors.get(job.name)
+            if is_pause(error):
+                continue
             if error is None:
                 rolled.append(job)
                 roll.outcome(job).status = "rolled"
@@ -313,7 +320,32 @@ def roll_batches(roll: Roll, phase: Phase, jobs: list[HostJob]) -> bool:
         if stop:
             stop_roll(roll, phase, rolled, batches[number:])
             return False
+        if paused:
+            pause_roll(roll, paused, batches[number:])
+            return False
     return True
+
+
+def is_pause(error: BaseException | None) -> bool:
+    """Whether a host's roll ended holding a paused canary (not a failure)."""
+    from tfsdeploy.operations.canary import CanaryPaused
+
+    return isinstance(error, CanaryPaused)
+
+
+def pause_roll(roll: Roll, paused: list[HostJob], untouched: list[list[HostJob]]) -> None:
+    """The canary holds at its last weight: the run ends, the lock stays with the paused
+    release, the hosts not reached wait for ``fab promote``."""
+    for batch in untouched:
+        for job in batch:
+            roll.outcome(job).status = "waiting"
+    policy = roll.context.canary
+    weight = policy.weights[-1] if policy else 0
+    roll.event("paused", hosts=[j.name for j in paused], weight=weight)
+    finish(roll, ExitCode.PAUSED,
+           f"canary paused at {weight}% on {', '.join(j.name for j in paused)}: "
+           f"`fab promote --model {roll.context.model.name}` finishes the roll, "
+           f"`fab abort --model {roll.context.model.name}` returns them to the old release")
 
 
 def stop_roll(roll: Roll, phase: Phase, rolled: list[HostJob],
@@ -423,6 +455,7 @@ class RunPlan:
     lock_wait: float = 0.0
     version: int | None = None  # known before the run (a deploy); a rollback's is chosen later
     release: str = ""
+    take_over: bool = False  # promote/abort: take the lock a paused canary holds
 
 
 def gather_facts(target: Target, conns: dict[str, Connection], images: Sequence[str],
@@ -458,9 +491,9 @@ def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
         with interrupts_cancel(cancel, reporter):
             record = lock.new_lock_record(f"{plan.verb} {target.model.name}")
             try:
-                taken = lock.acquire_majority(sites, record, wait_s=plan.lock_wait,
-                                              clock=clock, model=target.model.name,
-                                              on_stale=reporter.note)
+                taken = (lock.take_over_paused(sites, record) if plan.take_over else []) or \
+                    lock.acquire_majority(sites, record, wait_s=plan.lock_wait, clock=clock,
+                                          model=target.model.name, on_stale=reporter.note)
             except lock.LockQuorumLost as error:
                 if plan.verb == "rollback":  # a fleet that must be restored cannot be
                     error.exit_code = ExitCode.INCONSISTENT
@@ -468,6 +501,7 @@ def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
             except Interrupted:
                 raise TfsDeployError("interrupted while waiting for the lock; nothing was "
                                      "changed") from None
+            outcome: RunResult | None = None
             try:
                 facts = gather_facts(target, conns, plan.images, plan.playbook.forks)
                 context, jobs = plan.planner(facts)
@@ -479,9 +513,14 @@ def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
                      release=context.release_id)
                 for job in jobs:
                     _facts_step(job, reporter)
-                result = run_roll(plan, context, jobs, reporter, cancel)
+                outcome = run_roll(plan, context, jobs, reporter, cancel)
             finally:
-                unreleased = lock.release_sites(taken, record)
+                if outcome is not None and context is not None and \
+                        outcome.exit_code == ExitCode.PAUSED:  # the paused release keeps it
+                    unreleased = lock.hand_to_paused(taken, record, context.release_id)
+                else:
+                    unreleased = lock.release_sites(taken, record)
+            result = outcome
             if unreleased:
                 result.exit_code = max(result.exit_code, ExitCode.INCONSISTENT)
                 result.message += (f"; the lock could not be released on "

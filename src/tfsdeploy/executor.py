@@ -156,7 +156,8 @@ def run_step(job: HostJob, step: str, operation: Operation, params: dict[str, An
                 if result:
                     seen.append(result)
     except BaseException as error:
-        failure = str(error) or type(error).__name__
+        if not getattr(error, "benign", False):
+            failure = str(error) or type(error).__name__
         raise
     finally:
         if not check:

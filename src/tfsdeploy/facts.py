@@ -107,6 +107,14 @@ class HostFacts:
         """The model's proxy container."""
         return next((c for c in self.containers if c.role == "proxy"), None)
 
+    def taking_requests(self, instance: int = 0) -> list[ContainerFact]:
+        """The running containers of ``instance`` whose slots take requests: one, or two
+        while a canary shares the traffic between them (as the proxy says)."""
+        ready = {s.slot for s in self.proxy.servers
+                 if s.backend == "grpc" and s.instance == instance and s.takes_new_requests}
+        return [c for c in self.servers
+                if c.instance == instance and c.running and c.slot in ready]
+
     def serving(self, instance: int = 0) -> ContainerFact | None:
         """The container that takes ``instance``'s traffic: the proxy's serving slot, or, when
         the proxy does not answer, the running container of the recorded ``current``."""

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfsdeploy.canary_policy import CanaryPolicy
 from tfsdeploy.catalog import Model
 from tfsdeploy.commands.containers import GpuRequest, parse_gpus
 from tfsdeploy.dockerapi import ContainerFact
@@ -54,6 +55,8 @@ class RunContext:
     client_factory: ClientFactory | None = None  # tests pass a fake TFServing client
     check: bool = False  # --check: plan only
     reason: str = ""  # "guard": a rollback the SLO guard started
+    canary: CanaryPolicy | None = None  # weighted steps on the first batch (None: none)
+    canary_hosts: frozenset[str] = frozenset()  # the first batch, set when the roll starts
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -77,6 +80,7 @@ class InstanceJob:
     switched: bool = False  # traffic moved to the new slot (restore moves it back)
     took_traffic: bool = False  # the new release served (restore makes it "reverted")
     out_of_rotation: bool = False  # "recreate": its old release was taken out of rotation
+    weighted: bool = False  # canary: its slots' weights were changed (a switch resets them)
 
     @property
     def touched(self) -> bool:
@@ -116,6 +120,8 @@ class HostJob:
     gates: list[GateRecord] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     previous_record: ReleaseRecord | None = None
+    canary_steps: list[dict[str, Any]] = field(default_factory=list)  # StepResult.as_dict()
+    canary_comparison: dict[str, Any] | None = None
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")
@@ -124,6 +130,7 @@ class HostJob:
     resumed = _delegated("resumed")
     switched = _delegated("switched")
     took_traffic = _delegated("took_traffic")
+    weighted = _delegated("weighted")
 
     def __post_init__(self) -> None:
         if not self.instances:
@@ -218,7 +225,15 @@ class HostJob:
                 for i in self.instances),
             previous=previous, deployed_by=self.run.who,
             updated_at=now_iso(), gates=tuple(self.gates), steps=tuple(self.steps),
-            restored_by=self.run.reason if self.run.rollback else "")
+            restored_by=self.run.reason if self.run.rollback else "",
+            canary=self.canary_summary())
+
+    def canary_summary(self) -> dict[str, Any] | None:
+        """The canary's steps and comparison on this host (None: it ran none here)."""
+        if not self.canary_steps and self.canary_comparison is None:
+            return None
+        return {"state": "done", "steps": self.canary_steps,
+                "comparison": self.canary_comparison}
 
 
 Planner = Callable[[dict[str, HostFacts | HostUnreachable]], tuple[RunContext, list[HostJob]]]

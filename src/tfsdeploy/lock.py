@@ -86,11 +86,47 @@ def new_lock_record(command: str) -> LockRecord:
                       pid_namespace=_pid_namespace(), pid_start=process_start(pid))
 
 
+def hand_to_paused(sites: list[LockSite], record: LockRecord, release: str) -> list[str]:
+    """Keep the lock for a paused canary: each host's record names the paused release (never
+    stale, whatever becomes of this process); returns the hosts where that failed."""
+    paused = record.model_copy(update={"paused": release})
+    return [site.host for site in sites if not replace(site, record.token, paused)]
+
+
+def take_over_paused(sites: list[LockSite], record: LockRecord) -> list[LockSite]:
+    """A promote or abort takes the lock a paused canary holds, where it still holds it;
+    returns the sites taken when they are a strict majority (else gives them back: none)."""
+    held: dict[str, LockRecord] = {}
+    for site in sites:
+        try:
+            found, _ = read(site)
+        except HostUnreachable:
+            continue
+        if found is not None and found.paused:
+            held[site.host] = found
+    taken = [site for site in sites if site.host in held
+             and replace(site, held[site.host].token, record)]
+    if len(taken) * 2 > len(sites):
+        return taken
+    for site in taken:  # not a majority: give the paused canary its lock back
+        replace(site, record.token, held[site.host])
+    return []
+
+
+def replace(site: LockSite, token: str, record: LockRecord) -> bool:
+    """Replace the host's lock record while it still holds ``token``."""
+    try:
+        return site.conn.run(lock_commands.replace_if_token(
+            site.paths, token, record.model_dump_json())).ok
+    except HostUnreachable:
+        return False
+
+
 def is_stale(record: LockRecord) -> bool:
     """Whether the process that took the lock is provably gone: the same kernel boot and pid
     namespace as this process (so its pid means the same process here), and that pid no
     longer runs, or runs a process that started after the lock was taken."""
-    if not record.boot_id or record.boot_id != _boot_id():
+    if record.paused or not record.boot_id or record.boot_id != _boot_id():
         return False
     if not record.pid_namespace or record.pid_namespace != _pid_namespace():
         return False

@@ -6,6 +6,7 @@ record that host keeps of it."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tfsdeploy.errors import ConfigError, ExitCode, HostUnreachable, Problem, TfsDeployError
 from tfsdeploy.facts import HostFacts
@@ -199,3 +200,74 @@ def rollback_planner(target: Target, to: str | None, *, clock: Clock,
 
 __all__ = ["NothingReachable", "Playbook", "choose_rollback", "deploy_context", "deploy_planner",
            "render_release", "rollback_planner"]
+
+
+class NothingToDo(TfsDeployError):
+    """The command's work is already done (a promote of a promoted canary): exit 0."""
+
+    exit_code = ExitCode.OK
+
+
+def paused_canary(facts: dict[str, HostFacts]) -> tuple[ReleaseRecord | None, Any]:
+    """The release a canary left on the hosts (the newest with a canary state other than
+    done) and the fleet's canary state (``canary.fleet_state``)."""
+    from tfsdeploy.canary import CanaryState, fleet_state
+
+    found: dict[str, ReleaseRecord] = {}
+    for host_facts in facts.values():
+        for record in host_facts.releases:
+            state = (record.canary or {}).get("state")
+            if state and state != "done":
+                found.setdefault(record.id, record)
+    if not found:
+        return None, None
+    release = found[max(found)]
+    states: list[CanaryState | None] = []
+    for host_facts in facts.values():
+        held = host_facts.record(release.id)
+        raw = str((held.canary or {}).get("state")) if held else ""
+        states.append(CanaryState(raw) if raw in {s.value for s in CanaryState} else None)
+    return release, fleet_state(states)
+
+
+def canary_planner(verb: str, target: Target, *, clock: Clock,
+                   client_factory: ClientFactory | None, conns: dict[str, Connection]
+                   ) -> Planner:
+    """The planner of ``fab promote`` (the paused release rolled on, from where it paused)
+    and ``fab abort`` (its hosts back on the old release)."""
+    from tfsdeploy.canary import PlanAction, plan_abort, plan_promote
+
+    def plan(facts: Facts) -> tuple[RunContext, list[HostJob]]:
+        reachable = {h: f for h, f in facts.items() if isinstance(f, HostFacts)}
+        if not reachable:
+            raise NothingReachable(f"every host of {target.model.name} is unreachable: "
+                                   f"nothing was {verb}d; a person must look")
+        record, state = paused_canary(reachable)
+        decided = (plan_promote if verb == "promote" else plan_abort)(
+            state, model=target.model.name)
+        if decided.action is PlanAction.REFUSE:
+            raise ConfigError(decided.problem())
+        if decided.action is PlanAction.NOTHING or record is None:
+            raise NothingToDo(decided.message)
+        context = deploy_context(target, record.version, clock=clock,
+                                 client_factory=client_factory)
+        context.verb = "deploy" if verb == "promote" else "abort"
+        context.release_id = record.id
+        renders = render_release(target, record.version)
+        jobs = []
+        for render in renders:
+            job = job_for(context, render, conns, facts, render.host.vars.image)
+            live = job.facts.record(record.id) if job.unreachable is None else None
+            if live is not None and live.files != job.file_hashes() and verb == "promote":
+                raise ConfigError(Problem(
+                    f"the inventory now renders other files for {render.host.name} than the "
+                    f"paused release {record.id} has", fix="restore the inventory as it was "
+                    f"when the canary paused, or `fab abort --model {target.model.name}` and "
+                    "deploy again", host=render.host.name, file=target.inventory.path))
+            if live is not None and live.canary:
+                job.canary_steps = list(live.canary.get("steps") or [])
+                job.canary_comparison = live.canary.get("comparison")
+            jobs.append(job)
+        return context, jobs
+
+    return plan

@@ -27,6 +27,7 @@ from tfsdeploy.render import _environment, templates_dir
 
 BACKENDS = ("grpc", "rest")
 MAX_WEIGHT = 256
+FULL_WEIGHT = 100  # every server's weight in the config: a canary step of w % sets w / 100-w
 
 
 def render_proxy_config(host: ResolvedHost, model: Model, ports: Ports,

@@ -179,9 +179,13 @@ class LockRecord(_Record):
     boot_id: str = ""
     pid_namespace: str = ""
     pid_start: int = 0
+    paused: str = ""  # a paused canary's release holds the lock (fab promote / abort take it)
 
     def describe(self) -> str:
         """One line for people."""
+        if self.paused:
+            return (f"the paused canary of release {self.paused} ({self.command} by "
+                    f"{self.who}@{self.machine} since {self.started}): fab promote or fab abort")
         return (f"{self.command} by {self.who}@{self.machine} (pid {self.pid}) since "
                 f"{self.started}")
 

@@ -25,6 +25,9 @@ SLOW_WARMUP_RECORDS = 1000  # TFServing's limit: one more and the version fails 
 SLOW_MATRIX = 512  # heavy signature: HEAVY_STEPS chained [512,512] matmuls per request
 SLOW_STEPS = 30  # tuned for ~20-40 s of warmup on a 2-core machine (see docs/models.md)
 TOO_LARGE_MIB = 20000  # declared simulated-GPU footprint of version 15 (a T4 has 16384)
+CANARY_B = 3.0  # versions 16 and 17 answer as good version 2 does (where they are right)
+SLOWER_MS = 40  # version 16: this much slower per request than version 2, same answers
+DIFFERENT_ABOVE = 100.0  # version 17: wrong (by +1) for inputs above this, right below
 
 _SOURCES = (Path(__file__), Path(savedmodel.__file__), Path(__file__).with_name("spec.py"))
 _GOLDEN_X = [[1.0], [2.0], [5.0]]
@@ -298,6 +301,60 @@ def _build_too_large(version: int) -> VersionSpec:
     )
 
 
+def save_canary_variant(path: Path, *, sleep_ms: int = 0, wrong_above: float | None = None
+                        ) -> None:
+    """A version answering as good version 2 does (y = 0.5*x + 3) but slower by ``sleep_ms``
+    per request (an in-graph tf.data sleep: no CPU cost), or off by one for inputs above
+    ``wrong_above``: each is right on the golden requests (small inputs)."""
+    import tensorflow as tf
+    from tensorflow.python.data.experimental.ops import testing
+
+    module = tf.Module()
+    module.a = tf.Variable(0.5, name="a")
+    module.b = tf.Variable(CANARY_B, name="b")
+    spec = [tf.TensorSpec([None, 1], tf.float32, name="x")]
+
+    def serve(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        y = module.a * x + module.b
+        if wrong_above is not None:
+            y = y + tf.cast(x > wrong_above, tf.float32)
+        if sleep_ms:
+            y = tf.data.Dataset.from_tensors(y).apply(
+                testing.sleep(sleep_ms * 1000)).get_single_element()
+        return {"y": y}
+
+    def times_two(x: tf.Tensor) -> dict[str, tf.Tensor]:
+        return {"y": 2.0 * x}
+
+    tf.saved_model.save(module, str(path), signatures={
+        "serving_default": tf.function(serve, input_signature=spec),
+        "times_two": tf.function(times_two, input_signature=spec)})
+
+
+def _build_canary_variant(version: int, *, sleep_ms: int = 0,
+                          wrong_above: float | None = None) -> VersionSpec:
+    """Versions 16 (slower) and 17 (different on large inputs): for the canary's analysis and
+    prediction comparison against good version 2."""
+
+    def build(path: Path) -> dict[str, Any]:
+        save_canary_variant(path, sleep_ms=sleep_ms, wrong_above=wrong_above)
+        savedmodel.write_warmup(path, _warmup_records(BAD, "serving_default", WARMUP_RECORDS))
+        return {"warmup_records": WARMUP_RECORDS}
+
+    what = (f"slower by {sleep_ms} ms per request" if sleep_ms else
+            f"off by +1 for x > {wrong_above:g}")
+    return VersionSpec(
+        model=BAD,
+        version=version,
+        summary=f"canary test: answers as version 2 (y = 0.5*x + 3), {what}",
+        recipe={"kind": "canary", "b": CANARY_B, "sleep_ms": sleep_ms,
+                "wrong_above": wrong_above, "warmup": WARMUP_RECORDS},
+        build=build,
+        source_files=_SOURCES,
+        examples=_examples(),
+    )
+
+
 def _build_tf1(version: int) -> VersionSpec:
     """``half_plus_two_tf1`` version 1: a legacy TF1-builder model, y = 0.5*x + 2."""
 
@@ -326,5 +383,7 @@ def specs() -> list[VersionSpec]:
         _build_slow(13),
         _build_failing_warmup(14),
         _build_too_large(15),
+        _build_canary_variant(16, sleep_ms=SLOWER_MS),
+        _build_canary_variant(17, wrong_above=DIFFERENT_ABOVE),
         _build_tf1(1),
     ]

@@ -53,7 +53,8 @@ def test_half_plus_two_contract_in_the_catalog(models_out: Path) -> None:
     bad = catalog(models_out, "half_plus_two_bad")
     assert bad["signatures"] == expected
     contract = {v: d["honours_contract"] for v, d in bad["version_details"].items()}
-    assert contract == {"11": False, "12": False, "13": True, "14": True, "15": True}
+    assert contract == {"11": False, "12": False, "13": True, "14": True, "15": True,
+                        "16": True, "17": True}
     assert bad["version_details"]["11"]["signatures"] is None
     assert bad["version_details"]["11"]["golden"] == []
 

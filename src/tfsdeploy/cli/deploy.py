@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tfsdeploy import engine
+from tfsdeploy.canary_policy import CanaryPolicy
 from tfsdeploy.engine import ConnectionFactory, PlannedStep, Reporter, RunPlan, RunResult
 from tfsdeploy.errors import HostUnreachable
 from tfsdeploy.gates import Clock, SystemClock
@@ -33,11 +34,14 @@ def deploy_playbook(target: Target, given: str | None) -> Playbook:
 
 def deploy_plan(target: Target, *, version: int | str | None, playbook: Playbook,
                 clock: Clock, conns: dict[str, Connection],
-                client_factory: ClientFactory | None, lock_wait: float = 0.0) -> RunPlan:
-    """Everything a deploy needs before it touches a host: renders, context, planner."""
+                client_factory: ClientFactory | None, lock_wait: float = 0.0,
+                canary: CanaryPolicy | None = None) -> RunPlan:
+    """Everything a deploy needs before it touches a host: renders, context, planner; the
+    canary policy is ``canary`` (the command line's) or the model's."""
     renders = render_release(target, version)
     context = deploy_context(target, renders[0].version, clock=clock,
                              client_factory=client_factory)
+    context.canary = canary or target.model.rollout.canary
     images = sorted({r.host.vars.image for r in renders}
                     | {r.host.vars.proxy_image for r in renders})
     return RunPlan(verb="deploy", target=target, playbook=playbook,
@@ -61,16 +65,17 @@ def deploy(target: Target, *, version: int | str | None = None, playbook: str | 
            lock_wait: float = 0.0, reporter: Reporter,
            connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
            client_factory: ClientFactory | None = None,
-           before: Callable[[RunPlan], None] | None = None) -> RunResult:
-    """Validate everything, take the lock, run the deploy playbook; always release the lock.
-    ``before`` sees the plan once everything is validated, before any connection (a pre-hook
-    may stop the run there)."""
+           before: Callable[[RunPlan], None] | None = None,
+           canary: CanaryPolicy | None = None) -> RunResult:
+    """Validate everything, take the lock, run the deploy playbook; always release the lock
+    (a paused canary keeps it). ``before`` sees the plan once everything is validated, before
+    any connection (a pre-hook may stop the run there)."""
     cancel = threading.Event()
     run_clock = engine.CancellableClock(clock or SystemClock(), cancel)
     conns, factory = _shared(connect)
     plan = deploy_plan(target, version=version, playbook=deploy_playbook(target, playbook),
                        clock=run_clock, conns=conns, client_factory=client_factory,
-                       lock_wait=lock_wait)
+                       lock_wait=lock_wait, canary=canary)
     if before is not None:
         before(plan)
     return engine.execute(plan, reporter=reporter, connect=factory, clock=run_clock,

@@ -31,7 +31,7 @@ OPTION_TYPES: dict[str, Any] = {
     "min_requests": Count, "concurrency": Count, "procs": Count, "rps": Positive,
     "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
     "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
-    "lines": Count,
+    "lines": Count, "step_s": Positive,
 }
 
 
@@ -217,7 +217,26 @@ def cmd_deploy(a: dict[str, Any]) -> int:
                                          playbook=a["playbook"], diff=a["diff"]))
     return _surrounded("deploy", a, lambda t, shown, before: cmd.deploy(
         t, version=a["version"], playbook=a["playbook"], lock_wait=a["lock_wait"],
-        reporter=shown, before=before))
+        reporter=shown, before=before, canary=_canary_option(t, a)))
+
+
+def _canary_option(chosen: Any, a: dict[str, Any]) -> Any:
+    """The command line's canary policy (over the model's), or None to keep the model's."""
+    import dataclasses
+
+    from tfsdeploy.canary_policy import CanaryPolicy, parse_weights
+
+    if not (a.get("canary_weights") or a.get("pause") or a.get("step_s")):
+        return None
+    base = chosen.model.rollout.canary or CanaryPolicy()
+    changes: dict[str, Any] = {}
+    if a.get("canary_weights"):
+        changes["weights"] = parse_weights(str(a["canary_weights"]))
+    if a.get("step_s"):
+        changes["step_s"] = float(a["step_s"])
+    if a.get("pause"):
+        changes["pause"] = True
+    return dataclasses.replace(base, **changes)
 
 
 def _surrounded(command: str, a: dict[str, Any], run: Callable[..., Any]) -> int:
@@ -259,6 +278,22 @@ def _print_check(a: dict[str, Any], rows: list[dict[str, Any]]) -> int:
         if row["diff"]:
             print(row["diff"])
     return 0
+
+
+def cmd_promote(a: dict[str, Any]) -> int:
+    """`fab promote`."""
+    from tfsdeploy.cli.canary import finish_canary
+
+    return _surrounded("promote", a, lambda t, shown, before: finish_canary(
+        "promote", t, lock_wait=a["lock_wait"], reporter=shown, before=before))
+
+
+def cmd_abort(a: dict[str, Any]) -> int:
+    """`fab abort`."""
+    from tfsdeploy.cli.canary import finish_canary
+
+    return _surrounded("abort", a, lambda t, shown, before: finish_canary(
+        "abort", t, lock_wait=a["lock_wait"], reporter=shown, before=before))
 
 
 def cmd_rollback(a: dict[str, Any]) -> int:
@@ -424,9 +459,9 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
     "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
-    "prune": cmd_prune, "accept": cmd_accept,
+    "prune": cmd_prune, "accept": cmd_accept, "promote": cmd_promote, "abort": cmd_abort,
 }
-UNATTENDED = ("deploy", "rollback", "guard", "prune")
+UNATTENDED = ("deploy", "rollback", "guard", "prune", "promote", "abort")
 
 
 def main(command: str, raw: dict[str, Any]) -> int:

@@ -42,3 +42,18 @@ def remove_if_token(paths: HostPaths, token: str, digest: str = "none") -> Argv:
 def read(paths: HostPaths) -> Argv:
     """The lock record (exit 1 when there is none)."""
     return ["cat", f"{paths.lock_dir}/info.json"]
+
+
+# exit 0: the record was replaced; 3: the lock holds another token now (printed)
+_REPLACE = ('[ -d "$2" ] || exit 3; exec 9>>"$1" || exit 4; flock -w 10 9 || exit 4; '
+            'held=$(sed -n \'s/.*"token": *"\\([0-9a-f]*\\)".*/\\1/p\' "$2/info.json" '
+            '2>/dev/null); '
+            'if [ "$held" = "$3" ]; then printf "%s" "$4" > "$2/info.json.tmp" && '
+            'mv -f "$2/info.json.tmp" "$2/info.json"; '
+            'else cat "$2/info.json" 2>/dev/null; exit 3; fi')
+
+
+def replace_if_token(paths: HostPaths, token: str, record: str) -> Argv:
+    """Replace the lock's record while it still records ``token`` (a paused canary hands its
+    lock on, a promote or abort takes it over); otherwise print what it holds and exit 3."""
+    return ["sh", "-c", _REPLACE, "sh", paths.lock_guard, paths.lock_dir, token, record]

@@ -32,6 +32,7 @@ def operation(name: str) -> Callable[[Operation], Operation]:
 def registry() -> dict[str, Operation]:
     """Every operation, by name (imports the modules that define them)."""
     from tfsdeploy.operations import (  # noqa: F401
+        canary,
         custom,
         finalize,
         gates,

@@ -9,9 +9,10 @@ from typing import Literal
 
 from tfsdeploy.changes import PullImage
 from tfsdeploy.gates import GateFailed
-from tfsdeploy.jobs import HostJob
+from tfsdeploy.jobs import HostJob, InstanceJob
 from tfsdeploy.layout import other_slot
 from tfsdeploy.operations import Ops, operation
+from tfsdeploy.proxy import FULL_WEIGHT
 
 REQUIRED_TOOLS = ("socat", "flock", "sha256sum", "tar")
 
@@ -46,6 +47,7 @@ def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = N
         instance.old = facts.serving(instance.index)
         instance.new_slot = ("blue" if not instance.old else instance.old.slot if recreate
                              else other_slot(instance.old.slot))
+        _canary_slots(job, instance)
     first = job.instances[0]
     note = "".join(f"; unreadable record {b.path} ignored ({b.error})" for b in facts.broken)
     if job.run.verb not in ("deploy", "rollback"):
@@ -62,6 +64,22 @@ def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = N
     if all(i.old and i.old.release == job.run.release_id for i in job.instances):
         job.unchanged = True
     return _describe_slots(job) + note
+
+
+def _canary_slots(job: HostJob, instance: InstanceJob) -> None:
+    """A canary shares the instance's traffic (a paused one, or one a killed run left): the
+    old release is the one that is not this run's, the new slot the other one, and their
+    weights must be made whole again by the switch."""
+    sharing = job.facts.taking_requests(instance.index)
+    weights = job.facts.proxy.weights(instance.index)
+    instance.weighted = any(w != FULL_WEIGHT for w in weights.values())
+    if len(sharing) != 2:
+        return
+    old = [c for c in sharing if c.release != job.run.release_id]
+    instance.old = old[0] if old else sharing[0]
+    instance.new_slot = other_slot(instance.old.slot)
+    if job.run.verb == "abort":  # the canary to take back
+        instance.started = instance.switched = instance.took_traffic = True
 
 
 def _describe_slots(job: HostJob) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from tfsdeploy.changes import RemoveContainer, StopContainer, WriteFile
 from tfsdeploy.jobs import HostJob
 from tfsdeploy.operations import Ops, operation
-from tfsdeploy.records import ReleaseStatus
+from tfsdeploy.records import ReleaseStatus, now_iso
 
 
 @operation("remove_new")
@@ -29,9 +29,23 @@ def record_attempt(job: HostJob) -> Ops:
     """Record how the attempt ended in its release record: ``reverted`` when it had taken
     traffic, else ``failed`` (a deploy's own attempts only: a rollback leaves the retained
     release's record as it was)."""
+    if job.run.verb == "abort":
+        return (yield from _record_aborted(job))
     if job.run.rollback or not job.uploaded:
         return "nothing to record"
     outcome = ReleaseStatus.REVERTED if job.took_any_traffic else ReleaseStatus.FAILED
     yield WriteFile(f"{job.paths.release_dir(job.run.release_id)}/manifest.json",
                     job.release_record(outcome).to_json())
     return f"{job.run.release_id} recorded as {outcome.value}"
+
+
+def _record_aborted(job: HostJob) -> Ops:
+    """An aborted canary's record: reverted, its canary state aborted (its steps kept)."""
+    record = job.facts.record(job.run.release_id)
+    if record is None or not any(i.started for i in job.instances):
+        return "no canary here"
+    canary = {**(record.canary or {}), "state": "aborted", "updated_at": now_iso()}
+    yield WriteFile(f"{job.paths.release_dir(record.id)}/manifest.json",
+                    record.with_status(ReleaseStatus.REVERTED).model_copy(
+                        update={"canary": canary}).to_json())
+    return f"{record.id} recorded as reverted (canary aborted)"

@@ -30,7 +30,14 @@ from tfsdeploy.gates import GateFailed, Verdict, poll
 from tfsdeploy.jobs import HostJob, InstanceJob
 from tfsdeploy.layout import proxy_name, server_name
 from tfsdeploy.operations import Ops, operation
-from tfsdeploy.proxy import parse_stat, render_proxy_config, set_state, switch_commands
+from tfsdeploy.proxy import (
+    FULL_WEIGHT,
+    parse_stat,
+    render_proxy_config,
+    set_state,
+    switch_commands,
+    weight_commands,
+)
 from tfsdeploy.records import ReleaseStatus
 
 
@@ -84,7 +91,14 @@ def _run_new_container(job: HostJob) -> Ops:
 
 @operation("start_slot")
 def start_slot(job: HostJob) -> Ops:
-    """Start the instance's new release in its free slot beside the old one."""
+    """Start the instance's new release in its free slot beside the old one (a paused
+    canary's container, already running there, is kept: warm)."""
+    running = [c for c in job.facts.in_slot(job.new_slot, job.inst.index)
+               if c.running and c.release == job.run.release_id]
+    if running and job.old and running[0].name != job.old.name:
+        # it already shares the traffic; a failed promote removes it like a new container
+        job.warm = job.switched = job.took_traffic = job.started = True
+        return f"{_where(job)}{running[0].name} already runs in {job.new_slot}: warm"
     yield from _clear_free_slot(job, "start_slot")
     return (yield from _run_new_container(job))
 
@@ -151,7 +165,8 @@ def switch_traffic(job: HostJob, to: Literal["new", "old"] = "new") -> Ops:
     if not proxy_running(job):
         return (yield from _start_proxy(job))
     old = job.old.slot if job.old else None
-    yield ProxyCommands(tuple(switch_commands(job.inst.index, job.new_slot, old)),
+    yield ProxyCommands(tuple(_full_weights(job) + switch_commands(job.inst.index,
+                                                                   job.new_slot, old)),
                         f"proxy: {_where(job)}new requests to {job.new_slot}"
                         + (f", drain {old}" if old else ""))
     job.switched = job.took_traffic = True
@@ -176,6 +191,15 @@ def _start_proxy(job: HostJob) -> Ops:
     return f"proxy started on :{job.ports.grpc}/:{job.ports.rest} -> {job.new_slot}"
 
 
+def _full_weights(job: HostJob) -> list[str]:
+    """After canary steps, both slots' weights back to full (a switch moves all traffic)."""
+    if not job.weighted:
+        return []
+    job.weighted = False
+    return [*weight_commands(job.inst.index, job.new_slot, FULL_WEIGHT),
+            *(weight_commands(job.inst.index, job.old.slot, FULL_WEIGHT) if job.old else [])]
+
+
 def _switch_back(job: HostJob) -> Ops:
     if job.inst.out_of_rotation:  # recreate: its old release comes back in the same slot
         return (yield from _back_in_rotation(job))
@@ -192,8 +216,8 @@ def _switch_back(job: HostJob) -> Ops:
         job.switched = job.recorded = False
         return "proxy removed (nothing served here before)"
     new, old = job.new_slot, job.old.slot if job.old else None
-    commands = (switch_commands(job.inst.index, old, new) if old
-                else set_state(job.inst.index, new, "maint"))
+    commands = _full_weights(job) + (switch_commands(job.inst.index, old, new) if old
+                                     else set_state(job.inst.index, new, "maint"))
     yield ProxyCommands(tuple(commands), f"proxy: {_where(job)}new requests back to {old}, "
                         f"drain {new}" if old else f"proxy: {_where(job)}{new} out")
     job.switched = False
