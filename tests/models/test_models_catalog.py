@@ -97,6 +97,8 @@ def test_expectations_of_the_bad_versions(models_out: Path) -> None:
         "13": ("AVAILABLE", None),
         "14": ("END", "DATA_LOSS"),
         "15": ("END", "RESOURCE_EXHAUSTED"),
+        "16": ("AVAILABLE", None),
+        "17": ("AVAILABLE", None),
     }
     assert details["13"]["warmup_records"] == 1000
     assert details["13"]["warmup_seconds_estimate"] > 10
