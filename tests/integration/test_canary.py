@@ -1,0 +1,160 @@
+"""Weighted canaries on the local fleet, judged on live traffic from an independent client:
+each weight's share of responses, a slower release stopped by the latency analysis, a release
+answering differently stopped by the prediction comparison, pause then promote or abort from
+new processes.
+
+Model ``itcanary`` on tb1..tb3 (serial [1, 100%]: tb1 is the canary), port offset 1800.
+Versions: 1 and 2 good (y = 0.5 x + 2, + 3), 3 = half_plus_two_bad/16 (answers as 2, 40 ms
+slower), 4 = half_plus_two_bad/17 (answers as 2, but +1 for x > 100).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploy_support import GOOD, Fleet, fleet_fixture
+from rollback_support import json_from
+from testbed_support import HOSTS, api, predict_request
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "itcanary", 1800
+SLOWER, DIFFERENT = ("half_plus_two_bad", 16), ("half_plus_two_bad", 17)
+CANARY = ("CanaryPolicy(weights=(25,), step_s=8, min_requests=40, max_p99_ratio=1.5, "
+          "latency_slack_ms=5, comparison=ComparisonPolicy(corpus={corpus!r}, samples=30))")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET,
+                              {1: GOOD[1], 2: GOOD[2], 3: SLOWER, 4: DIFFERENT},
+                              serial=(1, "100%")):
+        corpus = made.tmp / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"signature": "serving_default", "inputs": {
+            "x": {"dtype": "DT_FLOAT", "shape": [1, 1], "values": [[float(x)]]}}}) + "\n"
+            for x in (1, 50, 150, 250, 400, 900)))
+        text = made.inventory.read_text().replace(
+            "from tfsdeploy.catalog import",
+            "from tfsdeploy.canary_policy import CanaryPolicy, ComparisonPolicy\n"
+            "from tfsdeploy.catalog import").replace(
+            "Rollout(", "Rollout(canary=" + CANARY.format(corpus=str(corpus)) + ", ", 1)
+        made.inventory.write_text(text)
+        yield made
+
+
+@dataclass
+class Client:
+    """An independent client: Predict on tb1's stable port over one long-lived channel,
+    recording the version that answered each request (its response's model_spec)."""
+
+    fleet: Fleet
+    answers: list[tuple[float, int]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Client:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        grpc = api()["grpc"]
+        with grpc.insecure_channel(f"{HOSTS['tb1']}:{self.fleet.grpc_port}") as channel:
+            stub = api()["service"].PredictionServiceStub(channel)
+            request = predict_request(MODEL, [2.0])
+            while not self._stop.is_set():
+                try:
+                    reply = stub.Predict(request, timeout=10)
+                    self.answers.append((time.monotonic(), int(reply.model_spec.version.value)))
+                except grpc.RpcError as error:
+                    self.failures.append(f"{error.code().name}: {error.details()}")
+                self._stop.wait(0.005)
+
+    def share_since(self, since: float, version: int, count: int = 1000) -> tuple[float, int]:
+        """(share of ``version`` among the next ``count`` answers after ``since``, answers)."""
+        deadline = time.monotonic() + 120
+        while len([a for a in self.answers if a[0] >= since]) < count:
+            assert time.monotonic() < deadline, f"only {len(self.answers)} answers"
+            time.sleep(0.5)
+        window = [v for t, v in self.answers if t >= since][:count]
+        return sum(1 for v in window if v == version) / len(window), len(window)
+
+
+def deploy(fleet: Fleet, version: int, *args: str) -> Any:
+    run = fleet.fab("deploy", "--version", str(version), "--json", *args, timeout=900)
+    return run
+
+
+def test_each_weight_gives_the_new_version_its_share(fleet: Fleet) -> None:
+    fleet.deploy(1)
+    with Client(fleet) as client:
+        for weight in (5, 25, 50):
+            run = deploy(fleet, 2, "--canary-weights", str(weight), "--step-s", "6",
+                         "--pause")
+            assert run.code == 6, run.describe()  # paused
+            share, seen = client.share_since(time.monotonic(), 2)
+            assert abs(share * 100 - weight) <= 3, (weight, share, seen)
+            status = fleet.fab("lock")
+            assert "paused canary" in status.out, status.describe()
+            aborted = fleet.fab("abort", "--json")
+            assert aborted.code == 0, aborted.describe()
+            assert fleet.fab("lock").out.count("free") >= 1
+            fleet.assert_serving(1)
+        assert not client.failures, client.failures[:5]
+
+
+def test_pause_then_promote_from_a_new_process_rolls_every_host(fleet: Fleet) -> None:
+    fleet.assert_serving(1)
+    run = deploy(fleet, 2, "--canary-weights", "25", "--step-s", "6", "--pause")
+    assert run.code == 6, run.describe()
+    nothing = fleet.fab("abort", "--json")  # idempotence: abort, then abort again refuses
+    assert nothing.code == 0, nothing.describe()
+    again = fleet.fab("abort")
+    assert again.code in (0, 1) and "paused" in again.out + again.stdout, again.describe()
+    run = deploy(fleet, 2, "--canary-weights", "25", "--step-s", "6", "--pause")
+    assert run.code == 6, run.describe()
+    promoted = fleet.fab("promote", "--json", timeout=900)
+    assert promoted.code == 0, promoted.describe()
+    fleet.assert_serving(2)
+    twice = fleet.fab("promote")
+    assert twice.code == 0, twice.describe()  # already promoted: nothing to do
+    for host in HOSTS:
+        record = fleet.current(host)
+        assert record["version"] == 2 and record["canary"]["state"] == "done", host
+
+
+def test_a_slower_release_is_stopped_at_its_first_step(fleet: Fleet) -> None:
+    fleet.assert_serving(2)
+    with Client(fleet) as client:
+        run = deploy(fleet, 3)
+    assert run.code == 2, run.describe()
+    assert "canary step 25% failed" in run.out and "P99 new" in run.out, run.describe()
+    assert not client.failures, client.failures[:5]
+    fleet.assert_serving(2)
+
+
+def test_a_release_answering_differently_is_stopped_by_the_comparison(fleet: Fleet) -> None:
+    fleet.assert_serving(2)
+    with Client(fleet) as client:
+        run = deploy(fleet, 4)
+    assert run.code == 2, run.describe()
+    assert "comparison fail" in run.out, run.describe()
+    assert not client.failures, client.failures[:5]
+    fleet.assert_serving(2)
+    result: dict[str, Any] = json_from(run.stdout)
+    assert result["hosts"]["tb1"]["status"] in ("reverted", "restored"), result["hosts"]
+
+
+def unused(_: Path) -> None:  # keep the Path import for type checkers of the fixture text
+    return None
