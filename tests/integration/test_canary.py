@@ -15,7 +15,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -155,6 +154,3 @@ def test_a_release_answering_differently_is_stopped_by_the_comparison(fleet: Fle
     result: dict[str, Any] = json_from(run.stdout)
     assert result["hosts"]["tb1"]["status"] in ("reverted", "restored"), result["hosts"]
 
-
-def unused(_: Path) -> None:  # keep the Path import for type checkers of the fixture text
-    return None

@@ -97,3 +97,23 @@ def test_fab_plan_capacity_shows_the_arithmetic(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "100,000 / (8,000.0 x 0.65 x 0.9)" in result.stdout
     assert "minimum 22 instances" in result.stdout
+
+
+def test_status_row_names_each_instance_when_a_host_runs_several() -> None:
+    from tfsdeploy.cli.main import _status_row
+
+    def slots(release: str) -> dict[str, list[dict[str, object]]]:
+        return {"blue": [{"release": release, "running": True,
+                          "versions": [{"version": 2, "state": "AVAILABLE"}]}], "green": []}
+
+    row = {"host": "gpu-a1", "reachable": True, "current": "r1", "version": 2,
+           "traffic_slot": "blue", "slots": slots("r1"), "drift": [], "lock": None,
+           "instances": [{"instance": 0, "gpus": [0], "traffic_slot": "blue",
+                          "slots": slots("r1")},
+                         {"instance": 1, "gpus": [1], "traffic_slot": None,
+                          "slots": slots("r1")}]}
+    cells = _status_row(row)
+    assert cells[3] == "i0 blue, i1 -"
+    assert cells[4] == ("i0 blue: r1 running [2 AVAILABLE]; i1 blue: r1 running [2 AVAILABLE]")
+    one = dict(row, instances=row["instances"][:1])  # type: ignore[index]
+    assert _status_row(one)[3:5] == ("blue", "blue: r1 running [2 AVAILABLE]")

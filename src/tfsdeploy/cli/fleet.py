@@ -76,19 +76,29 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
     ports = model_ports(host, target.model)
     serving = facts.serving_release
     record = facts.record(serving or facts.current)
-    slots: dict[str, Any] = {}
-    for slot in ports.slots:
-        slots[slot] = [{"release": c.release, "version": c.version, "running": c.running,
+    gpus = {i.index: list(i.gpus) for i in record.instances} if record else {}
+    indexes = sorted({c.instance for c in facts.servers} | set(gpus)) or [0]
+
+    def slots_of(instance: int) -> dict[str, Any]:
+        return {slot: [{"release": c.release, "version": c.version, "running": c.running,
                         "status": c.status,
-                        "versions": _versions(host, target.model.name, ports.slot_grpc(slot))
+                        "versions": _versions(host, target.model.name,
+                                              ports.slot_grpc(slot, instance))
                         if c.running else []}
-                       for c in facts.in_slot(slot)]
+                       for c in facts.in_slot(slot, instance)]
+                for slot in ports.slots}
+
+    instances = [{"instance": k, "gpus": gpus.get(k, []),
+                  "traffic_slot": facts.proxy.serving_slot(k), "slots": slots_of(k)}
+                 for k in indexes]
+    first = next((i for i in instances if i["instance"] == 0), instances[0])
     holder = facts.lock
     return {"current": serving or facts.current, "recorded_current": facts.current,
             "version": record.version if record else None,
             "image": record.image if record else None,
-            "traffic_slot": facts.proxy.serving_slot(0), "proxy_running": facts.proxy.running,
-            "slots": slots, "drift": drift(target, host, conn, facts),
+            "traffic_slot": first["traffic_slot"], "proxy_running": facts.proxy.running,
+            "slots": first["slots"], "instances": instances,
+            "drift": drift(target, host, conn, facts),
             "broken_records": [b.model_dump() for b in facts.broken],
             "lock": (holder.describe() + (" (STALE)" if locks.is_stale(holder) else "")
                      if holder else "unreadable lock record" if facts.lock_present else None)}

@@ -322,16 +322,24 @@ def cmd_status(a: dict[str, Any]) -> int:
 def _status_row(row: dict[str, Any]) -> tuple[str, ...]:
     if not row["reachable"]:
         return (row["host"], "UNREACHABLE", "", "", row.get("error", "")[:60], "", "")
+    instances = row.get("instances") or [{"instance": 0, "traffic_slot": row["traffic_slot"],
+                                          "slots": row["slots"]}]
+    several = len(instances) > 1
+
+    def label(instance: dict[str, Any]) -> str:
+        return f"i{instance['instance']} " if several else ""
+
     slots = "; ".join(
-        f"{slot}: " + ", ".join(
+        f"{label(instance)}{slot}: " + ", ".join(
             f"{c['release']} {'running' if c['running'] else 'stopped'}"
             + "".join(f" [{v.get('version', '?')} {v.get('state', v.get('error'))}]"
                       for v in c["versions"])
             for c in containers)
-        for slot, containers in row["slots"].items() if containers)
+        for instance in instances
+        for slot, containers in instance["slots"].items() if containers)
+    traffic = ", ".join(f"{label(i)}{i['traffic_slot'] or '-'}" for i in instances)
     return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
-            str(row["traffic_slot"] or "-"), slots or "-", ", ".join(row["drift"]) or "none",
-            row["lock"] or "free")
+            traffic, slots or "-", ", ".join(row["drift"]) or "none", row["lock"] or "free")
 
 
 def cmd_history(a: dict[str, Any]) -> int:

@@ -1,0 +1,181 @@
+"""One server per GPU on the local fleet: a host with two GPUs runs two instances of the model,
+each given only its GPU, behind the host's one proxy; a roll replaces them one at a time with
+no failed request; status and the release record name each instance and its GPU; a rollback
+brings both back.
+
+Model ``itgpu`` on tb1..tb3, port offset 2000; tb3 gets two GPUs for the module (`up --gpus
+tb3=2`) and one again at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from deploy_support import GOOD, Fleet, fleet_fixture
+from rollback_support import json_from
+from testbed_support import HOSTS, STATE, _testbed, api, predict_request, ssh
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "itgpu", 2000
+WIDE = "tb3"
+STRIDE = 20  # layout.INSTANCE_PORT_STRIDE: instance k's slot ports are instance 0's + k * 20
+SLOT_REST = {"blue": 8511 + OFFSET, "green": 8521 + OFFSET}
+
+
+def _gpu_counts() -> dict[str, int]:
+    hosts = json.loads((STATE / "hosts.json").read_text())["hosts"]
+    return {h["name"]: len(h["gpus"]) for h in hosts}
+
+
+def _up(*args: str) -> None:
+    proc = _testbed("up", "--no-images", "--hosts", str(len(HOSTS)), *args)
+    assert proc.returncode == 0, f"scripts/testbed up failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    widened = _gpu_counts().get(WIDE) != 2
+    if widened:
+        _up("--gpus", f"{WIDE}=2")
+    try:
+        for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
+                                  serial=(1, "100%")):
+            text = made.inventory.read_text()
+            marker = 'gpus=[Gpu(0, 16384, "Simulated Tesla T4")])'
+            assert marker in text
+            made.inventory.write_text(text.replace(marker, (
+                'gpus=[Gpu(0, 16384, "Simulated Tesla T4")] + ('
+                f'[Gpu(1, 16384, "Simulated Tesla T4")] if name == {WIDE!r} else []))')))
+            yield made
+    finally:
+        if widened:
+            _up("--gpus", "1")
+
+
+def device_requests(host: str, container: str) -> Any:
+    out = ssh(host, f"docker inspect --format '{{{{json .HostConfig.DeviceRequests}}}}' "
+                    f"{container}").stdout
+    return json.loads(out)
+
+
+def request_count(host: str, port: int) -> float:
+    url = f"http://{HOSTS[host]}:{port}/monitoring/prometheus/metrics"
+    with urllib.request.urlopen(url, timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(":tensorflow:serving:request_count{")
+               and f'model_name="{MODEL}"' in line)
+
+
+class Client:
+    """Predict on the wide host's stable gRPC port, a new channel every 20 requests (so the
+    proxy spreads connections over both instances); failures are kept."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.ok = 0
+        self.failures: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Client:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        grpc = api()["grpc"]
+        request = predict_request(MODEL, [2.0])
+        while not self._stop.is_set():
+            with grpc.insecure_channel(f"{HOSTS[WIDE]}:{self.fleet.grpc_port}") as channel:
+                stub = api()["service"].PredictionServiceStub(channel)
+                for _ in range(20):
+                    try:
+                        stub.Predict(request, timeout=10)
+                        self.ok += 1
+                    except grpc.RpcError as error:
+                        self.failures.append(f"{error.code().name}: {error.details()}")
+                    if self._stop.wait(0.005):
+                        return
+
+
+def test_a_host_with_two_gpus_runs_one_instance_per_gpu(fleet: Fleet) -> None:
+    fleet.deploy(1)
+    fleet.assert_serving(1)
+    record = fleet.current(WIDE)
+    assert record is not None
+    assert [(i["index"], i["gpus"]) for i in record["instances"]] == [(0, [0]), (1, [1])]
+    containers = {c["name"]: c for c in fleet.containers(WIDE)}
+    assert len(containers) == 2, containers
+    for instance in record["instances"]:
+        (request,) = device_requests(WIDE, instance["container"])
+        assert request["DeviceIDs"] == [str(instance["gpus"][0])], request
+        assert request["Capabilities"] == [["gpu"]], request
+    narrow = fleet.current("tb1")
+    assert narrow is not None and [i["index"] for i in narrow["instances"]] == [0]
+    used = ssh(WIDE, "nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits"
+               ).stdout.split("\n")
+    per_gpu = {int(a): int(b) for a, b in (line.split(",") for line in used if line.strip())}
+    assert per_gpu[0] > 0 and per_gpu[1] > 0, per_gpu
+
+
+def test_the_proxy_spreads_requests_over_both_instances(fleet: Fleet) -> None:
+    slot = fleet.current(WIDE)["instances"][0]["slot"]  # type: ignore[index]
+    ports = [SLOT_REST[slot] + k * STRIDE for k in (0, 1)]
+    before = [request_count(WIDE, p) for p in ports]
+    with Client(fleet) as client:
+        time.sleep(6)
+    assert not client.failures, client.failures[:5]
+    grown = [request_count(WIDE, p) - b for p, b in zip(ports, before, strict=True)]
+    assert client.ok > 100 and all(g >= client.ok * 0.2 for g in grown), (client.ok, grown)
+
+
+def test_a_roll_replaces_each_instance_with_no_failed_request(fleet: Fleet) -> None:
+    with Client(fleet) as client:
+        run = fleet.deploy(2, "--json")
+        time.sleep(1)
+    assert not client.failures, client.failures[:5]
+    assert client.ok > 50
+    fleet.assert_serving(2)
+    result: dict[str, Any] = json_from(run.stdout)
+    assert result["hosts"][WIDE]["status"] == "deployed", result["hosts"][WIDE]
+    record = fleet.current(WIDE)
+    assert record is not None
+    changes = " ".join(e["details"].get("change", "") for e in fleet.audit(WIDE)
+                       if e["release"] == record["id"])
+    assert all(i["container"] in changes for i in record["instances"]), changes
+
+def test_status_names_each_instance_and_its_gpu(fleet: Fleet) -> None:
+    run = fleet.fab("status", "--json")
+    assert run.code == 0, run.describe()
+    rows = {r["host"]: r for r in json_from(run.stdout)}
+    wide = rows[WIDE]["instances"]
+    assert [(i["instance"], i["gpus"]) for i in wide] == [(0, [0]), (1, [1])], wide
+    assert all(i["traffic_slot"] == wide[0]["traffic_slot"] for i in wide), wide
+    serving = [c for i in wide for c in i["slots"][i["traffic_slot"]] if c["running"]]
+    assert len(serving) == 2 and all(c["version"] == 2 for c in serving), serving
+    assert len(rows["tb1"]["instances"]) == 1
+    table = fleet.fab("status")
+    assert "i0 " in table.out and "i1 " in table.out, table.describe()
+
+
+def test_a_rollback_brings_both_instances_back(fleet: Fleet) -> None:
+    with Client(fleet) as client:
+        run = fleet.fab("rollback", "--json", timeout=900)
+    assert run.code == 0, run.describe()
+    assert not client.failures, client.failures[:5]
+    fleet.assert_serving(1)
+    record = fleet.current(WIDE)
+    assert record is not None and record["version"] == 1
+    running = [c for c in fleet.containers(WIDE) if c["status"] == "running"]
+    assert sorted(c["version"] for c in running) == ["1", "1"], running
