@@ -1,6 +1,7 @@
 """Rolling-deploy speed on the local fleet: the toolkit's own overhead per host (issue 4, item 11).
 
-    python benchmarks/bench_deploy.py [--model benchdeploy] [--offset 1400] [--keep] [--check]
+    python benchmarks/bench_deploy.py [--model benchdeploy] [--offset 1400] [--gpus N] [--keep]
+                                      [--check]
 
 Runs real deploys v1 -> v2 -> v1 of a small model (half_plus_two 1 and 2 under the name
 ``--model``) on the testbed with ``fab deploy --json``, and prints for each deploy and host:
@@ -10,6 +11,9 @@ Runs real deploys v1 -> v2 -> v1 of a small model (half_plus_two 1 and 2 under t
   start (``start_slot``), the model load (``gate_available``), ``gate_warmup``,
   ``gate_health`` (its minimum healthy time is policy) and ``drain_old``;
 - overhead = total - waits (target: under 2 s per host);
+- with ``--gpus N`` (every host declared with N GPUs: one server per GPU, N instances rolled one
+  after another on each host; the fleet needs them: ``scripts/testbed up --gpus N``), also the
+  overhead per instance;
 
 then the per-step table (seconds per host). ``retire_old`` (stopping the drained old release and
 pruning) counts as the toolkit's own time: the stop has no grace period to wait out (TFServing
@@ -39,7 +43,7 @@ from deploy_support import (  # noqa: E402 - the test helpers live beside the te
     assert_ports_free,
     write_inventory,
 )
-from testbed_support import VENV_BIN, clean_model, ensure_fleet, fab_env  # noqa: E402
+from testbed_support import STATE, VENV_BIN, clean_model, ensure_fleet, fab_env  # noqa: E402
 
 WAITS = ("start_slot", "gate_available", "gate_warmup", "gate_health", "drain_old")
 TARGET_S = 2.0
@@ -57,6 +61,13 @@ def deploy(model: str, inventory: Path, version: int) -> tuple[dict[str, Any], f
         sys.exit(f"fab deploy v{version} failed (exit {proc.returncode}):\n"
                  f"{proc.stderr[-4000:]}\n{proc.stdout[-2000:]}")
     return json.loads(proc.stdout), wall
+
+
+def fleet_short_of(gpus: int) -> str | None:
+    """Which testbed hosts have fewer than ``gpus`` GPUs (None: none)."""
+    hosts = json.loads((STATE / "hosts.json").read_text())["hosts"]
+    short = [f"{h['name']} has {len(h['gpus'])}" for h in hosts if len(h["gpus"]) < gpus]
+    return f"{gpus} GPUs per host wanted, but " + ", ".join(short) if short else None
 
 
 def host_figures(outcome: dict[str, Any]) -> dict[str, float]:
@@ -100,11 +111,17 @@ def main() -> None:
     parser.add_argument("--model", default="benchdeploy")
     parser.add_argument("--offset", type=int, default=1400,
                         help="port offset of the model (stable ports 8500/8501 + offset)")
+    parser.add_argument("--gpus", type=int, default=1,
+                        help="GPUs declared per host: one server instance per GPU")
     parser.add_argument("--keep", action="store_true", help="leave the model on the hosts")
     parser.add_argument("--check", action="store_true",
                         help=f"exit 1 when the median overhead per host is {TARGET_S:g} s or more")
     args = parser.parse_args()
     ensure_fleet()
+    short = fleet_short_of(args.gpus)
+    if short:
+        sys.exit(f"{short}: run `scripts/testbed up --gpus {args.gpus}` first (and "
+                 "`scripts/testbed up --gpus 1` after)")
     clean_model(args.model)
     assert_ports_free(args.offset)
     overheads: list[float] = []
@@ -113,7 +130,8 @@ def main() -> None:
             source, golden = assemble_source(Path(tmp), {1: GOOD[1], 2: GOOD[2]})
             inventory = write_inventory(Path(tmp) / "inventory.py", model=args.model,
                                         source=source, golden=golden, offset=args.offset,
-                                        serial=(1, "100%"), min_healthy_s=1.0)
+                                        serial=(1, "100%"), min_healthy_s=1.0,
+                                        gpus=args.gpus)
             for label, version in (("v1 to an empty fleet", 1), ("v1 -> v2", 2),
                                    ("v2 -> v1", 1)):
                 result, wall = deploy(args.model, inventory, version)
@@ -126,6 +144,9 @@ def main() -> None:
     print(f"\ntoolkit overhead per host over the two roll-over deploys: median "
           f"{statistics.median(overheads):.2f} s, max {max(overheads):.2f} s "
           f"(target < {TARGET_S:g} s)")
+    if args.gpus > 1:
+        print(f"per instance ({args.gpus} per host): median "
+              f"{statistics.median(overheads) / args.gpus:.2f} s")
     if args.check and statistics.median(overheads) >= TARGET_S:
         sys.exit(1)
 

@@ -81,13 +81,13 @@ def write_inventory(path: Path, *, model: str, source: Path, golden: Path, offse
                     serial: tuple[int | str, ...] = (1, "100%"), min_healthy_s: float = 1.0,
                     load_timeout_s: float = 120.0, memory_mib: int = 512,
                     warmup_samples: int = 10, warmup_p99_ms: float = 1000.0,
-                    keep_releases: int = 3, gpu_mib: int = GPU_MIB) -> Path:
+                    keep_releases: int = 3, gpu_mib: int = GPU_MIB, gpus: int = 1) -> Path:
     """A test inventory: tb1..tb3 (groups canary [tb1], main [tb2, tb3]), the assembled
     model, short gates."""
     path.write_text(inventory_text(
         title="the deploy integration tests", model=model, source=source, golden=golden,
         offset=offset, groups='{"canary": Group(["tb1"]), "main": Group(["tb2", "tb3"])}',
-        memory_mib=memory_mib, gpu_mib=gpu_mib,
+        memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus,
         warmup=f"Warmup(samples={warmup_samples!r}, p99_ms={warmup_p99_ms!r}, timeout_s=60)",
         rollout=f"Rollout(serial={serial!r}, min_healthy_s={min_healthy_s!r}, "
                 f"load_timeout_s={load_timeout_s!r}, drain_timeout_s=30, "

@@ -175,7 +175,8 @@ INVENTORY = '''"""Inventory of {title}: model {model!r} on tb1..tb3 (generated).
 from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
 from tfsdeploy.inventory import Gpu, Group, Host
 
-hosts = [Host(name, address, gpus=[Gpu(0, {gpu_mib!r}, "Simulated Tesla T4")])
+hosts = [Host(name, address,
+              gpus=[Gpu(i, {gpu_mib!r}, "Simulated Tesla T4") for i in range({gpus!r})])
          for name, address in {hosts!r}.items()]
 groups = {groups}
 defaults = {{
@@ -210,15 +211,15 @@ models = [
 
 def inventory_text(*, title: str, model: str, source: Path, golden: Path, offset: int,
                    warmup: str, rollout: str, groups: str = "{}", memory_mib: int = 512,
-                   gpu_mib: int = 16384) -> str:
-    """A test inventory (Python): tb1..tb3 (``gpu_mib`` each) with ``groups``, and one model
-    of the half_plus_two signature whose ``warmup`` and ``rollout`` are the Warmup(...) and
-    Rollout(...) expressions given."""
+                   gpu_mib: int = 16384, gpus: int = 1) -> str:
+    """A test inventory (Python): tb1..tb3 (``gpus`` GPUs of ``gpu_mib`` each) with
+    ``groups``, and one model of the half_plus_two signature whose ``warmup`` and ``rollout``
+    are the Warmup(...) and Rollout(...) expressions given."""
     return INVENTORY.format(
         title=title, model=model, hosts=HOSTS, ssh_key=str(SSH_KEY),
         known_hosts=str(KNOWN_HOSTS), registry=REGISTRY, source=str(source),
         golden=str(golden), offset=offset, warmup=warmup, rollout=rollout, groups=groups,
-        memory_mib=memory_mib, gpu_mib=gpu_mib)
+        memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus)
 
 
 # -- fab ------------------------------------------------------------------------------------
