@@ -200,11 +200,13 @@ def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     "per_instance_qps": "or give the per-instance QPS at the SLO directly",
     "load_factor": "share of capacity used at peak (default 0.65)",
     "availability_factor": "share left after a rolling release or a lost instance (0.9)",
+    "instances_per_host": "server instances per host (one per GPU: its GPU count; default 1)",
     "json": "print JSON",
 })
 def plan_capacity(c: Any, target_qps: float, sweep_report: str | None = None,
                   per_instance_qps: float | None = None, load_factor: float = 0.65,
-                  availability_factor: float = 0.9, json: bool = False) -> None:
+                  availability_factor: float = 0.9, instances_per_host: int = 1,
+                  json: bool = False) -> None:
     """Instances needed: target QPS / (per-instance QPS x load factor x availability)."""
     _main("plan_capacity", locals())
 

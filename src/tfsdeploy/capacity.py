@@ -49,6 +49,13 @@ class CapacityPlan:
     minimum: int
     recommended: int
     source: str = ""
+    instances_per_host: int = 1
+
+    @property
+    def hosts(self) -> int:
+        """Hosts for the recommended instances, ``instances_per_host`` on each (one server per
+        GPU: a host with 2 GPUs runs 2)."""
+        return math.ceil(self.recommended / self.instances_per_host)
 
     @property
     def usable_per_instance_qps(self) -> float:
@@ -71,6 +78,9 @@ class CapacityPlan:
             f"{self.minimum} + {self.failure_domains} spare per failure domain = "
             f"{self.minimum + self.failure_domains}) = {self.recommended}",
         ]
+        if self.instances_per_host > 1:
+            lines.append(f"hosts: ceil({self.recommended} / {self.instances_per_host} instances "
+                         f"per host) = {self.hosts}")
         return "\n".join(lines)
 
     def as_json(self) -> dict[str, Any]:
@@ -79,7 +89,8 @@ class CapacityPlan:
                 "loadFactor": self.load_factor, "availabilityFactor": self.availability_factor,
                 "headroom": self.headroom, "failureDomains": self.failure_domains,
                 "exact": self.exact, "minimum": self.minimum,
-                "recommended": self.recommended, "source": self.source}
+                "recommended": self.recommended, "source": self.source,
+                "instancesPerHost": self.instances_per_host, "hosts": self.hosts}
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -92,8 +103,9 @@ def plan(target_qps: float, per_instance_qps: float, *,
          availability_factor: float = DEFAULT_AVAILABILITY_FACTOR,
          headroom: float = DEFAULT_HEADROOM,
          failure_domains: int = DEFAULT_FAILURE_DOMAINS,
-         source: str = "") -> CapacityPlan:
-    """Minimum and recommended instance counts for ``target_qps``."""
+         source: str = "", instances_per_host: int = 1) -> CapacityPlan:
+    """Minimum and recommended instance counts for ``target_qps`` (and the hosts they take,
+    ``instances_per_host`` on each)."""
     if target_qps <= 0:
         raise CapacityError(f"target QPS must be positive, got {target_qps:g}")
     if per_instance_qps <= 0:
@@ -102,12 +114,15 @@ def plan(target_qps: float, per_instance_qps: float, *,
     _check_fraction("availability factor", availability_factor)
     if headroom < 0 or failure_domains < 0:
         raise CapacityError("headroom and failure domains must not be negative")
+    if instances_per_host < 1:
+        raise CapacityError(f"instances per host must be at least 1, got {instances_per_host}")
     exact = target_qps / (per_instance_qps * load_factor * availability_factor)
     # round() first: 21.000000000000004 from float noise must not become 22
     minimum = max(math.ceil(round(exact, 9)), 1)
     recommended = max(math.ceil(round(minimum * (1 + headroom), 9)), minimum + failure_domains)
     return CapacityPlan(target_qps, per_instance_qps, load_factor, availability_factor,
-                        headroom, failure_domains, exact, minimum, recommended, source)
+                        headroom, failure_domains, exact, minimum, recommended, source,
+                        instances_per_host)
 
 
 def per_instance_qps_from_sweep(report: Mapping[str, Any]) -> float:

@@ -54,3 +54,14 @@ def test_sweep_without_a_point_under_the_slo(tmp_path: Path) -> None:
     path.write_text(json.dumps({"kind": "tfsdeploy.sweep", "perInstanceQps": None}))
     code, text = plan_capacity(1000, path)
     assert code == 1 and "no point under the SLO" in text
+
+
+def test_hosts_of_several_instances_each() -> None:
+    result = capacity.plan(100_000, 8_000, instances_per_host=4)
+    assert (result.recommended, result.hosts) == (26, 7)  # ceil(26 / 4)
+    assert "hosts: ceil(26 / 4 instances per host) = 7" in result.explain()
+    assert result.as_json()["hosts"] == 7
+    code, text = plan_capacity(100_000, 8_000, instances_per_host=2)
+    assert code == 0 and text.endswith("recommended 26 on 13 hosts of 2")
+    with pytest.raises(capacity.CapacityError):
+        capacity.plan(100, 10, instances_per_host=0)

@@ -58,6 +58,8 @@ def test_report_divides_by_instances_and_plot_is_a_png(tmp_path: Path) -> None:
     data = sweep.sweep_report(points, reason, limits, targets=["a:1", "b:1"])
     assert data["kind"] == "tfsdeploy.sweep"
     assert data["perInstanceQps"] == 2600.0
+    per_gpu = sweep.sweep_report(points, reason, limits, targets=["a:1", "b:1"], instances=4)
+    assert (per_gpu["instances"], per_gpu["perInstanceQps"]) == (4, 1300.0)
     assert data["knee"]["concurrency"] == 128
     png = tmp_path / "sweep.png"
     sweep.draw_plot(points, png, limits)

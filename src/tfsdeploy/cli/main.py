@@ -31,7 +31,7 @@ OPTION_TYPES: dict[str, Any] = {
     "min_requests": Count, "concurrency": Count, "procs": Count, "rps": Positive,
     "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
     "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
-    "lines": Count, "step_s": Positive,
+    "lines": Count, "step_s": Positive, "instances_per_host": Count,
 }
 
 
@@ -404,7 +404,8 @@ def cmd_plan_capacity(a: dict[str, Any]) -> int:
         raise ConfigError(Problem("no per-instance figure",
                                   fix="pass --sweep-report FILE or --per-instance-qps N"))
     code, text = plan(a["target_qps"], source, load_factor=a["load_factor"],
-                      availability_factor=a["availability_factor"], as_json=a["json"])
+                      availability_factor=a["availability_factor"],
+                      instances_per_host=a["instances_per_host"], as_json=a["json"])
     print(text)
     return code
 

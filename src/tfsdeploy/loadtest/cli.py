@@ -145,6 +145,9 @@ def _add_gate_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--sweep-min-gain", type=float, default=5.0, metavar="PCT")
     group.add_argument("--sweep-report", type=Path, default=Path("sweep.json"))
     group.add_argument("--sweep-plot", type=Path, default=Path("sweep.png"))
+    group.add_argument("--instances", type=int, metavar="N",
+                       help="server instances behind the targets, for the per-instance figure "
+                            "(default: one per target; a host with a server per GPU has more)")
 
 
 def _add_coordination_options(parser: argparse.ArgumentParser) -> None:
@@ -440,7 +443,7 @@ def sweep_run(ns: argparse.Namespace, bodies: payloads.Payloads) -> int:
     points, reason = sweep.run_sweep(measure, ns.sweep_start, limits)
     sweep.draw_plot(points, ns.sweep_plot, limits)
     data = sweep.sweep_report(points, reason, limits, targets=_targets(ns.targets),
-                              plot=str(ns.sweep_plot))
+                              plot=str(ns.sweep_plot), instances=ns.instances)
     sweep.write_json(ns.sweep_report, data)
     _print_sweep_end(data, ns)
     return EXIT_OK if data["best"] is not None else EXIT_GATE_FAILED
@@ -514,7 +517,7 @@ _DURATION_KEYS = frozenset({
 def plan_capacity(target_qps: float, source: str | Path | float, *,
                   load_factor: float = 0.65, availability_factor: float = 0.9,
                   headroom: float = 0.15, failure_domains: int = 1,
-                  as_json: bool = False) -> tuple[int, str]:
+                  instances_per_host: int = 1, as_json: bool = False) -> tuple[int, str]:
     """Capacity plan from a sweep report path or a per-instance QPS number.
 
     Returns ``(exit_code, text)``: 0 and the arithmetic (or JSON), or 1 and the error.
@@ -522,7 +525,8 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
     from tfsdeploy import capacity
 
     factors = {"load_factor": load_factor, "availability_factor": availability_factor,
-               "headroom": headroom, "failure_domains": failure_domains}
+               "headroom": headroom, "failure_domains": failure_domains,
+               "instances_per_host": instances_per_host}
     try:
         if isinstance(source, (int, float)):
             result = capacity.plan(target_qps, float(source), **factors)  # type: ignore[arg-type]
@@ -532,5 +536,7 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
         return EXIT_BAD_INPUT, f"plan-capacity: error: {err}"
     if as_json:
         return EXIT_OK, json.dumps(result.as_json(), indent=2)
+    hosts = (f" on {result.hosts} hosts of {instances_per_host}" if instances_per_host > 1
+             else "")
     return EXIT_OK, (result.explain() + f"\n=> minimum {result.minimum} instances, "
-                     f"recommended {result.recommended}")
+                     f"recommended {result.recommended}{hosts}")

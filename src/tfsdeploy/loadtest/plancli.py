@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="extra fraction on top of the minimum (default 0.15)")
     parser.add_argument("--failure-domains", type=int, default=1,
                         help="one spare instance per failure domain, at least (default 1)")
+    parser.add_argument("--instances-per-host", type=int, default=1,
+                        help="server instances per host (one per GPU: the host's GPU count)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     return parser
 
@@ -37,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code, text = plan_capacity(ns.target_qps, source, load_factor=ns.load_factor,
                                availability_factor=ns.availability_factor,
                                headroom=ns.headroom, failure_domains=ns.failure_domains,
-                               as_json=ns.json)
+                               instances_per_host=ns.instances_per_host, as_json=ns.json)
     print(text, file=sys.stdout if code == 0 else sys.stderr)
     return code if code in (0, EXIT_BAD_INPUT) else EXIT_BAD_INPUT
 

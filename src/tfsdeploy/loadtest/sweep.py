@@ -119,11 +119,13 @@ def run_sweep(measure: Callable[[int], SweepPoint], start: int,
 
 def sweep_report(points: Sequence[SweepPoint], reason: str, limits: SweepLimits, *,
                  targets: Sequence[str], plot: str | None = None,
-                 options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The sweep report (JSON-ready); ``perInstanceQps`` feeds capacity planning."""
+                 options: Mapping[str, Any] | None = None,
+                 instances: int | None = None) -> dict[str, Any]:
+    """The sweep report (JSON-ready); ``perInstanceQps`` (best QPS / ``instances``, by
+    default one per target) feeds capacity planning."""
     best = best_under_slo(points, limits)
     found = knee(points, limits.min_gain)
-    instances = max(len(targets), 1)
+    instances = max(instances or len(targets), 1)
     return {
         "kind": SWEEP_KIND,
         "version": 1,
