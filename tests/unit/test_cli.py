@@ -117,3 +117,12 @@ def test_status_row_names_each_instance_when_a_host_runs_several() -> None:
     assert cells[4] == ("i0 blue: r1 running [2 AVAILABLE]; i1 blue: r1 running [2 AVAILABLE]")
     one = dict(row, instances=row["instances"][:1])  # type: ignore[index]
     assert _status_row(one)[3:5] == ("blue", "blue: r1 running [2 AVAILABLE]")
+
+
+def test_fab_hosts_shows_one_instance_per_gpu(tmp_path: Path) -> None:
+    result = _fab("hosts", "--inventory", "inventory/example_production.py",
+                  "--hosts", "gpu-a01,gpu-c01", tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = {line.split()[1]: line for line in result.stdout.splitlines() if "gpu-" in line}
+    assert "resnet50 x2 (GPU 0,1), ranker x2 (GPU 0,1)" in lines["gpu-c01"]
+    assert "x2" not in lines["gpu-a01"]

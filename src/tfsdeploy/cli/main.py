@@ -194,14 +194,24 @@ def cmd_render(a: dict[str, Any]) -> int:
 def cmd_hosts(a: dict[str, Any]) -> int:
     """`fab hosts`."""
     from tfsdeploy.cli.output import print_table
-    from tfsdeploy.inventory import load_inventory
+    from tfsdeploy.gpu import instance_gpus
+    from tfsdeploy.inventory import ResolvedHost, load_inventory
     from tfsdeploy.render import placements
 
     inv = load_inventory(a["inventory"])
     placed = placements(inv)
+
+    def models(host: ResolvedHost) -> str:
+        """Each model on the host, with its instances' GPUs when it runs one per GPU."""
+        cells = []
+        for name in (m for m, on in placed.items() if host.name in on):
+            gpus = instance_gpus(host, inv.models[name])
+            cells.append(name if len(gpus) < 2 else
+                         f"{name} x{len(gpus)} (GPU {','.join(str(g[0]) for g in gpus)})")
+        return ", ".join(cells) or "-"
+
     rows = [(h.name, h.address, ",".join(h.groups) or "-",
-             " ".join(f"{g.index}:{g.memory_mib}MiB" for g in h.gpus) or "-",
-             ",".join(m for m, on in placed.items() if h.name in on) or "-")
+             " ".join(f"{g.index}:{g.memory_mib}MiB" for g in h.gpus) or "-", models(h))
             for h in inv.select(a["hosts"], limit=a["limit"])]
     print_table(f"{inv.path}: {len(rows)} host(s)",
                 ("host", "address", "groups", "GPUs", "models"), rows)
