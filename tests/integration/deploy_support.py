@@ -22,11 +22,13 @@ import os
 import re
 import shlex
 import subprocess
+import threading
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +39,14 @@ from testbed_support import (
     STATE,
     ModelFleet,
     Run,
+    api,
     copy_version,
     expected_y,
     fleet_lifetime,
     grpc_predict,
     inventory_text,
     netns,
+    predict_request,
     ssh,
 )
 
@@ -197,6 +201,67 @@ def rest_predict(address: str, port: int, model: str, xs: list[float]) -> list[f
 
 def rest_status(address: str, port: int, model: str) -> list[dict[str, Any]]:
     return rest_json(f"http://{address}:{port}/v1/models/{model}")["model_version_status"]  # type: ignore[no-any-return]
+
+
+# -- steady traffic on one host's stable ports ---------------------------------------------
+
+@dataclass
+class Traffic:
+    """Predict on one host's stable ports until stopped: gRPC over one long-lived channel
+    (the proxy balances each request, HTTP/2 stream by stream), and REST in turn when
+    ``rest`` is set. Keeps (time, answering version) of each gRPC answer and every failure."""
+
+    fleet: ModelFleet
+    host: str
+    rest: bool = False
+    answers: list[tuple[float, int]] = field(default_factory=list)
+    rest_answers: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def ok(self) -> int:
+        """Requests answered (both protocols)."""
+        return len(self.answers) + self.rest_answers
+
+    def __enter__(self) -> Traffic:
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        grpc = api()["grpc"]
+        address, model = HOSTS[self.host], self.fleet.model
+        request = predict_request(model, [2.0])
+        with grpc.insecure_channel(f"{address}:{self.fleet.grpc_port}") as channel:
+            stub = api()["service"].PredictionServiceStub(channel)
+            while not self._stop.is_set():
+                try:
+                    reply = stub.Predict(request, timeout=10)
+                    self.answers.append((time.monotonic(), int(reply.model_spec.version.value)))
+                except grpc.RpcError as error:
+                    self.failures.append(f"gRPC {error.code().name}: {error.details()}")
+                if self.rest:
+                    try:
+                        rest_predict(address, self.fleet.rest_port, model, [2.0])
+                        self.rest_answers += 1
+                    except OSError as error:
+                        self.failures.append(f"REST {error}")
+                self._stop.wait(0.005)
+
+    def share_since(self, since: float, version: int, count: int = 1000) -> tuple[float, int]:
+        """(share of ``version`` among the next ``count`` gRPC answers after ``since``,
+        answers)."""
+        deadline = time.monotonic() + 120
+        while len([a for a in self.answers if a[0] >= since]) < count:
+            assert time.monotonic() < deadline, f"only {len(self.answers)} answers"
+            time.sleep(0.5)
+        window = [v for t, v in self.answers if t >= since][:count]
+        return sum(1 for v in window if v == version) / len(window), len(window)
 
 
 # -- the simulated GPU ------------------------------------------------------------------------

@@ -11,16 +11,14 @@ slower), 4 = half_plus_two_bad/17 (answers as 2, but +1 for x > 100).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from deploy_support import GOOD, Fleet, fleet_fixture
+from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
 from rollback_support import json_from
-from testbed_support import HOSTS, api, predict_request
+from testbed_support import HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -48,46 +46,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield made
 
 
-@dataclass
-class Client:
-    """An independent client: Predict on tb1's stable port over one long-lived channel,
-    recording the version that answered each request (its response's model_spec)."""
-
-    fleet: Fleet
-    answers: list[tuple[float, int]] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def __enter__(self) -> Client:
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        grpc = api()["grpc"]
-        with grpc.insecure_channel(f"{HOSTS['tb1']}:{self.fleet.grpc_port}") as channel:
-            stub = api()["service"].PredictionServiceStub(channel)
-            request = predict_request(MODEL, [2.0])
-            while not self._stop.is_set():
-                try:
-                    reply = stub.Predict(request, timeout=10)
-                    self.answers.append((time.monotonic(), int(reply.model_spec.version.value)))
-                except grpc.RpcError as error:
-                    self.failures.append(f"{error.code().name}: {error.details()}")
-                self._stop.wait(0.005)
-
-    def share_since(self, since: float, version: int, count: int = 1000) -> tuple[float, int]:
-        """(share of ``version`` among the next ``count`` answers after ``since``, answers)."""
-        deadline = time.monotonic() + 120
-        while len([a for a in self.answers if a[0] >= since]) < count:
-            assert time.monotonic() < deadline, f"only {len(self.answers)} answers"
-            time.sleep(0.5)
-        window = [v for t, v in self.answers if t >= since][:count]
-        return sum(1 for v in window if v == version) / len(window), len(window)
+def Client(fleet: Fleet) -> Traffic:
+    """An independent client of tb1's stable gRPC port (the canary host)."""
+    return Traffic(fleet, "tb1")
 
 
 def deploy(fleet: Fleet, version: int, *args: str) -> Any:

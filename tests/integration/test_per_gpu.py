@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from deploy_support import GOOD, Fleet, fleet_fixture, rest_predict
+from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
 from rollback_support import json_from
-from testbed_support import HOSTS, STATE, _testbed, api, predict_request, ssh, ssh_argv
+from testbed_support import HOSTS, STATE, _testbed, ssh, ssh_argv
 
 pytestmark = pytest.mark.testbed
 
@@ -88,44 +87,9 @@ def request_count(host: str, port: int) -> float:
                and f'model_name="{MODEL}"' in line)
 
 
-class Client:
-    """Predict on the wide host's stable ports: gRPC over one long-lived channel (the proxy
-    balances each request, HTTP/2 stream by stream, not each connection) and REST, in turn;
-    failures are kept."""
-
-    def __init__(self, fleet: Fleet) -> None:
-        self.fleet = fleet
-        self.ok = 0
-        self.failures: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def __enter__(self) -> Client:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-    def _loop(self) -> None:
-        grpc = api()["grpc"]
-        address, model = HOSTS[WIDE], self.fleet.model
-        request = predict_request(model, [2.0])
-        with grpc.insecure_channel(f"{address}:{self.fleet.grpc_port}") as channel:
-            stub = api()["service"].PredictionServiceStub(channel)
-            while not self._stop.is_set():
-                try:
-                    stub.Predict(request, timeout=10)
-                    self.ok += 1
-                except grpc.RpcError as error:
-                    self.failures.append(f"gRPC {error.code().name}: {error.details()}")
-                try:
-                    rest_predict(address, self.fleet.rest_port, model, [2.0])
-                    self.ok += 1
-                except OSError as error:
-                    self.failures.append(f"REST {error}")
-                self._stop.wait(0.005)
+def Client(fleet: Fleet) -> Traffic:
+    """gRPC and REST on the wide host's stable ports."""
+    return Traffic(fleet, WIDE, rest=True)
 
 
 class Rotation:
