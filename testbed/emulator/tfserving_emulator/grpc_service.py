@@ -1,7 +1,8 @@
-"""gRPC front end: tensorflow.serving.PredictionService and ModelService.
+"""gRPC front end: tensorflow.serving.PredictionService and ModelService, and the thread quota.
 
 Behaviour per model_servers/prediction_service_impl.cc, model_service_impl.cc,
-get_model_status_impl.cc and servables/tensorflow/get_model_metadata_impl.cc.
+get_model_status_impl.cc, servables/tensorflow/get_model_metadata_impl.cc,
+classification_service.cc, regression_service.cc and multi_inference_helper.cc.
 """
 
 from __future__ import annotations
@@ -9,15 +10,21 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
+    inference_pb2,
     model_management_pb2,
+    model_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
     status_pb2,
 )
 
@@ -84,9 +91,77 @@ def get_status(core: ServerCore, request: get_model_status_pb2.GetModelStatusReq
     return response
 
 
+RESOURCE_EXHAUSTED_MESSAGE = "Server Threadpool Exhausted"
+
+
+class ThreadQuota(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """``--grpc_max_threads``: grpc::ResourceQuota::SetMaxThreads on the sync server.
+
+    grpc's ThreadManager (src/cpp/thread_manager/thread_manager.cc) keeps one thread polling;
+    when a request arrives and no thread can be reserved to poll after it, that request gets
+    RESOURCE_EXHAUSTED "Server Threadpool Exhausted" (src/cpp/server/server_cc.cc). With one
+    completion queue (ServerBuilder's default) a quota of N threads therefore runs at most
+    N - 1 RPCs at once, whatever the service. A negative quota wraps to unlimited (size_t).
+    """
+
+    def __init__(self, max_threads: int) -> None:
+        self.capacity = max_threads - 1 if max_threads > 0 else None
+        self.active = 0
+
+    async def intercept_service(self, continuation: Any, details: Any) -> Any:
+        """Wrap each handler with the in-flight count (all on the server's event loop)."""
+        handler = await continuation(details)
+        if handler is None or self.capacity is None:
+            return handler
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary(handler.unary_unary), handler.request_deserializer,
+                handler.response_serializer)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream(handler.unary_stream), handler.request_deserializer,
+                handler.response_serializer)
+        return handler
+
+    async def _enter(self, context: grpc.aio.ServicerContext) -> None:
+        assert self.capacity is not None
+        if self.active >= self.capacity:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RESOURCE_EXHAUSTED_MESSAGE)
+        self.active += 1
+
+    def _unary(self, method: Any) -> Any:
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            await self._enter(context)
+            try:
+                return await method(request, context)
+            finally:
+                self.active -= 1
+        return run
+
+    def _stream(self, method: Any) -> Any:
+        async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            await self._enter(context)
+            try:
+                async for item in method(request, context):
+                    yield item
+            finally:
+                self.active -= 1
+        return run
+
+
+def timeout_ms(context: grpc.aio.ServicerContext) -> int:
+    """DeadlineToTimeoutMillis: the client's deadline becomes the TF run timeout (0: none)."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > 2**31 / 1000:
+        return 0
+    return max(0, int(remaining * 1000))
+
+
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc]
-    """Predict and GetModelMetadata on grpc.aio (Classify/Regress/MultiInference stay
-    UNIMPLEMENTED). Requests wait in batch queues as futures, not as blocked threads."""
+    """tensorflow.serving.PredictionService on grpc.aio (prediction_service_impl.cc).
+
+    Predict requests wait in batch queues as futures, not as blocked threads; the other APIs
+    run on the executor."""
 
     def __init__(self, core: ServerCore, metrics: Metrics,
                  executor: concurrent.futures.Executor) -> None:
@@ -101,9 +176,16 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
         error: ServingError | None = None
         response = None
         try:
+            if not request.HasField("model_spec"):
+                raise invalid_argument("Missing ModelSpec")
             servable = self.core.acquire(request.model_spec)
             try:
-                response = await servable.predict_async(request, self.executor)
+                plan = servable.prepare_predict(request)
+                run_started = time.monotonic()
+                outputs = await servable.session_run_async(plan.call, timeout_ms(context),
+                                                           self.executor)
+                response = servable.finish_predict(request, plan, outputs, run_started,
+                                                   servable.version)
             finally:
                 servable.release()
         except ServingError as exc:
@@ -113,6 +195,49 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
         if error is not None:
             await context.abort(error.grpc_code, error.message)
         return response
+
+    async def _blocking(self, api: str, request: Any, context: grpc.aio.ServicerContext,
+                        run: Callable[[Servable, int], Any], *, record: bool = True) -> Any:
+        started = time.monotonic()
+        spec = request.tasks[0].model_spec if api == "MultiInference" and request.tasks \
+            else getattr(request, "model_spec", model_pb2.ModelSpec())
+        deadline = timeout_ms(context)
+        error: ServingError | None = None
+        response = None
+        try:
+            if api != "MultiInference" and not request.HasField("model_spec"):
+                raise invalid_argument("Missing ModelSpec")
+            loop = asyncio.get_running_loop()
+            response = await loop.run_in_executor(
+                self.executor, self.core.with_servable, spec, lambda s: run(s, deadline))
+        except ServingError as exc:
+            error = exc
+        if record:
+            record_request(self.metrics, spec.name, api, "GRPC", error, started)
+        if error is not None:
+            await context.abort(error.grpc_code, error.message)
+        return response
+
+    async def Classify(self, request: classification_pb2.ClassificationRequest,
+                       context: grpc.aio.ServicerContext
+                       ) -> classification_pb2.ClassificationResponse:
+        """PredictionService.Classify (classification_service.cc)."""
+        return await self._blocking("Classify", request, context,
+                                    lambda s, t: s.classify(request, t))
+
+    async def Regress(self, request: regression_pb2.RegressionRequest,
+                      context: grpc.aio.ServicerContext) -> regression_pb2.RegressionResponse:
+        """PredictionService.Regress (regression_service.cc)."""
+        return await self._blocking("Regress", request, context,
+                                    lambda s, t: s.regress(request, t))
+
+    async def MultiInference(self, request: inference_pb2.MultiInferenceRequest,
+                             context: grpc.aio.ServicerContext
+                             ) -> inference_pb2.MultiInferenceResponse:
+        """PredictionService.MultiInference (multi_inference_helper.cc: the first task's
+        ModelSpec picks the servable; no request metrics are recorded)."""
+        return await self._blocking("MultiInference", request, context,
+                                    lambda s, t: s.multi_inference(request, t), record=False)
 
     async def GetModelMetadata(
             self, request: get_model_metadata_pb2.GetModelMetadataRequest,
