@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -94,7 +95,7 @@ def get_status(core: ServerCore, request: get_model_status_pb2.GetModelStatusReq
 RESOURCE_EXHAUSTED_MESSAGE = "Server Threadpool Exhausted"
 
 
-class ThreadQuota(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class ThreadQuota:
     """``--grpc_max_threads``: grpc::ResourceQuota::SetMaxThreads on the sync server.
 
     grpc's ThreadManager (src/cpp/thread_manager/thread_manager.cc) keeps one thread polling;
@@ -102,51 +103,40 @@ class ThreadQuota(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     RESOURCE_EXHAUSTED "Server Threadpool Exhausted" (src/cpp/server/server_cc.cc). With one
     completion queue (ServerBuilder's default) a quota of N threads therefore runs at most
     N - 1 RPCs at once, whatever the service. A negative quota wraps to unlimited (size_t).
+    Every handler of the server runs on one event loop, so a plain counter is enough.
     """
 
     def __init__(self, max_threads: int) -> None:
         self.capacity = max_threads - 1 if max_threads > 0 else None
         self.active = 0
 
-    async def intercept_service(self, continuation: Any, details: Any) -> Any:
-        """Wrap each handler with the in-flight count (all on the server's event loop)."""
-        handler = await continuation(details)
-        if handler is None or self.capacity is None:
-            return handler
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary(handler.unary_unary), handler.request_deserializer,
-                handler.response_serializer)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream(handler.unary_stream), handler.request_deserializer,
-                handler.response_serializer)
-        return handler
-
-    async def _enter(self, context: grpc.aio.ServicerContext) -> None:
-        assert self.capacity is not None
-        if self.active >= self.capacity:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RESOURCE_EXHAUSTED_MESSAGE)
+    def enter(self) -> bool:
+        """Take a thread for one RPC; False when the quota is used up."""
+        if self.capacity is not None and self.active >= self.capacity:
+            return False
         self.active += 1
+        return True
 
-    def _unary(self, method: Any) -> Any:
-        async def run(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            await self._enter(context)
-            try:
-                return await method(request, context)
-            finally:
-                self.active -= 1
-        return run
+    def leave(self) -> None:
+        """Give the RPC's thread back."""
+        self.active -= 1
 
-    def _stream(self, method: Any) -> Any:
-        async def run(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            await self._enter(context)
-            try:
-                async for item in method(request, context):
-                    yield item
-            finally:
-                self.active -= 1
-        return run
+
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def with_quota(method: Handler) -> Handler:
+    """Run a servicer method under its ``self.quota`` (refused before the method runs)."""
+    @functools.wraps(method)
+    async def run(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        quota: ThreadQuota = self.quota
+        if not quota.enter():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RESOURCE_EXHAUSTED_MESSAGE)
+        try:
+            return await method(self, request, context)
+        finally:
+            quota.leave()
+    return run
 
 
 def timeout_ms(context: grpc.aio.ServicerContext) -> int:
@@ -164,11 +154,13 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
     run on the executor."""
 
     def __init__(self, core: ServerCore, metrics: Metrics,
-                 executor: concurrent.futures.Executor) -> None:
+                 executor: concurrent.futures.Executor, quota: ThreadQuota) -> None:
         self.core = core
         self.metrics = metrics
         self.executor = executor
+        self.quota = quota
 
+    @with_quota
     async def Predict(self, request: predict_pb2.PredictRequest,
                       context: grpc.aio.ServicerContext) -> predict_pb2.PredictResponse:
         """PredictionService.Predict."""
@@ -218,6 +210,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
             await context.abort(error.grpc_code, error.message)
         return response
 
+    @with_quota
     async def Classify(self, request: classification_pb2.ClassificationRequest,
                        context: grpc.aio.ServicerContext
                        ) -> classification_pb2.ClassificationResponse:
@@ -225,12 +218,14 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
         return await self._blocking("Classify", request, context,
                                     lambda s, t: s.classify(request, t))
 
+    @with_quota
     async def Regress(self, request: regression_pb2.RegressionRequest,
                       context: grpc.aio.ServicerContext) -> regression_pb2.RegressionResponse:
         """PredictionService.Regress (regression_service.cc)."""
         return await self._blocking("Regress", request, context,
                                     lambda s, t: s.regress(request, t))
 
+    @with_quota
     async def MultiInference(self, request: inference_pb2.MultiInferenceRequest,
                              context: grpc.aio.ServicerContext
                              ) -> inference_pb2.MultiInferenceResponse:
@@ -239,6 +234,7 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
         return await self._blocking("MultiInference", request, context,
                                     lambda s, t: s.multi_inference(request, t), record=False)
 
+    @with_quota
     async def GetModelMetadata(
             self, request: get_model_metadata_pb2.GetModelMetadataRequest,
             context: grpc.aio.ServicerContext) -> get_model_metadata_pb2.GetModelMetadataResponse:
@@ -254,11 +250,13 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore
     """GetModelStatus and HandleReloadConfigRequest."""
 
     def __init__(self, core: ServerCore, metrics: Metrics,
-                 executor: concurrent.futures.Executor) -> None:
+                 executor: concurrent.futures.Executor, quota: ThreadQuota) -> None:
         self.core = core
         self.metrics = metrics
         self.executor = executor
+        self.quota = quota
 
+    @with_quota
     async def GetModelStatus(
             self, request: get_model_status_pb2.GetModelStatusRequest,
             context: grpc.aio.ServicerContext) -> get_model_status_pb2.GetModelStatusResponse:
@@ -269,6 +267,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore
             await context.abort(exc.grpc_code, exc.message)
             raise
 
+    @with_quota
     async def HandleReloadConfigRequest(
             self, request: model_management_pb2.ReloadConfigRequest,
             context: grpc.aio.ServicerContext) -> model_management_pb2.ReloadConfigResponse:

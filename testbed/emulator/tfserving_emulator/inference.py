@@ -30,7 +30,7 @@ from tensorflow_serving.apis import (
 )
 
 from .status import Code, ServingError, failed_precondition, invalid_argument
-from .tensors import ProtoError, tf_dtype, to_numpy, to_proto
+from .tensors import ProtoError, fill_proto, tf_dtype, to_numpy
 
 DEFAULT_SIGNATURE = "serving_default"
 PREDICT_METHOD = "tensorflow/serving/predict"
@@ -96,72 +96,98 @@ def _verify_inputs_size(signature: meta_graph_pb2.SignatureDef, inputs: Mapping[
             f"Missing but required: {{{','.join(missing)}}}.")
 
 
-def input_values(signature: meta_graph_pb2.SignatureDef,
-                 inputs: Mapping[str, object]) -> list[tuple[str, np.ndarray]]:
+@dataclasses.dataclass(frozen=True)
+class SignatureIndex:
+    """A SignatureDef's aliases and tensor names, sorted once (proto maps are slow to walk)."""
+
+    inputs: tuple[tuple[str, str], ...]
+    outputs: dict[str, str]
+    sorted_outputs: tuple[str, ...]
+    has_defaults: bool
+
+    @classmethod
+    def of(cls, signature: meta_graph_pb2.SignatureDef) -> SignatureIndex:
+        """Index one SignatureDef."""
+        outputs = {alias: info.name for alias, info in signature.outputs.items()}
+        return cls(inputs=tuple((a, signature.inputs[a].name) for a in sorted(signature.inputs)),
+                   outputs=outputs, sorted_outputs=tuple(sorted(outputs)),
+                   has_defaults=bool(signature.defaults))
+
+
+def input_values(signature: meta_graph_pb2.SignatureDef, inputs: Mapping[str, object],
+                 index: SignatureIndex | None = None) -> list[tuple[str, np.ndarray]]:
     """cc/saved_model/util.cc GetInputValues: feeds by tensor name, defaults filled in."""
+    index = index or SignatureIndex.of(signature)
     feeds: list[tuple[str, np.ndarray]] = []
-    seen: set[str] = set()
-    for alias in sorted(signature.inputs):
-        info = signature.inputs[alias]
+    seen = 0
+    for alias, name in index.inputs:
         if alias in inputs:
             proto = inputs[alias]
-            seen.add(alias)
-        elif alias in signature.defaults:
+            seen += 1
+        elif index.has_defaults and alias in signature.defaults:
             proto = signature.defaults[alias]
         else:
             raise invalid_argument(
-                f"Signature input alias: {alias}(feed name: {info.name}) not found in request "
+                f"Signature input alias: {alias}(feed name: {name}) not found in request "
                 f"and no default value provided. Inputs expected to be in the request "
                 f"{{{_keys(inputs)}}}, or default input alias set: "
                 f"{_keys(signature.defaults)}")
         try:
-            feeds.append((info.name, to_numpy(proto)))
+            feeds.append((name, to_numpy(proto)))
         except ProtoError as exc:
             raise invalid_argument(f"tensor parsing error: {alias}") from exc
-    if inputs and len(seen) != len(inputs):
+    if inputs and seen != len(inputs):
+        used = sorted(a for a, _ in index.inputs if a in inputs)
         raise invalid_argument(
-            f"Inputs contains invalid name. Used request inputs: {','.join(sorted(seen))}, "
+            f"Inputs contains invalid name. Used request inputs: {','.join(used)}, "
             f"request input: {_keys(inputs)}")
     return feeds
 
 
 def prepare_predict(signatures: Signatures, request: predict_pb2.PredictRequest, *,
-                    method_check: bool) -> PredictPlan:
+                    method_check: bool,
+                    indexes: Mapping[str, SignatureIndex] | None = None) -> PredictPlan:
     """predict_util.cc RunPredict up to Session::Run."""
-    name = _signature_name(request.model_spec)
+    name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     signature = signatures.get(name)
     if signature is None:
         raise failed_precondition(f'Serving signature key "{name}" not found.')
+    index = indexes[name] if indexes is not None else SignatureIndex.of(signature)
     if method_check and signature.method_name not in (PREDICT_METHOD, CLASSIFY_METHOD,
                                                        REGRESS_METHOD):
         raise ServingError(Code.INTERNAL, "Expected prediction signature method_name to be one "
                            f"of {{{PREDICT_METHOD}, {CLASSIFY_METHOD}, {REGRESS_METHOD}}}. "
                            f"Was: {signature.method_name}")
-    _verify_inputs_size(signature, request.inputs)
-    feeds = input_values(signature, request.inputs)
+    inputs = request.inputs
+    if len(inputs) != len(index.inputs):
+        _verify_inputs_size(signature, inputs)
+    feeds = input_values(signature, inputs, index)
     aliases: list[str] = []
     for alias in request.output_filter:
-        if alias not in signature.outputs:
+        if alias not in index.outputs:
             raise invalid_argument(
                 f"output tensor alias not found in signature: {alias} Outputs expected to be "
-                f"in the set {{{_keys(signature.outputs)}}}.")
+                f"in the set {{{','.join(index.sorted_outputs)}}}.")
         if alias in aliases:
             raise invalid_argument(f"duplicate output tensor alias: {alias}")
         aliases.append(alias)
-    if not aliases:
-        aliases = sorted(signature.outputs)
-    fetches = tuple(signature.outputs[a].name for a in aliases)
-    return PredictPlan(name, SessionCall(tuple(feeds), fetches), tuple(aliases))
+    chosen = tuple(aliases) if aliases else index.sorted_outputs
+    fetches = tuple(index.outputs[a] for a in chosen)
+    return PredictPlan(name, SessionCall(tuple(feeds), fetches), chosen)
 
 
 def predict_response(plan: PredictPlan, outputs: Sequence[np.ndarray], model: str,
                      version: int | None, *, tensor_content: bool
                      ) -> predict_pb2.PredictResponse:
     """PostProcessPredictionResult plus the response model_spec."""
-    response = predict_pb2.PredictResponse(
-        model_spec=make_model_spec(model, plan.signature_name, version))
+    response = predict_pb2.PredictResponse()
+    spec = response.model_spec
+    spec.name = model
+    spec.signature_name = plan.signature_name
+    if version is not None:
+        spec.version.value = version
     for alias, value in zip(plan.aliases, outputs, strict=True):
-        response.outputs[alias].CopyFrom(to_proto(value, as_content=tensor_content))
+        fill_proto(response.outputs[alias], value, as_content=tensor_content)
     return response
 
 

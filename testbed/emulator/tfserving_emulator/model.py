@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2
 
+from .inference import SignatureIndex
 from .status import Code, ServingError, from_tf_exception
 
 SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
@@ -113,6 +114,7 @@ class LoadedModel:
         check_bundle_dir(export_dir)
         self.meta_graph = read_meta_graph(export_dir, tags)
         self.signature_defs = dict(self.meta_graph.signature_def)
+        self.indexes = {key: SignatureIndex.of(s) for key, s in self.signature_defs.items()}
         import tensorflow as tf
 
         self._graph = tf.Graph()

@@ -68,6 +68,8 @@ class Servable:
         self.metrics = metrics
         self.scheduler: SharedBatchScheduler | None = None
         self.queues: dict[tuple[frozenset[str], frozenset[str]], BatchQueue] = {}
+        # the same tensor names in the same order: the common case, without building sets
+        self._by_order: dict[tuple[tuple[str, ...], tuple[str, ...]], BatchQueue] = {}
         self._queues_lock = threading.Lock()
         self._inflight = 0
         self._idle = threading.Condition()
@@ -84,6 +86,10 @@ class Servable:
                         [o.name for o in signature.outputs.values()])
 
     def _queue(self, inputs: Sequence[str], outputs: Sequence[str]) -> BatchQueue:
+        fast = (tuple(inputs), tuple(outputs))
+        queue = self._by_order.get(fast)
+        if queue is not None:
+            return queue
         key = (frozenset(inputs), frozenset(outputs))
         with self._queues_lock:
             queue = self.queues.get(key)
@@ -92,6 +98,7 @@ class Servable:
                 queue = self.scheduler.add_queue(self.options.batching, inputs, outputs,
                                                  self.model.run)
                 self.queues[key] = queue
+            self._by_order[fast] = queue
             return queue
 
     def detach_batching(self) -> None:
@@ -100,6 +107,7 @@ class Servable:
             for queue in self.queues.values():
                 self.scheduler.remove_queue(queue)
         self.queues.clear()
+        self._by_order.clear()
 
     def acquire(self) -> None:
         """Count an in-flight request (unload waits for them, like ServableHandle)."""
@@ -150,7 +158,8 @@ class Servable:
     def prepare_predict(self, request: predict_pb2.PredictRequest) -> inference.PredictPlan:
         """Signature, feeds and fetches of a PredictRequest (errors before any run)."""
         return inference.prepare_predict(self.model.signature_defs, request,
-                                         method_check=self.options.method_name_check)
+                                         method_check=self.options.method_name_check,
+                                         indexes=self.model.indexes)
 
     def finish_predict(self, request: predict_pb2.PredictRequest, plan: inference.PredictPlan,
                        outputs: list[np.ndarray], started: float, version: int | None

@@ -243,15 +243,16 @@ class Server:
         executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(4, min(max_threads, 512) if max_threads > 0 else 512),
             thread_name_prefix="grpc_work")
-        server = grpc.aio.server(options=options, interceptors=[ThreadQuota(max_threads)])
+        quota = ThreadQuota(max_threads)
+        server = grpc.aio.server(options=options)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(self.core, self.metrics, executor), server)
+            ModelService(self.core, self.metrics, executor, quota), server)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionService(self.core, self.metrics, executor), server)
+            PredictionService(self.core, self.metrics, executor, quota), server)
         if values["enable_grpc_healthcheck_service"]:
             from .health import handler
 
-            server.add_generic_rpc_handlers((handler(),))
+            server.add_generic_rpc_handlers((handler(quota),))
         try:
             if values["port"] != 0 and server.add_insecure_port(
                     f"0.0.0.0:{values['port']}") == 0:

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2
 
 # DataType -> (numpy dtype, TensorProto value field)
 _DTYPES: dict[int, tuple[Any, str]] = {
@@ -88,22 +88,31 @@ def to_numpy(proto: tensor_pb2.TensorProto) -> np.ndarray:
     return flat.reshape(shape)
 
 
-def to_proto(array: np.ndarray, *, as_content: bool = False) -> tensor_pb2.TensorProto:
-    """Encode a numpy array like Tensor::AsProtoField (or AsProtoTensorContent)."""
-    proto = tensor_pb2.TensorProto(dtype=tf_dtype(array))
-    proto.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=int(d)) for d in array.shape]))
-    if proto.dtype == types_pb2.DT_STRING:
+def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, *,
+               as_content: bool = False) -> None:
+    """Write ``array`` into an empty ``proto`` like Tensor::AsProtoField (or
+    AsProtoTensorContent)."""
+    dtype = tf_dtype(array)
+    proto.dtype = dtype
+    dims = proto.tensor_shape.dim
+    for size in array.shape:
+        dims.add().size = int(size)
+    if dtype == types_pb2.DT_STRING:
         proto.string_val.extend(as_bytes(v) for v in array.ravel())
-        return proto
-    if as_content:
+    elif as_content:
         proto.tensor_content = np.ascontiguousarray(array).tobytes()
-        return proto
-    field = _DTYPES[proto.dtype][1]
-    flat = array.ravel()
-    if field == "half_val":
-        flat = flat.view(np.uint16)
-    getattr(proto, field).extend(flat.tolist())
+    else:
+        field = _DTYPES[dtype][1]
+        flat = array.ravel()
+        if field == "half_val":
+            flat = flat.view(np.uint16)
+        getattr(proto, field).extend(flat.tolist())
+
+
+def to_proto(array: np.ndarray, *, as_content: bool = False) -> tensor_pb2.TensorProto:
+    """A new TensorProto holding ``array`` (see fill_proto)."""
+    proto = tensor_pb2.TensorProto()
+    fill_proto(proto, array, as_content=as_content)
     return proto
 
 
