@@ -94,6 +94,7 @@ def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, *,
     AsProtoTensorContent)."""
     dtype = tf_dtype(array)
     proto.dtype = dtype
+    proto.tensor_shape.SetInParent()  # AsProtoField always writes the shape, even a scalar's
     dims = proto.tensor_shape.dim
     for size in array.shape:
         dims.add().size = int(size)
