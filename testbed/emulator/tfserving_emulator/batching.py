@@ -158,24 +158,37 @@ class Task:
                  "outputs", "size")
 
     def __init__(self, inputs: Feeds, fetches: Sequence[str], size: int,
-                 deadline: float | None) -> None:
+                 deadline: float | None, *, blocking: bool = True) -> None:
         self.inputs = inputs
         self.fetches = tuple(fetches)
         self.size = size
         self.deadline = deadline
         self.enqueued = time.monotonic()
-        self.done = threading.Event()
+        # only a blocking caller waits on an Event; event-loop callers get on_done
+        self.done = threading.Event() if blocking else None
         self.outputs: list[np.ndarray] | None = None
         self.error: ServingError | None = None
         self.on_done: Callable[[], None] | None = None
 
-    def wait(self) -> list[np.ndarray]:
-        """Block until the batch ran; return this task's outputs or raise its error."""
-        self.done.wait()
+    def finish(self) -> None:
+        """Wake whoever waits for this task."""
+        if self.done is not None:
+            self.done.set()
+        if self.on_done is not None:
+            self.on_done()
+
+    def result(self) -> list[np.ndarray]:
+        """This task's outputs, or its error raised (once finished)."""
         if self.error is not None:
             raise self.error
         assert self.outputs is not None
         return self.outputs
+
+    def wait(self) -> list[np.ndarray]:
+        """Block until the batch ran; return this task's outputs or raise its error."""
+        assert self.done is not None
+        self.done.wait()
+        return self.result()
 
 
 class _Batch:
@@ -294,11 +307,12 @@ class SharedBatchScheduler:
             if queue in self._queues:
                 self._queues.remove(queue)
 
-    def _new_task(self, inputs: Feeds, fetches: Sequence[str], deadline: float | None) -> Task:
+    def _new_task(self, inputs: Feeds, fetches: Sequence[str], deadline: float | None, *,
+                  blocking: bool = True) -> Task:
         size = input_size(inputs)
         for value in inputs.values():  # ComputeInputSize records every input tensor
             self.metrics.input_batch_size.observe(int(value.shape[0]))
-        return Task(inputs, fetches, size, deadline)
+        return Task(inputs, fetches, size, deadline, blocking=blocking)
 
     def submit(self, queue: BatchQueue, inputs: Feeds, fetches: Sequence[str],
                deadline: float | None) -> list[np.ndarray]:
@@ -314,7 +328,7 @@ class SharedBatchScheduler:
         """Like submit, but returns a future of the running event loop instead of blocking."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[list[np.ndarray]] = loop.create_future()
-        task = self._new_task(inputs, fetches, deadline)
+        task = self._new_task(inputs, fetches, deadline, blocking=False)
         with self._cv:
             tasks = queue.schedule(task)
             remaining = [len(tasks)]
@@ -324,7 +338,7 @@ class SharedBatchScheduler:
                 if future.done():
                     return
                 try:
-                    future.set_result(_gather(tasks))
+                    future.set_result(_gather(tasks, wait=False))
                 except ServingError as exc:
                     future.set_exception(exc)
 
@@ -379,10 +393,10 @@ def input_size(inputs: Feeds) -> int:
     return sizes.pop()
 
 
-def _gather(tasks: list[Task]) -> list[np.ndarray]:
+def _gather(tasks: list[Task], *, wait: bool = True) -> list[np.ndarray]:
     if len(tasks) == 1:
-        return tasks[0].wait()
-    parts = [t.wait() for t in tasks]
+        return tasks[0].wait() if wait else tasks[0].result()
+    parts = [t.wait() if wait else t.result() for t in tasks]
     return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
 
@@ -399,7 +413,7 @@ def _split(task: Task, sizes: list[int]) -> list[Task]:
     offset = 0
     for size in sizes:
         piece = Task({k: v[offset:offset + size] for k, v in task.inputs.items()},
-                     task.fetches, size, task.deadline)
+                     task.fetches, size, task.deadline, blocking=task.done is not None)
         piece.enqueued = task.enqueued
         pieces.append(piece)
         offset += size
@@ -494,9 +508,7 @@ def _process_batch(queue: BatchQueue, batch: _Batch, metrics: Metrics) -> None:
         for task in batch.tasks:
             task.error = ServingError(Code.INTERNAL, str(exc))
     for task in batch.tasks:
-        task.done.set()
-        if task.on_done is not None:
-            task.on_done()
+        task.finish()
 
 
 def _split_outputs(queue: BatchQueue, outputs: Sequence[np.ndarray], batch: _Batch,
