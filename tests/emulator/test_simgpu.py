@@ -13,6 +13,7 @@ import fcntl
 import json
 import os
 import pathlib
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -83,6 +84,25 @@ def test_context_plus_fraction_on_every_visible_gpu(emulator, tmp_path, sources)
     expected = int(TOTAL_MIB * 0.25) + CONTEXT_MIB
     assert usage(gpu, server.proc.pid) == {0: expected, 1: expected}
     assert {r["process_name"] for r in procs(gpu)} == {"tensorflow_model_server"}
+
+
+def test_nvidia_smi_shows_each_gpu_and_process(emulator, tmp_path, sources) -> None:
+    # testbed/fleet/nvidia_smi.py reads the same records: per-GPU memory, one row per GPU
+    gpu = make_gpu(tmp_path)
+    server, port = start(emulator, model(tmp_path, sources), gpu,
+                         "--per_process_gpu_memory_fraction=0.25")
+    server.wait_port(port)
+    smi = [sys.executable, str(EMULATOR_DIR.parent / "fleet" / "nvidia_smi.py")]
+    env = {**os.environ, "SIMGPU_DIR": str(gpu)}
+    used = subprocess.run([*smi, "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, env=env, check=True).stdout
+    expected = int(TOTAL_MIB * 0.25) + CONTEXT_MIB
+    assert used == f"0, {expected}\n1, {expected}\n"
+    apps = subprocess.run([*smi, "--query-compute-apps=pid,used_gpu_memory,gpu_uuid",
+                           "--format=csv,noheader,nounits"],
+                          capture_output=True, text=True, env=env, check=True).stdout
+    assert sorted(apps.splitlines()) == [f"{server.proc.pid}, {expected}, GPU-000{i}"
+                                         for i in (0, 1)]
 
 
 @pytest.mark.parametrize(("env", "host_gpus"), [
