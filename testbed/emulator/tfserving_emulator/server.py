@@ -1,9 +1,11 @@
 """Server::BuildAndStart and main() (model_servers/server.cc, main.cc).
 
 Start-up order as in the real server: option validation, model config, batching parameters,
-session config, parallelism, then ServerCore (which loads the initial models and blocks until
-they settle), then the gRPC port, then the REST port and monitoring config. Any start-up
-error prints ``Failed to start server. Error: <status>`` on stdout and exits 255.
+session config, parallelism, then ServerCore (batch scheduler, then the initial models, blocking
+until they settle), then the gRPC port, then the monitoring config and the REST port. A start-up
+error prints ``Failed to start server. Error: <status>`` on stdout; before gRPC started the
+process exits 255, after it (a bad monitoring config) ``~Server()`` waits on the running gRPC
+server, so gRPC keeps serving without REST.
 """
 
 from __future__ import annotations
@@ -140,8 +142,8 @@ class Server:
             log.warning("server.cc", "--platform_config_file is not supported by the TFServing "
                         "emulator; using the flags instead")
         batching = _batching_parameters(values)
-        _check_parallelism(values)
         session_config, allow_growth = _session_config(values)
+        _check_parallelism(values)
         self.core = self._create_core(batching, session_config, allow_growth)
         self.core.reload_config(config)
         self._start_config_poller()
