@@ -201,6 +201,24 @@ def test_rest_api_timeout_in_ms_is_the_run_timeout(server: Server) -> None:
     assert time.monotonic() - started < 10
 
 
+def test_grpc_deadline_is_the_run_timeout(server: Server) -> None:
+    # prediction_service_impl.cc: RunOptions.timeout_in_ms = the call's deadline, so the run
+    # stops server-side too and the request is counted as DEADLINE_EXCEEDED
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "block"
+    request.inputs["x"].dtype = types_pb2.DT_FLOAT
+    request.inputs["x"].float_val.append(1.0)
+    request.inputs["x"].tensor_shape.dim.add().size = 1
+    with pytest.raises(grpc.RpcError) as info:
+        server.predict.Predict(request, timeout=1.0)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    counted = ':tensorflow:serving:request_count{model_name="block",status="DEADLINE_EXCEEDED"}'
+    deadline = time.monotonic() + 10
+    while counted not in server.metrics():
+        assert time.monotonic() < deadline, server.metrics()
+        time.sleep(0.2)
+
+
 def test_duplicate_version_directories_keep_the_last_name(server: Server) -> None:
     # file_system_storage_path_source.cc: children sorted, the later of "01" and "1" wins
     request = predict_request("dup", [[0.0]], signature="version_of")
