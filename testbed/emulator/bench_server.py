@@ -3,8 +3,11 @@
 
 Starts the emulator (batching on) on free loopback ports with a freshly written TF2
 half_plus_two SavedModel, drives it with an asyncio gRPC client (tensorflow_serving.apis
-stubs, one channel, --concurrency requests in flight) for --seconds, and prints the figures.
-Use --target HOST:PORT --model NAME to measure an already running server instead.
+stubs, one channel, --concurrency requests in flight) for --seconds, and prints requests/s,
+latency percentiles and the server process's CPU time per request (user + system, from
+/proc/<pid>/stat: less sensitive than requests/s to other work on the machine).
+Use --target HOST:PORT --model NAME to measure an already running server instead, and
+--emulator-dir DIR to start the package found in DIR (e.g. an older checkout) instead of this one.
 
   /var/cache/tfsdeploy/venv/bin/python testbed/emulator/bench_server.py
 """
@@ -56,9 +59,13 @@ def _start_server(work: pathlib.Path, args: argparse.Namespace
                                         timeout=args.batch_timeout_micros,
                                         threads=args.batch_threads))
     port = _free_port()
-    env = dict(os.environ, PYTHONPATH=str(HERE), SIMGPU_DIR=str(work / "no-simgpu"))
+    env = dict(os.environ, PYTHONPATH=str(args.emulator_dir),
+               SIMGPU_DIR=str(work / "no-simgpu"))
+    # --grpc_max_threads is a thread quota, as in TFServing: with its default (4 x CPUs) most
+    # of 64 concurrent requests would be refused RESOURCE_EXHAUSTED
     command = [sys.executable, "-m", "tfserving_emulator", f"--port={port}",
-               f"--model_base_path={work / 'hpt'}", "--model_name=hpt"]
+               f"--model_base_path={work / 'hpt'}", "--model_name=hpt",
+               f"--grpc_max_threads={args.concurrency + 2}"]
     if not args.no_batching:
         command += ["--enable_batching", f"--batching_parameters_file={batching}"]
     log = open(work / "server.log", "wb")  # noqa: SIM115 - lives as long as the server
@@ -72,6 +79,12 @@ def _start_server(work: pathlib.Path, args: argparse.Namespace
             raise SystemExit((work / "server.log").read_text())
         time.sleep(0.2)
     raise SystemExit("server did not start")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, in seconds."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _request(model: str) -> object:
@@ -128,6 +141,8 @@ def main() -> int:
     parser.add_argument("--batch-timeout-micros", type=int, default=2000)
     parser.add_argument("--batch-threads", type=int, default=2)
     parser.add_argument("--no-batching", action="store_true")
+    parser.add_argument("--emulator-dir", type=pathlib.Path, default=HERE,
+                        help="directory holding the tfserving_emulator package")
     args = parser.parse_args()
     proc = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -135,9 +150,11 @@ def main() -> int:
         if target is None:
             proc, port = _start_server(pathlib.Path(tmp), args)
             target = f"127.0.0.1:{port}"
+        cpu_before = _cpu_seconds(proc.pid) if proc is not None else 0.0
         try:
             ok, errors, latencies = asyncio.run(
                 _drive(target, args.model, args.concurrency, args.seconds))
+            cpu = _cpu_seconds(proc.pid) - cpu_before if proc is not None else None
         finally:
             if proc is not None:
                 proc.kill()
@@ -152,6 +169,9 @@ def main() -> int:
           f"({ok} ok, {errors} errors), concurrency {args.concurrency}, batching "
           f"{'off' if args.no_batching else 'on'}")
     print(f"latency ms: p50 {pct(0.5):.2f}  p90 {pct(0.9):.2f}  p99 {pct(0.99):.2f}")
+    if cpu is not None and ok:
+        print(f"server CPU: {cpu * 1e6 / (ok + errors):.0f} us per request "
+              f"({cpu:.1f} s for {ok + errors} requests)")
     return 0 if errors == 0 else 1
 
 

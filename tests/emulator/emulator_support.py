@@ -87,7 +87,7 @@ class Emulator:
             raise AssertionError(f"server still running:\n{self.output()}") from exc
 
     def stop(self) -> None:
-        """Kill the process and its children (SIGTERM is ignored, like the real server)."""
+        """Kill the process and its children (they may ignore SIGTERM, as bash as PID 1 does)."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
@@ -128,6 +128,11 @@ def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, pathlib.Path]
     modelgen.warmup_records(out["toomanywarm"], 1001)
     out["huge"] = modelgen.half_plus_two(root / "huge", 1)
     modelgen.simgpu_footprint(out["huge"], 100_000)
+    out["large"] = modelgen.half_plus_two(root / "large", 2)
+    modelgen.simgpu_footprint(out["large"], 8500)
+    out["examples"] = modelgen.tf1_examples(root / "examples")
+    modelgen.example_warmup(out["examples"], "ex")
+    out["block"] = modelgen.blocking(root / "block")
     return out
 
 

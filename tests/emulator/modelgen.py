@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import shutil
+from typing import Any
 
 
 def half_plus_two(path: pathlib.Path, version: int = 1) -> pathlib.Path:
@@ -60,6 +61,84 @@ def tf1_builder(path: pathlib.Path) -> pathlib.Path:
                 signature_def_map={"serving_default": predict, "double": double})
             builder.save()
     return path
+
+
+def tf1_examples(path: pathlib.Path) -> pathlib.Path:
+    """TF1 model over serialized tf.Examples (feature x): classify (scores) and regress
+    (outputs) signatures, y = 0.5x + 2, plus serving_default over x itself."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        serialized = v1.placeholder(tf.string, [None], name="tf_example")
+        features = v1.io.parse_example(serialized, {"x": v1.io.FixedLenFeature([1], tf.float32)})
+        y = tf.add(0.5 * features["x"], 2.0, name="y")
+        x = v1.placeholder(tf.float32, [None, 1], name="x")
+        direct = tf.add(0.5 * x, 2.0, name="direct")
+        with v1.Session(graph=graph) as session:
+            utils = v1.saved_model.signature_def_utils
+            builder = v1.saved_model.Builder(str(path))
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "classify_x_to_y": utils.classification_signature_def(serialized, None, y),
+                "regress_x_to_y": utils.regression_signature_def(serialized, y),
+                "serving_default": utils.predict_signature_def({"x": x}, {"y": direct})})
+            builder.save()
+    return path
+
+
+def blocking(path: pathlib.Path) -> pathlib.Path:
+    """TF1 model whose output waits on a queue nothing ever fills: every run times out."""
+    import tensorflow as tf
+
+    v1 = tf.compat.v1
+    with tf.Graph().as_default() as graph:
+        x = v1.placeholder(tf.float32, [None], name="x")
+        queue = tf.queue.FIFOQueue(1, tf.float32, shapes=[[]], name="never_filled")
+        y = tf.add(x, queue.dequeue(), name="y")
+        with v1.Session(graph=graph) as session:
+            builder = v1.saved_model.Builder(str(path))
+            builder.add_meta_graph_and_variables(session, ["serve"], signature_def_map={
+                "serving_default": v1.saved_model.signature_def_utils.predict_signature_def(
+                    {"x": x}, {"y": y})})
+            builder.save()
+    return path
+
+
+def example_warmup(path: pathlib.Path, model: str) -> None:
+    """One classify, one regress and one multi_inference warmup record (x = 2)."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import (
+        classification_pb2,
+        inference_pb2,
+        prediction_log_pb2,
+        regression_pb2,
+    )
+
+    def example_input(target: Any) -> None:
+        target.example_list.examples.add().features.feature["x"].float_list.value.append(2.0)
+
+    classify = classification_pb2.ClassificationRequest()
+    classify.model_spec.name, classify.model_spec.signature_name = model, "classify_x_to_y"
+    example_input(classify.input)
+    regress = regression_pb2.RegressionRequest()
+    regress.model_spec.name, regress.model_spec.signature_name = model, "regress_x_to_y"
+    example_input(regress.input)
+    multi = inference_pb2.MultiInferenceRequest()
+    task = multi.tasks.add(method_name="tensorflow/serving/regress")
+    task.model_spec.name, task.model_spec.signature_name = model, "regress_x_to_y"
+    example_input(multi.input)
+    records = [
+        prediction_log_pb2.PredictionLog(
+            classify_log=prediction_log_pb2.ClassifyLog(request=classify)),
+        prediction_log_pb2.PredictionLog(
+            regress_log=prediction_log_pb2.RegressLog(request=regress)),
+        prediction_log_pb2.PredictionLog(
+            multi_inference_log=prediction_log_pb2.MultiInferenceLog(request=multi))]
+    extra = path / "assets.extra"
+    extra.mkdir(exist_ok=True)
+    with tf.io.TFRecordWriter(str(extra / "tf_serving_warmup_requests")) as writer:
+        for record in records:
+            writer.write(record.SerializeToString())
 
 
 def corrupt(path: pathlib.Path) -> pathlib.Path:

@@ -43,13 +43,16 @@ def server(tmp_path_factory: pytest.TempPathFactory, sources: dict[str, Any]) ->
 
 
 def batches(rest: str) -> tuple[int, int]:
+    """(batches run, request rows seen): processed_batch_size counts batches, input_batch_size
+    counts every request's input tensor (BatchingSession::ComputeInputSize)."""
     status, page = http("GET", rest + "/custom/metrics")
     assert status == 200
-    count = re.search(r"^:tensorflow:serving:batching_session:input_batch_size_count\{\} (\d+)$",
-                      page, re.M)
+    count = re.search(
+        r"^:tensorflow:serving:batching_session:processed_batch_size_count\{\} (\d+)$", page,
+        re.M)
     total = re.search(r"^:tensorflow:serving:batching_session:input_batch_size_sum\{\} (\S+)$",
                       page, re.M)
-    assert 'queuing_latency_count{thread_pool_name="bench_pool"}' in page or not count
+    assert 'queuing_latency_count{thread_pool_name=""}' in page or not count
     return (int(count.group(1)) if count else 0, int(float(total.group(1))) if total else 0)
 
 

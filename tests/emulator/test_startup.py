@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
+import signal
 import time
 
 import modelgen
 import pytest
-from emulator_support import free_port, port_open, write
+from emulator_support import free_port, port_open, predict_request, status_of, stubs, write
 
 FAILED = "Failed to start server. Error: "
 
@@ -133,15 +135,42 @@ def test_allowed_batch_sizes_last_must_equal_max(emulator, tmp_path, sources) ->
             "expected 8") in out
 
 
-def test_bad_monitoring_config_fails_after_load(emulator, tmp_path, sources) -> None:
+def test_failure_after_grpc_started_leaves_grpc_serving(emulator, tmp_path, sources) -> None:
+    # server.cc reads the monitoring config after the gRPC server started: BuildAndStart fails,
+    # main returns, and ~Server waits on the running gRPC server. gRPC keeps serving, with no
+    # REST port and no metrics endpoint.
     base = tmp_path / "m"
     modelgen.copy_version(sources["hpt1"], base, 1)
     monitoring = write(tmp_path / "mon.txt", "prometheus_config { enable: true colour: 1 }")
-    code, out = run_to_exit(emulator, [f"--port={free_port()}", f"--rest_api_port={free_port()}",
-                                       f"--model_base_path={base}",
-                                       f"--monitoring_config_file={monitoring}"])
-    assert code == 255
-    assert f"Invalid protobuf file: '{monitoring}'" in out
+    grpc_port, rest_port = free_port(), free_port()
+    server = emulator([f"--port={grpc_port}", f"--rest_api_port={rest_port}",
+                       f"--model_base_path={base}", "--model_name=m",
+                       f"--monitoring_config_file={monitoring}"])
+    server.wait_port(grpc_port)
+    deadline = time.monotonic() + 30
+    while FAILED not in server.output():
+        assert time.monotonic() < deadline, server.output()
+        time.sleep(0.1)
+    assert f"{FAILED}INVALID_ARGUMENT: Invalid protobuf file: '{monitoring}'" in server.output()
+    time.sleep(1.0)
+    assert server.proc.poll() is None
+    assert not port_open(rest_port)
+    predict, models, _channel = stubs(grpc_port)
+    assert status_of(models, "m") == {1: (30, 0)}
+    response = predict.Predict(predict_request("m", [[1.0]]), timeout=10)
+    assert list(response.outputs["y"].float_val) == [2.5]
+
+
+def test_sigterm_ends_a_server_that_is_not_pid_1(emulator, tmp_path, sources) -> None:
+    # no SIGTERM handler, like the real binary: the default action ends it at once (in a
+    # container only PID 1 is spared, see tests/conformance)
+    base = tmp_path / "m"
+    modelgen.copy_version(sources["hpt1"], base, 1)
+    port = free_port()
+    server = emulator([f"--port={port}", f"--model_base_path={base}", "--model_name=m"])
+    server.wait_port(port)
+    os.kill(server.proc.pid, signal.SIGTERM)
+    assert server.proc.wait(10) == -signal.SIGTERM
 
 
 def test_ports_open_only_after_initial_load(emulator, tmp_path, sources) -> None:

@@ -1,16 +1,25 @@
-"""Dynamic batching: one shared batch scheduler, one queue per (servable, signature).
+"""Dynamic batching: a shared batch scheduler and BatchingSession queues of Session::Run calls.
 
-Follows TF's SharedBatchScheduler (core/kernels/batching_util/shared_batch_scheduler.h) and
-TFServing's BatchingSession (batching/batching_session.cc):
-- a task larger than max_batch_size fails with INVALID_ARGUMENT;
-- a task that does not fit the open batch starts a new batch, unless the queue already holds
-  max_enqueued_batches batches: then UNAVAILABLE "The batch scheduling queue to which this
-  task was submitted is full";
-- a batch is processed when full, or when batch_timeout_micros have passed since it opened
-  (0: as soon as a batch thread is free), by one of num_batch_threads threads shared by all
-  queues;
-- inputs are concatenated along dimension 0, padded to the next allowed_batch_sizes entry
-  (by repeating the first row), run once, and the outputs split back per task.
+Follows TensorFlow 2.21's SharedBatchScheduler (tensorflow/core/kernels/batching_util/
+shared_batch_scheduler.h, in the tensorflow wheel's include/ tree) and TFServing's
+BatchingSession (batching/batching_session.cc, batching_util.{h,cc},
+servables/tensorflow/bundle_factory_util.{h,cc}):
+- Create: ``num_batch_threads < 1`` is INVALID_ARGUMENT (the server fails to start);
+- AddQueue (when a version loads): without splitting ``max_enqueued_batches: 0`` becomes 1;
+  ``max_batch_size`` 0, a negative ``batch_timeout_micros``, ``max_enqueued_batches`` 0 with
+  splitting, and ``max_execution_batch_size > max_batch_size`` with splitting are
+  INVALID_ARGUMENT (a failed load); the last ``allowed_batch_sizes`` entry must equal
+  ``max_batch_size`` (1000 when unset), nothing else is checked about the list;
+- a queue per TensorSignature (the sets of fed and fetched tensor names) of each SignatureDef,
+  and more queues created on demand for Run calls that match none (same options);
+- Schedule: a task larger than ``max_batch_size`` is INVALID_ARGUMENT; a task that does not fit
+  the open batch when ``max_enqueued_batches`` batches exist is UNAVAILABLE; with splitting a
+  task is cut to fill the open batch and then ``max_execution_batch_size`` pieces;
+- a batch runs when it is closed, full, or ``batch_timeout_micros`` after it opened; inputs are
+  padded (``pad_variable_length_inputs``: every dimension after the 0th up to the batch's
+  largest, with the tensor's first element) and the batch is padded to the next allowed size
+  with the last task's first row; tasks past their RunOptions deadline are refused with
+  RESOURCE_EXHAUSTED when the whole batch is late.
 """
 
 from __future__ import annotations
@@ -18,11 +27,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import itertools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,16 +40,29 @@ from .status import Code, ServingError, invalid_argument
 
 DEFAULT_MAX_BATCH_SIZE = 1000  # SharedBatchScheduler QueueOptions.input_batch_size_limit
 DEFAULT_MAX_ENQUEUED_BATCHES = 10
+_SIZE_T = 2**64
+
+
+def max_parallelism() -> int:
+    """port::MaxParallelism(): the CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 @dataclasses.dataclass(frozen=True)
 class BatchingOptions:
-    """The effective BatchingParameters (defaults filled in like TFServing does)."""
+    """The effective BatchingParameters, as GetQueueOptions and CreateBatchScheduler read them.
+
+    ``max_batch_size`` and ``max_enqueued_batches`` are size_t in TF: a negative value wraps to a
+    huge limit.
+    """
 
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     batch_timeout_micros: int = 0
     max_enqueued_batches: int = DEFAULT_MAX_ENQUEUED_BATCHES
-    num_batch_threads: int = os.cpu_count() or 1
+    num_batch_threads: int = dataclasses.field(default_factory=max_parallelism)
     thread_pool_name: str = "batch_threads"
     allowed_batch_sizes: tuple[int, ...] = ()
     pad_variable_length_inputs: bool = False
@@ -50,66 +71,124 @@ class BatchingOptions:
 
     @property
     def execution_limit(self) -> int:
-        """Largest batch that runs at once (max_execution_batch_size only with splitting)."""
+        """GetMaxExecutionBatchSize: the execution size with splitting, else max_batch_size."""
         return self.max_execution_batch_size if self.enable_large_batch_splitting \
             else self.max_batch_size
 
 
-def options_from_proto(params: Any) -> BatchingOptions:
-    """Build BatchingOptions from a BatchingParameters message (unset -> default)."""
-    def wrapped(name: str, default: Any) -> Any:
-        return getattr(params, name).value if params.HasField(name) else default
+def _size_t(value: int) -> int:
+    return value % _SIZE_T
 
-    max_batch_size = int(wrapped("max_batch_size", DEFAULT_MAX_BATCH_SIZE))
+
+def options_from_proto(params: Any) -> BatchingOptions:
+    """BatchingParameters -> options (bundle_factory_util.h GetQueueOptions and
+    CreateBatchScheduler): unset fields keep the TF defaults."""
+    def has(name: str) -> bool:
+        return bool(params.HasField(name))
+
+    splitting = has("enable_large_batch_splitting") and params.enable_large_batch_splitting.value
+    max_batch = _size_t(params.max_batch_size.value) if has("max_batch_size") \
+        else DEFAULT_MAX_BATCH_SIZE
+    if has("max_execution_batch_size"):
+        execution = _size_t(params.max_execution_batch_size.value)
+    else:
+        # GetQueueOptions reads max_batch_size().value(), 0 when unset: see docs/emulator.md
+        execution = max_batch
     return BatchingOptions(
-        max_batch_size=max_batch_size,
-        batch_timeout_micros=int(wrapped("batch_timeout_micros", 0)),
-        max_enqueued_batches=int(wrapped("max_enqueued_batches", DEFAULT_MAX_ENQUEUED_BATCHES)),
-        num_batch_threads=int(wrapped("num_batch_threads", os.cpu_count() or 1)),
-        thread_pool_name=str(wrapped("thread_pool_name", "batch_threads")),
+        max_batch_size=max_batch,
+        batch_timeout_micros=int(params.batch_timeout_micros.value),
+        max_enqueued_batches=_size_t(params.max_enqueued_batches.value)
+        if has("max_enqueued_batches") else DEFAULT_MAX_ENQUEUED_BATCHES,
+        num_batch_threads=int(params.num_batch_threads.value) if has("num_batch_threads")
+        else max_parallelism(),
+        thread_pool_name=str(params.thread_pool_name.value) if has("thread_pool_name")
+        else "batch_threads",
         allowed_batch_sizes=tuple(int(x) for x in params.allowed_batch_sizes),
         pad_variable_length_inputs=bool(params.pad_variable_length_inputs),
-        enable_large_batch_splitting=bool(wrapped("enable_large_batch_splitting", False)),
-        # bundle_factory_util.h GetQueueOptions: falls back to max_batch_size
-        max_execution_batch_size=int(wrapped("max_execution_batch_size", max_batch_size)),
-    )
+        enable_large_batch_splitting=bool(splitting),
+        max_execution_batch_size=execution if splitting else max_batch)
 
 
-def validate_for_session(options: BatchingOptions) -> None:
-    """Checks made when a version's session is wrapped (bundle_factory_util.cc,
-    batching_session.cc); a failure here is a failed load of that version."""
+def check_scheduler(options: BatchingOptions) -> None:
+    """SharedBatchScheduler::Create: checked when the server starts."""
+    if options.num_batch_threads < 1:
+        raise invalid_argument(
+            f"num_batch_threads must be positive; was {options.num_batch_threads}")
+
+
+def check_allowed_sizes(options: BatchingOptions) -> None:
+    """WrapSessionForBatching: only the last allowed size is checked (at load)."""
     sizes = options.allowed_batch_sizes
-    if sizes:
-        if sizes[-1] != options.max_batch_size:
-            raise invalid_argument(
-                "Last entry in allowed_batch_sizes must match max_batch_size; last entry was "
-                f"{sizes[-1]}; expected {options.max_batch_size}")
-        if any(b <= a for a, b in itertools.pairwise(sizes)):
-            raise invalid_argument("allowed_batch_sizes entries must be monotonically "
-                                   "increasing")
+    if sizes and sizes[-1] != options.max_batch_size:
+        raise invalid_argument(
+            "Last entry in allowed_batch_sizes must match max_batch_size; last entry was "
+            f"{sizes[-1]}; expected {options.max_batch_size}")
+
+
+def queue_options(options: BatchingOptions) -> BatchingOptions:
+    """SharedBatchScheduler::AddQueue: the rewrite, then the checks (at load)."""
+    if not options.enable_large_batch_splitting and options.max_enqueued_batches == 0:
+        # kept for low-QPS models that rely on it, says shared_batch_scheduler.h
+        options = dataclasses.replace(options, max_enqueued_batches=1)
+    if options.max_batch_size == 0:
+        raise invalid_argument("input_batch_size_limit must be positive; was 0")
+    if options.batch_timeout_micros < 0:
+        raise invalid_argument(
+            f"batch_timeout_micros must be non-negative; was {options.batch_timeout_micros}")
+    if options.max_enqueued_batches == 0:
+        raise invalid_argument("max_enqueued_batches must be positive; was 0")
+    if options.enable_large_batch_splitting and \
+            options.max_batch_size < options.max_execution_batch_size:
+        # errors::InvalidArgument concatenates the flag (1) and both sizes after the sentence
+        raise invalid_argument(
+            "When enable_large_batch_splitting is true, input_batch_size_limit must be "
+            "greater than or equal to max_execution_batch_size.1"
+            f"{options.max_batch_size}{options.max_execution_batch_size}")
+    return options
+
+
+Feeds = dict[str, np.ndarray]
+RunFn = Callable[[Sequence[tuple[str, np.ndarray]], Sequence[str], int], list[np.ndarray]]
 
 
 class Task:
-    """One request's inputs waiting for its slice of a batch's outputs."""
+    """One Session::Run (or a piece of one) waiting for its slice of a batch's outputs."""
 
-    __slots__ = ("done", "enqueued", "error", "inputs", "on_done", "outputs", "size")
+    __slots__ = ("deadline", "done", "enqueued", "error", "fetches", "inputs", "on_done",
+                 "outputs", "size")
 
-    def __init__(self, inputs: dict[str, np.ndarray], size: int) -> None:
+    def __init__(self, inputs: Feeds, fetches: Sequence[str], size: int,
+                 deadline: float | None, *, blocking: bool = True) -> None:
         self.inputs = inputs
+        self.fetches = tuple(fetches)
         self.size = size
+        self.deadline = deadline
         self.enqueued = time.monotonic()
-        self.done = threading.Event()
-        self.outputs: dict[str, np.ndarray] | None = None
+        # only a blocking caller waits on an Event; event-loop callers get on_done
+        self.done = threading.Event() if blocking else None
+        self.outputs: list[np.ndarray] | None = None
         self.error: ServingError | None = None
         self.on_done: Callable[[], None] | None = None
 
-    def wait(self) -> dict[str, np.ndarray]:
-        """Block until the batch ran; return this task's outputs or raise its error."""
-        self.done.wait()
+    def finish(self) -> None:
+        """Wake whoever waits for this task."""
+        if self.done is not None:
+            self.done.set()
+        if self.on_done is not None:
+            self.on_done()
+
+    def result(self) -> list[np.ndarray]:
+        """This task's outputs, or its error raised (once finished)."""
         if self.error is not None:
             raise self.error
         assert self.outputs is not None
         return self.outputs
+
+    def wait(self) -> list[np.ndarray]:
+        """Block until the batch ran; return this task's outputs or raise its error."""
+        assert self.done is not None
+        self.done.wait()
+        return self.result()
 
 
 class _Batch:
@@ -122,97 +201,102 @@ class _Batch:
         self.closed = False
 
 
-RunFn = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
-
-
 class BatchQueue:
-    """The queue of one servable version's signature inside the shared scheduler."""
+    """One TensorSignature's queue inside the shared scheduler."""
 
     def __init__(self, scheduler: SharedBatchScheduler, options: BatchingOptions,
-                 run: RunFn) -> None:
+                 inputs: Sequence[str], outputs: Sequence[str], run: RunFn) -> None:
         self.scheduler = scheduler
         self.options = options
+        self.inputs = tuple(sorted(inputs))
+        self.outputs = tuple(sorted(outputs))
         self.run = run
         self.batches: collections.deque[_Batch] = collections.deque([_Batch()])
 
-    def schedule(self, task: Task) -> list[Task]:
-        """Enqueue ``task`` (called with the scheduler lock held); returns the tasks actually
-        queued: ``[task]``, or its pieces when large-batch splitting cuts it up."""
-        limit = self.options.execution_limit
-        if task.size > self.options.max_batch_size:
+    @property
+    def _limit(self) -> int:
+        return self.options.execution_limit
+
+    def _check_capacity(self, task: Task) -> None:
+        """Queue::ValidateBatchTaskQueueCapacity."""
+        options, back = self.options, self.batches[-1]
+        if task.size > options.max_batch_size:
             raise invalid_argument(f"Task size {task.size} is larger than maximum input batch "
-                                   f"size {self.options.max_batch_size}")
-        open_batch = self.batches[-1] if self.batches and not self.batches[-1].closed else None
-        room = limit - open_batch.size if open_batch is not None else 0
-        if task.size <= room:
-            assert open_batch is not None
-            self._add(open_batch, task)
-            return [task]
-        if not self.options.enable_large_batch_splitting:
-            self._reserve_batches(1)
-            batch = self._new_batch()
-            self._add(batch, task)
-            return [task]
-        sizes = ([room] if room > 0 else []) + _chunks(task.size - max(room, 0), limit)
-        self._reserve_batches(len(sizes) - (1 if room > 0 else 0))
-        pieces = _split(task, sizes)
-        for index, piece in enumerate(pieces):
-            target = open_batch if index == 0 and room > 0 else None
-            self._add(target or self._new_batch(), piece)
+                                   f"size {options.max_batch_size}")
+        if options.enable_large_batch_splitting:
+            capacity = (options.max_enqueued_batches - len(self.batches)) * self._limit \
+                + self._limit - back.size
+            if task.size > capacity:
+                raise ServingError(
+                    Code.UNAVAILABLE,
+                    "The batch scheduling queue to which this task was submitted is full; task "
+                    f"size is {task.size} but scheduling capacity is only {capacity} "
+                    f"(num_enqueued_batches={len(self.batches)}, max_enqueued_batches="
+                    f"{options.max_enqueued_batches}, open_batch_size={back.size}, "
+                    f"max_execution_batch_size={self._limit})")
+            return
+        if back.size + task.size > options.max_batch_size and \
+                len(self.batches) >= options.max_enqueued_batches:
+            raise ServingError(
+                Code.UNAVAILABLE,
+                "The batch scheduling queue to which this task was submitted is full; currently "
+                f"{len(self.batches)} batches enqueued and max_enqueued_batches is "
+                f"{options.max_enqueued_batches}")
+
+    def schedule(self, task: Task) -> list[Task]:
+        """Enqueue ``task`` (scheduler lock held); returns the tasks actually queued: ``[task]``,
+        or its pieces when large-batch splitting cuts it up."""
+        self._check_capacity(task)
+        room = self._limit - self.batches[-1].size
+        if task.size <= room or not self.options.enable_large_batch_splitting:
+            pieces = [task]
+        else:
+            pieces = _split(task, _piece_sizes(task.size, room, self._limit))
+        for piece in pieces:
+            if self.batches[-1].size + piece.size > self._limit:
+                self.batches[-1].closed = True
+                self.batches.append(_Batch())
+            self._add(self.batches[-1], piece)
         return pieces
-
-    def _reserve_batches(self, count: int) -> None:
-        if len(self.batches) + count > self.options.max_enqueued_batches:
-            raise ServingError(Code.UNAVAILABLE, "The batch scheduling queue to which this task "
-                               "was submitted is full")
-
-    def _new_batch(self) -> _Batch:
-        if self.batches:
-            self.batches[-1].closed = True
-        batch = _Batch()
-        self.batches.append(batch)
-        return batch
 
     def _add(self, batch: _Batch, task: Task) -> None:
         if not batch.tasks:
-            batch.opened = task.enqueued
+            batch.opened = time.monotonic()
         batch.tasks.append(task)
         batch.size += task.size
-        if batch.size >= self.options.execution_limit:
-            batch.closed = True
 
     def ready_batch(self, now: float) -> tuple[_Batch | None, float | None]:
-        """The front batch if it may run now, else (None, seconds until it may)."""
-        while self.batches and not self.batches[0].tasks and len(self.batches) > 1:
-            self.batches.popleft()
-        if not self.batches or not self.batches[0].tasks:
-            return None, None
-        front = self.batches[0]
-        timeout = self.options.batch_timeout_micros / 1e6
-        if front.closed or now - front.opened >= timeout:
-            self.batches.popleft()
-            if not self.batches:
-                self.batches.append(_Batch())
-            return front, None
-        return None, front.opened + timeout - now
+        """Queue::ScheduleBatch: a closed batch, or the open one once full or timed out; else
+        (None, seconds until the open batch times out)."""
+        if len(self.batches) == 1:
+            front = self.batches[0]
+            if not front.tasks:
+                return None, None
+            timeout = self.options.batch_timeout_micros / 1e6
+            if front.size < self._limit and now < front.opened + timeout:
+                return None, front.opened + timeout - now
+            front.closed = True
+            self.batches.append(_Batch())
+        return self.batches.popleft(), None
 
 
 class SharedBatchScheduler:
     """num_batch_threads threads serving every queue, round robin."""
 
-    def __init__(self, num_threads: int, pool_name: str, metrics: Metrics) -> None:
-        self.pool_name = pool_name
+    def __init__(self, options: BatchingOptions, metrics: Metrics) -> None:
+        check_scheduler(options)
         self.metrics = metrics
         self._cv = threading.Condition()
         self._queues: list[BatchQueue] = []
         self._next = 0
-        for index in range(max(1, num_threads)):
-            threading.Thread(target=self._work, name=f"{pool_name}_{index}",
+        for index in range(options.num_batch_threads):
+            threading.Thread(target=self._work, name=f"{options.thread_pool_name}_{index}",
                              daemon=True).start()
 
-    def add_queue(self, options: BatchingOptions, run: RunFn) -> BatchQueue:
-        """Register a queue; ``run`` executes one merged batch."""
-        queue = BatchQueue(self, options, run)
+    def add_queue(self, options: BatchingOptions, inputs: Sequence[str], outputs: Sequence[str],
+                  run: RunFn) -> BatchQueue:
+        """AddQueue: validate the options (INVALID_ARGUMENT) and register a queue."""
+        queue = BatchQueue(self, queue_options(options), inputs, outputs, run)
         with self._cv:
             self._queues.append(queue)
         return queue
@@ -223,20 +307,28 @@ class SharedBatchScheduler:
             if queue in self._queues:
                 self._queues.remove(queue)
 
-    def submit(self, queue: BatchQueue, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Schedule one request's inputs on ``queue`` and wait for its outputs."""
-        task = Task(inputs, _batch_size(inputs))
+    def _new_task(self, inputs: Feeds, fetches: Sequence[str], deadline: float | None, *,
+                  blocking: bool = True) -> Task:
+        size = input_size(inputs)
+        for value in inputs.values():  # ComputeInputSize records every input tensor
+            self.metrics.input_batch_size.observe(int(value.shape[0]))
+        return Task(inputs, fetches, size, deadline, blocking=blocking)
+
+    def submit(self, queue: BatchQueue, inputs: Feeds, fetches: Sequence[str],
+               deadline: float | None) -> list[np.ndarray]:
+        """Schedule one Session::Run on ``queue`` and wait for its outputs."""
+        task = self._new_task(inputs, fetches, deadline)
         with self._cv:
             tasks = queue.schedule(task)
             self._cv.notify(len(tasks))
         return _gather(tasks)
 
-    def submit_async(self, queue: BatchQueue, inputs: dict[str, np.ndarray]
-                     ) -> asyncio.Future[dict[str, np.ndarray]]:
+    def submit_async(self, queue: BatchQueue, inputs: Feeds, fetches: Sequence[str],
+                     deadline: float | None) -> asyncio.Future[list[np.ndarray]]:
         """Like submit, but returns a future of the running event loop instead of blocking."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, np.ndarray]] = loop.create_future()
-        task = Task(inputs, _batch_size(inputs))
+        future: asyncio.Future[list[np.ndarray]] = loop.create_future()
+        task = self._new_task(inputs, fetches, deadline, blocking=False)
         with self._cv:
             tasks = queue.schedule(task)
             remaining = [len(tasks)]
@@ -246,7 +338,7 @@ class SharedBatchScheduler:
                 if future.done():
                     return
                 try:
-                    future.set_result(_gather(tasks))
+                    future.set_result(_gather(tasks, wait=False))
                 except ServingError as exc:
                     future.set_exception(exc)
 
@@ -282,42 +374,46 @@ class SharedBatchScheduler:
     def _work(self) -> None:
         while True:
             queue, batch = self._take()
-            started = time.monotonic()
-            for task in batch.tasks:
-                self.metrics.queuing_latency.observe((started - task.enqueued) * 1e6,
-                                                     self.pool_name)
-            _run_batch(queue, batch, self.metrics)
+            _process_batch(queue, batch, self.metrics)
 
 
-def _batch_size(inputs: dict[str, np.ndarray]) -> int:
+def input_size(inputs: Feeds) -> int:
+    """ComputeTensorBatchSize (batching_util.h)."""
+    if not inputs:
+        raise invalid_argument("Batching Run() must have at least one input tensor")
     sizes = set()
-    for array in inputs.values():
-        if array.ndim == 0:
-            raise invalid_argument("Batching session Run() input tensors must have at least "
-                                   "one dimension")
-        sizes.add(int(array.shape[0]))
+    for value in inputs.values():
+        if value.ndim == 0:
+            raise invalid_argument("Batching Run() input tensors must have at least one "
+                                   "dimension")
+        sizes.add(int(value.shape[0]))
     if len(sizes) != 1:
-        raise invalid_argument("Batching session Run() input tensors must have equal "
-                               "0th-dimension size")
+        raise invalid_argument("Batching Run() input tensors must have equal 0th-dimension "
+                               "size")
     return sizes.pop()
 
 
-def _gather(tasks: list[Task]) -> dict[str, np.ndarray]:
+def _gather(tasks: list[Task], *, wait: bool = True) -> list[np.ndarray]:
     if len(tasks) == 1:
-        return tasks[0].wait()
-    parts = [t.wait() for t in tasks]
-    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        return tasks[0].wait() if wait else tasks[0].result()
+    parts = [t.wait() if wait else t.result() for t in tasks]
+    return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
 
-def _chunks(total: int, limit: int) -> list[int]:
-    return [min(limit, total - start) for start in range(0, total, limit)]
+def _piece_sizes(total: int, room: int, limit: int) -> list[int]:
+    """InputSplitMetadata: fill the open batch, then pieces of at most ``limit``."""
+    sizes = [room] if room > 0 else []
+    rest = total - max(room, 0)
+    sizes += [min(limit, rest - start) for start in range(0, rest, limit)]
+    return sizes
 
 
 def _split(task: Task, sizes: list[int]) -> list[Task]:
     pieces = []
     offset = 0
     for size in sizes:
-        piece = Task({k: v[offset:offset + size] for k, v in task.inputs.items()}, size)
+        piece = Task({k: v[offset:offset + size] for k, v in task.inputs.items()},
+                     task.fetches, size, task.deadline, blocking=task.done is not None)
         piece.enqueued = task.enqueued
         pieces.append(piece)
         offset += size
@@ -325,18 +421,42 @@ def _split(task: Task, sizes: list[int]) -> list[Task]:
 
 
 def _padded_size(size: int, allowed: tuple[int, ...]) -> int:
+    """RoundToLowestAllowedBatchSize: the first allowed size that holds the batch."""
     for candidate in allowed:
         if candidate >= size:
             return candidate
     return size
 
 
-def _merge(batch: _Batch, options: BatchingOptions) -> tuple[dict[str, np.ndarray], int]:
+def _pad_dims(value: np.ndarray, target: Sequence[int]) -> np.ndarray:
+    """batching_util.cc AddPadding: pad dimensions 1.. up to ``target`` with the first
+    element of the tensor."""
+    if tuple(value.shape[1:]) == tuple(target[1:]):
+        return value
+    if not 1 <= value.ndim <= 6:
+        raise invalid_argument("Only tensors with rank from 1 to 6 can be padded.")
+    if value.size < 1:
+        raise invalid_argument("Got empty tensor in batch of non-empty tensors.")
+    widths = [(0, 0)] + [(0, max(0, t - s)) for s, t in zip(value.shape[1:], target[1:],
+                                                            strict=True)]
+    return np.pad(value, widths, mode="constant", constant_values=value.flat[0])
+
+
+def _merge(queue: BatchQueue, batch: _Batch) -> tuple[list[tuple[str, np.ndarray]], int]:
+    """BatchingSession::MergeInputTensors."""
+    options = queue.options
     padded = _padded_size(batch.size, options.allowed_batch_sizes)
-    merged = {}
-    for name in batch.tasks[0].inputs:
+    merged = []
+    for name in queue.inputs:
         parts = [task.inputs[name] for task in batch.tasks]
-        if len({p.shape[1:] for p in parts}) > 1:
+        reference = parts[0]
+        same = all(p.ndim == reference.ndim and p.shape[1:] == reference.shape[1:]
+                   for p in parts[1:])
+        if options.pad_variable_length_inputs and not same and \
+                all(p.ndim == reference.ndim for p in parts):
+            target = [max(p.shape[d] for p in parts) for d in range(reference.ndim)]
+            parts = [_pad_dims(p, target) for p in parts]
+        elif not same:
             raise ServingError(
                 Code.FAILED_PRECONDITION,
                 f"Tensors with name '{name}' from different tasks have different shapes and "
@@ -344,32 +464,42 @@ def _merge(batch: _Batch, options: BatchingOptions) -> tuple[dict[str, np.ndarra
                 "all tensors with the same name have equal dimensions starting with the first "
                 "dim.")
         if padded > batch.size:
-            first = parts[0][:1]
-            parts.append(np.repeat(first, padded - batch.size, axis=0))
-        merged[name] = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            parts.append(np.repeat(parts[-1][:1], padded - batch.size, axis=0))
+        merged.append((name, parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)))
     return merged, padded
 
 
-def _run_batch(queue: BatchQueue, batch: _Batch, metrics: Metrics) -> None:
+def _run_timeout_ms(batch: _Batch, now: float) -> int:
+    """ProcessBatch: RESOURCE_EXHAUSTED if every task is late, else the latest deadline."""
+    deadlines = [t.deadline for t in batch.tasks]
+    if any(d is None for d in deadlines):
+        return 0
+    latest = max(d for d in deadlines if d is not None)
+    if latest <= now:
+        raise ServingError(Code.RESOURCE_EXHAUSTED,
+                           "Run() timeout exceeded while waiting in batching queue")
+    return max(1, int((latest - now) * 1000))
+
+
+def _process_batch(queue: BatchQueue, batch: _Batch, metrics: Metrics) -> None:
+    """BatchingSession::ProcessBatch: merge, run once, split the outputs back."""
+    now = time.monotonic()
+    for task in batch.tasks:
+        # TFServing's model server wraps sessions with an empty thread pool name here
+        metrics.queuing_latency.observe((now - task.enqueued) * 1e6, "")
     try:
-        merged, padded = _merge(batch, queue.options)
-        metrics.input_batch_size.observe(batch.size)
-        metrics.processed_batch_size.observe(padded)
+        timeout_ms = _run_timeout_ms(batch, now)
+        merged, padded = _merge(queue, batch)
         metrics.padding_size.observe(padded - batch.size, str(padded))
-        metrics.wrapped_run_count.add()
-        outputs = queue.run(merged)
-        for value in outputs.values():
-            if value.ndim == 0:
-                raise ServingError(Code.FAILED_PRECONDITION,
-                                   "Batched output tensor has 0 dimensions")
-            if value.shape[0] != padded:
-                raise ServingError(
-                    Code.FAILED_PRECONDITION,
-                    "Batched output tensor's 0th dimension does not equal the sum of the 0th "
-                    "dimension sizes of the input tensors")
+        metrics.processed_batch_size.observe(padded)
+        try:
+            outputs = queue.run(merged, queue.outputs, timeout_ms)
+        finally:
+            metrics.wrapped_run_count.add()
+        by_name = _split_outputs(queue, outputs, batch, padded)
         offset = 0
         for task in batch.tasks:
-            task.outputs = {k: v[offset:offset + task.size] for k, v in outputs.items()}
+            task.outputs = [by_name[name][offset:offset + task.size] for name in task.fetches]
             offset += task.size
     except ServingError as exc:
         for task in batch.tasks:
@@ -378,6 +508,19 @@ def _run_batch(queue: BatchQueue, batch: _Batch, metrics: Metrics) -> None:
         for task in batch.tasks:
             task.error = ServingError(Code.INTERNAL, str(exc))
     for task in batch.tasks:
-        task.done.set()
-        if task.on_done is not None:
-            task.on_done()
+        task.finish()
+
+
+def _split_outputs(queue: BatchQueue, outputs: Sequence[np.ndarray], batch: _Batch,
+                   padded: int) -> dict[str, np.ndarray]:
+    """BatchingSession::SplitOutputTensors' checks."""
+    for value in outputs:
+        if value.ndim == 0:
+            raise ServingError(Code.FAILED_PRECONDITION,
+                               "Batched output tensor has 0 dimensions")
+        if value.shape[0] != padded:
+            raise ServingError(
+                Code.FAILED_PRECONDITION,
+                "Batched output tensor's 0th dimension does not equal the sum of the 0th "
+                "dimension sizes of the input tensors")
+    return dict(zip(queue.outputs, outputs, strict=True))

@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from tensorflow.core.protobuf import config_pb2
 from tensorflow_serving.apis import model_pb2
 from tensorflow_serving.config.model_server_config_pb2 import ModelConfig, ModelServerConfig
 
@@ -77,6 +78,7 @@ class CoreOptions:
     allow_version_labels_for_unavailable_models: bool = False
     num_load_threads: int = 0
     initial_load_threads: int = 4 * (os.cpu_count() or 1)
+    session_config: config_pb2.ConfigProto | None = None
 
 
 def _is_relative(uri: str) -> bool:
@@ -387,21 +389,21 @@ class ServerCore:
     def _load_once(self, record: VersionRecord) -> Servable:
         key = f"{record.name}/{record.version}/{record.seq}"
         options = self.options.servable
-        if self.gpu is not None:
-            self.gpu.charge(key, record.path)
         servable: Servable | None = None
         try:
+            if self.gpu is not None:
+                self.gpu.charge(key, record.path)
             model = self._load_model(record.path, list(options.tags))
-            servable = Servable(record.name, record.version, model, options)
-            servable.metrics = self.metrics
+            servable = Servable(record.name, record.version, model, options, self.metrics)
             if self.scheduler is not None and options.batching is not None:
                 servable.attach_batching(self.scheduler)
             if options.enable_warmup:
-                servable.warmup(self.metrics)
+                servable.warmup()
             return servable
         except Exception as exc:
-            if servable is not None and self.scheduler is not None:
-                servable.detach_batching(self.scheduler)
+            if servable is not None:
+                servable.detach_batching()
+                servable.model.close()
             if self.gpu is not None:
                 self.gpu.release(key)
             if isinstance(exc, ServingError):
@@ -413,7 +415,7 @@ class ServerCore:
         log.info(f"{where}:83", f"Reading SavedModel from: {path}")
         start = time.monotonic()
         try:
-            model = LoadedModel(path, tags)
+            model = LoadedModel(path, tags, self.options.session_config)
         except ServingError as exc:
             self.metrics.load_attempt_count.add(path, "fail")
             log.info(f"{where}:462", f"SavedModel load for tags {{ {' '.join(tags)} }}; "
@@ -451,8 +453,8 @@ class ServerCore:
             self._reconcile(record.name)
 
     def _discard(self, servable: Servable, record: VersionRecord) -> None:
-        if self.scheduler is not None:
-            servable.detach_batching(self.scheduler)
+        servable.detach_batching()
+        servable.model.close()
         if self.gpu is not None:
             self.gpu.release(f"{record.name}/{record.version}/{record.seq}")
 
@@ -493,6 +495,8 @@ class ServerCore:
 
     def acquire(self, spec: model_pb2.ModelSpec) -> Servable:
         """GetServableHandle: the servable a ModelSpec names, counted as in flight."""
+        if not spec.name:
+            raise invalid_argument("ModelSpec has no name specified.")
         choice = spec.WhichOneof("version_choice")
         version: int | None = None
         if choice == "version_label":

@@ -18,7 +18,16 @@ import os
 import re
 from typing import Any
 
-_NCPU = os.cpu_count() or 1
+
+def _schedulable_cpus() -> int:
+    """port::NumSchedulableCPUs(): the CPUs in this process's affinity mask (cpusets count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+_NCPU = _schedulable_cpus()
 
 _INT_RE = re.compile(r"\s*[+-]?\d+")
 _FLOAT_RE = re.compile(

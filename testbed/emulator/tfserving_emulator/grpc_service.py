@@ -1,23 +1,31 @@
-"""gRPC front end: tensorflow.serving.PredictionService and ModelService.
+"""gRPC front end: tensorflow.serving.PredictionService and ModelService, and the thread quota.
 
 Behaviour per model_servers/prediction_service_impl.cc, model_service_impl.cc,
-get_model_status_impl.cc and servables/tensorflow/get_model_metadata_impl.cc.
+get_model_status_impl.cc, servables/tensorflow/get_model_metadata_impl.cc,
+classification_service.cc, regression_service.cc and multi_inference_helper.cc.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 from tensorflow_serving.apis import (
+    classification_pb2,
     get_model_metadata_pb2,
     get_model_status_pb2,
+    inference_pb2,
     model_management_pb2,
+    model_pb2,
     model_service_pb2_grpc,
     predict_pb2,
     prediction_service_pb2_grpc,
+    regression_pb2,
     status_pb2,
 )
 
@@ -84,16 +92,75 @@ def get_status(core: ServerCore, request: get_model_status_pb2.GetModelStatusReq
     return response
 
 
+RESOURCE_EXHAUSTED_MESSAGE = "Server Threadpool Exhausted"
+
+
+class ThreadQuota:
+    """``--grpc_max_threads``: grpc::ResourceQuota::SetMaxThreads on the sync server.
+
+    grpc's ThreadManager (src/cpp/thread_manager/thread_manager.cc) keeps one thread polling;
+    when a request arrives and no thread can be reserved to poll after it, that request gets
+    RESOURCE_EXHAUSTED "Server Threadpool Exhausted" (src/cpp/server/server_cc.cc). With one
+    completion queue (ServerBuilder's default) a quota of N threads therefore runs at most
+    N - 1 RPCs at once, whatever the service. A negative quota wraps to unlimited (size_t).
+    Every handler of the server runs on one event loop, so a plain counter is enough.
+    """
+
+    def __init__(self, max_threads: int) -> None:
+        self.capacity = max_threads - 1 if max_threads > 0 else None
+        self.active = 0
+
+    def enter(self) -> bool:
+        """Take a thread for one RPC; False when the quota is used up."""
+        if self.capacity is not None and self.active >= self.capacity:
+            return False
+        self.active += 1
+        return True
+
+    def leave(self) -> None:
+        """Give the RPC's thread back."""
+        self.active -= 1
+
+
+Handler = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Any]]
+
+
+def with_quota(method: Handler) -> Handler:
+    """Run a servicer method under its ``self.quota`` (refused before the method runs)."""
+    @functools.wraps(method)
+    async def run(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        quota: ThreadQuota = self.quota
+        if not quota.enter():
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, RESOURCE_EXHAUSTED_MESSAGE)
+        try:
+            return await method(self, request, context)
+        finally:
+            quota.leave()
+    return run
+
+
+def timeout_ms(context: grpc.aio.ServicerContext) -> int:
+    """DeadlineToTimeoutMillis: the client's deadline becomes the TF run timeout (0: none)."""
+    remaining = context.time_remaining()
+    if remaining is None or remaining > 2**31 / 1000:
+        return 0
+    return max(0, int(remaining * 1000))
+
+
 class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer):  # type: ignore[misc]
-    """Predict and GetModelMetadata on grpc.aio (Classify/Regress/MultiInference stay
-    UNIMPLEMENTED). Requests wait in batch queues as futures, not as blocked threads."""
+    """tensorflow.serving.PredictionService on grpc.aio (prediction_service_impl.cc).
+
+    Predict requests wait in batch queues as futures, not as blocked threads; the other APIs
+    run on the executor."""
 
     def __init__(self, core: ServerCore, metrics: Metrics,
-                 executor: concurrent.futures.Executor) -> None:
+                 executor: concurrent.futures.Executor, quota: ThreadQuota) -> None:
         self.core = core
         self.metrics = metrics
         self.executor = executor
+        self.quota = quota
 
+    @with_quota
     async def Predict(self, request: predict_pb2.PredictRequest,
                       context: grpc.aio.ServicerContext) -> predict_pb2.PredictResponse:
         """PredictionService.Predict."""
@@ -101,9 +168,16 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
         error: ServingError | None = None
         response = None
         try:
+            if not request.HasField("model_spec"):
+                raise invalid_argument("Missing ModelSpec")
             servable = self.core.acquire(request.model_spec)
             try:
-                response = await servable.predict_async(request, self.executor)
+                plan = servable.prepare_predict(request)
+                run_started = time.monotonic()
+                outputs = await servable.session_run_async(plan.call, timeout_ms(context),
+                                                           self.executor)
+                response = servable.finish_predict(request, plan, outputs, run_started,
+                                                   servable.version)
             finally:
                 servable.release()
         except ServingError as exc:
@@ -114,6 +188,53 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
             await context.abort(error.grpc_code, error.message)
         return response
 
+    async def _blocking(self, api: str, request: Any, context: grpc.aio.ServicerContext,
+                        run: Callable[[Servable, int], Any], *, record: bool = True) -> Any:
+        started = time.monotonic()
+        spec = request.tasks[0].model_spec if api == "MultiInference" and request.tasks \
+            else getattr(request, "model_spec", model_pb2.ModelSpec())
+        deadline = timeout_ms(context)
+        error: ServingError | None = None
+        response = None
+        try:
+            if api != "MultiInference" and not request.HasField("model_spec"):
+                raise invalid_argument("Missing ModelSpec")
+            loop = asyncio.get_running_loop()
+            response = await loop.run_in_executor(
+                self.executor, self.core.with_servable, spec, lambda s: run(s, deadline))
+        except ServingError as exc:
+            error = exc
+        if record:
+            record_request(self.metrics, spec.name, api, "GRPC", error, started)
+        if error is not None:
+            await context.abort(error.grpc_code, error.message)
+        return response
+
+    @with_quota
+    async def Classify(self, request: classification_pb2.ClassificationRequest,
+                       context: grpc.aio.ServicerContext
+                       ) -> classification_pb2.ClassificationResponse:
+        """PredictionService.Classify (classification_service.cc)."""
+        return await self._blocking("Classify", request, context,
+                                    lambda s, t: s.classify(request, t))
+
+    @with_quota
+    async def Regress(self, request: regression_pb2.RegressionRequest,
+                      context: grpc.aio.ServicerContext) -> regression_pb2.RegressionResponse:
+        """PredictionService.Regress (regression_service.cc)."""
+        return await self._blocking("Regress", request, context,
+                                    lambda s, t: s.regress(request, t))
+
+    @with_quota
+    async def MultiInference(self, request: inference_pb2.MultiInferenceRequest,
+                             context: grpc.aio.ServicerContext
+                             ) -> inference_pb2.MultiInferenceResponse:
+        """PredictionService.MultiInference (multi_inference_helper.cc: the first task's
+        ModelSpec picks the servable; no request metrics are recorded)."""
+        return await self._blocking("MultiInference", request, context,
+                                    lambda s, t: s.multi_inference(request, t), record=False)
+
+    @with_quota
     async def GetModelMetadata(
             self, request: get_model_metadata_pb2.GetModelMetadataRequest,
             context: grpc.aio.ServicerContext) -> get_model_metadata_pb2.GetModelMetadataResponse:
@@ -129,11 +250,13 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore
     """GetModelStatus and HandleReloadConfigRequest."""
 
     def __init__(self, core: ServerCore, metrics: Metrics,
-                 executor: concurrent.futures.Executor) -> None:
+                 executor: concurrent.futures.Executor, quota: ThreadQuota) -> None:
         self.core = core
         self.metrics = metrics
         self.executor = executor
+        self.quota = quota
 
+    @with_quota
     async def GetModelStatus(
             self, request: get_model_status_pb2.GetModelStatusRequest,
             context: grpc.aio.ServicerContext) -> get_model_status_pb2.GetModelStatusResponse:
@@ -144,6 +267,7 @@ class ModelService(model_service_pb2_grpc.ModelServiceServicer):  # type: ignore
             await context.abort(exc.grpc_code, exc.message)
             raise
 
+    @with_quota
     async def HandleReloadConfigRequest(
             self, request: model_management_pb2.ReloadConfigRequest,
             context: grpc.aio.ServicerContext) -> model_management_pb2.ReloadConfigResponse:

@@ -4,7 +4,8 @@ Names, labels and buckets follow TFServing (servables/tensorflow/util.cc,
 batching/batching_session.cc, batching/batching_util.h, saved_model_warmup_util.cc) and TF's
 cc/saved_model/loader.cc; the page follows util/prometheus_exporter.cc: names with every
 character outside [a-zA-Z0-9_] turned into ':', only ``# TYPE`` lines, histograms as
-``_bucket{le}``/``_sum``/``_count`` with the last bucket ``+Inf``.
+``_bucket{le}``/``_sum``/``_count`` with the last bucket ``+Inf``. PrometheusExporter::GeneratePage
+walks every registered metric, so a metric that has no value yet still gets its ``# TYPE`` line.
 """
 
 from __future__ import annotations
@@ -61,11 +62,9 @@ class Counter:
             return self._cells.get(label_values, 0)
 
     def lines(self) -> list[str]:
-        """Prometheus lines for this metric, or [] if it has no cells."""
+        """Prometheus lines for this metric: its ``# TYPE`` line, then one line per cell."""
         with self._lock:
             cells = dict(self._cells)
-        if not cells:
-            return []
         pname = prometheus_name(self.name)
         out = [f"# TYPE {pname} counter"]
         for values, count in cells.items():
@@ -104,11 +103,9 @@ class Histogram:
             return sum(cell[0]) if cell else 0
 
     def lines(self) -> list[str]:
-        """Prometheus lines for this metric, or [] if it has no cells."""
+        """Prometheus lines for this metric: its ``# TYPE`` line, then each cell's buckets."""
         with self._lock:
             cells = {k: (list(v[0]), v[1][0]) for k, v in self._cells.items()}
-        if not cells:
-            return []
         pname = prometheus_name(self.name)
         out = [f"# TYPE {pname} histogram"]
         for values, (buckets, total) in cells.items():
@@ -136,6 +133,10 @@ class Metrics:
                                          ("model_name", "API", "entrypoint"), latency)
         self.runtime_latency = Histogram("/tensorflow/serving/runtime_latency",
                                          ("model_name", "API", "runtime"), latency)
+        self.example_counts = Histogram("/tensorflow/serving/request_example_counts",
+                                        ("model",), exponential_buckets(1, 2, 15))
+        self.example_count_total = Counter("/tensorflow/serving/request_example_count_total",
+                                           ("model",))
         self.load_attempt_count = Counter("/tensorflow/cc/saved_model/load_attempt_count",
                                           ("model_path", "status"))
         self.load_latency = Counter("/tensorflow/cc/saved_model/load_latency", ("model_path",))

@@ -1,86 +1,37 @@
-"""One loaded SavedModel version: its MetaGraphDef signatures and callable functions.
+"""One loaded SavedModel version: its MetaGraphDef and a TensorFlow Session over its graph.
 
-Loads with ``tf.saved_model.load``, which handles both TF2 ``tf.saved_model.save`` output and
-TF1 ``SavedModelBuilder`` output. Signature metadata comes from the MetaGraphDef itself (as in
-the real server's SavedModelBundle), so GetModelMetadata shows what TFServing shows, including
-``__saved_model_init_op`` for TF2 models.
+Loading and running follow TFServing's SavedModelBundle path, not TF2's object API:
+- session_bundle/oss/session_bundle_util.cc LoadSessionBundleOrSavedModelBundle: a directory
+  with ``export.meta`` is a removed SessionBundle (UNIMPLEMENTED); one without
+  ``saved_model.pb``/``.pbtxt`` is NOT_FOUND; otherwise LoadSavedModel imports the MetaGraphDef
+  whose tag set equals the requested tags into a fresh Session, restores the variables and runs
+  the init op (TF1 ``main_op``/``legacy_init_op``, TF2 ``__saved_model_init_op``);
+- servables/tensorflow/predict_util.cc, classifier.cc, regressor.cc: every API resolves a
+  SignatureDef to graph tensor names and calls ``Session::Run(run_options, feeds, fetches)``.
+  Nothing checks the fed tensors against the signature's static shape or dtype: the graph and
+  its kernels decide, so ``[2.0, 3.0]`` fed to a ``[-1, 1]`` placeholder of half_plus_two runs.
+
+Here the graph is imported with ``tf.compat.v1.saved_model.loader.load`` and run through
+``TF_SessionRun_wrapper``, the C++ ``Session::Run`` (RunOptions included, e.g.
+``timeout_in_ms``), without the Python client's feed-shape checks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import pathlib
+import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
+from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2
 
-from .status import Code, ServingError, from_tf_exception, invalid_argument
-from .tensors import dtype_name, numpy_dtype
+from .inference import SignatureIndex
+from .status import Code, ServingError, from_tf_exception
 
-
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """One signature input or output: alias, graph tensor name, dtype, static shape."""
-
-    alias: str
-    name: str
-    dtype: int
-    shape: tuple[int, ...] | None
-
-
-@dataclasses.dataclass(frozen=True)
-class Signature:
-    """A signature's inputs and outputs by alias, and its method name."""
-
-    key: str
-    inputs: dict[str, TensorSpec]
-    outputs: dict[str, TensorSpec]
-    method_name: str
-
-
-def _spec(alias: str, info: Any) -> TensorSpec:
-    shape = None if info.tensor_shape.unknown_rank else tuple(
-        int(d.size) for d in info.tensor_shape.dim)
-    return TensorSpec(alias=alias, name=info.name, dtype=info.dtype, shape=shape)
-
-
-def read_meta_graph(export_dir: str, tags: list[str]) -> meta_graph_pb2.MetaGraphDef:
-    """Read saved_model.pb and return the MetaGraphDef whose tag set equals ``tags``."""
-    pb = pathlib.Path(export_dir, "saved_model.pb")
-    if not pb.exists():
-        raise ServingError(
-            Code.NOT_FOUND,
-            "Could not find SavedModel .pb or .pbtxt at supplied export directory path: "
-            f"{export_dir}. Check that the directory exists and that you have the right "
-            "permissions for accessing it.")
-    saved_model = saved_model_pb2.SavedModel()
-    try:
-        saved_model.ParseFromString(pb.read_bytes())
-    except Exception as exc:  # DecodeError and friends
-        raise ServingError(Code.DATA_LOSS, f"Can't parse {pb} as binary proto") from exc
-    for meta_graph in saved_model.meta_graphs:
-        if set(meta_graph.meta_info_def.tags) == set(tags):
-            return meta_graph
-    raise ServingError(
-        Code.NOT_FOUND,
-        "Could not find meta graph def matching supplied tags: { " + " ".join(sorted(tags))
-        + " }. To inspect available tag-sets in the SavedModel, please use the SavedModel CLI: "
-        "`saved_model_cli`")
-
-
-def signatures_of(meta_graph: meta_graph_pb2.MetaGraphDef) -> dict[str, Signature]:
-    """All SignatureDefs of a MetaGraphDef as Signature records."""
-    out = {}
-    for key, sig in meta_graph.signature_def.items():
-        out[key] = Signature(
-            key=key,
-            inputs={a: _spec(a, i) for a, i in sig.inputs.items()},
-            outputs={a: _spec(a, i) for a, i in sig.outputs.items()},
-            method_name=sig.method_name)
-    return out
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
 
 
 def variables_size(export_dir: str) -> int:
@@ -93,44 +44,127 @@ def variables_size(export_dir: str) -> int:
     return total
 
 
-class LoadedModel:
-    """A SavedModel loaded with TensorFlow, callable per signature with numpy in/out."""
+def check_bundle_dir(export_dir: str) -> None:
+    """LoadSessionBundleOrSavedModelBundle's checks before any TensorFlow call."""
+    if pathlib.Path(export_dir, "export.meta").exists():
+        raise ServingError(Code.UNIMPLEMENTED, "Session Bundle is deprecated and removed.")
+    if not any(pathlib.Path(export_dir, name).exists() for name in SAVED_MODEL_FILES):
+        raise ServingError(
+            Code.NOT_FOUND,
+            "Specified file path does not appear to contain a SavedModel bundle (should have a "
+            f"file called `saved_model.pb`)\nSpecified file path: {export_dir}")
 
-    def __init__(self, export_dir: str, tags: list[str]) -> None:
+
+def read_meta_graph(export_dir: str, tags: Sequence[str]) -> meta_graph_pb2.MetaGraphDef:
+    """Read saved_model.pb and return the MetaGraphDef whose tag set equals ``tags``."""
+    pb = pathlib.Path(export_dir, "saved_model.pb")
+    saved_model = saved_model_pb2.SavedModel()
+    try:
+        if pb.exists():
+            saved_model.ParseFromString(pb.read_bytes())
+        else:
+            from google.protobuf import text_format
+
+            text_format.Parse(pathlib.Path(export_dir, "saved_model.pbtxt").read_text(),
+                              saved_model)
+    except Exception as exc:  # DecodeError and friends
+        raise ServingError(Code.DATA_LOSS, f"Can't parse {pb} as binary proto") from exc
+    for meta_graph in saved_model.meta_graphs:
+        if set(meta_graph.meta_info_def.tags) == set(tags):
+            return meta_graph
+    raise ServingError(
+        Code.NOT_FOUND,
+        "Could not find meta graph def matching supplied tags: { " + " ".join(sorted(tags))
+        + " }. To inspect available tag-sets in the SavedModel, please use the SavedModel CLI: "
+        "`saved_model_cli`")
+
+
+class RunOptionsCache:
+    """Serialized RunOptions buffers for the C API, one per timeout value (few distinct)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    def get(self, timeout_ms: int) -> Any:
+        """A TF_Buffer holding RunOptions(timeout_in_ms) (None for no timeout)."""
+        if timeout_ms <= 0:
+            return None
+        with self._lock:
+            buffer = self._buffers.get(timeout_ms)
+            if buffer is None:
+                from tensorflow.python.client import pywrap_tf_session as tf_session
+
+                data = config_pb2.RunOptions(timeout_in_ms=timeout_ms).SerializeToString()
+                buffer = tf_session.TF_NewBufferFromString(data)
+                if len(self._buffers) < 64:  # gRPC deadlines vary: keep only a few
+                    self._buffers[timeout_ms] = buffer
+            return buffer
+
+
+_RUN_OPTIONS = RunOptionsCache()
+
+
+class LoadedModel:
+    """A SavedModel imported into its own Session; ``run`` is ``Session::Run``."""
+
+    def __init__(self, export_dir: str, tags: Sequence[str],
+                 session_config: config_pb2.ConfigProto | None = None) -> None:
         self.export_dir = export_dir
+        check_bundle_dir(export_dir)
         self.meta_graph = read_meta_graph(export_dir, tags)
-        self.signatures = signatures_of(self.meta_graph)
+        self.signature_defs = dict(self.meta_graph.signature_def)
+        self.indexes = {key: SignatureIndex.of(s) for key, s in self.signature_defs.items()}
         import tensorflow as tf
 
+        self._graph = tf.Graph()
+        config = config_pb2.ConfigProto()
+        if session_config is not None:
+            config.CopyFrom(session_config)
+        config.device_count["GPU"] = 0  # TensorFlow runs on CPU; the GPU is simulated
+        config.allow_soft_placement = True
+        self._session = tf.compat.v1.Session(graph=self._graph, config=config)
         try:
-            self._loaded = tf.saved_model.load(export_dir, tags=tags)
+            with self._graph.as_default():
+                tf.compat.v1.saved_model.loader.load(self._session, list(tags), export_dir)
+        except Exception as exc:
+            self._session.close()
+            raise from_tf_exception(exc) from exc
+        self._outputs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def _output(self, name: str) -> Any:
+        """The C API TF_Output of graph tensor ``name`` (cached)."""
+        output = self._outputs.get(name)
+        if output is None:
+            with self._lock:
+                try:
+                    tensor = self._graph.get_tensor_by_name(name)
+                except (KeyError, ValueError) as exc:
+                    raise ServingError(
+                        Code.NOT_FOUND,
+                        f"Tensor {name}, specified in either feed_devices or fetch_devices was "
+                        "not found in the Graph") from exc
+                output = tensor._as_tf_output()
+                self._outputs[name] = output
+        return output
+
+    def run(self, feeds: Sequence[tuple[str, np.ndarray]], fetches: Sequence[str],
+            timeout_ms: int = 0) -> list[np.ndarray]:
+        """``Session::Run(RunOptions{timeout_in_ms}, feeds, fetches)``: numpy in, numpy out."""
+        from tensorflow.python.client import pywrap_tf_session as tf_session
+
+        feed_dict = {self._output(name): value for name, value in feeds}
+        fetch_list = [self._output(name) for name in fetches]
+        try:
+            results = tf_session.TF_SessionRun_wrapper(
+                self._session._session, _RUN_OPTIONS.get(timeout_ms), feed_dict, fetch_list,
+                [], None)
         except Exception as exc:
             raise from_tf_exception(exc) from exc
-        self._functions = dict(getattr(self._loaded, "signatures", {}) or {})
+        return [np.asarray(value) for value in results]
 
-    def run(self, key: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run signature ``key`` on numpy inputs; returns every output alias as numpy."""
-        function = self._functions.get(key)
-        if function is None:
-            raise ServingError(Code.FAILED_PRECONDITION,
-                               f'Serving signature key "{key}" is not callable.')
-        signature = self.signatures[key]
-        feeds = {}
-        for index, (alias, array) in enumerate(sorted(inputs.items())):
-            spec = signature.inputs[alias]
-            expected = numpy_dtype(spec.dtype)
-            if expected is not object and array.dtype != np.dtype(expected):
-                from .tensors import tf_dtype
-                raise invalid_argument(
-                    f"Expects arg[{index}] to be {dtype_name(spec.dtype)} but "
-                    f"{dtype_name(tf_dtype(array))} is provided")
-            feeds[alias] = array
-        try:
-            results = function(**feeds)
-        except Exception as exc:
-            error = from_tf_exception(exc)
-            if error.code == Code.UNKNOWN:
-                error = invalid_argument(str(exc).strip().splitlines()[0] if str(exc) else
-                                         type(exc).__name__)
-            raise error from exc
-        return {alias: np.asarray(value) for alias, value in results.items()}
+    def close(self) -> None:
+        """Release the session (on unload)."""
+        with contextlib.suppress(Exception):
+            self._session.close()

@@ -27,6 +27,7 @@ from google.protobuf import (
 from google.protobuf.message import Message
 from tensorflow_serving.config import model_server_config_pb2
 
+from . import log
 from .status import Code, ServingError
 
 PROTO_DIR = pathlib.Path(__file__).parent / "protos"
@@ -113,8 +114,18 @@ def parse_text(text: str, message: M, path: str) -> M:
     try:
         text_format.Parse(text, message)
     except (text_format.ParseError, UnicodeDecodeError, ValueError) as exc:
+        _log_parse_error(message, exc)
         raise ServingError(Code.INVALID_ARGUMENT, f"Invalid protobuf file: '{path}'") from exc
     return message
+
+
+def _log_parse_error(message: Message, exc: Exception) -> None:
+    """What protobuf's text-format parser logs before ParseProtoTextFile fails."""
+    where = "external/com_google_protobuf/src/google/protobuf/text_format.cc:337"
+    text = str(exc)
+    if isinstance(exc, text_format.ParseError) and exc.GetLine() is not None:
+        text = f"{exc.GetLine()}:{exc.GetColumn()}: " + text.split(" : ", 1)[-1]
+    log.error(where, f"Error parsing text-format {message.DESCRIPTOR.full_name}: {text}")
 
 
 def parse_text_file(path: str, message: M) -> M:

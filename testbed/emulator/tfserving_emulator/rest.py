@@ -1,14 +1,20 @@
 """HTTP/REST front end (model_servers/http_server.cc, http_rest_api_handler.cc,
-http_rest_api_util.cc, util/json_tensor.cc).
+http_rest_api_util.cc; JSON in json_tensor.py).
 
-Paths are matched case-insensitively with TFServing's own regular expressions; errors are
-``{"error": "<message>"}`` with the real code -> HTTP status mapping; Prometheus metrics are
-served at the monitoring path when enabled.
+- Paths match TFServing's case-insensitive regular expressions, but the verb after ``:`` is then
+  compared case-sensitively (``:PREDICT`` is "Malformed request"), and so is ``/metadata``.
+- The model name comes from the path (URL-decoded) before anything else, so every request,
+  failed ones included, is counted under it in ``request_count``; latency only for successes.
+- Predict reads the JSON, then takes the servable to learn the signature's inputs, builds the
+  same PredictRequest as gRPC and answers in the request's layout; classify and regress read
+  ``examples`` (and ``context``) into tf.Examples. Model runs get ``--rest_api_timeout_in_ms``
+  as their RunOptions timeout.
+- Errors are ``{"error": "<message>"}`` with ToHTTPStatusCode's status.
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import re
 import threading
 import time
@@ -16,16 +22,22 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-import numpy as np
 from google.protobuf import json_format
-from tensorflow_serving.apis import get_model_metadata_pb2, get_model_status_pb2, model_pb2
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_pb2,
+    predict_pb2,
+    regression_pb2,
+)
 
+from . import json_tensor
 from .core import ServerCore
 from .grpc_service import SIGNATURE_DEF, get_metadata, get_status, record_request
 from .metrics import Metrics
 from .servable import Servable
-from .status import Code, ServingError, invalid_argument
-from .tensors import json_to_numpy, numpy_to_json
+from .status import Code, ServingError, failed_precondition, invalid_argument
 
 _API_PATH = re.compile(r"/v1/.*", re.I)
 _PREDICT = re.compile(
@@ -36,52 +48,89 @@ _STATUS = re.compile(
     re.I)
 
 
+@dataclasses.dataclass
+class ParsedPath:
+    """ParseModelInfo's outputs."""
+
+    matched: bool
+    model: str = ""
+    version: str = ""
+    label: str = ""
+    method: str = ""
+    subresource: str = ""
+
+
+def parse_path(method: str, path: str) -> ParsedPath:
+    """ParseModelInfo: match the path, URL-decode the model name and label."""
+    match = None
+    if method == "POST":
+        match = _PREDICT.fullmatch(path)
+    elif method == "GET":
+        match = _STATUS.fullmatch(path)
+    if match is None:
+        return ParsedPath(False)
+    groups = [g or "" for g in match.groups()]
+    parsed = ParsedPath(True, urllib.parse.unquote(groups[0]), groups[1],
+                        urllib.parse.unquote(groups[2]))
+    if method == "POST":
+        parsed.method = groups[3]
+    else:
+        parsed.subresource = groups[3]
+    return parsed
+
+
+def model_spec(parsed: ParsedPath) -> model_pb2.ModelSpec:
+    """FillModelSpecWithNameVersionAndLabel."""
+    spec = model_pb2.ModelSpec(name=parsed.model)
+    if parsed.version:
+        version = int(parsed.version)
+        if not -(2**63) <= version < 2**63:
+            raise invalid_argument(f"Failed to convert version: {parsed.version} to numeric.")
+        spec.version.value = version
+    if parsed.label:
+        spec.version_label = parsed.label
+    return spec
+
+
 class RestApi:
     """Routes one REST request to the core and renders the JSON answer."""
 
-    def __init__(self, core: ServerCore, metrics: Metrics, cors: bool) -> None:
+    def __init__(self, core: ServerCore, metrics: Metrics, cors: bool, timeout_ms: int) -> None:
         self.core = core
         self.metrics = metrics
         self.cors = cors
+        self.timeout_ms = max(0, timeout_ms)
 
     def handle(self, method: str, path: str, body: bytes) -> tuple[int, str, str]:
         """Process one API request: (HTTP status, model name, JSON body)."""
         started = time.monotonic()
-        model = ""
-        api = ""
+        parsed = parse_path(method, path)
         try:
-            model, api, output = self._process(method, path, body)
+            output = self._process(method, path, parsed, body)
             error = None
-        except ServingError as exc:
-            error = exc
-            output = json.dumps({"error": exc.message}, indent=4)
-        record_request(self.metrics, model, api, "REST", error, started)
-        return (200 if error is None else error.http_status), model, output
+        except Exception as exc:  # an emulator bug must still answer like the server
+            error = exc if isinstance(exc, ServingError) else \
+                ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+            output = json_tensor.error_json(error.message)
+        record_request(self.metrics, parsed.model, parsed.method, "REST", error, started)
+        return (200 if error is None else error.http_status), parsed.model, output
 
-    def _process(self, method: str, path: str, body: bytes) -> tuple[str, str, str]:
+    def _process(self, method: str, path: str, parsed: ParsedPath, body: bytes) -> str:
         malformed = invalid_argument(f"Malformed request: {method} {path}")
+        if not parsed.matched:
+            raise malformed
         if method == "POST":
-            match = _PREDICT.fullmatch(path)
-            if not match:
+            handler = {"predict": self._predict, "classify": self._classify,
+                       "regress": self._regress}.get(parsed.method)
+            if handler is None:  # the regex ignores case, this comparison does not
                 raise malformed
-            name, version, label, verb = match.groups()
-            spec = _model_spec(name, version, label)
-            if verb.lower() != "predict":
-                raise ServingError(Code.UNIMPLEMENTED,
-                                   f"{verb} is not supported by the TFServing emulator")
-            return spec.name, verb, self._predict(spec, body)
-        if method == "GET":
-            match = _STATUS.fullmatch(path)
-            if not match:
-                raise malformed
-            name, version, label, sub = match.groups()
-            if not name:
-                raise invalid_argument("Missing model name in request.")
-            spec = _model_spec(name, version, label)
-            if sub:
-                return spec.name, "", self._metadata(spec)
-            return spec.name, "", self._status(spec)
-        raise malformed
+            return handler(parsed, body)
+        if not parsed.model:
+            raise invalid_argument("Missing model name in request.")
+        spec = model_spec(parsed)
+        if parsed.subresource == "metadata":
+            return self._metadata(spec)
+        return self._status(spec)
 
     def _status(self, spec: model_pb2.ModelSpec) -> str:
         request = get_model_status_pb2.GetModelStatusRequest(model_spec=spec)
@@ -97,135 +146,61 @@ class RestApi:
         response.metadata[SIGNATURE_DEF].Unpack(signature_map)
         options: dict[str, Any] = {"always_print_fields_with_no_presence": True,
                                    "preserving_proto_field_name": True}
-        model_spec = json_format.MessageToJson(response.model_spec, **options)
+        model = json_format.MessageToJson(response.model_spec, **options)
         signatures = json_format.MessageToJson(signature_map, **options)
-        return (f'{{\n"model_spec":{model_spec},\n"metadata": {{"signature_def": '
+        return (f'{{\n"model_spec":{model},\n"metadata": {{"signature_def": '
                 f"{signatures}}}\n}}\n")
 
-    def _predict(self, spec: model_pb2.ModelSpec, body: bytes) -> str:
-        document = _parse_json(body)
-        signature_name = document.get("signature_name", "")
-        if not isinstance(signature_name, str):
-            raise invalid_argument("'signature_name' key must be a string value.")
-        spec.signature_name = signature_name
-        result = self.core.with_servable(spec, lambda s: _predict_json(s, document))
+    def _predict(self, parsed: ParsedPath, body: bytes) -> str:
+        spec = model_spec(parsed)
+        document = json_tensor.parse_json(body)
+        spec.signature_name = json_tensor.signature_name(document)
+
+        def run(servable: Servable) -> str:
+            # HttpRestApiHandler::GetInfoMap, then the same Predict as gRPC
+            name = spec.signature_name or "serving_default"
+            signature = servable.model.signature_defs.get(name)
+            if signature is None:
+                raise invalid_argument(f'Serving signature name: "{name}" not found in '
+                                       "signature def")
+            tensors, layout = json_tensor.predict_inputs(document, spec.signature_name,
+                                                         signature.inputs)
+            request = predict_pb2.PredictRequest(model_spec=spec)
+            for alias, tensor in tensors.items():
+                request.inputs[alias].CopyFrom(tensor)
+            plan, outputs = servable.predict_arrays(request, self.timeout_ms)
+            return json_tensor.tensors_json(dict(zip(plan.aliases, outputs, strict=True)),
+                                            layout)
+
+        result = self.core.with_servable(spec, run)
         assert isinstance(result, str)
         return result
 
+    def _classify(self, parsed: ParsedPath, body: bytes) -> str:
+        spec = model_spec(parsed)
+        document = json_tensor.parse_json(body)
+        spec.signature_name = json_tensor.signature_name(document)
+        request = classification_pb2.ClassificationRequest(
+            model_spec=spec, input=json_tensor.examples_input(document))
+        response = self.core.with_servable(spec, lambda s: s.classify(request, self.timeout_ms))
+        assert isinstance(response, classification_pb2.ClassificationResponse)
+        return json_tensor.classification_json(response.result)
 
-def _model_spec(name: str, version: str | None, label: str | None) -> model_pb2.ModelSpec:
-    spec = model_pb2.ModelSpec(name=urllib.parse.unquote(name))
-    if version:
-        try:
-            spec.version.value = int(version)
-        except ValueError as exc:
-            raise invalid_argument(f"Failed to convert version: {version} to numeric.") from exc
-    if label:
-        spec.version_label = urllib.parse.unquote(label)
-    return spec
+    def _regress(self, parsed: ParsedPath, body: bytes) -> str:
+        spec = model_spec(parsed)
+        document = json_tensor.parse_json(body)
+        spec.signature_name = json_tensor.signature_name(document)
+        request = regression_pb2.RegressionRequest(
+            model_spec=spec, input=json_tensor.examples_input(document))
+        response = self.core.with_servable(spec, lambda s: s.regress(request, self.timeout_ms))
+        assert isinstance(response, regression_pb2.RegressionResponse)
+        return json_tensor.regression_json(response.result)
 
-
-def _parse_json(body: bytes) -> dict[str, Any]:
-    if not body:
-        raise invalid_argument("JSON Parse error: The document is empty")
-    try:
-        document = json.loads(body)
-    except json.JSONDecodeError as exc:
-        raise invalid_argument(f"JSON Parse error: {exc.msg} at offset: {exc.pos}") from exc
-    except UnicodeDecodeError as exc:
-        raise invalid_argument("JSON Parse error: Invalid encoding in string.") from exc
-    if not isinstance(document, dict):
-        raise invalid_argument(f"JSON Value: {body.decode(errors='replace')} Is not object")
-    return document
-
-
-def _is_named(value: Any) -> bool:
-    return isinstance(value, dict) and not (len(value) == 1 and "b64" in value)
-
-
-def _row_inputs(instances: Any, specs: dict[str, Any]) -> dict[str, np.ndarray]:
-    if not isinstance(instances, list):
-        raise invalid_argument("Expecting 'instances' to be an list/array")
-    if not instances:
-        raise invalid_argument("No values in 'instances' array")
-    named = _is_named(instances[0])
-    if not named and len(specs) > 1:
-        raise invalid_argument(
-            "instances is a plain list, but expecting list of objects as multiple input "
-            "tensors required as per tensorinfo_map")
-    columns: dict[str, list[Any]] = {name: [] for name in specs}
-    for index, item in enumerate(instances):
-        if named != _is_named(item):
-            kind = "object but got list" if named else "value/list but got object"
-            raise invalid_argument(f"Expecting {kind} at item {index} of input list")
-        if not named:
-            columns[next(iter(specs))].append(item)
-            continue
-        if set(item) != set(specs):
-            raise invalid_argument(
-                f"Failed to process element: {index} of 'instances' list. JSON object: "
-                f"{json.dumps(item)} keys must be equal to: {','.join(sorted(specs))}")
-        for name, value in item.items():
-            columns[name].append(value)
-    return {name: json_to_numpy(values, specs[name].dtype) for name, values in columns.items()}
-
-
-def _columnar_inputs(inputs: Any, specs: dict[str, Any]) -> dict[str, np.ndarray]:
-    if not _is_named(inputs):
-        if len(specs) > 1:
-            raise invalid_argument(
-                "inputs is a plain value/list, but expecting an object as multiple input "
-                "tensors required as per tensorinfo_map")
-        name = next(iter(specs))
-        return {name: json_to_numpy(inputs, specs[name].dtype)}
-    out = {}
-    for name, spec in specs.items():
-        if name not in inputs:
-            raise invalid_argument(f"Missing named input: {name} in 'inputs' object.")
-        out[name] = json_to_numpy(inputs[name], spec.dtype)
-    return out
-
-
-def _predict_json(servable: Servable, document: dict[str, Any]) -> str:
-    key = document.get("signature_name") or "serving_default"
-    signature = servable.model.signatures.get(key)
-    if signature is None:
-        raise invalid_argument(f'Serving signature name: "{key}" not found in signature def')
-    if not signature.inputs:
-        raise invalid_argument(f"Failed to get input map for signature: {key}")
-    has_rows, has_cols = "instances" in document, "inputs" in document
-    if has_rows and has_cols:
-        raise invalid_argument("Not formatted correctly expecting only one of 'inputs' or "
-                               "'instances' keys to exist")
-    if has_rows:
-        inputs = _row_inputs(document["instances"], signature.inputs)
-    elif has_cols:
-        inputs = _columnar_inputs(document["inputs"], signature.inputs)
-    else:
-        raise invalid_argument("Missing 'inputs' or 'instances' key")
-    outputs = servable.run(key, inputs)
-    if has_rows:
-        return json.dumps({"predictions": _rows(outputs)}, indent=4)
-    if len(outputs) == 1:
-        name, value = next(iter(outputs.items()))
-        return json.dumps({"outputs": numpy_to_json(value, name)}, indent=4)
-    return json.dumps({"outputs": {k: numpy_to_json(v, k) for k, v in outputs.items()}},
-                      indent=4)
-
-
-def _rows(outputs: dict[str, np.ndarray]) -> list[Any]:
-    sizes = {name: (v.shape[0] if v.ndim else None) for name, v in outputs.items()}
-    batch = next(iter(sizes.values()))
-    for name, size in sizes.items():
-        if size is None or size != batch:
-            raise invalid_argument(f"Tensor name: {name} has inconsistent batch size: {size} "
-                                   f"expecting: {batch}")
-    if len(outputs) == 1:
-        name, value = next(iter(outputs.items()))
-        converted = numpy_to_json(value, name)
-        return converted if isinstance(converted, list) else [converted]
-    columns = {name: numpy_to_json(value, name) for name, value in outputs.items()}
-    return [{name: columns[name][i] for name in columns} for i in range(batch or 0)]
+    def options(self, origin: str) -> ServingError | None:
+        """CORS preflight: OK when an http(s) Origin header is present."""
+        if re.search(r"https?://", origin):
+            return None
+        return failed_precondition("Origin header is missing in CORS preflight")
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -237,7 +212,7 @@ class _Handler(BaseHTTPRequestHandler):
         return
 
     def _reply(self, status: int, body: str, content_type: str = "application/json") -> None:
-        data = body.encode("utf-8")
+        data = body.encode("utf-8") if self.command != "HEAD" else b""
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         if self.api.cors:
@@ -253,28 +228,21 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else b""
         path = urllib.parse.urlsplit(self.path).path
         if self.metrics_path is not None and path == self.metrics_path:
-            if self.command != "GET":
-                self._reply(400, "", "text/plain")
-                return
             self._reply(200, self.api.metrics.page(), "text/plain")
             return
         if not _API_PATH.fullmatch(path):
             self._reply(404, "", "text/html")
             return
         if self.command == "OPTIONS":
-            self._options()
+            # http_server.cc: no handler runs, the body stays empty, the model name too
+            error = self.api.options(self.headers.get("Origin", ""))
+            record_request(self.api.metrics, "", "", "REST", error, time.monotonic())
+            self._reply(200 if error is None else error.http_status, "")
             return
         status, _model, output = self.api.handle(self.command, path, body)
         self._reply(status, output)
 
-    def _options(self) -> None:
-        if re.search(r"https?://", self.headers.get("Origin", "")):
-            self._reply(200, "")
-        else:
-            self._reply(400, json.dumps({"error": "Origin header is missing in CORS "
-                                                  "preflight"}, indent=4))
-
-    do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = do_HEAD = _dispatch
+    do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = do_HEAD = do_PATCH = _dispatch
 
 
 class RestServer:
@@ -291,3 +259,4 @@ class RestServer:
     def start(self) -> None:
         """Start serving in a background thread."""
         self.thread.start()
+

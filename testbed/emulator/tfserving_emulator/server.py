@@ -1,9 +1,11 @@
 """Server::BuildAndStart and main() (model_servers/server.cc, main.cc).
 
 Start-up order as in the real server: option validation, model config, batching parameters,
-session config, parallelism, then ServerCore (which loads the initial models and blocks until
-they settle), then the gRPC port, then the REST port and monitoring config. Any start-up
-error prints ``Failed to start server. Error: <status>`` on stdout and exits 255.
+session config, parallelism, then ServerCore (batch scheduler, then the initial models, blocking
+until they settle), then the gRPC port, then the monitoring config and the REST port. A start-up
+error prints ``Failed to start server. Error: <status>`` on stdout; before gRPC started the
+process exits 255, after it (a bad monitoring config) ``~Server()`` waits on the running gRPC
+server, so gRPC keeps serving without REST.
 """
 
 from __future__ import annotations
@@ -91,36 +93,31 @@ def _check_parallelism(values: dict[str, Any]) -> None:
             "configure all.")
 
 
-def _session_config(values: dict[str, Any]) -> bool:
-    """Parse --tensorflow_session_config_file; returns the effective gpu allow_growth."""
-    allow_growth = False
+def _session_config(values: dict[str, Any]) -> tuple[Any, bool]:
+    """The session ConfigProto as server.cc builds it, and the effective gpu allow_growth.
+
+    --tensorflow_session_config_file first, then the fraction flag over its gpu_options, then
+    the parallelism flags (intra/inter when either is set, else session_parallelism for both).
+    """
+    from tensorflow.core.protobuf import config_pb2
+
+    config = config_pb2.ConfigProto()
     path = values["tensorflow_session_config_file"]
     if path:
-        from tensorflow.core.protobuf import config_pb2
-
-        config = protos.parse_text_file(path, config_pb2.ConfigProto())
-        allow_growth = bool(config.gpu_options.allow_growth)
-    forced = os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").lower()
-    if forced in ("true", "false"):  # the env var overrides the config (gpu_device.cc)
-        allow_growth = forced == "true"
-    return allow_growth
-
-
-def _configure_tensorflow(values: dict[str, Any]) -> None:
-    import tensorflow as tf
-
+        protos.parse_text_file(path, config)
+    config.gpu_options.per_process_gpu_memory_fraction = \
+        values["per_process_gpu_memory_fraction"]
     intra, inter = (values["tensorflow_intra_op_parallelism"],
                     values["tensorflow_inter_op_parallelism"])
     if intra <= 0 and inter <= 0:
         intra = inter = values["tensorflow_session_parallelism"]
-    try:
-        if intra > 0:
-            tf.config.threading.set_intra_op_parallelism_threads(intra)
-        if inter > 0:
-            tf.config.threading.set_inter_op_parallelism_threads(inter)
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:
-        pass
+    config.intra_op_parallelism_threads = max(0, intra)
+    config.inter_op_parallelism_threads = max(0, inter)
+    allow_growth = bool(config.gpu_options.allow_growth)
+    forced = os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "").lower()
+    if forced in ("true", "false"):  # the env var overrides the config (gpu_device.cc)
+        allow_growth = forced == "true"
+    return config, allow_growth
 
 
 class Server:
@@ -145,31 +142,31 @@ class Server:
             log.warning("server.cc", "--platform_config_file is not supported by the TFServing "
                         "emulator; using the flags instead")
         batching = _batching_parameters(values)
-        allow_growth = _session_config(values)
+        session_config, allow_growth = _session_config(values)
         _check_parallelism(values)
-        self.core = self._create_core(batching, allow_growth)
+        self.core = self._create_core(batching, session_config, allow_growth)
         self.core.reload_config(config)
         self._start_config_poller()
         self._start_grpc()
         self._start_rest()
 
-    def _create_core(self, batching: Any | None, allow_growth: bool) -> Any:
+    def _create_core(self, batching: Any | None, session_config: Any, allow_growth: bool
+                     ) -> Any:
         from .batching import SharedBatchScheduler, options_from_proto
         from .core import CoreOptions, ServerCore
         from .metrics import Metrics
         from .servable import ServableOptions
         from .simgpu import reserve
 
-        _configure_tensorflow(self.values)
         values = self.values
         self.metrics = Metrics()
-        gpu = reserve(values["per_process_gpu_memory_fraction"], allow_growth=allow_growth)
-        self._gpu = gpu  # keeps the reservation (and its flock) alive
         batching_options = options_from_proto(batching) if batching is not None else None
         scheduler = None
         if batching_options is not None:
-            scheduler = SharedBatchScheduler(batching_options.num_batch_threads,
-                                             batching_options.thread_pool_name, self.metrics)
+            # SavedModelBundleFactory::Create, while ServerCore is created: before any load
+            scheduler = SharedBatchScheduler(batching_options, self.metrics)
+        gpu = reserve(values["per_process_gpu_memory_fraction"], allow_growth=allow_growth)
+        self._gpu = gpu  # keeps the reservation (and its flocks) alive
         servable = ServableOptions(
             tags=tuple(values["saved_model_tags"].split(",")),
             batching=batching_options,
@@ -184,7 +181,8 @@ class Server:
             load_retry_interval_micros=values["load_retry_interval_micros"],
             allow_version_labels_for_unavailable_models=values[
                 "allow_version_labels_for_unavailable_models"],
-            num_load_threads=values["num_load_threads"])
+            num_load_threads=values["num_load_threads"],
+            session_config=session_config)
         return ServerCore(options, self.metrics, scheduler, gpu)
 
     def _start_config_poller(self) -> None:
@@ -229,24 +227,34 @@ class Server:
     async def _grpc_server(self) -> grpc.aio.Server:
         from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-        from .grpc_service import ModelService, PredictionService
+        from .grpc_service import ModelService, PredictionService, ThreadQuota
 
         values = self.values
         options = [("grpc.max_send_message_length", _MAX_MESSAGE),
                    ("grpc.max_receive_message_length", _MAX_MESSAGE)]
         options += channel_arguments(values["grpc_channel_arguments"])
-        # Threads for blocking work (direct model runs without batching, config reloads).
+        max_threads = values["grpc_max_threads"]
+        if max_threads == 0:
+            # ThreadManager::Initialize cannot reserve its one polling thread: grpc aborts
+            log.error("thread_manager.cc", "No thread quota available to even create the "
+                      "minimum required polling threads (i.e 1). Unable to start the thread "
+                      "manager")
+            sys.stderr.flush()
+            os.abort()
+        # Threads for blocking work: model runs without batching, Classify/Regress, reloads.
         executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(4, values["grpc_max_threads"]), thread_name_prefix="grpc_work")
+            max_workers=max(4, min(max_threads, 512) if max_threads > 0 else 512),
+            thread_name_prefix="grpc_work")
+        quota = ThreadQuota(max_threads)
         server = grpc.aio.server(options=options)
         model_service_pb2_grpc.add_ModelServiceServicer_to_server(
-            ModelService(self.core, self.metrics, executor), server)
+            ModelService(self.core, self.metrics, executor, quota), server)
         prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-            PredictionService(self.core, self.metrics, executor), server)
+            PredictionService(self.core, self.metrics, executor, quota), server)
         if values["enable_grpc_healthcheck_service"]:
             from .health import handler
 
-            server.add_generic_rpc_handlers((handler(),))
+            server.add_generic_rpc_handlers((handler(quota),))
         try:
             if values["port"] != 0 and server.add_insecure_port(
                     f"0.0.0.0:{values['port']}") == 0:
@@ -279,7 +287,8 @@ class Server:
         address = f"localhost:{port}"
         try:
             self.rest = RestServer(port, RestApi(self.core, self.metrics,
-                                                 values["rest_api_enable_cors_support"]),
+                                                 values["rest_api_enable_cors_support"],
+                                                 values["rest_api_timeout_in_ms"]),
                                    metrics_path)
         except OSError:
             log.error("server.cc:427", f"Failed to start HTTP Server at {address}")
@@ -321,21 +330,21 @@ def main(argv: list[str] | None = None) -> int:
     if result.unknown:
         sys.stdout.write(f"unknown argument: {result.unknown[0]}\n{usage}")
         sys.stdout.flush()
-    # Like the real binary there is no SIGTERM handling: the signal is ignored here so that
-    # `docker stop` waits for its SIGKILL (see docs/emulator.md).
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # No SIGTERM handler, like the real binary: the default action ends the process at once,
+    # except as PID 1 of a container, where the kernel drops signals that have no handler.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     server = Server(result.values)
     try:
         server.build_and_start()
-    except ServingError as exc:
-        sys.stdout.write(f"Failed to start server. Error: {exc}\n")
-        sys.stdout.flush()
-        return 255
-    except Exception as exc:  # an emulator bug must still look like a failed start
-        error = ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        error = exc if isinstance(exc, ServingError) else \
+            ServingError(Code.INTERNAL, f"{type(exc).__name__}: {exc}")
         sys.stdout.write(f"Failed to start server. Error: {error}\n")
         sys.stdout.flush()
-        return 255
+        if server.grpc_server is None:
+            return 255
+        # main() returns, but ~Server() waits for the gRPC server, which keeps serving: with
+        # no REST port and no metrics endpoint (server.cc BuildAndStart, ~Server)
     server.wait_for_termination()
     return 0

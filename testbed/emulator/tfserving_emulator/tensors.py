@@ -1,18 +1,18 @@
-"""TensorProto <-> numpy, and the REST JSON tensor formats (util/json_tensor.cc).
+"""TensorProto <-> numpy, with TensorFlow's ``Tensor::FromProto`` / ``AsProtoField`` rules.
 
-Written without TensorFlow calls so that a request costs microseconds, not a TF op.
+FromProto (tensorflow/core/framework/tensor.cc) refuses an invalid dtype or shape (negative or
+unknown dimensions) and a ``tensor_content`` of the wrong byte size; typed value fields are
+lenient: no values gives zeros, fewer values than elements repeat the last one, extra values
+are ignored. Written without TensorFlow calls so that a request costs microseconds.
 """
 
 from __future__ import annotations
 
-import base64
 import math
 from typing import Any
 
 import numpy as np
-from tensorflow.core.framework import tensor_pb2, tensor_shape_pb2, types_pb2
-
-from .status import invalid_argument
+from tensorflow.core.framework import tensor_pb2, types_pb2
 
 # DataType -> (numpy dtype, TensorProto value field)
 _DTYPES: dict[int, tuple[Any, str]] = {
@@ -33,17 +33,13 @@ _DTYPES: dict[int, tuple[Any, str]] = {
 _BY_NUMPY = {np.dtype(v[0]): k for k, v in _DTYPES.items() if v[0] is not object}
 
 
+class ProtoError(ValueError):
+    """The TensorProto cannot become a tensor (FromProto returned false)."""
+
+
 def dtype_name(dtype: int) -> str:
     """TF's short name for a DataType, as in "Expects arg[0] to be float"."""
     return types_pb2.DataType.Name(dtype)[3:].lower() if dtype else "invalid"
-
-
-def numpy_dtype(dtype: int) -> Any:
-    """numpy dtype for a TF DataType, or raise INVALID_ARGUMENT."""
-    try:
-        return _DTYPES[dtype][0]
-    except KeyError as exc:
-        raise invalid_argument(f"Unsupported tensor dtype {dtype_name(dtype)}") from exc
 
 
 def tf_dtype(array: np.ndarray) -> int:
@@ -53,128 +49,76 @@ def tf_dtype(array: np.ndarray) -> int:
     return int(_BY_NUMPY[array.dtype])
 
 
-def _shape(proto: tensor_pb2.TensorProto) -> tuple[int, ...]:
-    return tuple(int(d.size) for d in proto.tensor_shape.dim)
-
-
 def to_numpy(proto: tensor_pb2.TensorProto) -> np.ndarray:
-    """Decode a TensorProto (tensor_content or typed *_val fields) into a numpy array."""
+    """Decode a TensorProto like Tensor::FromProto; raise ProtoError where it returns false."""
     dtype, field = _DTYPES.get(proto.dtype, (None, ""))
     if dtype is None:
-        raise invalid_argument(f"Unsupported tensor dtype {dtype_name(proto.dtype)}")
-    shape = _shape(proto)
+        raise ProtoError(f"unsupported dtype {proto.dtype}")
+    if proto.tensor_shape.unknown_rank:
+        raise ProtoError("unknown rank")
+    shape = tuple(int(d.size) for d in proto.tensor_shape.dim)
     if any(d < 0 for d in shape):
-        raise invalid_argument("Tensor shape has negative dimensions")
+        raise ProtoError("negative dimension")
     size = math.prod(shape)
-    if dtype is not object and proto.tensor_content:
-        array = np.frombuffer(proto.tensor_content, dtype=dtype)
-        if array.size != size:
-            raise invalid_argument(
-                f"Invalid TensorProto: tensor_content has {array.size} elements, shape "
-                f"{list(shape)} needs {size}")
-        return array.reshape(shape)
+    if proto.tensor_content:
+        if dtype is object:
+            raise ProtoError("string tensor_content")
+        if len(proto.tensor_content) != size * np.dtype(dtype).itemsize:
+            raise ProtoError("tensor_content size")
+        return np.frombuffer(proto.tensor_content, dtype=dtype).reshape(shape)
     values = getattr(proto, field)
+    count = len(values)
     if dtype is object:
-        flat = np.empty(len(values), dtype=object)
-        flat[:] = list(values)
-    elif field == "half_val":
-        flat = np.array(values, dtype=np.uint16).view(np.float16)
-    else:
-        flat = np.array(values, dtype=dtype)
-    if flat.size == size:
+        flat = np.empty(size, dtype=object)
+        if count == 0:
+            flat[:] = b""
+        else:
+            taken = list(values[:size])
+            flat[: len(taken)] = taken
+            flat[len(taken):] = taken[-1] if taken else b""
         return flat.reshape(shape)
-    if flat.size == 0:
-        fill: Any = b"" if dtype is object else 0
-        return np.full(shape, fill, dtype=dtype)
+    if count == 0:
+        return np.zeros(shape, dtype=dtype)
+    if field == "half_val":
+        flat = np.array(values[:size], dtype=np.uint16).view(np.float16)
+    else:
+        flat = np.array(values[:size], dtype=dtype)
     if flat.size < size:
-        # Tensor::FromProto repeats the last value to fill the shape.
-        padded = np.empty(size, dtype=dtype)
-        padded[: flat.size] = flat
-        padded[flat.size:] = flat[-1]
-        return padded.reshape(shape)
-    raise invalid_argument(f"Invalid TensorProto: {flat.size} values for shape {list(shape)}")
+        flat = np.concatenate([flat, np.full(size - flat.size, flat[-1], dtype=dtype)])
+    return flat.reshape(shape)
+
+
+def fill_proto(proto: tensor_pb2.TensorProto, array: np.ndarray, *,
+               as_content: bool = False) -> None:
+    """Write ``array`` into an empty ``proto`` like Tensor::AsProtoField (or
+    AsProtoTensorContent)."""
+    dtype = tf_dtype(array)
+    proto.dtype = dtype
+    proto.tensor_shape.SetInParent()  # AsProtoField always writes the shape, even a scalar's
+    dims = proto.tensor_shape.dim
+    for size in array.shape:
+        dims.add().size = int(size)
+    if dtype == types_pb2.DT_STRING:
+        proto.string_val.extend(as_bytes(v) for v in array.ravel())
+    elif as_content:
+        proto.tensor_content = np.ascontiguousarray(array).tobytes()
+    else:
+        field = _DTYPES[dtype][1]
+        flat = array.ravel()
+        if field == "half_val":
+            flat = flat.view(np.uint16)
+        getattr(proto, field).extend(flat.tolist())
 
 
 def to_proto(array: np.ndarray, *, as_content: bool = False) -> tensor_pb2.TensorProto:
-    """Encode a numpy array like Tensor::AsProtoField (or AsProtoTensorContent)."""
-    proto = tensor_pb2.TensorProto(dtype=tf_dtype(array))
-    proto.tensor_shape.CopyFrom(tensor_shape_pb2.TensorShapeProto(
-        dim=[tensor_shape_pb2.TensorShapeProto.Dim(size=int(d)) for d in array.shape]))
-    if proto.dtype == types_pb2.DT_STRING:
-        proto.string_val.extend(_as_bytes(v) for v in array.ravel())
-        return proto
-    if as_content:
-        proto.tensor_content = np.ascontiguousarray(array).tobytes()
-        return proto
-    field = _DTYPES[proto.dtype][1]
-    flat = array.ravel()
-    if field == "half_val":
-        flat = flat.view(np.uint16)
-    getattr(proto, field).extend(flat.tolist())
+    """A new TensorProto holding ``array`` (see fill_proto)."""
+    proto = tensor_pb2.TensorProto()
+    fill_proto(proto, array, as_content=as_content)
     return proto
 
 
-def _as_bytes(value: Any) -> bytes:
+def as_bytes(value: Any) -> bytes:
+    """A string tensor element as bytes."""
     if isinstance(value, bytes):
         return value
     return str(value).encode("utf-8")
-
-
-# ---------------------------------------------------------------- REST JSON
-
-def _b64_object(value: Any) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and "b64" in value
-
-
-def _decode_strings(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_decode_strings(v) for v in value]
-    if _b64_object(value):
-        try:
-            return base64.b64decode(value["b64"], validate=True)
-        except (ValueError, TypeError) as exc:
-            raise invalid_argument("Unable to base64 decode") from exc
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    raise invalid_argument(f"JSON Value: {value!r} not formatted correctly for string type")
-
-
-def json_to_numpy(value: Any, dtype: int) -> np.ndarray:
-    """Convert one JSON (nested list) value to an array of the signature's dtype."""
-    np_dtype = numpy_dtype(dtype)
-    if np_dtype is object:
-        decoded = _decode_strings(value)
-        try:
-            array = np.array(decoded, dtype=object)
-        except ValueError as exc:
-            raise invalid_argument(f"Failed to process JSON value: {exc}") from exc
-        return array
-    try:
-        array = np.array(value, dtype=np_dtype)
-    except (ValueError, TypeError) as exc:
-        raise invalid_argument(
-            f"JSON Value: {value!r} not formatted correctly for {dtype_name(dtype)}: "
-            f"{exc}") from exc
-    if array.dtype == object:
-        raise invalid_argument("Tensor shapes are inconsistent in the JSON list")
-    return array
-
-
-def _json_scalar_list(array: np.ndarray, name: str) -> Any:
-    if array.dtype == object:
-        def conv(v: Any) -> Any:
-            data = _as_bytes(v)
-            if name.endswith("_bytes"):
-                return {"b64": base64.b64encode(data).decode("ascii")}
-            return data.decode("utf-8", errors="replace")
-        flat = [conv(v) for v in array.ravel()]
-        return np.array(flat, dtype=object).reshape(array.shape).tolist() if array.ndim else flat[0]
-    if array.dtype == np.float32 or array.dtype == np.float16:
-        # print float32 like TFServing does (shortest form of the float, not the double)
-        return array.astype(str).astype(np.float64).tolist()
-    return array.tolist()
-
-
-def numpy_to_json(array: np.ndarray, name: str) -> Any:
-    """Convert an output array to its JSON value (nested lists)."""
-    return _json_scalar_list(array, name)

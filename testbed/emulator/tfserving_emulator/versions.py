@@ -1,9 +1,9 @@
 """Which version directories a model's policy asks for (file_system_storage_path_source.cc).
 
 Children of the base path whose names parse as int64 are versions (``00000123`` is 123; ``v1``
-is ignored). ``latest`` takes the top N (default 1; 0 means 1), ``all`` takes every one,
-``specific`` takes the listed ones that exist. A base path that cannot be listed fails the
-poll.
+is ignored; of ``1`` and ``01`` the server loads ``1``, the later name in sorted order).
+``latest`` takes the top N (default 1; 0 means 1), ``all`` takes every one, ``specific`` takes
+the listed ones that exist. A base path that cannot be listed fails the poll.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def parse_version(name: str) -> int | None:
 
 
 def _children_by_version(name: str, base_path: str) -> dict[int, str]:
+    """IndexChildrenByVersion: children in sorted order (a std::set), the last of two names that
+    parse to the same number wins (``1`` over ``01``)."""
     try:
         children = sorted(os.listdir(base_path))
     except OSError as exc:
@@ -43,9 +45,7 @@ def _children_by_version(name: str, base_path: str) -> dict[int, str]:
         if version in found:
             log.warning(f"{_WHERE}:129",
                         f"Duplicate version directories detected. Version {version} will be "
-                        f"loaded from {os.path.join(base_path, found[version])}, "
-                        f"{os.path.join(base_path, child)} will be ignored.")
-            continue
+                        f"loaded from {child}, {found[version]} will be ignored.")
         found[version] = child
     return found
 
