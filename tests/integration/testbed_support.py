@@ -199,7 +199,7 @@ models = [
         latency_slo_ms=50,
         batching=Batching(max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=64,
                           num_batch_threads=2, allowed_batch_sizes=(8, 16, 32)),
-        threads=Threads(intra_op=1, inter_op=2),
+        threads=Threads(intra_op=1, inter_op=2, grpc_max_threads=256),
         warmup={warmup},
         rollout={rollout},
         golden={golden!r},
