@@ -4,6 +4,7 @@ records (pure)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from tfsdeploy.cli.unattended import read_samples, update_textfile
 from tfsdeploy.facts import HostFacts, parse_facts
@@ -143,3 +144,99 @@ def test_rollback_target_from_every_hosts_records() -> None:
     # a rollback to r1 interrupted after host a: running it again finishes it
     a[3] = "rolled_back"
     assert choose_rollback(target, {"a": facts(_id(1), a), "b": facts(_id(3), b)}, None) == _id(1)
+
+
+# -- the guard during a paused canary -------------------------------------------------------
+
+class FakeFleet:
+    """Every process's counters: each ``tick`` (one guard interval) adds requests; the slow
+    slot's requests land above 50 ms, the others' under 1 ms."""
+
+    def __init__(self, target: Target, slow_slot: str | None) -> None:
+        from tfsdeploy.cli.guard import processes
+
+        self.slow_slot = slow_slot
+        self.counts = {(h.address, port): 0 for h in target.hosts
+                       for _, port in processes(h, target)}
+        self.slot_of = {(h.address, port): slot for h in target.hosts
+                        for slot, port in processes(h, target)}
+
+    now = 0.0
+
+    def tick(self, seconds: float) -> None:
+        self.now += seconds
+        for key in self.counts:
+            self.counts[key] += 100
+
+    def read(self, address: str, port: int, path: str, model: str) -> Any:
+        count = self.counts[(address, port)]
+        fast = 0 if self.slot_of[(address, port)] == self.slow_slot else count
+        return parse_metrics(_scrape(count, 0, fast), model)
+
+
+def _guard(slow_slot: str | None, paused: bool, **policy: Any) -> tuple[Any, Any, list[str]]:
+    from tfsdeploy.canary_policy import CanaryPolicy
+    from tfsdeploy.cli.guard import GuardPolicy, PausedCanary, guard
+    from tfsdeploy.engine import RunResult
+
+    from .helpers import model
+    from .runs import Recorder
+
+    inv = inventory(models=[model(latency_slo_ms=1000)])
+    inv.models["m"].rollout.__dict__["canary"] = CanaryPolicy(min_requests=50)
+    target = Target(inv, inv.models["m"], inv.hosts)
+    fleet = FakeFleet(target, slow_slot)
+    acted: list[str] = []
+    canary = PausedCanary("r20261130-120000000-v2", {"h1": "green"}) if paused else None
+
+    def abort() -> RunResult:
+        acted.append("abort")
+        return RunResult("m", 2, "r20261130-120000000-v2")
+
+    def rollback() -> RunResult:
+        acted.append("rollback")
+        return RunResult("m", 1, "r20261130-110000000-v1")
+
+    settings = {"for_s": 10, "interval_s": 5, "duration_s": 300, **policy}
+    code, message = guard(target, GuardPolicy(**settings),
+                          reporter=Recorder(), read=fleet.read, sleep=fleet.tick,
+                          look_for_paused=lambda _: canary, abort=abort, act=rollback,
+                          clock=lambda: fleet.now)
+    return code, message, acted
+
+
+def test_a_paused_canary_slower_than_its_old_slot_is_aborted() -> None:
+    # the P99 SLO (1,000 ms) holds; only the comparison with the old slot fails
+    code, message, acted = _guard("green", paused=True)
+    assert acted == ["abort"] and int(code) == 2
+    assert "aborted the paused canary r20261130-120000000-v2 after h1" in message
+    assert "P99 new" in message
+
+
+def test_a_paused_canary_as_fast_as_its_old_slot_is_left_alone() -> None:
+    code, message, acted = _guard(None, paused=True, duration_s=300)
+    assert acted == [] and int(code) == 0 and message == "no sustained SLO breach"
+
+
+def test_a_sustained_breach_during_a_pause_aborts_instead_of_rolling_back() -> None:
+    code, _, acted = _guard("blue", paused=True, slo_p99_ms=10)
+    assert acted == ["abort"] and int(code) == 2
+
+
+def test_without_a_paused_canary_a_breach_rolls_back() -> None:
+    code, _, acted = _guard("blue", paused=False, slo_p99_ms=10)
+    assert acted == ["rollback"] and int(code) == 2
+
+
+def test_the_guard_reads_every_instance_of_a_host_with_one_server_per_gpu() -> None:
+    from tfsdeploy.cli.guard import processes
+    from tfsdeploy.inventory import Gpu, Group, Host, build_inventory
+
+    from .helpers import model
+
+    inv = build_inventory("inv.py", hosts=[Host("h1", "10.0.0.1", gpus=[Gpu(0, 16384),
+                                                                          Gpu(1, 16384)])],
+                          groups={"g": Group(["h1"])}, defaults={}, models=[model()])
+    target = Target(inv, inv.models["m"], inv.hosts)
+    assert processes(inv.hosts[0], target) == [("blue", 8511), ("green", 8521),
+                                              ("blue", 8531), ("green", 8541)]
