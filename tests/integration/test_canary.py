@@ -115,3 +115,24 @@ def test_a_release_answering_differently_is_stopped_by_the_comparison(fleet: Fle
     result: dict[str, Any] = json_from(run.stdout)
     assert result["hosts"]["tb1"]["status"] in ("reverted", "restored"), result["hosts"]
 
+
+
+def test_the_guard_aborts_a_paused_canary_slower_than_the_old_release(fleet: Fleet) -> None:
+    fleet.assert_serving(2)
+    # deployed under a lenient policy (it pauses), judged by the guard under the strict one
+    lenient = fleet.tmp / "inventory_lenient.py"
+    lenient.write_text(fleet.inventory.read_text().replace(
+        "max_p99_ratio=1.5, latency_slack_ms=5", "max_p99_ratio=100.0, latency_slack_ms=1000"))
+    with Client(fleet) as client:
+        run = fleet.fab("deploy", "--version", "3", "--canary-weights", "25", "--step-s", "6",
+                        "--pause", "--json", inventory=lenient, timeout=900)
+        assert run.code == 6, run.describe()
+        guarded = fleet.fab("guard", "--for-s", "10", "--interval-s", "2", "--duration-s",
+                            "180", timeout=600)
+    assert guarded.code == 2, guarded.describe()
+    assert "aborted the paused canary" in guarded.out, guarded.describe()
+    assert not client.failures, client.failures[:5]
+    for host in HOSTS:
+        record = fleet.current(host)
+        assert record is not None and record["version"] == 2, host
+    assert "paused" not in fleet.fab("lock").out
