@@ -11,7 +11,7 @@ from typing import Any
 from tfsdeploy.errors import ConfigError, ExitCode, HostUnreachable, Problem, TfsDeployError
 from tfsdeploy.facts import HostFacts
 from tfsdeploy.gates import Clock
-from tfsdeploy.jobs import ClientFactory, HostJob, Planner, RunContext
+from tfsdeploy.jobs import ClientFactory, HostJob, InstanceJob, Planner, RunContext
 from tfsdeploy.layout import HostPaths, host_paths, new_release_id
 from tfsdeploy.lock import current_user
 from tfsdeploy.playbook import Playbook
@@ -52,10 +52,12 @@ def deploy_context(target: Target, version: int, *, clock: Clock,
 
 
 def job_for(context: RunContext, render: HostRender, conns: dict[str, Connection],
-            facts: Facts, image: str) -> HostJob:
-    """One host's job, with its facts (or the reason they could not be read)."""
+            facts: Facts, image: str, *, instances: list[InstanceJob] | None = None
+            ) -> HostJob:
+    """One host's job, with its facts (or the reason they could not be read); its instances
+    are the render's unless given."""
     job = HostJob(run=context, host=render.host, conn=conns[render.host.name], render=render,
-                  image=image)
+                  image=image, instances=instances or [])
     seen = facts[render.host.name]
     if isinstance(seen, HostUnreachable):
         job.unreachable = seen
@@ -103,17 +105,31 @@ def choose_rollback(target: Target, facts: dict[str, HostFacts], to: str | None)
 
 def rollback_render(target: Target, facts: HostFacts, record: ReleaseRecord,
                     files: dict[str, str]) -> HostRender:
-    """A host's render of a retained release: the files it keeps of it."""
-    from tfsdeploy.gpu import plan_gpu
+    """A host's render of a retained release: the files it keeps of it, and the instances
+    its record lists (one per GPU it ran on; a record written before instances were recorded
+    ran one)."""
+    from tfsdeploy.gpu import InstancePlan, plan_instances
     from tfsdeploy.render import placements
 
     host = next(h for h in target.hosts if h.name == facts.host)
     inventory = target.inventory
     placed = placements(inventory)
     co_located = [inventory.models[m] for m, on in placed.items() if host.name in on]
+    planned = {p.index: p for p in plan_instances(host, target.model, co_located)}
+    instances = tuple(
+        planned[i.index] if i.index in planned and planned[i.index].gpus == i.gpus
+        else InstancePlan(i.index, i.gpus, None)
+        for i in sorted(record.instances, key=lambda i: i.index)) or (planned[0],)
     return HostRender(host=host, model=target.model, version=record.version,
-                      gpu=plan_gpu(host, target.model, co_located),
-                      files=tuple(RenderedFile(n, files[n]) for n in FILE_NAMES))
+                      gpu=instances[0].plan,
+                      files=tuple(RenderedFile(n, files[n]) for n in FILE_NAMES),
+                      instances=instances)
+
+
+def recorded_instances(record: ReleaseRecord) -> list[InstanceJob]:
+    """The instances a retained release ran, each with the GPU fraction it ran with."""
+    return [InstanceJob(i.index, tuple(i.gpus), i.gpu_fraction)
+            for i in sorted(record.instances, key=lambda i: i.index)]
 
 
 def read_release_files(conn: Connection, paths: HostPaths, release_id: str) -> dict[str, str]:
@@ -192,7 +208,8 @@ def rollback_planner(target: Target, to: str | None, *, clock: Clock,
             files = read_release_files(conns[host.name], host_paths(host, target.model),
                                        release_id)
             render = rollback_render(target, seen, record, files)
-            jobs.append(job_for(context, render, conns, facts, record.image))
+            jobs.append(job_for(context, render, conns, facts, record.image,
+                                instances=recorded_instances(record)))
         return context, jobs
 
     return plan

@@ -94,8 +94,9 @@ def Client(fleet: Fleet) -> Traffic:
 
 class Rotation:
     """Samples, every 0.2 s, how many of the wide host's gRPC servers of ``model`` the proxy
-    sends new requests to (status UP, weight > 0), from its admin socket over one SSH
-    session."""
+    sends new requests to (neither in maintenance nor draining, weight > 0: the servers have
+    no health checks, so their status is "no check" when in rotation), from its admin socket
+    over one SSH session."""
 
     def __init__(self, model: str = MODEL) -> None:
         self.socket = f"/srv/tfsdeploy/{model}/proxy-admin/admin.sock"
@@ -103,7 +104,7 @@ class Rotation:
 
     def __enter__(self) -> Rotation:
         script = ("while :; do echo 'show stat' | socat -t 2 - UNIX-CONNECT:" + self.socket
-                  + " | awk -F, '$1 == \"grpc\" && $2 != \"BACKEND\" && $18 == \"UP\""
+                  + " | awk -F, '$1 == \"grpc\" && $2 !~ /END$/ && $18 !~ /^(MAINT|DRAIN)/"
                   " && $19 > 0 {n++} END {print n + 0}'; sleep 0.2; done")
         self._proc = subprocess.Popen(ssh_argv(HOSTS[WIDE], script), stdout=subprocess.PIPE,
                                       text=True)

@@ -152,10 +152,16 @@ class FakeProxy:
         return "\n".join(rows) + "\n\n"
 
     def serving_port(self, backend: str = "grpc") -> int | None:
-        """The port of the one server of ``backend`` that takes new requests."""
-        ready = [self.addresses[k] for k, status in self.servers.items()
+        """The port of a server of ``backend`` that takes new requests: the one, or, with one
+        server per GPU, the first instance's (HAProxy balances over them all; the fake's
+        stable port answers from one). Two ready slots of one instance outside a canary are
+        a fault: no answer then."""
+        ready = [k for k, status in self.servers.items()
                  if k[0] == backend and status == READY and self.weights[k] > 0]
-        return ready[0] if len(ready) == 1 else None
+        instances = [k[1].split("-", 1)[0] for k in ready]
+        if not ready or len(set(instances)) != len(instances):
+            return None
+        return self.addresses[ready[0]]
 
 
 def make_socket_file(path: str) -> None:

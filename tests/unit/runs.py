@@ -21,7 +21,7 @@ from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec
 from tfsdeploy.inventory import Gpu, Host
 
 host_vars = {host_vars!r}
-hosts = [Host(f"h{{i}}", f"10.9.0.{{i}}", gpus=[Gpu(0, 16384)],
+hosts = [Host(f"h{{i}}", f"10.9.0.{{i}}", gpus=[Gpu(g, 16384) for g in range({gpus})],
               vars={{"data_root": f"{hosts}/h{{i}}/r", **host_vars.get(f"h{{i}}", {{}})}})
          for i in range(1, {count} + 1)]
 defaults = {{"image": "reg/tfs:2.21.0", "proxy_image": "reg/proxy:2.6"}}
@@ -56,12 +56,13 @@ class Recorder:
 def inventory_file(world: dict[str, Any], *, serial: str = '(1, "100%")',
                    on_failure: str = "revert", max_fail: float = 0, window: float = 0,
                    keep: int = 3, host_vars: dict[str, dict[str, Any]] | None = None,
-                   count: int = 4) -> str:
-    """The inventory of ``count`` fake hosts with this rollout policy."""
+                   count: int = 4, gpus: int = 1) -> str:
+    """The inventory of ``count`` fake hosts (``gpus`` GPUs each: one server per GPU) with
+    this rollout policy."""
     text = INVENTORY.format(source=world["source"], golden=world["golden"],
                             hosts=world["tmp"], serial=serial, on_failure=on_failure,
                             max_fail=max_fail, window=window, keep=keep,
-                            host_vars=host_vars or {}, count=count)
+                            host_vars=host_vars or {}, count=count, gpus=gpus)
     path = world["tmp"] / f"inv-{hashlib.sha256(text.encode()).hexdigest()[:12]}.py"
     path.write_text(text)
     return str(path)

@@ -124,3 +124,23 @@ def test_rollback_killed_after_a_switch_then_run_again_keeps_the_serving_contain
     assert serving(h1) == [first.release_id]
     assert current(h1) == f"releases/{first.release_id}"
     assert read_json(manifest(h1, second.release_id))["status"] == "rolled_back"
+
+
+def test_deploy_and_rollback_on_two_gpus_act_on_both_instances(world: dict[str, Any]) -> None:
+    first = run_deploy(world, 1, gpus=2, count=2)
+    assert first.exit_code == ExitCode.OK, first.message
+    fleet: FakeFleet = world["fleet"]
+    for host in fleet.hosts.values():
+        record = read_json(manifest(host, first.release_id))
+        assert [(i["index"], i["gpus"]) for i in record["instances"]] == [(0, [0]), (1, [1])]
+    second = run_deploy(world, 2, gpus=2, count=2)
+    assert second.exit_code == ExitCode.OK, second.message
+    for host in fleet.hosts.values():
+        assert serving(host) == [second.release_id, second.release_id]
+    result = run_rollback(world, gpus=2, count=2)
+    assert result.exit_code == ExitCode.OK, result.message
+    for host in fleet.hosts.values():
+        assert sorted(host.docker.called("start")) == [f"tfs-hp2-{first.release_id}-i0",
+                                                       f"tfs-hp2-{first.release_id}-i1"]
+        assert serving(host) == [first.release_id, first.release_id]
+        assert current(host) == f"releases/{first.release_id}"
