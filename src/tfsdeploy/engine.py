@@ -588,14 +588,19 @@ def plan_host(playbook: Playbook, job: HostJob) -> list[PlannedStep]:
     for phase in playbook.phases:
         if phase.mode == "batches" and job.unchanged:
             continue
-        for task in phase.tasks:
-            try:
-                outcome = run_step(job, task.action, operations[task.action], task.params,
-                                   check=True, on_progress=lambda h, p: None)
-            except Exception as error:
-                steps.append(PlannedStep(phase.name, task.action, [], error=str(error)))
-                return steps
-            steps.append(PlannedStep(phase.name, task.action, outcome.changes, outcome.detail))
+        # a batch phase runs instance by instance, as the roll does
+        for instance in job.instances if phase.mode == "batches" else [job.inst]:
+            job.on(instance)
+            for task in phase.tasks:
+                try:
+                    outcome = run_step(job, task.action, operations[task.action],
+                                       task.params, check=True, on_progress=lambda h, p: None)
+                except Exception as error:
+                    steps.append(PlannedStep(phase.name, task.action, [], error=str(error)))
+                    return steps
+                steps.append(PlannedStep(phase.name, task.action, outcome.changes,
+                                         outcome.detail))
+        job.on(job.instances[0])
     return steps
 
 

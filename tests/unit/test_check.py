@@ -26,8 +26,8 @@ target = partial(runs.target, count=2)
 Plan = dict[str, list[PlannedStep]]
 
 
-def _checked(world: dict[str, Any], version: int, monkeypatch: pytest.MonkeyPatch
-             ) -> tuple[str, Plan, list[dict[str, Any]]]:
+def _checked(world: dict[str, Any], version: int, monkeypatch: pytest.MonkeyPatch,
+             gpus: int = 1) -> tuple[str, Plan, list[dict[str, Any]]]:
     """Run `deploy --check` and keep the engine's plan (its changes, with their kinds)."""
     seen: list[Any] = []
     real = engine.check
@@ -38,7 +38,7 @@ def _checked(world: dict[str, Any], version: int, monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(engine, "check", spy)
     fleet: FakeFleet = world["fleet"]
-    rows = check(target(world), version=version, connect=fleet.connect)
+    rows = check(target(world, gpus=gpus), version=version, connect=fleet.connect)
     context, plans, _ = seen[0]
     assert all(isinstance(p, list) for p in plans.values())
     return context.release_id, plans, rows
@@ -64,16 +64,16 @@ VERSIONS = pytest.mark.parametrize("versions", [(1,), (1, 2)], ids=["first deplo
 
 
 def _check_then_run(world: dict[str, Any], versions: tuple[int, ...],
-                    monkeypatch: pytest.MonkeyPatch
+                    monkeypatch: pytest.MonkeyPatch, gpus: int = 1
                     ) -> dict[str, tuple[list[tuple[str, ...]], list[tuple[str, ...]]]]:
     """Per host: (the check's planned changes, the run's recorded changes)."""
     for version in versions[:-1]:
-        assert run_deploy(world, version).exit_code == ExitCode.OK
-    checked_id, plans, rows = _checked(world, versions[-1], monkeypatch)
+        assert run_deploy(world, version, gpus=gpus).exit_code == ExitCode.OK
+    checked_id, plans, rows = _checked(world, versions[-1], monkeypatch, gpus)
     # what the check prints is the engine's plan, change by change
     assert [c["what"] for row in rows for step in row["steps"] for c in step["changes"]] == [
         c.describe() for row in rows for s in plans[row["host"]] for c in s.changes]
-    run = run_deploy(world, versions[-1])
+    run = run_deploy(world, versions[-1], gpus=gpus)
     assert run.exit_code == ExitCode.OK, run.message
     fleet: FakeFleet = world["fleet"]
     compared = {name: (_planned(plan, checked_id, run.release_id),
@@ -83,10 +83,15 @@ def _check_then_run(world: dict[str, Any], versions: tuple[int, ...],
 
 
 @VERSIONS
+@pytest.mark.parametrize("gpus", [1, 2], ids=["one GPU", "one server per GPU on two"])
 def test_the_check_plans_what_the_run_then_does(world: dict[str, Any], versions: tuple[int, ...],
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    for name, (planned, recorded) in _check_then_run(world, versions, monkeypatch).items():
+                                                gpus: int, monkeypatch: pytest.MonkeyPatch
+                                                ) -> None:
+    compared = _check_then_run(world, versions, monkeypatch, gpus)
+    for name, (planned, recorded) in compared.items():
         assert _without_record_sizes(recorded) == _without_record_sizes(planned), name
+        started = [line for line in recorded if line[0] == "start_slot"]
+        assert len(started) == gpus, started
 
 
 @VERSIONS

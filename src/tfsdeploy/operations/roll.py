@@ -283,13 +283,13 @@ def take_out_of_rotation(job: HostJob, timeout_s: float | None = None) -> Ops:
         return "nothing serving this instance"
     slot = job.old.slot
     job.inst.out_of_rotation = True
+    keeps = f"the host keeps {len(job.instances) - 1} of {len(job.instances)} instance(s) serving"
     yield ProxyCommands(tuple(set_state(job.inst.index, slot, "drain")),
                         f"proxy: {_where(job)}{slot} drains")
     yield drain_check(job, slot, timeout_s or job.model.rollout.drain_timeout_s)
     yield ProxyCommands(tuple(set_state(job.inst.index, slot, "maint")),
-                        f"proxy: {_where(job)}{slot} out of rotation")
-    keeps = len(job.instances) - 1
-    return f"the host keeps {keeps} of {len(job.instances)} instance(s) serving"
+                        f"proxy: {_where(job)}{slot} out of rotation ({keeps})")
+    return keeps
 
 
 @operation("stop_old")
