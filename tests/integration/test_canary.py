@@ -4,8 +4,10 @@ answering differently stopped by the prediction comparison, pause then promote o
 new processes.
 
 Model ``itcanary`` on tb1..tb3 (serial [1, 100%]: tb1 is the canary), port offset 1800.
-Versions: 1 and 2 good (y = 0.5 x + 2, + 3), 3 = half_plus_two_bad/16 (answers as 2, 40 ms
-slower), 4 = half_plus_two_bad/17 (answers as 2, but +1 for x > 100).
+Versions: 1 and 2 good and answering alike (both half_plus_two/2: y = 0.5 x + 3, so the
+prediction comparison passes; the responses' model_spec.version tells them apart),
+3 = half_plus_two_bad/16 (answers as 2, 40 ms slower), 4 = half_plus_two_bad/17 (answers as 2,
+but +1 for x > 100).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ CANARY = ("CanaryPolicy(weights=(25,), step_s=8, min_requests=40, max_p99_ratio=
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET,
-                              {1: GOOD[1], 2: GOOD[2], 3: SLOWER, 4: DIFFERENT},
+                              {1: GOOD[2], 2: GOOD[2], 3: SLOWER, 4: DIFFERENT},
                               serial=(1, "100%")):
         corpus = made.tmp / "corpus.jsonl"
         corpus.write_text("".join(json.dumps({"signature": "serving_default", "inputs": {
@@ -49,6 +51,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def Client(fleet: Fleet) -> Traffic:
     """An independent client of tb1's stable gRPC port (the canary host)."""
     return Traffic(fleet, "tb1")
+
+
+def serving(fleet: Fleet, version: int) -> None:
+    """Every host's stable ports answer as half_plus_two/2 and its live release is
+    ``version``."""
+    fleet.assert_serving(2)
+    for host in HOSTS:
+        record = fleet.current(host)
+        assert record is not None and record["version"] == version, (host, record)
 
 
 def deploy(fleet: Fleet, version: int, *args: str) -> Any:
@@ -70,23 +81,32 @@ def test_each_weight_gives_the_new_version_its_share(fleet: Fleet) -> None:
             aborted = fleet.fab("abort", "--json")
             assert aborted.code == 0, aborted.describe()
             assert fleet.fab("lock").out.count("free") >= 1
-            fleet.assert_serving(1)
+            serving(fleet, 1)
         assert not client.failures, client.failures[:5]
 
 
 def test_pause_then_promote_from_a_new_process_rolls_every_host(fleet: Fleet) -> None:
-    fleet.assert_serving(1)
-    run = deploy(fleet, 2, "--canary-weights", "25", "--step-s", "6", "--pause")
-    assert run.code == 6, run.describe()
-    nothing = fleet.fab("abort", "--json")  # idempotence: abort, then abort again refuses
-    assert nothing.code == 0, nothing.describe()
-    again = fleet.fab("abort")
-    assert again.code in (0, 1) and "paused" in again.out + again.stdout, again.describe()
-    run = deploy(fleet, 2, "--canary-weights", "25", "--step-s", "6", "--pause")
-    assert run.code == 6, run.describe()
-    promoted = fleet.fab("promote", "--json", timeout=900)
-    assert promoted.code == 0, promoted.describe()
-    fleet.assert_serving(2)
+    serving(fleet, 1)
+    with Client(fleet) as client:
+        run = deploy(fleet, 2, "--canary-weights", "25", "--step-s", "6", "--pause")
+        assert run.code == 6, run.describe()
+        nothing = fleet.fab("abort", "--json")  # idempotence: abort, then abort again
+        assert nothing.code == 0, nothing.describe()
+        again = fleet.fab("abort")
+        assert again.code in (0, 1) and "abort" in again.out, again.describe()
+        aborted = fleet.current("tb1")  # tb1 is back on v1; the aborted v2 stays recorded
+        records = fleet.records("tb1")
+        assert aborted is not None and aborted["version"] == 1
+        assert [r["canary"]["state"] for r in records if r["version"] == 2] == ["aborted"]
+        refused = fleet.fab("promote")  # an aborted canary is never promoted
+        assert refused.code == 1 and "aborted" in refused.out, refused.describe()
+        serving(fleet, 1)
+        run = deploy(fleet, 2, "--canary-weights", "25", "--step-s", "6", "--pause")
+        assert run.code == 6, run.describe()
+        promoted = fleet.fab("promote", "--json", timeout=900)
+        assert promoted.code == 0, promoted.describe()
+    assert not client.failures, client.failures[:5]
+    serving(fleet, 2)
     twice = fleet.fab("promote")
     assert twice.code == 0, twice.describe()  # already promoted: nothing to do
     for host in HOSTS:
@@ -95,30 +115,30 @@ def test_pause_then_promote_from_a_new_process_rolls_every_host(fleet: Fleet) ->
 
 
 def test_a_slower_release_is_stopped_at_its_first_step(fleet: Fleet) -> None:
-    fleet.assert_serving(2)
+    serving(fleet, 2)
     with Client(fleet) as client:
         run = deploy(fleet, 3)
     assert run.code == 2, run.describe()
     assert "canary step 25% failed" in run.out and "P99 new" in run.out, run.describe()
     assert not client.failures, client.failures[:5]
-    fleet.assert_serving(2)
+    serving(fleet, 2)
 
 
 def test_a_release_answering_differently_is_stopped_by_the_comparison(fleet: Fleet) -> None:
-    fleet.assert_serving(2)
+    serving(fleet, 2)
     with Client(fleet) as client:
         run = deploy(fleet, 4)
     assert run.code == 2, run.describe()
     assert "comparison fail" in run.out, run.describe()
     assert not client.failures, client.failures[:5]
-    fleet.assert_serving(2)
+    serving(fleet, 2)
     result: dict[str, Any] = json_from(run.stdout)
     assert result["hosts"]["tb1"]["status"] in ("reverted", "restored"), result["hosts"]
 
 
 
 def test_the_guard_aborts_a_paused_canary_slower_than_the_old_release(fleet: Fleet) -> None:
-    fleet.assert_serving(2)
+    serving(fleet, 2)
     # deployed under a lenient policy (it pauses), judged by the guard under the strict one
     lenient = fleet.tmp / "inventory_lenient.py"
     lenient.write_text(fleet.inventory.read_text().replace(

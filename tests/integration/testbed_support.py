@@ -474,6 +474,18 @@ class ModelFleet:
         out = ssh(host, f"if [ -e {path} ]; then cat {path}; else echo null; fi").stdout
         return json.loads(out)  # type: ignore[no-any-return]
 
+    def records(self, host: str) -> list[dict[str, Any]]:
+        """Every release record of the model on ``host``, oldest first."""
+        out = ssh(host, f"cat /srv/tfsdeploy/{self.model}/releases/*/manifest.json "
+                        "2>/dev/null; true").stdout
+        decoder, found, at = json.JSONDecoder(), [], 0
+        while at < len(out.rstrip()):
+            record, at = decoder.raw_decode(out, at)
+            found.append(record)
+            while at < len(out) and out[at].isspace():
+                at += 1
+        return sorted(found, key=lambda r: r["id"])
+
     def audit(self, host: str) -> list[dict[str, Any]]:
         out = ssh(host, f"cat /srv/tfsdeploy/{self.model}/audit.log 2>/dev/null; true").stdout
         return [json.loads(line) for line in out.splitlines() if line.strip()]

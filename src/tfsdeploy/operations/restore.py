@@ -40,9 +40,12 @@ def record_attempt(job: HostJob) -> Ops:
 
 
 def _record_aborted(job: HostJob) -> Ops:
-    """An aborted canary's record: reverted, its canary state aborted (its steps kept)."""
+    """An aborted canary's record: reverted, its canary state aborted (its steps kept). The
+    record says whether the host ran the canary (``remove_new``, earlier in the same task
+    list, has already cleared what this run started)."""
     record = job.facts.record(job.run.release_id)
-    if record is None or not any(i.started for i in job.instances):
+    state = (record.canary or {}).get("state") if record else None
+    if record is None or state not in ("running", "paused", "aborting"):
         return "no canary here"
     canary = {**(record.canary or {}), "state": "aborted", "updated_at": now_iso()}
     yield WriteFile(f"{job.paths.release_dir(record.id)}/manifest.json",
