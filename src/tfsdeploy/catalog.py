@@ -157,8 +157,9 @@ class Rollout:
     # after a successful roll the drained old release stays running this long, so that a
     # rollback is a switch back with no model load (0: stop it at the end of the roll)
     window_s: Annotated[float, Strict(), Field(ge=0, le=ONE_WEEK_S, allow_inf_nan=False)] = 0.0
-    # a host's instances out of rotation at once; instances roll one after the other, so the
-    # host keeps at least (instances - 1) serving (with "recreate", the one rolling is out)
+    # a host's instances out of rotation at once: instances roll one after the other, so
+    # only 1 is accepted (the host keeps instances - 1 serving; with "recreate" the one
+    # rolling is out)
     max_unavailable: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
     # weighted steps on the first batch, judged new slot against old on live traffic
     # (canary.CanaryPolicy, checked by canary.validate_canary; None: no canary steps)
@@ -277,6 +278,13 @@ def model_rules(model: Model, file: str) -> list[Problem]:
     if problem:
         problems.append(Problem(problem[0], fix=problem[1], file=file,
                                 field=f"{where}.threads.grpc_max_threads"))
+    if model.rollout.max_unavailable > 1:
+        problems.append(Problem(
+            f"max_unavailable {model.rollout.max_unavailable}: a host's instances are replaced "
+            "one at a time, so at most 1 is ever out of rotation; a larger value would not "
+            "make the roll faster",
+            fix="set max_unavailable=1 or leave it out", file=file,
+            field=f"{where}.rollout.max_unavailable"))
     return problems
 
 

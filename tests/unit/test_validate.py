@@ -360,3 +360,11 @@ def test_negative_batch_timeout_is_refused_before_rendering() -> None:
     (problem,) = err.value.problems
     assert problem.field == "models.m.batching.batch_timeout_micros"
     assert problem.message == "batch_timeout_micros is -5: must be at least 0"
+
+
+def test_max_unavailable_above_one_is_refused_with_the_reason() -> None:
+
+    assert validate_model(model(rollout=Rollout(max_unavailable=1)), "inv.py") == []
+    (problem,) = validate_model(model(rollout=Rollout(max_unavailable=2)), "inv.py")
+    assert problem.field == "models.m.rollout.max_unavailable"
+    assert "one at a time" in problem.message and "max_unavailable=1" in problem.fix
