@@ -363,7 +363,6 @@ def test_negative_batch_timeout_is_refused_before_rendering() -> None:
 
 
 def test_max_unavailable_above_one_is_refused_with_the_reason() -> None:
-
     assert validate_model(model(rollout=Rollout(max_unavailable=1)), "inv.py") == []
     (problem,) = validate_model(model(rollout=Rollout(max_unavailable=2)), "inv.py")
     assert problem.field == "models.m.rollout.max_unavailable"
