@@ -97,7 +97,8 @@ def test_pause_then_promote_from_a_new_process_rolls_every_host(fleet: Fleet) ->
         aborted = fleet.current("tb1")  # tb1 is back on v1; the aborted v2 stays recorded
         records = fleet.records("tb1")
         assert aborted is not None and aborted["version"] == 1
-        assert [r["canary"]["state"] for r in records if r["version"] == 2] == ["aborted"]
+        # every v2 canary aborted so far (here and in the weights test) is recorded so
+        assert {r["canary"]["state"] for r in records if r["version"] == 2} == {"aborted"}
         refused = fleet.fab("promote")  # an aborted canary is never promoted
         assert refused.code == 1 and "aborted" in refused.out, refused.describe()
         serving(fleet, 1)

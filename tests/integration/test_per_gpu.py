@@ -158,7 +158,7 @@ def test_a_roll_replaces_each_instance_with_no_failed_request(fleet: Fleet) -> N
     assert max(rotation.samples) == 2, rotation.samples
     fleet.assert_serving(2)
     result: dict[str, Any] = json_from(run.stdout)
-    assert result["hosts"][WIDE]["status"] == "deployed", result["hosts"][WIDE]
+    assert result["hosts"][WIDE]["status"] == "rolled", result["hosts"][WIDE]
     record = fleet.current(WIDE)
     assert record is not None
     changes = " ".join(e["details"].get("change", "") for e in fleet.audit(WIDE)
