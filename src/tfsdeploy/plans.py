@@ -226,15 +226,15 @@ class NothingToDo(TfsDeployError):
 
 
 def paused_canary(facts: dict[str, HostFacts]) -> tuple[ReleaseRecord | None, Any]:
-    """The release a canary left on the hosts (the newest with a canary state other than
-    done) and the fleet's canary state (``canary.fleet_state``)."""
+    """The newest release a canary left on the hosts and the fleet's canary state
+    (``canary.fleet_state``): a promoted one is done, and the older canaries behind it (an
+    aborted one, say) are history, not something to promote or abort."""
     from tfsdeploy.canary import CanaryState, fleet_state
 
     found: dict[str, ReleaseRecord] = {}
     for host_facts in facts.values():
         for record in host_facts.releases:
-            state = (record.canary or {}).get("state")
-            if state and state != "done":
+            if (record.canary or {}).get("state"):
                 found.setdefault(record.id, record)
     if not found:
         return None, None

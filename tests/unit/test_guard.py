@@ -240,3 +240,23 @@ def test_the_guard_reads_every_instance_of_a_host_with_one_server_per_gpu() -> N
     target = Target(inv, inv.models["m"], inv.hosts)
     assert processes(inv.hosts[0], target) == [("blue", 8511), ("green", 8521),
                                               ("blue", 8531), ("green", 8541)]
+
+
+def test_the_newest_canary_decides_what_promote_and_abort_see() -> None:
+    from tfsdeploy.canary import CanaryState
+    from tfsdeploy.plans import paused_canary
+
+    def canary(n: int, state: str) -> ReleaseRecord:
+        return _release(n).model_copy(update={"canary": {"state": state}})
+
+    def host(*records: ReleaseRecord) -> HostFacts:
+        return HostFacts(host="h", current=records[-1].id, releases=records)
+
+    # an aborted canary, then a promoted one: done (promote again: nothing to do)
+    record, state = paused_canary({"a": host(_release(1), canary(2, "aborted"),
+                                             canary(3, "done")), "b": host(_release(3))})
+    assert record is not None and record.id == _id(3) and state is CanaryState.DONE
+    # a paused canary after an aborted one: paused
+    record, state = paused_canary({"a": host(canary(2, "aborted"), canary(3, "paused"))})
+    assert record is not None and record.id == _id(3) and state is CanaryState.PAUSED
+    assert paused_canary({"a": host(_release(1))}) == (None, None)
