@@ -123,22 +123,25 @@ def test_the_exit_code_help_names_every_exit_code(tmp_path: Path) -> None:
 # -- `fab prune`'s summary --------------------------------------------------------------------
 
 def test_pruned_reads_what_each_step_removed() -> None:
-    from tfsdeploy.cli.prune import Pruned, pruned
+    from tfsdeploy.cli.prune import Pruned, human_size, pruned
 
     steps = [
         {"phase": "preflight", "step": "discover", "ok": True, "detail": "pruned 9 old release(s)"},
         {"phase": "prune", "step": "prune_releases", "ok": True,
          "detail": "pruned 2 old release(s)"},
         {"phase": "prune", "step": "prune_versions", "ok": True,
-         "detail": "12.5 MiB in version(s) 1, 2; removed version(s) 1, 2"},
+         "detail": "0.0 MiB (9876 bytes) in version(s) 1, 2; removed version(s) 1, 2"},
         {"phase": "prune", "step": "prune_images", "ok": True,
-         "detail": "reg:5000/tfs:2.20.0: 300.0 MiB freed; reg:5000/tfs:2.19.0 kept (in use or "
-                   "absent); reg/tfs:old: 0.5 MiB freed"}]
+         "detail": "reg:5000/tfs:2.20.0: 300.0 MiB (314572800 bytes) freed; reg:5000/tfs:2.19.0 "
+                   "kept (in use or absent); reg/tfs:old: 0.5 MiB (524288 bytes) freed"}]
     assert pruned(steps) == Pruned(releases=2, versions=(1, 2),
-                                   images=("reg:5000/tfs:2.20.0", "reg/tfs:old"), freed_mib=313.0)
+                                   images=("reg:5000/tfs:2.20.0", "reg/tfs:old"),
+                                   freed_bytes=9876 + 314572800 + 524288)
     assert pruned(steps).describe() == "2 release(s), version(s) 1, 2, 2 image(s)"
     failed = [{**steps[2], "ok": False, "detail": "prune_versions: expected ...; saw exit 1"}]
     assert pruned(failed) == Pruned() and Pruned().describe() == "nothing"
+    assert [human_size(n) for n in (0, 1023, 9876, 2 << 20, 3 << 30)] == \
+        ["0 bytes", "1023 bytes", "9.6 KiB", "2.0 MiB", "3.0 GiB"]
 
 
 def test_prune_says_what_it_removed_and_freed_per_host(
@@ -178,6 +181,8 @@ def test_prune_says_what_it_removed_and_freed_per_host(
     assert {h: o["status"] for h, o in written["hosts"].items()} == {"h1": "pruned",
                                                                      "h2": "pruned"}
     assert written["pruned"]["h1"]["versions"] == [1]
-    assert written["pruned"]["h1"]["freed_mib"] == 2.0 and written["freed_mib"] == 4.0
+    version_1 = (2 << 20) + len(b"pb")  # the file written above, and saved_model.pb
+    assert written["pruned"]["h1"]["freed_bytes"] >= version_1
+    assert written["freed_bytes"] == sum(p["freed_bytes"] for p in written["pruned"].values())
     rows = [line for line in out.splitlines() if "h1" in line and "pruned" in line]
     assert rows and "version(s) 1" in rows[0] and "2.0 MiB" in rows[0], out

@@ -30,10 +30,7 @@ NOTIFY_CLOSE_S = 0.8  # the most a dead receiver may add to a run at its end
 # A host in any other state failed. A paused run's hosts are paused (the canary hosts) or
 # pending (`fab promote` rolls them): neither failed.
 NOT_FAILED = frozenset({"rolled", "unchanged", "skipped", "paused", "pending"})
-# the verbs whose success is an event of its own, and the hosts it names (their results)
-OUTCOME_EVENTS: dict[str, Callable[[Sequence[str], str], notify.Event]] = {
-    "promote": notify.promoted, "abort": notify.aborted}
-ON_THE_RELEASE = ("rolled", "unchanged")
+ON_THE_RELEASE = ("rolled", "unchanged")  # a host's results once it serves the run's aim
 
 
 @dataclass
@@ -218,8 +215,11 @@ def outcome_event(verb: str, result: RunResult | None) -> notify.Event | None:
     hosts = [name for name, o in result.hosts.items() if o.status in ON_THE_RELEASE]
     if verb == "rollback":
         return notify.rollback(hosts, result.release_id)
-    build = OUTCOME_EVENTS.get(verb)
-    return build(hosts, "") if build is not None else None
+    if verb == "promote":
+        return notify.promoted(hosts)
+    if verb == "abort":
+        return notify.aborted(hosts)
+    return None
 
 
 def after(around: Around, reporter: Any, *, result: RunResult | None, exit_code: int,

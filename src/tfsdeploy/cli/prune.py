@@ -76,18 +76,28 @@ def prune_check(target: Target, *, playbook: str | None = None,
 
 # what the prune steps report (operations/prune.py, operations/finalize.py, executor.py)
 _RELEASES = re.compile(r"pruned (\d+) old release")
-_VERSIONS = re.compile(r"([\d.]+) MiB in version\(s\) ([\d, ]+)")
-_IMAGE = re.compile(r"(\S+): ([\d.]+) MiB freed")
+_VERSIONS = re.compile(r"\((\d+) bytes\) in version\(s\) ([\d, ]+)")
+_IMAGE = re.compile(r"(\S+): [\d.]+ MiB \((\d+) bytes\) freed")
+
+
+def human_size(size: int) -> str:
+    """``512 bytes``, ``9.6 KiB``, ``2.0 MiB``, ``1.2 GiB``."""
+    if size < 1024:
+        return f"{size} bytes"
+    for shift, unit in ((30, "GiB"), (20, "MiB"), (10, "KiB")):
+        if size >= 1 << shift:
+            return f"{size / (1 << shift):.1f} {unit}"
+    return f"{size} bytes"  # unreachable: 1 KiB and more has a unit
 
 
 @dataclass(frozen=True)
 class Pruned:
-    """What prune removed on one host, and the disk that freed (MiB)."""
+    """What prune removed on one host, and the disk that freed (bytes)."""
 
     releases: int = 0
     versions: tuple[int, ...] = ()
     images: tuple[str, ...] = ()
-    freed_mib: float = 0.0
+    freed_bytes: int = 0
 
     @property
     def removed_any(self) -> bool:
@@ -106,12 +116,12 @@ class Pruned:
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {"releases": self.releases, "versions": list(self.versions),
-                "images": list(self.images), "freed_mib": round(self.freed_mib, 1)}
+                "images": list(self.images), "freed_bytes": self.freed_bytes}
 
 
 def pruned(steps: Sequence[dict[str, Any]]) -> Pruned:
     """What a host's prune steps removed, read from the steps that succeeded (pure)."""
-    found: dict[str, Any] = {"releases": 0, "versions": (), "images": (), "freed_mib": 0.0}
+    found: dict[str, Any] = {"releases": 0, "versions": (), "images": (), "freed_bytes": 0}
     for step in steps:
         detail = str(step.get("detail", ""))
         if not step.get("ok") or not str(step.get("step", "")).startswith("prune_"):
@@ -120,37 +130,37 @@ def pruned(steps: Sequence[dict[str, Any]]) -> Pruned:
             found["releases"] += int(releases[1])
         if (versions := _VERSIONS.search(detail)) is not None:
             found["versions"] += tuple(int(v) for v in re.findall(r"\d+", versions[2]))
-            found["freed_mib"] += float(versions[1])
-        for image, mib in _IMAGE.findall(detail):
+            found["freed_bytes"] += int(versions[1])
+        for image, size in _IMAGE.findall(detail):
             found["images"] += (image,)
-            found["freed_mib"] += float(mib)
+            found["freed_bytes"] += int(size)
     return Pruned(**found)
 
 
 def summarize(result: RunResult) -> RunResult:
     """The prune's result for people: each host ``pruned`` (or ``clean``: nothing to remove)
     instead of ``rolled``, and a message that says what was freed, not what serves."""
-    freed = 0.0
+    freed = 0
     for outcome in result.hosts.values():
         done = pruned(outcome.steps)
-        freed += done.freed_mib
+        freed += done.freed_bytes
         if outcome.status == "rolled":
             outcome.status = "pruned" if done.removed_any else "clean"
     hosts = [n for n, o in result.hosts.items() if o.status in ("pruned", "clean")]
-    summary = f"{freed:.1f} MiB freed on {len(hosts)} host(s)"
+    summary = f"{human_size(freed)} freed on {len(hosts)} host(s)"
     result.message = summary if not result.message or result.exit_code == 0 \
         else f"{result.message}; {summary}"
     return result
 
 
 def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
-    """Per host: its result, what was removed, the MiB freed, the error."""
+    """Per host: its result, what was removed, the disk freed, the error."""
     return [_row(name, outcome) for name, outcome in result.hosts.items()]
 
 
 def _row(name: str, outcome: HostOutcome) -> tuple[str, ...]:
     done = pruned(outcome.steps)
-    return (name, outcome.status, done.describe(), f"{done.freed_mib:.1f} MiB",
+    return (name, outcome.status, done.describe(), human_size(done.freed_bytes),
             (outcome.error.splitlines() or [""])[0][:80])
 
 
@@ -158,4 +168,4 @@ def summary_data(result: RunResult) -> dict[str, Any]:
     """What the JSON result adds for a prune: per host what went, and the total freed."""
     per_host = {name: pruned(o.steps) for name, o in result.hosts.items()}
     return {"pruned": {name: p.as_dict() for name, p in per_host.items()},
-            "freed_mib": round(sum(p.freed_mib for p in per_host.values()), 1)}
+            "freed_bytes": sum(p.freed_bytes for p in per_host.values())}
