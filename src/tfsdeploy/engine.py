@@ -169,11 +169,13 @@ def run_tasks(roll: Roll, job: HostJob, phase: str, tasks: Sequence[Task]) -> No
                                check=False, on_progress=roll.progress)
         except BaseException as error:
             seconds = time.monotonic() - started
-            _record_step(job, phase, task.action, False, seconds, describe(error))
-            roll.reporter.step(job.name, phase, task.action, "failed", seconds, describe(error))
-            if task.action.startswith("gate_"):
-                roll.event("gate_failed", host=job.name, gate=task.action,
-                           message=describe(error))
+            pause = is_pause(error)  # the canary holds its last weight: not a failure
+            detail = pause_detail(roll, error) if pause else describe(error)
+            _record_step(job, phase, task.action, pause, seconds, detail)
+            roll.reporter.step(job.name, phase, task.action, "paused" if pause else "failed",
+                               seconds, detail)
+            if not pause and is_gate(task.action):
+                roll.event("gate_failed", host=job.name, gate=task.action, message=detail)
             raise
         finally:
             if job.touched:
@@ -181,6 +183,19 @@ def run_tasks(roll: Roll, job: HostJob, phase: str, tasks: Sequence[Task]) -> No
         seconds = time.monotonic() - started
         _record_step(job, phase, task.action, True, seconds, outcome.detail)
         roll.reporter.step(job.name, phase, task.action, "ok", seconds, outcome.detail)
+
+
+def is_gate(step: str) -> bool:
+    """Whether a failure of ``step`` is a gate's verdict: a ``gate_*`` step, or a canary step
+    judged on live traffic."""
+    return step.startswith("gate_") or step == "canary_steps"
+
+
+def pause_detail(roll: Roll, pause: BaseException) -> str:
+    """A paused canary's progress line: the weight it holds, and how to finish it."""
+    model = roll.context.model.name
+    return (f"{pause}: `fab promote --model {model}` finishes the roll, "
+            f"`fab abort --model {model}` returns it to the old release")
 
 
 def describe(error: BaseException) -> str:
@@ -248,6 +263,9 @@ def run_phases(roll: Roll) -> RunResult:
         finish(roll, ExitCode.INCONSISTENT,
                f"{len(roll.failed)} host(s) failed within the allowed threshold and still "
                f"serve their previous release: {', '.join(sorted(roll.failed))}")
+    elif roll.context.verb == "abort":  # the release in the context is the one aborted
+        finish(roll, ExitCode.OK, f"canary {roll.context.release_id} aborted: every host "
+               "serves the release it served before the canary")
     else:
         finish(roll, ExitCode.OK, f"every host serves {roll.context.release_id}")
     return roll.result
@@ -335,10 +353,10 @@ def is_pause(error: BaseException | None) -> bool:
 
 def pause_roll(roll: Roll, paused: list[HostJob], untouched: list[list[HostJob]]) -> None:
     """The canary holds at its last weight: the run ends, the lock stays with the paused
-    release, the hosts not reached wait for ``fab promote``."""
+    release, the hosts not reached stay ``pending`` until ``fab promote`` rolls them."""
     for batch in untouched:
         for job in batch:
-            roll.outcome(job).status = "waiting"
+            roll.outcome(job).status = "pending"
     policy = roll.context.canary
     weight = policy.weights[-1] if policy else 0
     roll.event("paused", hosts=[j.name for j in paused], weight=weight)
@@ -403,13 +421,14 @@ def rescue_host(roll: Roll, phase: Phase, job: HostJob, *, every: bool = False) 
 
 
 def finish(roll: Roll, code: ExitCode, message: str) -> None:
-    """Set the run's result; every host appears in it, even those never reached."""
+    """Set the run's result; every host appears in it, even those never reached (a paused
+    run's are still to roll: they stay ``pending``)."""
     roll.result.exit_code = code
     roll.result.message = message
     for job in roll.jobs:
         outcome = roll.outcome(job)
         outcome.steps = [s.model_dump() for s in job.steps]
-        if outcome.status == "pending":
+        if outcome.status == "pending" and code != ExitCode.PAUSED:
             outcome.status = "skipped"
 
 
@@ -456,6 +475,9 @@ class RunPlan:
     version: int | None = None  # known before the run (a deploy); a rollback's is chosen later
     release: str = ""
     take_over: bool = False  # promote/abort: take the lock a paused canary holds
+    # sees the run's context once the planner chose the release (under the lock, before any
+    # host is changed); raising stops the run there (hooks: a pre-hook's refusal)
+    on_planned: Callable[[RunContext], None] | None = None
 
 
 def gather_facts(target: Target, conns: dict[str, Connection], images: Sequence[str],
@@ -505,6 +527,8 @@ def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
             try:
                 facts = gather_facts(target, conns, plan.images, plan.playbook.forks)
                 context, jobs = plan.planner(facts)
+                if plan.on_planned is not None:
+                    plan.on_planned(context)
                 what = (f" version {context.version} as {context.release_id}"
                         if context.release_id else "")
                 reporter.note(f"{plan.verb} {target.model.name}{what} on {len(jobs)} host(s); "

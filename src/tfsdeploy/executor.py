@@ -77,8 +77,8 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
             conn.docker.remove(change.name)
         elif isinstance(change, RemoveImage):
             freed = conn.docker.remove_image(change.image)
-            return f"{change.image}: {freed / (1 << 20):.1f} MiB freed" if freed else \
-                f"{change.image} kept (in use or absent)"
+            return f"{change.image}: {freed / (1 << 20):.1f} MiB ({freed} bytes) freed" \
+                if freed else f"{change.image} kept (in use or absent)"
         elif isinstance(change, ProxyCommands):
             proxyadmin.send(conn, job.paths.admin_socket, change.commands)
         else:

@@ -48,13 +48,13 @@ class Moment(StrEnum):
         return self.value.startswith("pre-")
 
 
-# The moment before and after each command. The guard's automatic rollback has no pre-hook: an
-# SLO breach must not wait for, or be vetoed by, a script.
+# The moment before and after each verb. `fab guard` runs the hooks of what it does (a
+# rollback, or the abort of a paused canary), as `fab rollback` and `fab abort` would. An abort
+# has no pre-hook: it only returns hosts to the release they served before the canary.
 _BEFORE: dict[str, Moment] = {"deploy": Moment.PRE_DEPLOY, "rollback": Moment.PRE_ROLLBACK,
                               "promote": Moment.PRE_PROMOTE}
 _AFTER: dict[str, Moment] = {"deploy": Moment.POST_DEPLOY, "rollback": Moment.POST_ROLLBACK,
-                             "guard": Moment.POST_ROLLBACK, "promote": Moment.POST_PROMOTE,
-                             "abort": Moment.POST_ABORT}
+                             "promote": Moment.POST_PROMOTE, "abort": Moment.POST_ABORT}
 
 DEFAULT_TIMEOUT_S = 300.0
 KILL_GRACE_S = 2.0  # between SIGTERM and SIGKILL of a timed-out hook's process group
@@ -78,10 +78,12 @@ HOOK_NAMES = frozenset(moment.value for moment in Moment)
 class RunFacts:
     """What every hook and every notification says about the run."""
 
-    command: str  # deploy, rollback, guard, promote, abort
+    command: str  # deploy, rollback, promote, abort, guard
     model: str
-    version: int | None = None  # the model version deployed or returned to; None if unknown
-    release: str = ""  # the release id deployed or returned to
+    # the release deployed, rolled back to, promoted or aborted, and its model version (None
+    # and "" until known: a rollback's is chosen from the hosts' records)
+    version: int | None = None
+    release: str = ""
     hosts: tuple[str, ...] = ()  # the selected hosts, in roll order
     addresses: tuple[str, ...] = ()  # their addresses, same order
     who: str = ""  # user@machine
@@ -101,8 +103,9 @@ class RunEnd:
 
 
 def result_name(exit_code: int) -> str:
-    """``ok``, ``invalid``, ``rolled_back``, ``inconsistent``, ``locked`` (as in the JSON
-    result), or ``exit_<n>`` for a code outside the documented ones."""
+    """The exit code's name as in the JSON result (``ok``, ``invalid``, ``rolled_back``,
+    ``inconsistent``, ``locked``, ``inconclusive``, ``paused``), or ``exit_<n>`` for a code
+    outside the documented ones."""
     try:
         return ExitCode(exit_code).name.lower()
     except ValueError:
@@ -126,15 +129,16 @@ def hook_env(facts: RunFacts, end: RunEnd | None = None) -> dict[str, str]:
     return env
 
 
-def moment_before(command: str) -> Moment | None:
-    """The hook that may stop ``command`` before any host is touched (None: no such hook)."""
-    return _BEFORE.get(command)
+def moment_before(verb: str) -> Moment | None:
+    """The hook that may stop a run of ``verb`` (deploy, rollback, promote, abort) before
+    any host is changed (None: no such hook)."""
+    return _BEFORE.get(verb)
 
 
-def moments_after(command: str, exit_code: int) -> tuple[Moment, ...]:
-    """The hooks after a run of ``command`` that passed its pre-hook, in order: the command's
+def moments_after(verb: str, exit_code: int) -> tuple[Moment, ...]:
+    """The hooks after a run of ``verb`` that passed its pre-hook, in order: the verb's
     post-hook whatever the result, then ``on-failure`` when the run did not exit 0."""
-    after = (_AFTER[command],) if command in _AFTER else ()
+    after = (_AFTER[verb],) if verb in _AFTER else ()
     return after + ((Moment.ON_FAILURE,) if exit_code != 0 else ())
 
 

@@ -69,14 +69,17 @@ class Event:
     batch: int | None = None  # 1-based
     batches: int | None = None
     gate: str = ""
-    release: str = ""
+    release: str = ""  # the release a host now serves (host_rolled) or returned to (rollback)
     exit_code: int | None = None
     seconds: float | None = None
     message: str = ""
+    weight: int | None = None  # paused: the new release's share of the canary hosts' requests
+    action: str = ""  # guard_triggered: rollback, or abort (of a paused canary)
+    statuses: tuple[tuple[str, str], ...] = ()  # finished: (host, its result), every host
 
 
 def run_started() -> Event:
-    """The run began (after validation, before the first host is touched)."""
+    """The run began (after validation and the pre-hook, before the first host is changed)."""
     return Event(EventKind.RUN_STARTED)
 
 
@@ -91,40 +94,43 @@ def host_rolled(host: str, *, release: str, seconds: float) -> Event:
 
 
 def gate_failed(host: str, gate: str, message: str) -> Event:
-    """A gate failed on ``host`` (the host is being restored)."""
+    """A gate (a ``gate_*`` step, or a canary step) failed on ``host``, which is restored."""
     return Event(EventKind.GATE_FAILED, host=host, gate=gate, message=message)
 
 
-def paused(message: str, hosts: Sequence[str] = ()) -> Event:
-    """The roll waits for a person (``hosts``: those on the new release so far)."""
-    return Event(EventKind.PAUSED, hosts=tuple(hosts), message=message)
+def paused(hosts: Sequence[str], *, weight: int) -> Event:
+    """The canary holds ``weight`` % of ``hosts``' requests and waits for promote or abort."""
+    return Event(EventKind.PAUSED, hosts=tuple(hosts), weight=weight)
 
 
-def promoted(hosts: Sequence[str] = (), message: str = "") -> Event:
-    """A paused roll was told to go on."""
+def promoted(hosts: Sequence[str], message: str = "") -> Event:
+    """The paused canary's release was rolled on: ``hosts`` serve it."""
     return Event(EventKind.PROMOTED, hosts=tuple(hosts), message=message)
 
 
-def aborted(hosts: Sequence[str] = (), message: str = "") -> Event:
-    """A paused roll was told to stop and return the hosts it changed."""
+def aborted(hosts: Sequence[str], message: str = "") -> Event:
+    """The paused canary was aborted: ``hosts`` are back on their previous release."""
     return Event(EventKind.ABORTED, hosts=tuple(hosts), message=message)
 
 
 def finished(exit_code: int, seconds: float, message: str = "",
-             failed_hosts: Sequence[str] = ()) -> Event:
-    """The run ended with ``exit_code`` (``hosts``: those that failed)."""
+             failed_hosts: Sequence[str] = (),
+             statuses: Sequence[tuple[str, str]] = ()) -> Event:
+    """The run ended with ``exit_code`` (``hosts``: those that failed; ``statuses``: every
+    host's result)."""
     return Event(EventKind.FINISHED, hosts=tuple(failed_hosts), exit_code=exit_code,
-                 seconds=seconds, message=message)
+                 seconds=seconds, message=message, statuses=tuple(statuses))
 
 
 def rollback(hosts: Sequence[str], release: str, message: str = "") -> Event:
-    """``hosts`` were returned to ``release`` (a failed roll's revert, or a rollback)."""
+    """``hosts`` were returned to ``release`` (by ``fab rollback`` or the guard)."""
     return Event(EventKind.ROLLBACK, hosts=tuple(hosts), release=release, message=message)
 
 
-def guard_triggered(host: str, message: str) -> Event:
-    """The guard saw ``host`` break the SLO for long enough and acts."""
-    return Event(EventKind.GUARD_TRIGGERED, host=host, message=message)
+def guard_triggered(host: str, message: str, *, action: str) -> Event:
+    """The guard saw ``host`` break the SLO (or a paused canary fail) for long enough and
+    acts: ``action`` is ``rollback`` or ``abort``."""
+    return Event(EventKind.GUARD_TRIGGERED, host=host, message=message, action=action)
 
 
 def slack_escape(text: str) -> str:
@@ -149,10 +155,11 @@ def event_text(facts: RunFacts, event: Event) -> str:
     subject = f"{facts.command} {facts.model}{version}"
     why = f": {_first_line(event.message)}" if event.message.strip() else ""
     seconds = f" in {event.seconds:.1f}s" if event.seconds is not None else ""
+    release = event.release or facts.release or "?"
     match event.kind:
         case EventKind.RUN_STARTED:
-            release = f" ({facts.release})" if facts.release else ""
-            return (f"{facts.who or 'someone'} started {subject}{release} on "
+            named = f" ({facts.release})" if facts.release else ""
+            return (f"{facts.who or 'someone'} started {subject}{named} on "
                     f"{len(facts.hosts)} host(s): {_host_list(facts.hosts)}")
         case EventKind.BATCH_STARTED:
             return (f"{subject}: batch {event.batch}/{event.batches} started on "
@@ -161,16 +168,40 @@ def event_text(facts: RunFacts, event: Event) -> str:
             return f"{subject}: {event.host} rolled{seconds}, now serving {event.release}"
         case EventKind.GATE_FAILED:
             return f"{subject}: gate {event.gate} failed on {event.host}{why}"
+        case EventKind.PAUSED:
+            return (f"{subject}: canary {release} paused at {event.weight}% on "
+                    f"{_host_list(event.hosts)}: `fab promote --model {facts.model}` finishes "
+                    f"the roll, `fab abort --model {facts.model}` returns "
+                    f"{'it' if len(event.hosts) == 1 else 'them'} to the old release")
+        case EventKind.PROMOTED:
+            return f"{subject}: canary {release} promoted, {_host_list(event.hosts)} serve it{why}"
+        case EventKind.ABORTED:
+            return (f"{subject}: canary {release} aborted, {_host_list(event.hosts)} back on "
+                    f"their previous release{why}")
         case EventKind.FINISHED:
-            code = event.exit_code if event.exit_code is not None else -1
-            failed = f" (failed: {_host_list(event.hosts)})" if event.hosts else ""
-            return f"{subject} finished: {result_name(code)} (exit {code}){seconds}{failed}{why}"
+            return f"{subject} finished: {_outcome(event)}{seconds}{_hosts_by_result(event)}{why}"
         case EventKind.ROLLBACK:
-            return f"{subject}: {_host_list(event.hosts)} back on {event.release}{why}"
+            return f"{subject}: {_host_list(event.hosts)} back on {release}{why}"
         case EventKind.GUARD_TRIGGERED:
-            return f"{subject}: guard triggered on {event.host}{why}"
-    hosts = f" ({_host_list(event.hosts)})" if event.hosts else ""
-    return f"{subject} {event.kind.value}{hosts}{why}"  # paused, promoted, aborted
+            doing = {"rollback": "rolling back", "abort": "aborting the paused canary"}.get(
+                event.action, event.action or "acting")
+            return f"{subject}: guard triggered on {event.host}, {doing}{why}"
+    return f"{subject} {event.kind.value}{why}"
+
+
+def _outcome(event: Event) -> str:
+    code = event.exit_code if event.exit_code is not None else -1
+    return f"{result_name(code)} (exit {code})"
+
+
+def _hosts_by_result(event: Event) -> str:
+    """`` (failed: h2)``, or after a pause `` (paused: h1; pending: h2, h3)``."""
+    parts = [f"failed: {_host_list(event.hosts)}"] if event.hosts else []
+    for status in ("paused", "pending"):
+        named = [host for host, seen in event.statuses if seen == status]
+        if named:
+            parts.append(f"{status}: {_host_list(named)}")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def payload(facts: RunFacts, event: Event, *, seq: int, at: float) -> dict[str, Any]:
@@ -189,7 +220,8 @@ def payload(facts: RunFacts, event: Event, *, seq: int, at: float) -> dict[str, 
         "to_release": event.release or None, "exit_code": event.exit_code,
         "result": None if event.exit_code is None else result_name(event.exit_code),
         "seconds": None if event.seconds is None else round(event.seconds, 3),
-        "message": event.message[:MAX_MESSAGE_CHARS] or None}
+        "message": event.message[:MAX_MESSAGE_CHARS] or None, "weight": event.weight,
+        "action": event.action or None, "host_status": dict(event.statuses) or None}
     return body | {k: v for k, v in optional.items() if v is not None}
 
 

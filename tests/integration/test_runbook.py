@@ -1,6 +1,7 @@
 """Runbook features on the local fleet: hooks around a deploy, notifications to a receiver that
-is dead, fleet logs and exec across the hosts, prune that frees old versions and never breaks a
-rollback to a retained release.
+is dead, fleet logs and exec across the hosts, prune that frees old versions (and says how
+much) and never breaks a rollback to a retained release, a rollback whose hooks and events name
+the release it returns to, hook output printed as it comes.
 
 Model ``itrunbook`` on tb1..tb3, port offset 1700.
 """
@@ -11,9 +12,12 @@ import json
 import socket
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deploy_support import GOOD, Fleet, fleet_fixture
@@ -136,12 +140,71 @@ def test_prune_frees_old_versions_and_keeps_rollback_working(fleet: Fleet) -> No
     assert check.code == 0, check.describe()
     run = fleet.fab("prune", "--json")
     assert run.code == 0, run.describe()
-    details = " ".join(s["detail"] for o in json_from(run.stdout)["hosts"].values()
-                       for s in o["steps"])
-    assert "MiB in version(s) 1" in details, details
+    result = json_from(run.stdout)
+    details = " ".join(s["detail"] for o in result["hosts"].values() for s in o["steps"])
+    assert "bytes) in version(s) 1" in details, details
+    # the summary says what went and what it freed, per host; it names no release
+    assert {o["status"] for o in result["hosts"].values()} == {"pruned"}, result["hosts"]
+    assert all(1 in p["versions"] and p["freed_bytes"] > 0 for p in result["pruned"].values())
+    assert result["message"].endswith(" freed on 3 host(s)"), result["message"]
     for host in HOSTS:
         left = ssh(host, f"ls /srv/tfsdeploy/models/{MODEL}").stdout.split()
         assert "1" not in left and {"2", "3"} <= set(left), (host, left)
     back = fleet.fab("rollback", "--json")
     assert back.code == 0, back.describe()
     fleet.assert_serving(2)
+
+
+class Receiver:
+    """A notification receiver on 127.0.0.1 that keeps every event."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        events = self.events
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                events.append(json.loads(self.rfile.read(int(self.headers["content-length"]))))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/events"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_rollback_names_its_release_in_every_hook_and_event(fleet: Fleet) -> None:
+    hooks = fleet.tmp / "hooks-rollback"
+    pre, post = recorder(hooks, "pre-rollback"), recorder(hooks, "post-rollback")
+    (hooks / "pre-rollback").write_text(
+        (hooks / "pre-rollback").read_text()
+        + 'echo "checking the rollback to $TFSDEPLOY_RELEASE"\n')
+    up = fleet.fab("deploy", "--version", "3", "--json")
+    assert up.code == 0, up.describe()
+    receiver = Receiver()
+    try:
+        back = fleet.fab("rollback", "--hooks", str(hooks), "--notify", receiver.url)
+    finally:
+        receiver.close()
+    assert back.code == 0, back.describe()
+    seen = json.loads(pre.read_text())
+    release, version = seen["TFSDEPLOY_RELEASE"], seen["TFSDEPLOY_VERSION"]
+    assert release.endswith(f"-v{version}") and version in ("1", "2"), seen
+    assert f"pre-rollback | checking the rollback to {release}" in back.out, back.describe()
+    after = json.loads(post.read_text())
+    assert (after["TFSDEPLOY_RELEASE"], after["TFSDEPLOY_VERSION"]) == (release, version)
+    assert after["TFSDEPLOY_RESULT"] == "ok"
+    kinds = [e["event"] for e in receiver.events]
+    assert kinds[0] == "run_started" and kinds[-2:] == ["rollback", "finished"], kinds
+    assert {(e["command"], e["release"], e["version"]) for e in receiver.events} == \
+        {("rollback", release, int(version))}
+    assert receiver.events[-2]["to_release"] == release
+    assert receiver.events[-2]["text"].endswith(f"tb1, tb2, tb3 back on {release}")
+    fleet.assert_serving(int(version))

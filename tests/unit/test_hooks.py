@@ -276,15 +276,65 @@ def test_a_hook_that_cannot_start_is_a_failed_result_not_an_exception(tmp_path: 
     assert "No such file" in result.error
 
 
-def test_moments_around_each_command() -> None:
+def test_moments_around_each_verb() -> None:
+    # the guard runs the hooks of what it does: a rollback's, or an abort's
     assert moment_before("deploy") is Moment.PRE_DEPLOY
     assert moment_before("rollback") is Moment.PRE_ROLLBACK
-    assert moment_before("guard") is None and moment_before("abort") is None
+    assert moment_before("promote") is Moment.PRE_PROMOTE
+    assert moment_before("abort") is None and moment_before("guard") is None
     assert moments_after("deploy", 0) == (Moment.POST_DEPLOY,)
     assert moments_after("deploy", 2) == (Moment.POST_DEPLOY, Moment.ON_FAILURE)
-    assert moments_after("guard", 2) == (Moment.POST_ROLLBACK, Moment.ON_FAILURE)
+    assert moments_after("rollback", 2) == (Moment.POST_ROLLBACK, Moment.ON_FAILURE)
     assert moments_after("abort", 0) == (Moment.POST_ABORT,)
+    assert moments_after("guard", 2) == (Moment.ON_FAILURE,)  # it did nothing with hooks
     assert all(m.is_pre == m.value.startswith("pre-") for m in Moment)
+
+
+class Notes:
+    """A run's reporter that keeps each note with the time it came."""
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[float, str]] = []
+
+    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+             detail: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.notes.append((time.monotonic(), text))
+
+
+def test_hook_output_is_printed_line_by_line_as_it_comes(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from functools import partial
+
+    from tfsdeploy.cli import deploy as cli_deploy
+    from tfsdeploy.cli import main as cli_main
+
+    from .fakes import FakeSlot, FrozenClock
+    from .runs import MODEL, inventory_file
+
+    monkeypatch.setattr(cli_deploy, "deploy", partial(
+        cli_deploy.deploy, connect=world["fleet"].connect, clock=FrozenClock(),
+        client_factory=FakeSlot))
+    notes = Notes()
+    monkeypatch.setattr(cli_main, "reporter", lambda json, log_file: notes)
+    hooks = world["tmp"] / "hooks"
+    _hook(hooks, "pre-deploy", "echo 'checking the change ticket'\nsleep 1\n"
+                               "echo 'ticket CHG1 approved' >&2\n")
+    code = cli_main.main("deploy", {
+        "c": None, "model": MODEL, "inventory": inventory_file(world), "hosts": None,
+        "limit": None, "version": "1", "check": False, "diff": False, "playbook": None,
+        "lock_wait": 0.0, "json": False, "log_file": None, "json_file": None,
+        "metrics_file": None, "hooks": str(hooks), "notify": None, "canary_weights": None,
+        "step_s": None, "pause": False})
+    assert code == 0
+    said = {text: at for at, text in notes.notes}
+    first, second = "pre-deploy | checking the change ticket", "pre-deploy | ticket CHG1 approved"
+    assert first in said and second in said, notes.notes
+    assert said[second] - said[first] > 0.8, "each line is shown when the hook writes it"
+    (done,) = [text for text in said if text.startswith("hook pre-deploy hook")]
+    assert said[done] >= said[second]
 
 
 def test_env_of_an_unknown_version_and_an_undocumented_exit_code() -> None:

@@ -321,14 +321,27 @@ def test_redact_keeps_scheme_host_and_port_only() -> None:
      "deploy resnet50 v2: batch 2/3 started on tb2, tb3"),
     (notify.host_rolled("tb1", release="r2", seconds=12.34),
      "deploy resnet50 v2: tb1 rolled in 12.3s, now serving r2"),
-    (notify.paused("after the canary batch; promote or abort", ["tb1"]),
-     "deploy resnet50 v2 paused (tb1): after the canary batch; promote or abort"),
-    (notify.promoted(), "deploy resnet50 v2 promoted"),
-    (notify.aborted(["tb1"], "by bob"), "deploy resnet50 v2 aborted (tb1): by bob"),
+    (notify.paused(["tb1"], weight=25),
+     "deploy resnet50 v2: canary r20260509-073525123-v2 paused at 25% on tb1: `fab promote "
+     "--model resnet50` finishes the roll, `fab abort --model resnet50` returns it to the old "
+     "release"),
+    (notify.promoted(["tb1", "tb2"]),
+     "deploy resnet50 v2: canary r20260509-073525123-v2 promoted, tb1, tb2 serve it"),
+    (notify.aborted(["tb1"], "by bob"),
+     "deploy resnet50 v2: canary r20260509-073525123-v2 aborted, tb1 back on their previous "
+     "release: by bob"),
     (notify.rollback(["tb1"], "r1", "reverted"), "deploy resnet50 v2: tb1 back on r1: reverted"),
-    (notify.guard_triggered("tb3", "error rate 5.00% > 1.00% for 30s"),
-     "deploy resnet50 v2: guard triggered on tb3: error rate 5.00% > 1.00% for 30s"),
+    (notify.rollback(["tb1"], ""), "deploy resnet50 v2: tb1 back on r20260509-073525123-v2"),
+    (notify.guard_triggered("tb3", "error rate 5.00% > 1.00% for 30s", action="rollback"),
+     "deploy resnet50 v2: guard triggered on tb3, rolling back: error rate 5.00% > 1.00% for "
+     "30s"),
+    (notify.guard_triggered("tb1", "P99 new 80 ms", action="abort"),
+     "deploy resnet50 v2: guard triggered on tb1, aborting the paused canary: P99 new 80 ms"),
     (notify.finished(0, 61.0), "deploy resnet50 v2 finished: ok (exit 0) in 61.0s"),
+    (notify.finished(6, 51.4, "canary paused", [], [("tb1", "paused"), ("tb2", "pending"),
+                                                     ("tb3", "pending")]),
+     "deploy resnet50 v2 finished: paused (exit 6) in 51.4s (paused: tb1; pending: tb2, tb3): "
+     "canary paused"),
     (notify.batch_started(1, 1, [f"h{i}" for i in range(13)]),
      "deploy resnet50 v2: batch 1/1 started on h0, h1, h2, h3, h4, h5, h6, h7, h8, h9 and 3 more"),
 ])
@@ -337,10 +350,318 @@ def test_event_text(event: Event, text: str) -> None:
 
 
 def test_every_event_kind_has_a_builder_and_a_payload() -> None:
-    built = {e.kind for e in [*_a_run(), notify.paused(""), notify.promoted(),
-                              notify.aborted(), notify.guard_triggered("h", "m")]}
+    built = {e.kind for e in [*_a_run(), notify.paused(["h"], weight=5), notify.promoted(["h"]),
+                              notify.aborted(["h"]),
+                              notify.guard_triggered("h", "m", action="rollback")]}
     assert built == set(EventKind)
     for seq, event in enumerate(_a_run(), 1):
         body = notify.payload(FACTS, event, seq=seq, at=0.0)
         assert json.loads(json.dumps(body)) == body
         assert body["time"] == "1970-01-01T00:00:00.000+00:00"
+
+
+# -- every command's events and hooks, through cli.main (as tasks.py calls it), on the fake
+# fleet (tests/unit/fakes.py), with real hook executables and a live receiver ---------------
+
+HOOK_LOG = "hooks.jsonl"
+EVERY_HOOK = ("pre-deploy", "post-deploy", "pre-rollback", "post-rollback", "on-failure",
+              "pre-promote", "post-promote", "post-abort")
+
+
+class Runbook:
+    """`fab <command> --hooks DIR --notify URL` on the fake fleet: every hook in DIR appends its
+    TFSDEPLOY_* variables to a log; the receiver keeps every event."""
+
+    def __init__(self, world: dict[str, Any], receiver: Receiver) -> None:
+        from .runs import inventory_file
+
+        self.world, self.receiver = world, receiver
+        self.inventory = inventory_file(world)
+        self.hooks = world["tmp"] / "hooks"
+        self.hooks.mkdir()
+        for name in EVERY_HOOK:
+            path = self.hooks / name
+            path.write_text(
+                "#!/usr/bin/env python3\nimport json, os\n"
+                "env = {k: v for k, v in os.environ.items() if k.startswith('TFSDEPLOY_')}\n"
+                f"with open({str(world['tmp'] / HOOK_LOG)!r}, 'a') as log:\n"
+                "    log.write(json.dumps(env) + '\\n')\n")
+            path.chmod(0o755)
+        self._events_seen = 0
+        self._hooks_seen = 0
+
+    def fab(self, command: str, **options: Any) -> tuple[int, dict[str, Any]]:
+        """Run the command; its exit code and its JSON result."""
+        from tfsdeploy.cli.main import main
+
+        json_file = self.world["tmp"] / f"{command}.json"
+        json_file.unlink(missing_ok=True)
+        args: dict[str, Any] = {
+            "c": None, "model": "hp2", "inventory": self.inventory, "hosts": None,
+            "limit": None, "lock_wait": 0.0, "json": False, "log_file": None,
+            "json_file": str(json_file), "metrics_file": None, "hooks": str(self.hooks),
+            "notify": [self.receiver.url]}
+        own: dict[str, dict[str, Any]] = {
+            "deploy": {"version": None, "check": False, "diff": False, "playbook": None,
+                       "canary_weights": None, "step_s": None, "pause": False},
+            "rollback": {"to": None, "playbook": None},
+            "guard": {"max_error_rate": 0.01, "slo_p99_ms": 10, "for_s": 10, "interval_s": 5,
+                      "duration_s": 300, "min_requests": 20, "count_client_errors": False}}
+        args |= own.get(command, {})
+        code = main(command, args | options)
+        return code, json.loads(json_file.read_text()) if json_file.exists() else {}
+
+    def events(self) -> list[dict[str, Any]]:
+        """The events received since the last call."""
+        bodies = self.receiver.accepted()
+        new, self._events_seen = bodies[self._events_seen:], len(bodies)
+        return new
+
+    def hooks_run(self) -> list[dict[str, str]]:
+        """The variables of each hook run since the last call, in order."""
+        log = self.world["tmp"] / HOOK_LOG
+        lines = log.read_text().splitlines() if log.exists() else []
+        new, self._hooks_seen = lines[self._hooks_seen:], len(lines)
+        return [json.loads(line) for line in new]
+
+
+@pytest.fixture()
+def runbook(world: dict[str, Any], receivers: list[Receiver],
+            monkeypatch: pytest.MonkeyPatch) -> Runbook:
+    """Commands on the fake fleet; the canary's traffic steps pass (they read live metrics,
+    which fake hosts have not), and the run waits for the local receiver."""
+    from functools import partial
+
+    from tfsdeploy.cli import around
+    from tfsdeploy.cli import canary as cli_canary
+    from tfsdeploy.cli import deploy as cli_deploy
+    from tfsdeploy.cli import prune as cli_prune
+    from tfsdeploy.cli import rollback as cli_rollback
+    from tfsdeploy.operations import canary as canary_ops
+
+    from .fakes import FakeSlot, FrozenClock
+
+    fleet = world["fleet"]
+    fakes = {"connect": fleet.connect, "clock": FrozenClock(), "client_factory": FakeSlot}
+    monkeypatch.setattr(cli_deploy, "deploy", partial(cli_deploy.deploy, **fakes))
+    monkeypatch.setattr(cli_rollback, "rollback", partial(cli_rollback.rollback, **fakes))
+    monkeypatch.setattr(cli_canary, "finish_canary", partial(cli_canary.finish_canary, **fakes))
+    monkeypatch.setattr(cli_prune, "prune", partial(cli_prune.prune, connect=fleet.connect))
+    monkeypatch.setattr(canary_ops, "judge_step", lambda job, policy, weight: "as good")
+    monkeypatch.setattr(canary_ops, "compare_predictions", lambda job, policy: "same")
+    monkeypatch.setattr(around, "NOTIFY_CLOSE_S", 10.0)
+    return Runbook(world, _receiver(receivers))
+
+
+def _kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [e["event"] for e in events]
+
+
+def _paused(runbook: Runbook) -> tuple[str, str]:
+    """v1 everywhere, then v2 paused on h1 at 25 %: (v1's release, v2's)."""
+    code, first = runbook.fab("deploy", version="1")
+    assert code == 0, first["message"]
+    code, paused = runbook.fab("deploy", version="2", canary_weights="25", step_s=1, pause=True)
+    assert code == 6, paused["message"]
+    return first["release"], paused["release"]
+
+
+def test_a_paused_deploy_sends_paused_and_is_not_a_failure(runbook: Runbook) -> None:
+    _, release = _paused(runbook)
+    events = runbook.events()
+    (pause,) = [e for e in events if e["event"] == "paused"]
+    assert (pause["weight"], pause["hosts"], pause["release"], pause["version"]) == \
+        (25, ["h1"], release, 2)
+    assert "paused at 25% on h1" in pause["text"] and "fab promote --model hp2" in pause["text"]
+    done = events[-1]
+    assert (done["event"], done["exit_code"], done["result"]) == ("finished", 6, "paused")
+    assert "hosts" not in done, "no host failed"
+    assert done["host_status"] == {"h1": "paused", "h2": "pending", "h3": "pending",
+                                   "h4": "pending"}
+    assert "(paused: h1; pending: h2, h3, h4)" in done["text"] and "failed" not in done["text"]
+    written = json.loads((runbook.world["tmp"] / "deploy.json").read_text())
+    assert {h: o["status"] for h, o in written["hosts"].items()} == done["host_status"]
+    after = runbook.hooks_run()[-2:]  # post-deploy, then on-failure (exit 6 is not 0)
+    assert [h["TFSDEPLOY_HOOK"] for h in after] == ["post-deploy", "on-failure"]
+    assert {h["TFSDEPLOY_FAILED_HOSTS"] for h in after} == {""}
+    assert {h["TFSDEPLOY_RESULT"] for h in after} == {"paused"}
+
+
+def test_a_pause_is_printed_as_a_pause(runbook: Runbook,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    _paused(runbook)
+    (h1,) = [line for line in capsys.readouterr().out.splitlines()
+             if "canary_steps" in line and "holding" in line]
+    assert " paused " in h1 and " failed " not in h1 and "CanaryPaused" not in h1, h1
+    assert "holding 25% on h1" in h1
+    assert "`fab promote --model hp2` finishes the roll" in h1
+    assert "`fab abort --model hp2` returns it to the old release" in h1
+
+
+def test_promote_sends_promoted_naming_its_release_everywhere(runbook: Runbook) -> None:
+    _, release = _paused(runbook)
+    runbook.events(), runbook.hooks_run()
+    code, result = runbook.fab("promote")
+    assert code == 0, result["message"]
+    events = runbook.events()
+    assert _kinds(events)[0] == "run_started" and _kinds(events)[-2:] == ["promoted",
+                                                                        "finished"]
+    assert {(e["command"], e["version"], e["release"]) for e in events} == \
+        {("promote", 2, release)}
+    assert events[-2]["hosts"] == ["h1", "h2", "h3", "h4"]
+    assert f"canary {release} promoted" in events[-2]["text"]
+    hooks = runbook.hooks_run()
+    assert [h["TFSDEPLOY_HOOK"] for h in hooks] == ["pre-promote", "post-promote"]
+    assert {(h["TFSDEPLOY_VERSION"], h["TFSDEPLOY_RELEASE"]) for h in hooks} == \
+        {("2", release)}
+
+
+def test_abort_sends_aborted_naming_the_aborted_release(runbook: Runbook) -> None:
+    _, release = _paused(runbook)
+    runbook.events(), runbook.hooks_run()
+    code, result = runbook.fab("abort")
+    assert code == 0, result["message"]
+    assert result["message"] == (f"canary {release} aborted: every host serves the release "
+                                 "it served before the canary")
+    events = runbook.events()
+    assert _kinds(events)[-2:] == ["aborted", "finished"]
+    assert {(e["command"], e["version"], e["release"]) for e in events} == {("abort", 2, release)}
+    assert f"canary {release} aborted" in events[-2]["text"]
+    (post,) = runbook.hooks_run()
+    assert (post["TFSDEPLOY_HOOK"], post["TFSDEPLOY_VERSION"], post["TFSDEPLOY_RELEASE"],
+            post["TFSDEPLOY_RESULT"]) == ("post-abort", "2", release, "ok")
+
+
+def test_rollback_names_the_release_it_returns_to(runbook: Runbook) -> None:
+    code, first = runbook.fab("deploy", version="1")
+    assert code == 0
+    assert runbook.fab("deploy", version="2")[0] == 0
+    runbook.events(), runbook.hooks_run()
+    code, result = runbook.fab("rollback")
+    assert code == 0, result["message"]
+    events = runbook.events()
+    assert _kinds(events)[-2:] == ["rollback", "finished"]
+    assert {(e["command"], e["version"], e["release"]) for e in events} == \
+        {("rollback", 1, first["release"])}
+    back = events[-2]
+    assert back["to_release"] == first["release"] and back["hosts"] == ["h1", "h2", "h3", "h4"]
+    assert back["text"] == f"[tfsdeploy] rollback hp2 v1: h1, h2, h3, h4 back on {first['release']}"
+    hooks = runbook.hooks_run()
+    assert [h["TFSDEPLOY_HOOK"] for h in hooks] == ["pre-rollback", "post-rollback"]
+    assert {(h["TFSDEPLOY_VERSION"], h["TFSDEPLOY_RELEASE"]) for h in hooks} == \
+        {("1", first["release"])}
+
+
+def test_a_failed_canary_step_sends_gate_failed(runbook: Runbook,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfsdeploy.gates import GateFailed
+    from tfsdeploy.operations import canary as canary_ops
+
+    def slower(job: Any, policy: Any, weight: int) -> str:
+        raise GateFailed("canary_steps", f"the new slot as good as the old at {weight}%",
+                         "P99 new 80.0 ms > 1.2 x old 10.0 ms + 1 ms")
+
+    assert runbook.fab("deploy", version="1")[0] == 0
+    monkeypatch.setattr(canary_ops, "judge_step", slower)
+    runbook.events()
+    code, result = runbook.fab("deploy", version="2", canary_weights="25", step_s=1)
+    assert code == 2, result["message"]
+    (failed,) = [e for e in runbook.events() if e["event"] == "gate_failed"]
+    assert (failed["host"], failed["gate"]) == ("h1", "canary_steps")
+    assert "at 25%" in failed["message"] and "P99 new 80.0 ms" in failed["message"]
+
+
+class SlowFleet:
+    """Metrics of every serving process: each read adds 100 requests, all at about 50 ms."""
+
+    def __init__(self) -> None:
+        self.counts: dict[tuple[str, int], int] = {}
+        self.now = 0.0
+
+    def read(self, address: str, port: int, path: str, model: str) -> Any:
+        from tfsdeploy.guard import parse_metrics
+
+        count = self.counts[(address, port)] = self.counts.get((address, port), 0) + 100
+
+        def bucket(le: str, n: int) -> str:
+            return (f':tensorflow:serving:request_latency_bucket{{model_name="{model}",'
+                    f'API="Predict",entrypoint="GRPC",le="{le}"}} {n}')
+
+        return parse_metrics("\n".join([
+            "# TYPE :tensorflow:serving:request_count counter",
+            f':tensorflow:serving:request_count{{model_name="{model}",status="OK"}} {count}',
+            "# TYPE :tensorflow:serving:request_latency histogram",
+            bucket("1000", 0), bucket("50000", count), bucket("+Inf", count)]) + "\n", model)
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _guard_sees(monkeypatch: pytest.MonkeyPatch, paused: Any) -> None:
+    """`fab guard` reads SlowFleet's metrics (P99 50 ms) and finds ``paused``."""
+    from functools import partial
+
+    from tfsdeploy.cli import guard as cli_guard
+
+    slow = SlowFleet()
+    monkeypatch.setattr(cli_guard, "guard", partial(
+        cli_guard.guard, read=slow.read, sleep=slow.sleep, clock=lambda: slow.now,
+        look_for_paused=lambda target: paused))
+
+
+def test_the_guard_sends_guard_triggered_then_its_rollback_with_its_hooks(
+        runbook: Runbook, monkeypatch: pytest.MonkeyPatch) -> None:
+    code, first = runbook.fab("deploy", version="1")
+    assert code == 0 and runbook.fab("deploy", version="2")[0] == 0
+    runbook.events(), runbook.hooks_run()
+    _guard_sees(monkeypatch, None)
+    assert runbook.fab("guard")[0] == 2
+    events = runbook.events()
+    kinds = _kinds(events)
+    assert kinds[:2] == ["guard_triggered", "run_started"], kinds
+    assert kinds[-2:] == ["rollback", "finished"], kinds
+    trigger = events[0]
+    assert (trigger["action"], trigger["command"]) == ("rollback", "guard")
+    assert "P99 50 ms > SLO 10 ms" in trigger["message"]
+    assert {(e["command"], e["version"], e["release"]) for e in events[1:]} == \
+        {("guard", 1, first["release"])}
+    assert events[-2]["to_release"] == first["release"]
+    assert (events[-1]["exit_code"], events[-1]["result"]) == (2, "rolled_back")
+    hooks = runbook.hooks_run()
+    assert [h["TFSDEPLOY_HOOK"] for h in hooks] == ["pre-rollback", "post-rollback",
+                                                    "on-failure"]
+    assert {(h["TFSDEPLOY_COMMAND"], h["TFSDEPLOY_VERSION"], h["TFSDEPLOY_RELEASE"])
+            for h in hooks} == {("guard", "1", first["release"])}
+    assert hooks[1]["TFSDEPLOY_RESULT"] == "rolled_back"
+
+
+def test_the_guard_aborting_a_paused_canary_runs_post_abort(
+        runbook: Runbook, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfsdeploy.cli.guard import PausedCanary
+
+    _, release = _paused(runbook)
+    runbook.events(), runbook.hooks_run()
+    _guard_sees(monkeypatch, PausedCanary(release, {"h1": "green"}))
+    assert runbook.fab("guard")[0] == 2
+    events = runbook.events()
+    assert _kinds(events)[0] == "guard_triggered" and events[0]["action"] == "abort"
+    assert _kinds(events)[-2:] == ["aborted", "finished"]
+    assert {(e["version"], e["release"]) for e in events[1:]} == {(2, release)}
+    hooks = runbook.hooks_run()
+    assert [h["TFSDEPLOY_HOOK"] for h in hooks] == ["post-abort", "on-failure"]
+    assert {h["TFSDEPLOY_RELEASE"] for h in hooks} == {release}
+
+
+def test_a_pre_rollback_refusal_stops_the_guards_rollback(
+        runbook: Runbook, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert runbook.fab("deploy", version="1")[0] == 0
+    code, second = runbook.fab("deploy", version="2")
+    assert code == 0
+    (runbook.hooks / "pre-rollback").write_text("#!/bin/sh\necho frozen; exit 1\n")
+    runbook.events(), runbook.hooks_run()
+    _guard_sees(monkeypatch, None)
+    assert runbook.fab("guard")[0] == 3
+    assert _kinds(runbook.events()) == ["guard_triggered", "finished"]
+    assert runbook.hooks_run() == [], "a refused run runs no other hook"
+    fleet = runbook.world["fleet"]
+    assert all(second["release"] in host.running("hp2") for host in fleet.hosts.values())

@@ -1,30 +1,60 @@
 """What surrounds a run for runbooks: its hooks (a pre-hook may stop it before any host is
-touched; post-hooks report) and its event notifications (sent in the background, reported at
-the end). See docs/hooks.md."""
+changed; post-hooks report) and its event notifications (sent in the background, reported at
+the end). See docs/hooks.md.
+
+A deploy's release is known before any connection, so ``pre-deploy`` runs before the lock. A
+rollback's, promote's or abort's release is chosen from the hosts' records, under the lock:
+their pre-hook runs once it is chosen (``RunPlan.on_planned``), before any host is changed, so
+that every hook and every event names the release and its version. `fab guard` runs the hooks
+and sends the events of what it does (a rollback, or the abort of a paused canary), after a
+``guard_triggered`` event.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfsdeploy import hooks, notify
 from tfsdeploy.lock import current_user
 from tfsdeploy.target import Target
 
+if TYPE_CHECKING:
+    from tfsdeploy.engine import RunPlan, RunResult
+    from tfsdeploy.jobs import RunContext
+
 NOTIFY_CLOSE_S = 0.8  # the most a dead receiver may add to a run at its end
+# A host in any other state failed. A paused run's hosts are paused (the canary hosts) or
+# pending (`fab promote` rolls them): neither failed.
+NOT_FAILED = frozenset({"rolled", "unchanged", "skipped", "paused", "pending"})
+ON_THE_RELEASE = ("rolled", "unchanged")  # a host's results once it serves the run's aim
 
 
 @dataclass
 class Around:
-    """A run's hooks, notifier and facts."""
+    """A run's hooks, notifier and facts.
+
+    ``command`` is what the hooks and events name (``TFSDEPLOY_COMMAND``); ``verb`` is whose
+    hooks run: the command's own, or, for `fab guard`, what it does once it acts (empty
+    until then)."""
 
     command: str
     found: hooks.Hooks
     notifier: notify.Notifier
     facts: hooks.RunFacts
+    verb: str = ""
+    pre_passed: bool = False  # the pre-hook let the run go on (or the verb has none)
+    outcome: RunResult | None = None  # the guard's action, once it ran
     results: list[dict[str, Any]] = field(default_factory=list)
+
+    def chosen(self, version: int | None, release: str) -> None:
+        """The release the run deploys, returns to, promotes or aborts, once known: every
+        hook and event from now on names it."""
+        self.facts = dataclasses.replace(self.facts, version=version, release=release)
+        self.notifier.facts = self.facts
 
 
 def prepare(command: str, target: Target, *, hooks_dir: str | None,
@@ -38,21 +68,85 @@ def prepare(command: str, target: Target, *, hooks_dir: str | None,
                            who=current_user(), inventory=target.inventory.path,
                            run_id=uuid.uuid4().hex[:16])
     urls = [*target.inventory.notify, *notify_urls]
-    return Around(command, found, notify.Notifier(urls, facts), facts)
+    return Around(command, found, notify.Notifier(urls, facts), facts,
+                  verb="" if command == "guard" else command)
 
 
-def before(around: Around, reporter: Any) -> None:
-    """Run the pre-hook: a refusal stops the run here (exit 1, its output shown)."""
-    moment = hooks.moment_before(around.command)
-    if moment is None or around.found.path_for(moment) is None:
-        return
-    result = hooks.run_hook(around.found, moment, hooks.hook_env(around.facts))
+def surround(shown: EventReporter, command: str, target: Target, *, hooks_dir: str | None,
+             notify_urls: Sequence[str]) -> Callable[[RunPlan], None]:
+    """The ``before`` of a command's run: once its plan is validated, check the hooks and
+    receivers, then run the pre-hook when it is due."""
+    def before(plan: RunPlan) -> None:
+        shown.around = prepare(command, target, hooks_dir=hooks_dir, notify_urls=notify_urls,
+                               version=plan.version, release=plan.release)
+        hook_plan(shown.around, shown, plan)
+
+    return before
+
+
+def hook_plan(around: Around, reporter: Any, plan: RunPlan) -> None:
+    """Hook ``around`` into ``plan``: the pre-hook now when the release is already known (a
+    deploy), else once the engine has chosen it."""
+    def planned(context: RunContext) -> None:
+        around.chosen(context.version, context.release_id)
+        if not around.pre_passed:
+            pre_hook(around, reporter)
+
+    plan.on_planned = planned
+    if plan.release:
+        pre_hook(around, reporter)
+
+
+def pre_hook(around: Around, reporter: Any) -> None:
+    """Run the verb's pre-hook: a refusal (HookRefused, exit 1, the hook's output in it)
+    stops the run before any host is changed."""
+    moment = hooks.moment_before(around.verb)
+    if moment is not None and around.found.path_for(moment) is not None:
+        refusal = run_hook(around, moment, reporter, hooks.hook_env(around.facts)).refusal()
+        if refusal is not None:
+            raise refusal
+    around.pre_passed = True
+
+
+def run_hook(around: Around, moment: hooks.Moment, reporter: Any, env: dict[str, str]
+             ) -> hooks.HookResult:
+    """Run one hook, its output printed line by line as it comes (prefixed with its name),
+    its result recorded and described."""
+    result = hooks.run_hook(around.found, moment, env,
+                            on_line=lambda line: reporter.note(f"{moment} | {line}"))
     around.results.append(result.as_dict())
     reporter.note(f"hook {result.describe()}")
-    refusal = result.refusal()
-    if refusal is not None:
-        around.notifier.close(NOTIFY_CLOSE_S)
-        raise refusal
+    return result
+
+
+def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
+                  ) -> tuple[Callable[[], RunResult], Callable[[], RunResult]]:
+    """What `fab guard` runs when it acts: a rollback and the abort of a paused canary, each
+    with the hooks and events `fab rollback` and `fab abort` have."""
+    def act(verb: str, run: Callable[[Callable[[RunPlan], None]], RunResult]) -> RunResult:
+        around = shown.around
+        assert around is not None, "the guard's runbook is prepared before it watches"
+        around.verb = verb
+
+        def before_run(plan: RunPlan) -> None:
+            hook_plan(around, shown, plan)
+
+        around.outcome = run(before_run)
+        return around.outcome
+
+    def rollback() -> RunResult:
+        from tfsdeploy.cli import rollback as cli_rollback
+
+        return act("rollback", lambda before_run: cli_rollback.rollback(
+            target, lock_wait=lock_wait, reporter=shown, by_guard=True, before=before_run))
+
+    def abort() -> RunResult:
+        from tfsdeploy.cli import canary as cli_canary
+
+        return act("abort", lambda before_run: cli_canary.finish_canary(
+            "abort", target, lock_wait=lock_wait, reporter=shown, before=before_run))
+
+    return rollback, abort
 
 
 class EventReporter:
@@ -79,40 +173,82 @@ class EventReporter:
             show(host, update)
 
     def event(self, kind: str, **data: Any) -> None:
-        """An engine event as a notification."""
+        """An engine (or guard) event as a notification."""
         if self.around is None:
             return
-        send = self.around.notifier.send
-        if kind == "run_started":
-            send(notify.run_started())
-        elif kind == "batch_started":
-            send(notify.batch_started(data["batch"], data["batches"], data["hosts"]))
-        elif kind == "host_rolled":
-            send(notify.host_rolled(data["host"], release=data["release"],
-                                    seconds=data["seconds"]))
-        elif kind == "gate_failed":
-            send(notify.gate_failed(data["host"], data["gate"], data["message"]))
+        event = engine_event(kind, data)
+        if event is not None:
+            self.around.notifier.send(event)
 
 
-def after(around: Around, reporter: Any, *, exit_code: int, seconds: float, message: str,
-          failed_hosts: Sequence[str], data: dict[str, Any], json_file: str | None
+def engine_event(kind: str, data: dict[str, Any]) -> notify.Event | None:
+    """The notification of an event the engine or the guard reports (None: not one)."""
+    match kind:
+        case "run_started":
+            return notify.run_started()
+        case "batch_started":
+            return notify.batch_started(data["batch"], data["batches"], data["hosts"])
+        case "host_rolled":
+            return notify.host_rolled(data["host"], release=data["release"],
+                                      seconds=data["seconds"])
+        case "gate_failed":
+            return notify.gate_failed(data["host"], data["gate"], data["message"])
+        case "paused":
+            return notify.paused(data["hosts"], weight=data["weight"])
+        case "guard_triggered":
+            return notify.guard_triggered(data["host"], data["message"],
+                                          action=data["action"])
+    return None
+
+
+def failed_hosts(result: RunResult) -> list[str]:
+    """The hosts of ``result`` that failed (not rolled, unchanged, skipped, paused, pending)."""
+    return [name for name, o in result.hosts.items() if o.status not in NOT_FAILED]
+
+
+def outcome_event(verb: str, result: RunResult | None) -> notify.Event | None:
+    """``rollback``, ``promoted`` or ``aborted`` after such a run that succeeded, naming the
+    hosts on the release it chose (None for other verbs and for a failed run: ``finished``
+    says what happened)."""
+    if result is None or int(result.exit_code) != 0:
+        return None
+    hosts = [name for name, o in result.hosts.items() if o.status in ON_THE_RELEASE]
+    if verb == "rollback":
+        return notify.rollback(hosts, result.release_id)
+    if verb == "promote":
+        return notify.promoted(hosts)
+    if verb == "abort":
+        return notify.aborted(hosts)
+    return None
+
+
+def after(around: Around, reporter: Any, *, result: RunResult | None, exit_code: int,
+          seconds: float, message: str, data: dict[str, Any], json_file: str | None
           ) -> dict[str, Any]:
-    """The run's end: the ``finished`` (and ``rollback``) notification, the post-hooks with
-    the result, then the delivery report. Returns what to add to the JSON result."""
-    if around.command == "rollback":
-        around.notifier.send(notify.rollback(list(around.facts.hosts), around.facts.release,
-                                             message))
-    around.notifier.send(notify.finished(exit_code, seconds, message, list(failed_hosts)))
-    with hooks.result_file(data, json_file) as path:
-        end = hooks.RunEnd(exit_code=exit_code, seconds=seconds, result_file=path,
-                           message=message, failed_hosts=tuple(failed_hosts))
-        for moment in hooks.moments_after(around.command, exit_code):
-            if around.found.path_for(moment) is None:
-                continue
-            result = hooks.run_hook(around.found, moment, hooks.hook_env(around.facts, end))
-            around.results.append(result.as_dict())
-            reporter.note(f"hook {result.describe()}")
+    """The run's end: the ``rollback``/``promoted``/``aborted`` notification (``result``: the
+    run of the verb), ``finished`` with the command's exit code, the post-hooks (when the
+    pre-hook let the run go on), then the delivery report. Returns what to add to the JSON
+    result."""
+    done = outcome_event(around.verb, result)
+    if done is not None:
+        around.notifier.send(done)
+    failed = failed_hosts(result) if result is not None else []
+    statuses = [(name, o.status) for name, o in result.hosts.items()] if result else []
+    around.notifier.send(notify.finished(exit_code, seconds, message, failed, statuses))
+    if around.pre_passed:
+        with hooks.result_file(data, json_file) as path:
+            end = hooks.RunEnd(exit_code=exit_code, seconds=seconds, result_file=path,
+                               message=message, failed_hosts=tuple(failed))
+            for moment in hooks.moments_after(around.verb, exit_code):
+                if around.found.path_for(moment) is not None:
+                    run_hook(around, moment, reporter, hooks.hook_env(around.facts, end))
     delivery = around.notifier.close(NOTIFY_CLOSE_S)
     for line in delivery.lines():
         reporter.note(f"notifications: {line}")
     return {"hooks": around.results, "notifications": delivery.as_dict()}
+
+
+def close(around: Around) -> None:
+    """Stop the notifier of a run that ends without a result (a pre-hook's refusal, an
+    error) or without events (a guard that never acted)."""
+    around.notifier.close(NOTIFY_CLOSE_S)

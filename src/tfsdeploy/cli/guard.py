@@ -24,7 +24,7 @@ from typing import Any
 from tfsdeploy.canary import Verdict, judge, slot_figures
 from tfsdeploy.canary_policy import CanaryPolicy
 from tfsdeploy.cli.rollback import rollback
-from tfsdeploy.engine import Reporter, RunResult
+from tfsdeploy.engine import Reporter, RunResult, emit
 from tfsdeploy.errors import ExitCode, TfsDeployError
 from tfsdeploy.gpu import instance_gpus
 from tfsdeploy.guard import Breach, Scrape, Window, bucket_deltas, merge, parse_metrics, window
@@ -240,6 +240,8 @@ def _act(target: Target, policy: GuardPolicy, host: str, why: str, reporter: Rep
          look_for_paused: Callable[[Target], PausedCanary | None]) -> tuple[ExitCode, str]:
     """Abort the canary when one is paused now (it holds the lock), else roll back."""
     paused = look_for_paused(target)
+    emit(reporter, "guard_triggered", host=host, message=why,
+         action="rollback" if paused is None else "abort")
     if paused is None:
         return _roll_back(target, policy, host, why, reporter, act)
     reporter.note(f"{host}: {why}: aborting the paused canary {paused.release} of "

@@ -116,31 +116,35 @@ def safe_model(name: str) -> str:
 
 def finish(command: str, result: Any, *, json: bool, json_file: str | None,
            metrics_file: str | None, events: list[dict[str, Any]] | None = None,
-           around: Any = None) -> int:
+           around: Any = None, rows: list[tuple[str, ...]] | None = None,
+           extra: dict[str, Any] | None = None) -> int:
     """Print a run's summary (or JSON), write the unattended outputs, run the post-hooks and
-    report the notifications; return the run's exit code (hooks never change it)."""
+    report the notifications; return the run's exit code (hooks never change it). ``rows``
+    replace the table's per-host rows (host, result, what, size, error); ``extra`` is added to
+    the JSON result."""
     from tfsdeploy.cli.deploy import summary_rows
     from tfsdeploy.cli.output import print_json, print_table
     from tfsdeploy.cli.unattended import update_textfile, write_json_file
 
-    data = {"command": command, **result.as_dict(), "events": events or []}
+    data = {"command": command, **result.as_dict(), **(extra or {}), "events": events or []}
     if json_file:
         write_json_file(json_file, data)
     if around is not None:
         from tfsdeploy.cli.around import after
 
-        failed = [n for n, o in result.hosts.items()
-                  if o.status not in ("rolled", "unchanged", "skipped")]
-        data |= after(around, _note_sink(json), exit_code=int(result.exit_code),
-                      seconds=result.seconds, message=result.message, failed_hosts=failed,
-                      data=data, json_file=json_file)
+        data |= after(around, _note_sink(json), result=result,
+                      exit_code=int(result.exit_code), seconds=result.seconds,
+                      message=result.message, data=data, json_file=json_file)
     if json:
         print_json(data)
     else:
-        print_table(f"{command} {result.model} v{result.version} ({result.release_id}): "
-                    f"{result.exit_code.name.lower()} in {result.seconds:.1f} s",
+        # a run without a release (prune) names none
+        what = f" v{result.version} ({result.release_id})" if result.release_id else ""
+        print_table(f"{command} {result.model}{what}: {result.exit_code.name.lower()} in "
+                    f"{result.seconds:.1f} s",
+                    ("host", "result", "removed", "freed", "error") if rows is not None else
                     ("host", "result", "time per phase", "gates", "error"),
-                    summary_rows(result))
+                    rows if rows is not None else summary_rows(result))
         print(result.message)
     if json_file and around is not None:
         write_json_file(json_file, data)
@@ -250,21 +254,22 @@ def _canary_option(chosen: Any, a: dict[str, Any]) -> Any:
 
 
 def _surrounded(command: str, a: dict[str, Any], run: Callable[..., Any]) -> int:
-    """A deploy or rollback with its hooks and notifications around it: the pre-hook once
-    everything is validated (it may stop the run before any host is touched), events during
-    the run, the post-hooks and the delivery report after it."""
+    """A command's run with its hooks and notifications around it (cli/around.py): the
+    pre-hook once the release is known and everything is validated (it may stop the run
+    before any host is changed), events during the run, the post-hooks and the delivery
+    report after it."""
     from tfsdeploy.cli import around as runbook
 
     chosen = target(a)
     shown = runbook.EventReporter(reporter(a["json"], a["log_file"]))
-
-    def before(plan: Any) -> None:
-        shown.around = runbook.prepare(command, chosen, hooks_dir=a.get("hooks"),
-                                       notify_urls=a.get("notify") or (), version=plan.version,
-                                       release=plan.release)
-        runbook.before(shown.around, shown)
-
-    result = run(chosen, shown, before)
+    before = runbook.surround(shown, command, chosen, hooks_dir=a.get("hooks"),
+                              notify_urls=a.get("notify") or ())
+    try:
+        result = run(chosen, shown, before)
+    except BaseException:
+        if shown.around is not None:
+            runbook.close(shown.around)
+        raise
     return finish(command, result, json=a["json"], json_file=a["json_file"],
                   metrics_file=a["metrics_file"], events=shown.events, around=shown.around)
 
@@ -380,7 +385,9 @@ def cmd_history(a: dict[str, Any]) -> int:
 
 
 def cmd_guard(a: dict[str, Any]) -> int:
-    """`fab guard`."""
+    """`fab guard`: when it acts, the rollback (or the abort of a paused canary) runs with the
+    hooks and events `fab rollback` (`fab abort`) has, after a ``guard_triggered`` event."""
+    from tfsdeploy.cli import around as runbook
     from tfsdeploy.cli.guard import GuardPolicy, guard
     from tfsdeploy.cli.unattended import update_textfile
 
@@ -389,12 +396,30 @@ def cmd_guard(a: dict[str, Any]) -> int:
                          for_s=a["for_s"], interval_s=a["interval_s"],
                          duration_s=a["duration_s"], min_requests=a["min_requests"],
                          count_client_errors=bool(a.get("count_client_errors")))
-    code, message = guard(target(a), policy, reporter=reporter(False, a["log_file"]))
+    chosen = target(a)
+    shown = runbook.EventReporter(reporter(False, a["log_file"]))
+    around = shown.around = runbook.prepare("guard", chosen, hooks_dir=a.get("hooks"),
+                                            notify_urls=a.get("notify") or ())
+    act, abort = runbook.guard_actions(shown, chosen, lock_wait=policy.lock_wait)
+    try:
+        code, message = guard(chosen, policy, reporter=shown, act=act, abort=abort)
+    except BaseException:
+        runbook.close(around)
+        raise
+    seconds = time.monotonic() - started
+    if around.verb:  # it acted
+        data = {"command": "guard", "model": chosen.model.name, "exit_code": int(code),
+                "result": ExitCode(code).name.lower(), "message": message,
+                "action": around.verb,
+                "run": around.outcome.as_dict() if around.outcome is not None else None}
+        runbook.after(around, shown, result=around.outcome, exit_code=int(code),
+                      seconds=seconds, message=message, data=data, json_file=None)
+    else:
+        runbook.close(around)
     print(message)
     if a["metrics_file"]:
         update_textfile(a["metrics_file"], model=a["model"], command="guard",
-                        exit_code=int(code), seconds=time.monotonic() - started, release="",
-                        version=None)
+                        exit_code=int(code), seconds=seconds, release="", version=None)
     return int(code)
 
 
@@ -451,11 +476,14 @@ def cmd_prune(a: dict[str, Any]) -> int:
     if a["check"]:
         return _print_check({**a, "command": "prune"}, prune_check(target(a),
                                                                    playbook=a["playbook"]))
+    from tfsdeploy.cli.prune import summary_data, summary_rows
+
     shown = reporter(a["json"], a["log_file"])
     result = prune(target(a), playbook=a["playbook"], lock_wait=a["lock_wait"],
                    reporter=shown)
     return finish("prune", result, json=a["json"], json_file=a["json_file"],
-                  metrics_file=a["metrics_file"], events=shown.events)
+                  metrics_file=a["metrics_file"], events=shown.events,
+                  rows=summary_rows(result), extra=summary_data(result))
 
 
 def cmd_accept(a: dict[str, Any]) -> int:
@@ -488,8 +516,11 @@ def main(command: str, raw: dict[str, Any]) -> int:
     args = {k: v for k, v in raw.items() if k != "c"}
     record = None
     if command in UNATTENDED:
+        from tfsdeploy.cli.unattended import INVALID_MODEL
+
         model = str(args.get("model", ""))
-        label = model if _is_safe(model) else "invalid"
+        # a --model that is no model name is recorded under a label no model can have
+        label = model if _is_safe(model) else INVALID_MODEL
         record = unattended_outputs(command, label, args.get("json_file"),
                                     args.get("metrics_file"))
     return run_command(lambda: COMMANDS[command](options(args)), record=record)

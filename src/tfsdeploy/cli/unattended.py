@@ -18,12 +18,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tfsdeploy.errors import ExitCode
 from tfsdeploy.schema import model_name_problem
 
 METRICS = {
     "tfsdeploy_last_run_timestamp_seconds": "Unix time the last run of the command ended.",
-    "tfsdeploy_last_run_exit_code": "Exit code of the last run (0 ok, 1 invalid, 2 rolled "
-                                    "back, 3 inconsistent, 4 locked).",
+    "tfsdeploy_last_run_exit_code": "Exit code of the last run ("
+                                    + ", ".join(f"{int(c)} {c.name.lower()}" for c in ExitCode)
+                                    + ").",
     "tfsdeploy_last_run_duration_seconds": "Duration of the last run.",
     "tfsdeploy_last_success_timestamp_seconds": "Unix time of the last run that exited 0.",
     "tfsdeploy_release_info": "The release and version the last run ended on (value 1).",

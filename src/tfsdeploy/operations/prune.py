@@ -41,7 +41,8 @@ def prune_versions(job: HostJob) -> Ops:
         total = sum(int(line.split()[0]) for line in result.stdout.splitlines()
                     if line.split() and line.split()[0].isascii()
                     and line.split()[0].isdigit())
-        return f"{total / (1 << 20):.1f} MiB in version(s) {', '.join(map(str, versions))}"
+        return (f"{total / (1 << 20):.1f} MiB ({total} bytes) in version(s) "
+                f"{', '.join(map(str, versions))}")
 
     yield Check(f"measure version(s) {', '.join(map(str, versions))}", measure)
     for version, directory in zip(versions, directories, strict=True):
