@@ -6,6 +6,7 @@ Run from the repository root: `fab --list`, `fab render --model resnet50`.
 
 from __future__ import annotations
 
+import inspect
 import sys
 from pathlib import Path
 
@@ -15,11 +16,14 @@ _SRC = str(Path(__file__).resolve().parent / "src")
 if sys.path[:1] != [_SRC]:
     sys.path.insert(0, _SRC)
 
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
-from fabric import task  # noqa: E402
+from fabric import Task  # noqa: E402
+from fabric import task as fabric_task  # noqa: E402
 from invoke.collection import Collection  # noqa: E402
 from invoke.exceptions import Exit  # noqa: E402
+from invoke.parser.argument import Argument  # noqa: E402
 
 
 def _main(command: str, arguments: dict[str, Any]) -> None:
@@ -28,6 +32,50 @@ def _main(command: str, arguments: dict[str, Any]) -> None:
     code = main(command, arguments)
     if code:
         raise Exit(code=code)
+
+
+class _NumberOption(Argument):
+    """A number option, kept as the text given: ``tfsdeploy.cli.main.options`` types and
+    range-checks it, naming the option and the fix (invoke's own int() or float() of a bad
+    value ends in a traceback)."""
+
+    def set_value(self, value: Any, cast: bool = True) -> None:
+        """Store the text as given (see the class)."""
+        super().set_value(value, cast=False)
+
+
+class _Command(Task):  # type: ignore[misc]  # fabric's Task is untyped
+    """A task whose number options show their value in `fab --help <task>`: invoke takes an
+    option's kind from its default (an ``int | None = None`` option became text) and names a
+    value for str and int options only (a float option showed as a bare flag). Here an
+    option annotated int is ``--name=INT``, one annotated float ``--name=STRING``; both are
+    typed by ``tfsdeploy.cli.main.options``."""
+
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
+        """The task's options, numbers as _NumberOption."""
+        annotations = {name: str(p.annotation).split(" ")[0]
+                       for name, p in inspect.signature(self.body).parameters.items()}
+        return [_number(a, annotations.get(a.attr_name or a.name, ""))
+                for a in super().get_arguments(ignore_unknown_help=ignore_unknown_help)]
+
+
+def _number(argument: Argument, annotation: str) -> Argument:
+    """``argument`` as a _NumberOption when the task annotates it int or float."""
+    if annotation not in ("int", "float") or argument.kind not in (int, float, str):
+        return argument
+    return _NumberOption(names=argument.names, kind=int if annotation == "int" else str,
+                         default=argument.default, help=argument.help,
+                         positional=argument.positional, optional=argument.optional,
+                         attr_name=argument.attr_name)
+
+
+def command(**options: Any) -> Callable[[Callable[..., None]], _Command]:
+    """@task with long options only: invoke's automatic short flags ran out of letters and
+    gave some options the flag ``--`` (shown as ``--=STRING``); every option is
+    ``--name[=VALUE]``."""
+    decorate: Callable[[Callable[..., None]], _Command] = fabric_task(
+        klass=_Command, auto_shortflags=False, **options)
+    return decorate
 
 
 INVENTORY = "inventory file (default: $TFSDEPLOY_INVENTORY or inventory/testbed.py)"
@@ -39,7 +87,8 @@ SELECT = {
 }
 RUNBOOK = {
     "hooks": "hooks directory (default: hooks/ beside the inventory); see docs/hooks.md",
-    "notify": "POST a JSON event to this URL at each step of the run (repeatable)",
+    "notify": "URL: POST a JSON event to it at each step of the run; repeat --notify URL "
+              "for several",
 }
 UNATTENDED = {
     "json": "print the result as JSON on stdout (progress goes to stderr)",
@@ -49,7 +98,7 @@ UNATTENDED = {
 }
 
 
-@task(help={**SELECT, "version": "model version to render (default: the newest in the "
+@command(help={**SELECT, "version": "model version to render (default: the newest in the "
                                   "model's source)",
             "out": "output directory; one folder per host (default: render/)"})
 def render(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
@@ -58,7 +107,7 @@ def render(c: Any, model: str, inventory: str | None = None, hosts: str | None =
     _main("render", locals())
 
 
-@task(help={"inventory": INVENTORY, "hosts": "hosts, groups or globs, comma-separated",
+@command(help={"inventory": INVENTORY, "hosts": "hosts, groups or globs, comma-separated",
             "limit": "further narrow the hosts"})
 def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
           limit: str | None = None) -> None:
@@ -66,7 +115,7 @@ def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
     _main("hosts", locals())
 
 
-@task(iterable=["notify"], help={
+@command(iterable=["notify"], help={
     **SELECT,
     "version": "model version to deploy (default: the newest in the model's source)",
     "playbook": "playbook file (default: playbooks/deploy.yml)",
@@ -93,7 +142,7 @@ def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None =
     _main("deploy", locals())
 
 
-@task(iterable=["notify"], help={
+@command(iterable=["notify"], help={
     **SELECT,
     "to": "release id to return to (default: the newest release good on every host)",
     "playbook": "playbook file (default: playbooks/rollback.yml)",
@@ -115,7 +164,7 @@ CANARY = {**SELECT,
           **RUNBOOK, **UNATTENDED}
 
 
-@task(iterable=["notify"], help=CANARY)
+@command(iterable=["notify"], help=CANARY)
 def promote(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
             limit: str | None = None, lock_wait: float = 0.0, hooks: str | None = None,
             notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
@@ -124,7 +173,7 @@ def promote(c: Any, model: str, inventory: str | None = None, hosts: str | None 
     _main("promote", locals())
 
 
-@task(iterable=["notify"], help=CANARY)
+@command(iterable=["notify"], help=CANARY)
 def abort(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
           limit: str | None = None, lock_wait: float = 0.0, hooks: str | None = None,
           notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
@@ -133,21 +182,22 @@ def abort(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     _main("abort", locals())
 
 
-@task(help={**SELECT, "json": "print JSON instead of a table"})
+@command(help={**SELECT, "json": "print JSON instead of a table"})
 def status(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
            limit: str | None = None, json: bool = False) -> None:
-    """Per host: live release, slots, traffic, version states, drift and the lock."""
+    """Per host: live release, slots, traffic (each slot's share during a canary), version
+    states, drift and the lock."""
     _main("status", locals())
 
 
-@task(help={**SELECT, "json": "print JSON instead of tables"})
+@command(help={**SELECT, "json": "print JSON instead of tables"})
 def history(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
             limit: str | None = None, json: bool = False) -> None:
     """Releases per host with results and durations, and the audit log."""
     _main("history", locals())
 
 
-@task(help={
+@command(help={
     **SELECT,
     "max_error_rate": "act above this rate of server errors (default 0.01 = 1%)",
     "slo_p99_ms": "act above this P99 in ms (default: the model's latency SLO)",
@@ -170,10 +220,12 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     _main("guard", locals())
 
 
-@task(help={
+@command(help={
     **SELECT,
-    "version": "version whose warmup records are the request data (default: the newest)",
-    "duration": "how long to send load, e.g. 30s (default 10s)",
+    "version": "version whose warmup records are the request data (default: the version "
+               "the hosts serve; the newest in the source when none does)",
+    "duration": "how long to send load, e.g. 30s (default 10s); the duration gate allows "
+                "1% of it, or one request interval of --rps, whichever is more",
     "concurrency": "requests in flight (default 16)",
     "rps": "open loop at this rate (requests/s); latency from the intended send time",
     "procs": "client processes (default: the number of cores)",
@@ -194,7 +246,7 @@ def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     _main("bench", locals())
 
 
-@task(help={
+@command(help={
     "target_qps": "the QPS the fleet must carry (required)",
     "sweep_report": "per-instance figure from a `bench --sweep` report (best point under SLO)",
     "per_instance_qps": "or give the per-instance QPS at the SLO directly",
@@ -211,28 +263,33 @@ def plan_capacity(c: Any, target_qps: float, sweep_report: str | None = None,
     _main("plan_capacity", locals())
 
 
-@task(help={"model": "model whose fleet lock to show (required)", "inventory": INVENTORY,
+@command(help={"model": "model whose fleet lock to show (required)", "inventory": INVENTORY,
             "break_": "remove the lock whoever holds it (only when no deploy runs)"})
 def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False) -> None:
     """Show the deploy lock of a model's fleet, or break a stale one with --break."""
     _main("lock", locals())
 
 
-@task(help={**SELECT, "lines": "lines per container from the end of its log (default 50)",
-            "follow": "keep printing new lines (Ctrl-C to stop)",
-            "since": "only lines since this time: 10m, 2h, or an RFC 3339 time"})
+@command(help={**SELECT, "lines": "lines per container from the end of its log (default 50)",
+            "follow": "keep printing new lines of every serving container (both slots of a "
+                      "canary, every instance) as they come; Ctrl-C to stop",
+            "since": "only lines since this time: a span back from now (30s, 10m, 2h, "
+                     "1h30m, 1d) or an RFC 3339 time (2026-11-30T23:28:00Z)"})
 def logs(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
          limit: str | None = None, lines: int = 50, follow: bool = False,
          since: str | None = None) -> None:
-    """The serving containers' logs from every selected host, merged in time order."""
+    """The serving containers' logs from every selected host (both slots of a canary), each
+    line prefixed host[/instance][/slot], merged in time order."""
     _main("logs", locals())
 
 
-@task(name="exec", help={**SELECT, "force": "run even while a deploy holds the model's lock"})
+@command(name="exec", help={**SELECT, "force": "run even while a deploy holds the model's lock "
+                                              "(a paused canary does not refuse it)"})
 def exec_(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
           limit: str | None = None, force: bool = False) -> None:
-    """Run `-- CMD ...` inside each selected host's serving containers; a summary of exit
-    codes."""
+    """Run `-- CMD ...` inside each selected host's serving containers (both slots of a
+    canary, each labelled host[/instance][/slot], with its share of the requests); a summary
+    of exit codes."""
     _main("exec", {**locals(), "argv": _after_dashes()})
 
 
@@ -240,7 +297,7 @@ def _after_dashes() -> list[str]:
     return sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
 
 
-@task(help={**SELECT, "check": "list what would be removed; touch nothing",
+@command(help={**SELECT, "check": "list what would be removed; touch nothing",
             "playbook": "playbook file (default: playbooks/prune.yml)",
             "lock_wait": "seconds to wait for another run's lock before exiting 4 (default 0)",
             **UNATTENDED})
@@ -252,7 +309,7 @@ def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     _main("prune", locals())
 
 
-@task(auto_shortflags=False, help={
+@command(help={
     "model": "model name from the inventory's catalog (required)",
     "inventory": INVENTORY,
     "target_qps": "open-loop rate the fleet must sustain, in all (default 100)",

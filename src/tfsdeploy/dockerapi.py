@@ -76,9 +76,10 @@ class Docker(Protocol):
     def logs(self, name: str, lines: int) -> str:
         """The tail of a container's log."""
 
-    def log_lines(self, name: str, *, lines: int, since: str | None, follow: bool
+    def log_lines(self, name: str, *, lines: int, since: float | None, follow: bool
                   ) -> Iterator[str]:
-        """A container's log lines, each starting with its RFC 3339 time stamp."""
+        """A container's log lines, each starting with its RFC 3339 time stamp; ``since`` is a
+        Unix time (the SDK refuses text)."""
 
     def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
         """Run ``argv`` inside a running container: (exit code, output)."""
@@ -211,7 +212,7 @@ class SdkDocker:
             return ""
         return data.decode(errors="replace") if isinstance(data, bytes) else str(data)
 
-    def log_lines(self, name: str, *, lines: int, since: str | None, follow: bool
+    def log_lines(self, name: str, *, lines: int, since: float | None, follow: bool
                   ) -> Iterator[str]:
         """Log lines with time stamps; with ``follow``, as they come."""
         with self._calls(f"logs {name}"):

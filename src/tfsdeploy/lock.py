@@ -226,6 +226,14 @@ def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float
 
 def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[LockSite]
                   ) -> str:
+    paused = [(h, a.holder) for h, a in holders if a.holder is not None and a.holder.paused]
+    if paused:  # no process holds it: breaking it would leave the canary's hosts half-rolled
+        host, holder = paused[0]
+        return (f"a canary of {model} is paused: release {holder.paused} holds the lock on "
+                f"{host} ({holder.command} by {holder.who}@{holder.machine} since "
+                f"{holder.started}), serving part of the requests.\n"
+                f"    fix: finish it with `fab promote --model {model}`, or return its hosts "
+                f"to the old release with `fab abort --model {model}`; then run again")
     host, attempt = holders[0] if holders else (sites[0].host, Attempt())
     described = (attempt.holder.describe() if attempt.holder else
                  "a lock whose record is unreadable" if attempt.unreadable else

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 FAB = str(Path(sys.executable).with_name("fab"))
@@ -126,3 +129,63 @@ def test_fab_hosts_shows_one_instance_per_gpu(tmp_path: Path) -> None:
     lines = {line.split()[1]: line for line in result.stdout.splitlines() if "gpu-" in line}
     assert "resnet50 x2 (GPU 0,1), ranker x2 (GPU 0,1)" in lines["gpu-c01"]
     assert "x2" not in lines["gpu-a01"]
+
+
+def _tasks_module() -> Any:
+    spec = importlib.util.spec_from_file_location("tfsdeploy_tasks", ROOT / "tasks.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_option_of_every_command_shows_as_name_and_value() -> None:
+    tasks = _tasks_module()
+    for context in tasks.ns.to_contexts():
+        for names, text in context.help_tuples():
+            flag = context.flags[names.split("=")[0]]
+            assert names.startswith("--") and "," not in names and not names.startswith(
+                "--="), f"fab --help {context.name}: {names}"
+            if flag.kind is bool:
+                assert "=" not in names, (context.name, names)
+            elif flag.kind is list:  # invoke shows no value for a repeatable option
+                assert text.startswith("URL:") and "repeat" in text, (context.name, text)
+            else:
+                assert names.endswith(("=STRING", "=INT")), (context.name, names)
+
+
+def test_every_number_option_is_typed_and_range_checked() -> None:
+    from tfsdeploy.cli.main import OPTION_TYPES
+
+    tasks = _tasks_module()
+    for name in tasks.ns.task_names:
+        body = tasks.ns[name].body
+        for parameter in inspect.signature(body).parameters.values():
+            if str(parameter.annotation).split(" ")[0] in ("int", "float"):
+                assert parameter.name in OPTION_TYPES, (name, parameter.name)
+
+
+def test_fab_help_and_a_bad_number_from_the_command_line(tmp_path: Path) -> None:
+    shown = _fab("--help", "deploy", tmp_path=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "--json-file=STRING" in shown.stdout and "--=" not in shown.stdout
+    assert "--lock-wait=STRING" in shown.stdout and " -j" not in shown.stdout
+    bad = _fab("logs", "--model", "resnet50", "--lines", "many", tmp_path=tmp_path)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
+    assert "[field --lines] --lines 'many'" in bad.stderr and "fix:" in bad.stderr
+
+
+def test_bench_data_is_the_live_version_and_says_so() -> None:
+    from tfsdeploy.cli.bench import pick_data_version
+
+    assert pick_data_version({"tb1": 1, "tb2": 1, "tb3": 1}, [1, 2, 3, 4]) == (
+        1, "request data: warmup records of version 1, live on tb1, tb2, tb3 "
+           "(--version V to choose)")
+    version, line = pick_data_version({"tb1": 2, "tb2": 1, "tb3": 1}, [1, 2, 3])
+    assert version == 1 and "live on tb2, tb3; other hosts serve v2" in line
+    assert pick_data_version({"tb1": 2, "tb2": 1}, [1, 2])[0] == 2  # a tie: the newer
+    version, line = pick_data_version({"tb1": None, "tb2": None}, [1, 2, 3])
+    assert version == 3 and "the newest in the source (no host reported a live" in line
+    version, line = pick_data_version({"tb1": 7}, [1, 2, 3])
+    assert version == 3 and "the live version 7 is no longer in it" in line
+    assert pick_data_version({"tb1": None}, [])[0] is None

@@ -164,3 +164,20 @@ def test_a_lock_directory_without_a_record_holds_and_lock_break_removes_it(
     lines, _ = lock_state(target(world), breaking=True, connect=fleet.connect)
     assert all("broken, was a lock with an unreadable record" in line for line in lines), lines
     assert not any((h.dir / "r" / MODEL / "lock").exists() for h in fleet.hosts.values())
+
+
+def test_a_paused_canary_s_lock_points_to_promote_or_abort_never_to_break(
+        tmp_path: Path) -> None:
+    site = _site(tmp_path)
+    paused = lock.new_lock_record("deploy hp2 v2").model_copy(
+        update={"paused": "r20260102-000000000-v2"})
+    _plant(site, paused)
+    with pytest.raises(lock.LockHeld) as error:
+        lock.acquire_majority([site], lock.new_lock_record("deploy hp2 v3"), wait_s=0,
+                              clock=FrozenClock(), model=MODEL)
+    text = str(error.value)
+    assert error.value.exit_code == ExitCode.LOCKED
+    assert "a canary of hp2 is paused: release r20260102-000000000-v2 holds the lock" in text
+    assert "`fab promote --model hp2`" in text and "`fab abort --model hp2`" in text
+    assert "--break" not in text and "--lock-wait" not in text
+    assert _holder(site) == paused.token

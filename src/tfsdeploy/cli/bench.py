@@ -1,26 +1,95 @@
 """`fab bench`: the project's load generator against the selected hosts' stable gRPC ports,
-with the model's warmup records as request data."""
+with the model's warmup records as request data: those of ``--version``, else of the version
+the hosts serve (the requests the live release was warmed up with), else of the newest."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tfsdeploy.engine import ConnectionFactory
+from tfsdeploy.facts import HostFacts
 from tfsdeploy.gpu import instance_gpus
+from tfsdeploy.inventory import ResolvedHost
 from tfsdeploy.layout import model_ports
+from tfsdeploy.remote import Connection, SshConnection
 from tfsdeploy.target import Target
-from tfsdeploy.versions import choose_version
+from tfsdeploy.versions import available_versions, choose_version
 
 PATHS = ("report", "sweep_plot")
 PASSED_WHEN_GIVEN = ("rps", "procs", "min_qps", *PATHS)
 
 
-def bench(target: Target, args: dict[str, Any]) -> int:
+def live_version(facts: HostFacts) -> int | None:
+    """The version a host serves: its serving container's, or the recorded ``current``
+    release's while a canary splits the requests (None: nothing is live)."""
+    serving = facts.serving(0)
+    if serving is not None:
+        return serving.version
+    record = facts.record(facts.current)
+    return record.version if record else None
+
+
+def pick_data_version(live: Mapping[str, int | None], available: list[int]
+                      ) -> tuple[int | None, str]:
+    """The version whose warmup records to send (None: none fits) and the line that says
+    which and why: the version most hosts serve (the newer on a tie), when the source still
+    holds it; else the newest in the source."""
+    counts = Counter(v for v in live.values() if v is not None)
+    newest = available[-1] if available else None
+    if newest is None and not counts:
+        return None, "no host reported a live release and the source holds no version"
+    if not counts:
+        return newest, (f"request data: warmup records of version {newest}, the newest in the "
+                        "source (no host reported a live release)")
+    version = max(counts, key=lambda v: (counts[v], v))
+    on = ", ".join(h for h, v in live.items() if v == version)
+    others = sorted({v for v in counts if v != version})
+    also = f"; other hosts serve {', '.join(f'v{v}' for v in others)}" if others else ""
+    if version not in available:
+        return newest, (f"request data: warmup records of version {newest}, the newest in the "
+                        f"source (the live version {version} is no longer in it{also})")
+    return version, (f"request data: warmup records of version {version}, live on {on}"
+                     f"{also} (--version V to choose)")
+
+
+def data_version(target: Target, requested: Any, *,
+                 connect: ConnectionFactory = SshConnection) -> tuple[int, str]:
+    """``--version`` when given, else the version the selected hosts serve (see
+    pick_data_version); with the line that says which."""
+    from tfsdeploy.cli.fleet import each_host
+    from tfsdeploy.errors import ConfigError, Problem
+
+    model = target.model
+    if requested is not None:
+        version = choose_version(model, requested, target.inventory.path)
+        return version, f"request data: warmup records of version {version} (--version)"
+
+    def look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
+             ) -> dict[str, Any]:
+        return {"version": live_version(facts)}
+
+    rows = each_host(target, look, connect=connect)
+    live = {r["host"]: r.get("version") for r in rows}
+    found, line = pick_data_version(live, available_versions(model.source))
+    if found is None:
+        raise ConfigError(Problem(
+            f"model {model.name!r}: no live release on the hosts and no version in its source "
+            f"{model.source!r} to take warmup records from", fix="pass --version V",
+            file=target.inventory.path, field=f"models.{model.name}.source"))
+    return found, line
+
+
+def bench(target: Target, args: dict[str, Any], *,
+          connect: ConnectionFactory = SshConnection) -> int:
     """Run the load test with the command's (already typed) options; returns its exit code."""
     from tfsdeploy.loadtest.cli import run_bench
 
     model = target.model
-    version = choose_version(model, args.get("version"), target.inventory.path)
+    version, line = data_version(target, args.get("version"), connect=connect)
+    print(line, flush=True)
     addresses = [f"{h.address}:{model_ports(h, model).grpc}" for h in target.hosts]
     # each stable port fronts the host's instances (one per GPU): the per-instance figure
     # divides by all of them

@@ -4,11 +4,17 @@ lock. Read-only (but `fab lock --break`), from each host's facts."""
 from __future__ import annotations
 
 import hashlib
+import queue
+import re
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from tfsdeploy import lock as locks
+from tfsdeploy.dockerapi import ContainerFact
 from tfsdeploy.engine import ConnectionFactory
 from tfsdeploy.facts import HostFacts, gather
 from tfsdeploy.inventory import ResolvedHost
@@ -70,6 +76,45 @@ def drift(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
             if facts.live_files.get(r.name) != hashlib.sha256(r.text.encode()).hexdigest()]
 
 
+def traffic_shares(facts: HostFacts, instance: int = 0) -> dict[str, int]:
+    """Slot -> percent of the instance's new requests, as the proxy says (empty: it does not
+    answer or no slot takes requests); two slots while a canary shares them."""
+    weights = facts.proxy.weights(instance) if facts.proxy.answered else {}
+    total = sum(weights.values())
+    return {slot: round(w * 100 / total) for slot, w in sorted(weights.items())} if total else {}
+
+
+def traffic_cell(instances: list[dict[str, Any]], canary: dict[str, str] | None) -> str:
+    """`fab status`'s traffic column: per instance the slot that takes the requests, or the
+    shares of both while a canary splits them (``blue 75 / green 25``), then the canary
+    under way (``paused canary <release>``)."""
+    several = len(instances) > 1
+
+    def one(instance: dict[str, Any]) -> str:
+        shares = instance.get("traffic") or {}
+        shown = (" / ".join(f"{slot} {share}" for slot, share in shares.items())
+                 if len(shares) > 1 else instance.get("traffic_slot") or "-")
+        return (f"i{instance['instance']} " if several else "") + shown
+
+    text = ", ".join(one(i) for i in instances)
+    return text + (f"; {canary['state']} canary {canary['release']}" if canary else "")
+
+
+def canary_on(facts: HostFacts) -> dict[str, str] | None:
+    """The canary the host's records say is under way (running, paused, promoting, aborting):
+    its release and state; None when there is none."""
+    from tfsdeploy.canary import CanaryState
+
+    open_states = {CanaryState.RUNNING, CanaryState.PAUSED, CanaryState.PROMOTING,
+                   CanaryState.ABORTING}
+    found = [(r.id, str((r.canary or {}).get("state"))) for r in facts.releases
+             if str((r.canary or {}).get("state")) in open_states]
+    if not found:
+        return None
+    release, state = max(found)
+    return {"release": release, "state": state}
+
+
 def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
                 ) -> dict[str, Any]:
     """Live release, slots, traffic, version states, drift and the lock, on one host."""
@@ -89,7 +134,8 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
                 for slot in ports.slots}
 
     instances = [{"instance": k, "gpus": gpus.get(k, []),
-                  "traffic_slot": facts.proxy.serving_slot(k), "slots": slots_of(k)}
+                  "traffic_slot": facts.proxy.serving_slot(k),
+                  "traffic": traffic_shares(facts, k), "slots": slots_of(k)}
                  for k in indexes]
     first = next((i for i in instances if i["instance"] == 0), instances[0])
     holder = facts.lock
@@ -98,7 +144,7 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
             "image": record.image if record else None,
             "traffic_slot": first["traffic_slot"], "proxy_running": facts.proxy.running,
             "slots": first["slots"], "instances": instances,
-            "drift": drift(target, host, conn, facts),
+            "canary": canary_on(facts), "drift": drift(target, host, conn, facts),
             "broken_records": [b.model_dump() for b in facts.broken],
             "lock": (holder.describe() + (" (STALE)" if locks.is_stale(holder) else "")
                      if holder else "unreadable lock record" if facts.lock_present else None)}
@@ -158,71 +204,186 @@ def lock_state(target: Target, *, breaking: bool = False,
                   "lock record)"
 
 
-def serving_containers(facts: HostFacts, *, every: bool = False) -> list[tuple[str, str]]:
-    """(label, container) of the host's serving containers (every model container with
-    ``every``); the label names the instance when the host runs several."""
-    chosen = [c for c in facts.servers if c.running or every]
-    if not every:
-        live = {c.name for i in {c.instance for c in chosen}
-                if (c := facts.serving(i)) is not None}
-        chosen = [c for c in chosen if c.name in live] or chosen
-    several = len({c.instance for c in chosen}) > 1
-    return [(f"{facts.host}/i{c.instance}" if several else facts.host, c.name)
-            for c in sorted(chosen, key=lambda c: (c.instance, c.name))]
+@dataclass(frozen=True)
+class Served:
+    """One container that takes a host's requests, as the fleet commands name it."""
+
+    label: str  # host, then /i<k> when the host runs several instances, then /<slot> when
+    # two slots of that instance take requests (a canary)
+    container: str
+    release: str
+    version: int
+    slot: str
+    share: int | None  # percent of its instance's new requests; None: the proxy did not say
+
+    @property
+    def split(self) -> bool:
+        """Whether this container shares its instance's requests with another slot."""
+        return self.share is not None and self.share < 100
+
+
+def serving_containers(facts: HostFacts) -> list[Served]:
+    """The host's containers that take requests: per instance the proxy's ready slot, or
+    both slots of a canary with their shares of the requests; where the proxy does not
+    answer, the running container of the recorded ``current`` (every running server when
+    none is found)."""
+    answered = facts.proxy.running and facts.proxy.answered
+    picked: list[tuple[ContainerFact, int | None]] = []
+    for instance in sorted({c.instance for c in facts.servers if c.running}):
+        if answered:
+            picked += _shares(facts.taking_requests(instance), facts.proxy.weights(instance))
+        elif (live := facts.serving(instance)) is not None:
+            picked.append((live, None))
+    if not picked:
+        picked = [(c, None) for c in facts.servers if c.running]
+    several = len({c.instance for c, _ in picked}) > 1
+    split = {i for i in {c.instance for c, _ in picked}
+             if sum(1 for c, _ in picked if c.instance == i) > 1}
+    return [Served(label=facts.host + (f"/i{c.instance}" if several else "")
+                   + (f"/{c.slot}" if c.instance in split else ""),
+                   container=c.name, release=c.release, version=c.version, slot=c.slot,
+                   share=share)
+            for c, share in sorted(picked, key=lambda p: (p[0].instance, p[0].slot,
+                                                          p[0].name))]
+
+
+def _shares(taking: list[ContainerFact], weights: dict[str, int]
+            ) -> list[tuple[ContainerFact, int | None]]:
+    """Each container with its percent of the instance's new requests (HAProxy sends a
+    server weight / sum of the ready servers' weights of them)."""
+    total = sum(weights.get(c.slot, 0) for c in taking)
+    return [(c, round(weights.get(c.slot, 0) * 100 / total) if total else None)
+            for c in taking]
+
+
+_SPAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
+_DATE_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def since_timestamp(text: str, now: float) -> float:
+    """``--since``: a span back from ``now`` (``30s``, ``10m``, ``2h``, ``1h30m``, ``1d``) or
+    an RFC 3339 time (``2026-11-30T23:28:00Z``), as the Unix time the Docker Engine takes.
+    Raises ConfigError naming the option and the fix."""
+    from pydantic import AwareDatetime, TypeAdapter, ValidationError
+
+    from tfsdeploy.errors import ConfigError, Problem
+
+    cleaned = text.strip()
+    if cleaned and _SPAN.sub("", cleaned) == "":
+        return now - sum(float(n) * _SECONDS[unit] for n, unit in _SPAN.findall(cleaned))
+    try:
+        if not _DATE_TIME.match(cleaned):  # pydantic would read a bare number as Unix time
+            raise ValueError(cleaned)
+        moment = TypeAdapter(AwareDatetime).validate_python(cleaned)
+    except (ValueError, ValidationError):
+        raise ConfigError(Problem(
+            f"--since {text!r} is neither a time span nor an RFC 3339 time with its offset",
+            fix="give a span back from now (30s, 10m, 2h, 1h30m, 1d) or a time such as "
+                "2026-11-30T23:28:00Z", field="--since")) from None
+    if moment.timestamp() <= 0:
+        raise ConfigError(Problem(f"--since {text!r} is before 1970",
+                                  fix="give a later time, or a span such as 10m",
+                                  field="--since"))
+    return moment.timestamp()
 
 
 def logs(target: Target, *, lines: int, since: str | None, follow: bool,
-         out: Callable[[str], None], connect: ConnectionFactory = SshConnection) -> int:
-    """`fab logs`: the serving containers' log lines from every selected host, each prefixed
-    with its host (and instance), merged in time order (as they come with ``follow``)."""
-    import queue
-    import threading
-
+         out: Callable[[str], None], connect: ConnectionFactory = SshConnection,
+         now: Callable[[], float] = time.time) -> int:
+    """`fab logs`: the log lines of every selected host's serving containers (both slots of
+    a canary, every instance), each prefixed host[/instance][/slot], merged in time order; with
+    ``follow``, every container at once, lines printed as they come, until Ctrl-C.
+    ``since`` is checked before any host is contacted."""
+    after = since_timestamp(since, now()) if since is not None else None
     found: queue.Queue[tuple[str, str] | None] = queue.Queue()
+    stopping = threading.Event()
     failed: list[str] = []
 
     def read(host: ResolvedHost) -> None:
-        conn = connect(host)
+        errors: list[tuple[str, Exception]] = []
         try:
-            facts = gather(conn, target.model.name, host_paths(host, target.model))
-            for label, name in serving_containers(facts):
-                for line in conn.docker.log_lines(name, lines=lines, since=since,
-                                                  follow=follow):
-                    found.put((line, label))
+            conn = connect(host)
+            try:
+                facts = gather(conn, target.model.name, host_paths(host, target.model))
+                errors = _read_each(conn, serving_containers(facts), lines=lines, since=after,
+                                    follow=follow, put=found.put, stopping=stopping)
+            finally:
+                conn.close()
         except Exception as error:
-            failed.append(host.name)
-            found.put((f"~ unreachable: {type(error).__name__}: {error}", host.name))
-        finally:
-            conn.close()
-            found.put(None)
+            errors.append((host.name, error))
+        if not stopping.is_set():  # after Ctrl-C, a closed stream is no failure
+            for label, problem in errors:
+                failed.append(label)
+                found.put((f"~ unreachable: {type(problem).__name__}: {problem}", label))
+        found.put(None)
 
-    threads = [threading.Thread(target=read, args=(h,), daemon=True) for h in target.hosts]
-    for thread in threads:
-        thread.start()
-    pending, collected = len(threads), []
-    while pending:
-        item = found.get()
-        if item is None:
-            pending -= 1
-            continue
-        if follow:
-            out(_log_line(*item))
-        else:
-            collected.append(item)
+    # daemon threads: a followed stream never ends, and Ctrl-C must not wait for it
+    for host in target.hosts:
+        threading.Thread(target=read, args=(host,), daemon=True).start()
+    try:
+        collected = _drain(found, len(target.hosts), out if follow else None)
+    except KeyboardInterrupt:
+        stopping.set()
+        return 3 if failed else 0
     for item in sorted(collected):  # RFC 3339 time stamps sort as text
         out(_log_line(*item))
     return 3 if failed else 0
 
 
+def _read_each(conn: Connection, chosen: list[Served], *, lines: int, since: float | None,
+               follow: bool, put: Callable[[tuple[str, str]], None],
+               stopping: threading.Event) -> list[tuple[str, Exception]]:
+    """Read every chosen container's log at once, one thread each; the errors by label."""
+    errors: list[tuple[str, Exception]] = []
+
+    def one(served: Served) -> None:
+        try:
+            for line in conn.docker.log_lines(served.container, lines=lines, since=since,
+                                              follow=follow):
+                if stopping.is_set():
+                    return
+                put((line, served.label))
+        except Exception as error:
+            errors.append((served.label, error))
+
+    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in chosen]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+def _drain(found: queue.Queue[tuple[str, str] | None], hosts: int,
+           show: Callable[[str], None] | None) -> list[tuple[str, str]]:
+    """Take lines until every host's reader is done: shown at once with ``show``, else
+    collected."""
+    collected: list[tuple[str, str]] = []
+    pending = hosts
+    while pending:
+        item = found.get()
+        if item is None:
+            pending -= 1
+        elif show is not None:
+            show(_log_line(*item))
+        else:
+            collected.append(item)
+    return collected
+
+
 def _log_line(line: str, label: str) -> str:
     stamp, _, text = line.partition(" ")
-    return f"{stamp} {label:<8} {text}"
+    return f"{stamp} {label:<9} {text}"
 
 
 def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str], None],
             connect: ConnectionFactory = SshConnection) -> int:
-    """`fab exec`: run ``argv`` in every selected host's serving containers; output prefixed,
-    a summary of exit codes. Refused while a run holds the model's lock, unless ``force``."""
+    """`fab exec`: run ``argv`` in every selected host's serving containers (both slots of a
+    canary, each labelled host[/instance][/slot]); output prefixed, which container takes
+    which share of the requests, a summary of exit codes. Refused while a run holds the
+    model's lock, unless ``force`` (a paused canary is no run: its containers are there to
+    be looked at)."""
     from tfsdeploy.errors import ConfigError, ExitCode, Problem
 
     if not argv:
@@ -231,13 +392,14 @@ def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str]
 
     def run(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
             ) -> dict[str, Any]:
-        if facts.lock_present and not force:
+        holder = facts.lock
+        if facts.lock_present and not force and not (holder and holder.paused):
             return {"refused": f"a run holds the lock of {target.model.name} "
-                               f"({facts.lock.describe() if facts.lock else 'unreadable'})"}
+                               f"({holder.describe() if holder else 'unreadable'})"}
         results = []
-        for label, name in serving_containers(facts):
-            code, text = conn.docker.exec(name, argv)
-            results.append({"label": label, "container": name, "code": code, "output": text})
+        for served in serving_containers(facts):
+            code, text = conn.docker.exec(served.container, argv)
+            results.append({"served": served, "code": code, "output": text})
         return {"results": results}
 
     rows = each_host(target, run, connect=connect)
@@ -251,10 +413,24 @@ def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str]
             continue
         for result in row["results"]:
             for line in result["output"].splitlines():
-                out(f"{result['label']:<8} {line}")
-            codes.append((result["label"], result["code"]))
+                out(f"{result['served'].label:<9} {line}")
+            codes.append((result["served"].label, result["code"]))
+    for line in split_lines([r["served"] for row in rows for r in row.get("results", [])]):
+        out(line)
     out("exit codes: " + (", ".join(f"{label} {code}" for label, code in codes) or "none"))
     if any("refused" in r for r in rows):
         return int(ExitCode.INVALID)
     unreachable = any(not r["reachable"] for r in rows)
     return 3 if unreachable or any(code != 0 for _, code in codes) else 0
+
+
+def split_lines(served: list[Served]) -> list[str]:
+    """One line per instance whose requests two slots share (a canary): which container is
+    which release, with its share."""
+    groups: dict[str, list[Served]] = {}
+    for one in served:
+        if one.split:
+            groups.setdefault(one.label.rsplit("/", 1)[0], []).append(one)
+    return [f"{where}: " + ", ".join(f"{s.slot} serves {s.release} (v{s.version}) "
+                                     f"{s.share}% of new requests" for s in group)
+            for where, group in groups.items()]

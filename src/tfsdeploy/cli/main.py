@@ -335,6 +335,8 @@ def cmd_status(a: dict[str, Any]) -> int:
 
 
 def _status_row(row: dict[str, Any]) -> tuple[str, ...]:
+    from tfsdeploy.cli.fleet import traffic_cell
+
     if not row["reachable"]:
         return (row["host"], "UNREACHABLE", "", "", row.get("error", "")[:60], "", "")
     instances = row.get("instances") or [{"instance": 0, "traffic_slot": row["traffic_slot"],
@@ -352,9 +354,9 @@ def _status_row(row: dict[str, Any]) -> tuple[str, ...]:
             for c in containers)
         for instance in instances
         for slot, containers in instance["slots"].items() if containers)
-    traffic = ", ".join(f"{label(i)}{i['traffic_slot'] or '-'}" for i in instances)
     return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
-            traffic, slots or "-", ", ".join(row["drift"]) or "none", row["lock"] or "free")
+            traffic_cell(instances, row.get("canary")), slots or "-",
+            ", ".join(row["drift"]) or "none", row["lock"] or "free")
 
 
 def cmd_history(a: dict[str, Any]) -> int:
@@ -459,7 +461,7 @@ def cmd_logs(a: dict[str, Any]) -> int:
     from tfsdeploy.cli.fleet import logs
 
     return logs(target(a), lines=int(a["lines"]), since=a["since"], follow=a["follow"],
-                out=print)
+                out=lambda line: print(line, flush=True))  # followed lines show as they come
 
 
 def cmd_exec(a: dict[str, Any]) -> int:
