@@ -197,7 +197,7 @@ def history(c: Any, model: str, inventory: str | None = None, hosts: str | None 
     _main("history", locals())
 
 
-@command(help={
+@command(iterable=["notify"], help={
     **SELECT,
     "max_error_rate": "act above this rate of server errors (default 0.01 = 1%)",
     "slo_p99_ms": "act above this P99 in ms (default: the model's latency SLO)",
@@ -207,6 +207,7 @@ def history(c: Any, model: str, inventory: str | None = None, hosts: str | None 
     "min_requests": "ignore windows with fewer requests (default 20)",
     "count_client_errors": "count client errors (malformed requests) too; by default only "
                            "the server's errors count",
+    **RUNBOOK,
     "log_file": UNATTENDED["log_file"],
     "metrics_file": UNATTENDED["metrics_file"],
 })
@@ -214,9 +215,11 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
           limit: str | None = None, max_error_rate: float = 0.01,
           slo_p99_ms: float | None = None, for_s: float = 30.0, interval_s: float = 5.0,
           duration_s: float | None = None, min_requests: int = 20,
-          count_client_errors: bool = False, log_file: str | None = None,
+          count_client_errors: bool = False, hooks: str | None = None,
+          notify: list[str] | None = None, log_file: str | None = None,
           metrics_file: str | None = None) -> None:
-    """Watch TFServing's metrics; roll back automatically when the SLO breaks."""
+    """Watch TFServing's metrics; roll back automatically when the SLO breaks (abort a paused
+    canary that fails against its old release)."""
     _main("guard", locals())
 
 

@@ -181,3 +181,19 @@ def test_a_paused_canary_s_lock_points_to_promote_or_abort_never_to_break(
     assert "`fab promote --model hp2`" in text and "`fab abort --model hp2`" in text
     assert "--break" not in text and "--lock-wait" not in text
     assert _holder(site) == paused.token
+
+
+def test_lock_break_leaves_a_paused_canary_s_lock_and_names_promote_and_abort(
+        world: dict[str, Any]) -> None:
+    run_deploy(world, 1)
+    fleet: FakeFleet = world["fleet"]
+    paused = lock.new_lock_record("deploy hp2 v2").model_copy(
+        update={"paused": "r20260102-000000000-v2"})
+    for host in fleet.hosts.values():
+        (host.dir / "r" / MODEL / "lock").mkdir()
+        (host.dir / "r" / MODEL / "lock" / "info.json").write_text(paused.model_dump_json())
+    lines, verdict = lock_state(target(world), breaking=True, connect=fleet.connect)
+    assert all("NOT broken" in line and "`fab abort --model hp2`" in line for line in lines)
+    assert verdict.startswith("hp2: not broken")
+    assert all((h.dir / "r" / MODEL / "lock" / "info.json").exists()
+               for h in fleet.hosts.values())

@@ -186,7 +186,12 @@ def lock_state(target: Target, *, breaking: bool = False,
         line = "free" if not present else (
             holder.describe() + (" STALE: that process is gone" if locks.is_stale(holder)
                                  else "") if holder else "a lock with an unreadable record")
-        if breaking and present:
+        if breaking and holder is not None and holder.paused:
+            # the canary's release holds it on purpose: breaking it would leave the canary
+            # hosts half on the new release with nothing to finish them
+            line = (f"NOT broken: {line}; finish the canary with `fab promote --model "
+                    f"{target.model.name}` or `fab abort --model {target.model.name}`")
+        elif breaking and present:
             site = locks.LockSite(host.name, conn, host_paths(host, target.model))
             removed, now = locks.remove(site, holder.token if holder else "",
                                         facts.lock_digest)
@@ -198,7 +203,8 @@ def lock_state(target: Target, *, breaking: bool = False,
     lines = [f"{r['host']}: {r['line']}" if r["reachable"] else
              f"{r['host']}: unreachable ({r['error']})" for r in rows]
     held = sum(1 for r in rows if r.get("held"))
-    verdict = "broken" if breaking else (
+    kept = any("NOT broken" in r.get("line", "") for r in rows)
+    verdict = ("not broken" if kept else "broken") if breaking else (
         "locked" if held * 2 > len(rows) else "partly locked" if held else "free")
     return lines, f"{target.model.name}: {verdict} ({held} of {len(rows)} hosts hold a " \
                   "lock record)"
