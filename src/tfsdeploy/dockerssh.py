@@ -36,8 +36,7 @@ import urllib3.exceptions
 from urllib3.connection import HTTPConnection
 from urllib3.connectionpool import HTTPConnectionPool
 
-from tfsdeploy.errors import TfsDeployError
-from tfsdeploy.remote import HostUnreachable
+from tfsdeploy.errors import HostUnreachable, TfsDeployError
 
 DIAL_STDIO = "docker system dial-stdio"
 API_TIMEOUT_S = 60.0
