@@ -2,7 +2,9 @@
 
 Where things come from (environment variables, with their defaults):
 - TFSDEPLOY_TFSERVING_TESTDATA: the directory holding TFServing's test artifacts (README.md
-  and testdata/), default ``<repository>/../shared/tfserving-testdata``. The suite is skipped,
+  and testdata/), default ``shared/tfserving-testdata`` in the nearest directory above the
+  repository that has one (``<repository>/../shared/tfserving-testdata`` for a checkout beside
+  ``shared/``, a level or more further up for one in a subdirectory). The suite is skipped,
   saying so, when it is absent. It must be readable by the testbed hosts' Docker engines (not
   under /tmp, /run, /srv/tfsdeploy or /var/lib/docker, which are private to each host).
 - TFSDEPLOY_CONFORMANCE_IMAGE: the image under test, default
@@ -42,8 +44,20 @@ from google.protobuf import text_format
 from tensorflow_serving.config import model_server_config_pb2
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TESTDATA_ROOT = pathlib.Path(os.environ.get(
-    "TFSDEPLOY_TFSERVING_TESTDATA", str(REPO.parent / "shared" / "tfserving-testdata")))
+
+
+def default_testdata() -> pathlib.Path:
+    """``shared/tfserving-testdata`` in the nearest directory above the repository that has
+    one (the repository's sibling ``shared/`` when none has)."""
+    for parent in REPO.parents:
+        candidate = parent / "shared" / "tfserving-testdata"
+        if (candidate / "testdata").is_dir():
+            return candidate
+    return REPO.parent / "shared" / "tfserving-testdata"
+
+
+TESTDATA_ROOT = pathlib.Path(os.environ.get("TFSDEPLOY_TFSERVING_TESTDATA",
+                                            str(default_testdata())))
 TESTDATA = TESTDATA_ROOT / "testdata"
 IMAGE = os.environ.get("TFSDEPLOY_CONFORMANCE_IMAGE", "10.87.0.1:5000/tfserving-emulator:2.21.0")
 HOST = os.environ.get("TFSDEPLOY_CONFORMANCE_HOST", "tb3")
