@@ -36,8 +36,8 @@ INVENTORY = '''
 from tfsdeploy.catalog import Model, Signature, TensorSpec
 from tfsdeploy.inventory import Group, Host
 hosts = [Host("srv", "127.0.0.1", vars={{"grpc_port": {port}}}),
-         Host("g1", "127.0.0.1", vars={{"data_root": {root1!r}}}),
-         Host("g2", "127.0.0.1", vars={{"data_root": {root2!r}}})]
+         Host("g1", "127.0.0.2", vars={{"data_root": {root1!r}}}),
+         Host("g2", "127.0.0.3", vars={{"data_root": {root2!r}}})]
 groups = {{"loadgens": Group(["g1", "g2"])}}
 defaults = {{}}
 models = [Model(name="m", source={source!r}, hosts="srv", latency_slo_ms=1000, memory_mib=64,
@@ -46,8 +46,9 @@ models = [Model(name="m", source={source!r}, hosts="srv", latency_slo_ms=1000, m
 '''
 
 
-# a data root no shell may split or expand: every command passes it as one argument
-G1_ROOT = "g1 data 'root' $HOME;x"
+# the most unusual data root the inventory accepts (its names keep to [A-Za-z0-9_.+-]): every
+# command passes it as one argument
+G1_ROOT = "g1-data+root.x_1"
 
 
 def warmup_source(root: Path) -> Path:
