@@ -124,14 +124,37 @@ def load_playbook(path: str | Path) -> Playbook:
     except ValidationError as error:
         raise ConfigError(validation_problems(error, file=str(file))) from None
     tasks_dir = file.parent.parent / "tasks"
-    phases = tuple(
-        Phase(p.name, p.mode, load_tasks(tasks_dir / p.tasks),
-              load_tasks(tasks_dir / p.rescue) if p.rescue else ())
-        for p in spec.phases)
-    return Playbook(name=spec.name or file.stem, phases=phases,
+    phases, problems = [], []
+    for index, p in enumerate(spec.phases):
+        try:
+            tasks = _task_list(tasks_dir, p.tasks, file, f"phases.{index}.tasks")
+            rescue = _task_list(tasks_dir, p.rescue, file, f"phases.{index}.rescue") \
+                if p.rescue else ()
+        except ConfigError as error:
+            problems += error.problems
+            continue
+        phases.append(Phase(p.name, p.mode, tasks, rescue))
+    if problems:
+        raise ConfigError(problems)
+    return Playbook(name=spec.name or file.stem, phases=tuple(phases),
                     serial=tuple(spec.serial) if spec.serial else None,
                     max_fail_percentage=spec.max_fail_percentage, on_failure=spec.on_failure,
                     forks=spec.forks)
+
+
+def _task_list(tasks_dir: Path, name: str, playbook: Path, field: str) -> tuple[Task, ...]:
+    """The task list a phase names; one that is not there is the playbook's problem, located
+    at the field that names it."""
+    path = tasks_dir / name
+    try:
+        found = path.is_file()
+    except OSError:  # a name the file system refuses (too long): not there either
+        found = False
+    if not found:
+        raise ConfigError(Problem(f"task list {name!r} is not a file in {tasks_dir}",
+                                  fix="name a task list of tasks/, e.g. roll_host.yml",
+                                  file=str(playbook), field=field))
+    return load_tasks(path)
 
 
 def load_tasks(path: Path) -> tuple[Task, ...]:

@@ -1,0 +1,44 @@
+"""The playbook loader on the inputs the hostile-input battery (tests/property) found it
+mishandling: each is refused with a located problem, or never loads a value a run cannot use."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tfsdeploy.errors import ConfigError, Problem
+from tfsdeploy.playbook import load_playbook
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = (ROOT / "playbooks" / "deploy.yml").read_text()
+
+
+def project(tmp_path: Path, playbook: str | bytes, tasks: dict[str, str | bytes] | None = None
+            ) -> Path:
+    """playbooks/custom.yml beside a copy of the project's task lists (some added)."""
+    shutil.copytree(ROOT / "tasks", tmp_path / "tasks")
+    for name, text in (tasks or {}).items():
+        data = text.encode() if isinstance(text, str) else text
+        (tmp_path / "tasks" / name).write_bytes(data)
+    (tmp_path / "playbooks").mkdir()
+    path = tmp_path / "playbooks" / "custom.yml"
+    path.write_bytes(playbook.encode() if isinstance(playbook, str) else playbook)
+    return path
+
+
+def refused(path: Path) -> list[Problem]:
+    with pytest.raises(ConfigError) as caught:
+        load_playbook(path)
+    return caught.value.problems
+
+
+def test_missing_task_lists_are_located_at_the_fields_naming_them(tmp_path: Path) -> None:
+    text = DEPLOY.replace("tasks: stage.yml", "tasks: stages.yml")
+    text = text.replace("rescue: restore_host.yml", f"rescue: {'x' * 300}.yml")
+    path = project(tmp_path, text)
+    problems = refused(path)
+    assert [(p.file, p.field) for p in problems] == [(str(path), "phases.1.tasks"),
+                                                     (str(path), "phases.2.rescue")]
+    assert "'stages.yml' is not a file" in problems[0].message
