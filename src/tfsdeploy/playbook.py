@@ -221,11 +221,24 @@ def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index
 
 
 def _yaml(path: Path) -> Any:
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError:  # a name the file system refuses (too long): not there either
+        found = False
+    if not found:
         raise ConfigError(Problem(f"{path} does not exist", fix="check the file name",
                                   file=str(path)))
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(Problem(f"{path} cannot be read: {exc.strerror or exc}",
+                                  fix="check the file's permissions", file=str(path))) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(Problem(f"the file is not UTF-8 text (byte {exc.start} is "
+                                  f"{exc.object[exc.start:exc.start + 1]!r})",
+                                  fix="save it as UTF-8", file=str(path))) from None
+    try:
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigError(Problem(f"YAML error: {exc}", fix="fix the YAML syntax",
                                   file=str(path))) from exc

@@ -42,3 +42,18 @@ def test_missing_task_lists_are_located_at_the_fields_naming_them(tmp_path: Path
     assert [(p.file, p.field) for p in problems] == [(str(path), "phases.1.tasks"),
                                                      (str(path), "phases.2.rescue")]
     assert "'stages.yml' is not a file" in problems[0].message
+
+
+@pytest.mark.parametrize("data", [b"name: \xff\n", DEPLOY.encode("utf-16"),
+                                  ("# é\n" + DEPLOY).encode("latin-1")],
+                         ids=["invalid byte", "UTF-16", "Latin-1"])
+def test_a_file_that_is_not_utf8_is_refused_at_its_file(tmp_path: Path, data: bytes) -> None:
+    problems = refused(project(tmp_path, DEPLOY, {"stage.yml": data}))
+    assert [(p.file, p.field) for p in problems] == [(str(tmp_path / "tasks" / "stage.yml"),
+                                                      None)]
+    assert "is not UTF-8 text" in problems[0].message
+
+
+def test_a_playbook_path_the_file_system_refuses_is_refused(tmp_path: Path) -> None:
+    problems = refused(tmp_path / ("x" * 300))
+    assert "does not exist" in problems[0].message
