@@ -239,6 +239,10 @@ def _yaml(path: Path) -> Any:
                                   fix="save it as UTF-8", file=str(path))) from None
     try:
         return yaml.safe_load(text)
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(Problem("the YAML is nested too deeply to read",
+                                  fix="flatten it: playbooks and task lists need a few levels",
+                                  file=str(path))) from None
     except yaml.YAMLError as exc:
         raise ConfigError(Problem(f"YAML error: {exc}", fix="fix the YAML syntax",
                                   file=str(path))) from exc

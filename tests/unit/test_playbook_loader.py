@@ -57,3 +57,13 @@ def test_a_file_that_is_not_utf8_is_refused_at_its_file(tmp_path: Path, data: by
 def test_a_playbook_path_the_file_system_refuses_is_refused(tmp_path: Path) -> None:
     problems = refused(tmp_path / ("x" * 300))
     assert "does not exist" in problems[0].message
+
+
+@pytest.mark.parametrize("data", [b"[" * 3000 + b"]" * 3000, b"{a: " * 3000 + b"1" + b"}" * 3000,
+                                  b"- " * 3000 + b"x\n"], ids=["lists", "mappings", "block"])
+def test_deep_nesting_in_a_few_kilobytes_is_refused_at_its_file(tmp_path: Path,
+                                                                data: bytes) -> None:
+    path = project(tmp_path, data)
+    problems = refused(path)
+    assert [(p.file, p.message) for p in problems] == [
+        (str(path), "the YAML is nested too deeply to read")]
