@@ -10,6 +10,7 @@ wrong types and values, unknown steps, parameters a step does not take.
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -220,6 +221,29 @@ def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index
     return problems
 
 
+class _UniqueKeysLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key written twice in one mapping is an error: YAML
+    forbids it, and PyYAML would keep the last value without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False
+                          ) -> dict[Hashable, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges are overridden keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+            except TypeError:  # an unhashable key: PyYAML's own check refuses it
+                continue
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {key!r} twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _yaml(path: Path) -> Any:
     try:
         found = path.is_file()
@@ -238,7 +262,7 @@ def _yaml(path: Path) -> Any:
                                   f"{exc.object[exc.start:exc.start + 1]!r})",
                                   fix="save it as UTF-8", file=str(path))) from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeysLoader)  # a SafeLoader
     except RecursionError:  # PyYAML composes nested collections recursively
         raise ConfigError(Problem("the YAML is nested too deeply to read",
                                   fix="flatten it: playbooks and task lists need a few levels",

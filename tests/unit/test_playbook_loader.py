@@ -67,3 +67,24 @@ def test_deep_nesting_in_a_few_kilobytes_is_refused_at_its_file(tmp_path: Path,
     problems = refused(path)
     assert [(p.file, p.message) for p in problems] == [
         (str(path), "the YAML is nested too deeply to read")]
+
+
+def test_a_key_written_twice_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = project(tmp_path, DEPLOY + "on_failure: revert\n")
+    problems = refused(path)
+    assert len(problems) == 1 and problems[0].file == str(path)
+    assert "found the key 'on_failure' twice" in problems[0].message
+    assert f"line {len(DEPLOY.splitlines()) + 1}," in problems[0].message
+
+
+def test_a_task_with_two_actions_is_refused(tmp_path: Path) -> None:
+    path = project(tmp_path, DEPLOY, {"stage.yml": "- action: stage_model\n  action: local\n"})
+    problems = refused(path)
+    assert problems[0].file == str(tmp_path / "tasks" / "stage.yml")
+    assert "found the key 'action' twice" in problems[0].message
+
+
+def test_a_key_a_merge_brings_may_be_overridden(tmp_path: Path) -> None:
+    path = project(tmp_path, "phases:\n  - <<: {name: a, mode: parallel, tasks: x.yml}\n"
+                             "    tasks: stage.yml\n")
+    assert load_playbook(path).phases[0].tasks[0].action == "stage_model"
