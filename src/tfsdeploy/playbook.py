@@ -13,12 +13,13 @@ import re
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tfsdeploy.errors import ConfigError, Problem
+from tfsdeploy.schema import INT32_MAX, ONE_DAY_S, NonNegativeInt32, Seconds
 
 PHASE_MODES = ("parallel", "batches")
 _PERCENT = re.compile(r"^(100|[1-9]\d?)(\.\d+)?%$")
@@ -203,7 +204,8 @@ def load_tasks(path: Path) -> tuple[Task, ...]:
 
 def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index: int
                         ) -> list[Problem]:
-    """Each parameter checked against the type the step declares for it."""
+    """Each parameter checked against the type the step declares for it, then a number
+    against the range a run can use."""
     import typing
 
     from pydantic import TypeAdapter
@@ -211,14 +213,29 @@ def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index
     hints = typing.get_type_hints(operation)
     problems = []
     for key, value in params.items():
-        try:
-            TypeAdapter(hints[key]).validate_python(value, strict=True)
-        except ValidationError as error:
-            problems.append(Problem(
-                f"parameter {key!r} of {operation.__name__!r} is {value!r}: "
-                f"{error.errors()[0]['msg']}", fix=f"give a {hints[key]}", file=file,
-                field=f"[{index}].with.{key}"))
+        for kind, fix in ((hints[key], f"give a {hints[key]}"), *_number_range(key, value)):
+            try:
+                TypeAdapter(kind).validate_python(value, strict=True)
+            except ValidationError as error:
+                problems.append(Problem(
+                    f"parameter {key!r} of {operation.__name__!r} is {value!r}: "
+                    f"{error.errors()[0]['msg']}", fix=fix, file=file,
+                    field=f"[{index}].with.{key}"))
+                break
     return problems
+
+
+def _number_range(key: str, value: Any) -> list[tuple[Any, str]]:
+    """The range of a number given to a step. The types steps declare (float, int) take nan,
+    inf and negatives: a nan deadline never comes (the gate polls forever), and a timeout
+    too large for the OS's timers fails mid-roll."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return []
+    if key.endswith("_s"):
+        return [(Seconds, f"give seconds from 0 to {ONE_DAY_S:g} (a day)")]
+    if isinstance(value, int):
+        return [(NonNegativeInt32, f"give a whole number from 0 to {INT32_MAX}")]
+    return [(Annotated[float, Field(ge=0, allow_inf_nan=False)], "give a number >= 0")]
 
 
 class _UniqueKeysLoader(yaml.SafeLoader):

@@ -88,3 +88,32 @@ def test_a_key_a_merge_brings_may_be_overridden(tmp_path: Path) -> None:
     path = project(tmp_path, "phases:\n  - <<: {name: a, mode: parallel, tasks: x.yml}\n"
                              "    tasks: stage.yml\n")
     assert load_playbook(path).phases[0].tasks[0].action == "stage_model"
+
+
+STEPS_WITH_NUMBERS = {
+    "nan timeout": ("- action: gate_rest\n  with: {timeout_s: .nan}\n", "timeout_s"),
+    "inf timeout": ("- action: local\n  with: {argv: [echo], timeout_s: .inf}\n", "timeout_s"),
+    "negative timeout": ("- action: gate_available\n  with: {timeout_s: -1}\n", "timeout_s"),
+    "timeout beyond a day": ("- action: remote\n  with: {shell: 'true', timeout_s: 1.0e+308}\n",
+                             "timeout_s"),
+    "negative count": ("- action: gate_warmup\n  with: {rounds: -5}\n", "rounds"),
+    "huge count": ("- action: check_disk\n  with: {reserve_mib: 100000000000000000000}\n",
+                   "reserve_mib"),
+}
+
+
+@pytest.mark.parametrize("case", list(STEPS_WITH_NUMBERS))
+def test_a_step_number_a_run_cannot_use_is_refused(tmp_path: Path, case: str) -> None:
+    tasks, key = STEPS_WITH_NUMBERS[case]
+    problems = refused(project(tmp_path, DEPLOY, {"stage.yml": tasks}))
+    assert [(p.file, p.field) for p in problems] == [(str(tmp_path / "tasks" / "stage.yml"),
+                                                      f"[0].with.{key}")]
+
+
+def test_step_numbers_in_range_load(tmp_path: Path) -> None:
+    tasks = ("- action: gate_rest\n  with: {timeout_s: 86400}\n"
+             "- action: gate_available\n  with: {timeout_s: 0.5}\n"
+             "- action: check_disk\n  with: {reserve_mib: 0}\n")
+    stage = load_playbook(project(tmp_path, DEPLOY, {"stage.yml": tasks})).phases[1].tasks
+    assert [t.params for t in stage] == [{"timeout_s": 86400}, {"timeout_s": 0.5},
+                                         {"reserve_mib": 0}]
