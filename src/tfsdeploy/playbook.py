@@ -222,7 +222,20 @@ def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index
                     f"{error.errors()[0]['msg']}", fix=fix, file=file,
                     field=f"[{index}].with.{key}"))
                 break
+        else:
+            if any("\x00" in text for text in _strings(value)):
+                problems.append(Problem(
+                    f"parameter {key!r} of {operation.__name__!r} holds a NUL byte: no command "
+                    "argument can carry one", fix="remove the \\0 from the value", file=file,
+                    field=f"[{index}].with.{key}"))
     return problems
+
+
+def _strings(value: Any) -> list[str]:
+    """The strings in a parameter (an argument list, or one string)."""
+    if isinstance(value, str):
+        return [value]
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _number_range(key: str, value: Any) -> list[tuple[Any, str]]:

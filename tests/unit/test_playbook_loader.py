@@ -117,3 +117,14 @@ def test_step_numbers_in_range_load(tmp_path: Path) -> None:
     stage = load_playbook(project(tmp_path, DEPLOY, {"stage.yml": tasks})).phases[1].tasks
     assert [t.params for t in stage] == [{"timeout_s": 86400}, {"timeout_s": 0.5},
                                          {"reserve_mib": 0}]
+
+
+@pytest.mark.parametrize("tasks", [
+    '- action: local\n  with: {argv: ["echo", "a\\0b"]}\n',
+    '- action: remote\n  with: {argv: ["\\0"]}\n',
+    '- action: remote\n  with: {shell: "echo \\0"}\n',
+], ids=["local argv", "remote argv", "remote shell"])
+def test_a_nul_byte_in_a_command_is_refused(tmp_path: Path, tasks: str) -> None:
+    problems = refused(project(tmp_path, DEPLOY, {"stage.yml": tasks}))
+    assert len(problems) == 1 and problems[0].field in ("[0].with.argv", "[0].with.shell")
+    assert "NUL byte" in problems[0].message
