@@ -10,6 +10,7 @@ wrong types and values, unknown steps, parameters a step does not take.
 from __future__ import annotations
 
 import re
+import reprlib
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -218,7 +219,7 @@ def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index
                 TypeAdapter(kind).validate_python(value, strict=True)
             except ValidationError as error:
                 problems.append(Problem(
-                    f"parameter {key!r} of {operation.__name__!r} is {value!r}: "
+                    f"parameter {key!r} of {operation.__name__!r} is {_SHORT.repr(value)}: "
                     f"{error.errors()[0]['msg']}", fix=fix, file=file,
                     field=f"[{index}].with.{key}"))
                 break
@@ -236,6 +237,12 @@ def _strings(value: Any) -> list[str]:
     if isinstance(value, str):
         return [value]
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+# a value quoted in a message is cut short: a few hundred bytes of YAML aliases can make one
+# whose full repr takes minutes and gigabytes
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 80, 80
 
 
 def _number_range(key: str, value: Any) -> list[tuple[Any, str]]:

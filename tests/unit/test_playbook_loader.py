@@ -128,3 +128,15 @@ def test_a_nul_byte_in_a_command_is_refused(tmp_path: Path, tasks: str) -> None:
     problems = refused(project(tmp_path, DEPLOY, {"stage.yml": tasks}))
     assert len(problems) == 1 and problems[0].field in ("[0].with.argv", "[0].with.shell")
     assert "NUL byte" in problems[0].message
+
+
+def test_a_yaml_bomb_of_a_few_hundred_bytes_is_refused_with_a_short_message(
+        tmp_path: Path) -> None:
+    lines = ["- action: check_ssh", "  name: &l0 [a, a, a, a, a, a, a, a, a, a]"]
+    lines += [f"  k{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 7)]
+    tasks = "\n".join([*lines, "- action: local\n  with: {argv: *l6}\n"])  # 10**7 strings
+    assert len(tasks) < 500
+    problems = refused(project(tmp_path, DEPLOY, {"stage.yml": tasks}))
+    assert [p.field for p in problems] == ["[0].name", "[0].k1", "[0].k2", "[0].k3", "[0].k4",
+                                           "[0].k5", "[0].k6", "[1].with.argv"]
+    assert max(len(p.render()) for p in problems) < 1000
