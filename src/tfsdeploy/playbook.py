@@ -9,7 +9,6 @@ wrong types and values, unknown steps, parameters a step does not take.
 
 from __future__ import annotations
 
-import re
 import reprlib
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -20,10 +19,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tfsdeploy.errors import ConfigError, Problem
-from tfsdeploy.schema import INT32_MAX, ONE_DAY_S, NonNegativeInt32, Seconds
+from tfsdeploy.schema import (
+    INT32_MAX,
+    ONE_DAY_S,
+    NonNegativeInt32,
+    Seconds,
+    serial_step_problem,
+)
 
 PHASE_MODES = ("parallel", "batches")
-_PERCENT = re.compile(r"^(100|[1-9]\d?)(\.\d+)?%$")
 
 
 @dataclass(frozen=True)
@@ -95,11 +99,10 @@ class PlaybookSpec(_Strict):
             return None
         if not value:
             raise ValueError("serial is empty: give batch sizes, e.g. [1, \"25%\", \"100%\"]")
-        for step in value:
-            if isinstance(step, bool) or (isinstance(step, int) and step < 1) or (
-                    isinstance(step, str) and not _PERCENT.match(step)):
-                raise ValueError(f"batch size {step!r} is neither a count >= 1 nor a "
-                                 "percentage like \"25%\"")
+        for step in value:  # the rule of the catalog's Rollout.serial, which this overrides
+            reason = serial_step_problem(step)
+            if reason is not None:
+                raise ValueError(f"{reason}: write e.g. [1, \"25%\", \"100%\"]")
         return value
 
 

@@ -140,3 +140,16 @@ def test_a_yaml_bomb_of_a_few_hundred_bytes_is_refused_with_a_short_message(
     assert [p.field for p in problems] == ["[0].name", "[0].k1", "[0].k2", "[0].k3", "[0].k4",
                                            "[0].k5", "[0].k6", "[1].with.argv"]
     assert max(len(p.render()) for p in problems) < 1000
+
+
+@pytest.mark.parametrize("serial", ['["100.5%"]', "[1, 100000000000000000000]", '["150%"]',
+                                    "[0]", '["ten"]'])
+def test_batch_sizes_follow_the_catalogs_rule(tmp_path: Path, serial: str) -> None:
+    problems = refused(project(tmp_path, DEPLOY.replace("serial: null", f"serial: {serial}")))
+    assert [p.field for p in problems] == ["serial"]
+    assert "neither a positive count nor a percentage in (0, 100]" in problems[0].message
+
+
+def test_a_fraction_of_a_percent_is_a_batch_size(tmp_path: Path) -> None:
+    path = project(tmp_path, DEPLOY.replace("serial: null", 'serial: [1, "0.5%", "100%"]'))
+    assert load_playbook(path).serial == (1, "0.5%", "100%")
