@@ -79,7 +79,7 @@ class PhaseSpec(_Strict):
     name: str = Field(min_length=1)
     mode: Literal["parallel", "batches"]
     tasks: str = Field(min_length=1)
-    rescue: str | None = None
+    rescue: str | None = Field(default=None, min_length=1)
 
 
 class PlaybookSpec(_Strict):

@@ -153,3 +153,9 @@ def test_batch_sizes_follow_the_catalogs_rule(tmp_path: Path, serial: str) -> No
 def test_a_fraction_of_a_percent_is_a_batch_size(tmp_path: Path) -> None:
     path = project(tmp_path, DEPLOY.replace("serial: null", 'serial: [1, "0.5%", "100%"]'))
     assert load_playbook(path).serial == (1, "0.5%", "100%")
+
+
+def test_an_empty_rescue_name_is_refused_not_taken_for_no_rescue(tmp_path: Path) -> None:
+    problems = refused(project(tmp_path, DEPLOY.replace("rescue: restore_host.yml",
+                                                        'rescue: ""')))
+    assert [p.field for p in problems] == ["phases.2.rescue"]
