@@ -110,7 +110,9 @@ def validation_problems(error: ValidationError, *, file: str, where: str = "") -
     """A pydantic error as located problems (file and field path)."""
     problems = []
     for item in error.errors():
-        path = ".".join(str(p) for p in (where, *item["loc"]) if p != "")
+        # an empty key is a key too: quoted, or the problem would lose where it is
+        path = ".".join([*([where] if where else []),
+                         *(str(p) if p != "" else "''" for p in item["loc"])])
         problems.append(Problem(f"{path or 'the file'}: {item['msg']}",
                                 fix="see the playbook format in docs/architecture.md",
                                 file=file, field=path or None))

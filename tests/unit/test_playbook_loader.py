@@ -159,3 +159,10 @@ def test_an_empty_rescue_name_is_refused_not_taken_for_no_rescue(tmp_path: Path)
     problems = refused(project(tmp_path, DEPLOY.replace("rescue: restore_host.yml",
                                                         'rescue: ""')))
     assert [p.field for p in problems] == ["phases.2.rescue"]
+
+
+def test_an_empty_key_is_located(tmp_path: Path) -> None:
+    path = project(tmp_path, DEPLOY + "'': x\n", {"stage.yml": "- action: stage_model\n  '': 1\n"})
+    assert [p.field for p in refused(path)] == ["''"]
+    fixed = project(tmp_path / "tasks-only", DEPLOY, {"stage.yml": "- {action: x, '': 1}\n"})
+    assert [p.field for p in refused(fixed)] == ["[0].''"]
