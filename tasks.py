@@ -2,6 +2,10 @@
 ``tfsdeploy.cli.main`` and exits with its code (README "Exit codes").
 
 Run from the repository root: `fab --list`, `fab render --model resnet50`.
+
+Numeric options are declared as text: invoke converts an option whose default is a number
+itself, and `--lines abc` then ends in its ValueError's traceback; as text, every value
+reaches ``tfsdeploy.cli.main.options``, which types it and names the option it is wrong for.
 """
 
 from __future__ import annotations
@@ -84,8 +88,8 @@ def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
 })
 def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
            limit: str | None = None, version: str | None = None, playbook: str | None = None,
-           lock_wait: float = 0.0, check: bool = False, diff: bool = False,
-           canary_weights: str | None = None, step_s: float | None = None,
+           lock_wait: str = "0", check: bool = False, diff: bool = False,
+           canary_weights: str | None = None, step_s: str | None = None,
            pause: bool = False, hooks: str | None = None, notify: list[str] | None = None,
            json: bool = False, log_file: str | None = None, json_file: str | None = None,
            metrics_file: str | None = None) -> None:
@@ -103,7 +107,7 @@ def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None =
 })
 def rollback(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
              limit: str | None = None, to: str | None = None, playbook: str | None = None,
-             lock_wait: float = 0.0, hooks: str | None = None, notify: list[str] | None = None,
+             lock_wait: str = "0", hooks: str | None = None, notify: list[str] | None = None,
              json: bool = False, log_file: str | None = None,
              json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Return hosts to a retained release: a gated switch back within the window."""
@@ -117,7 +121,7 @@ CANARY = {**SELECT,
 
 @task(iterable=["notify"], help=CANARY)
 def promote(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-            limit: str | None = None, lock_wait: float = 0.0, hooks: str | None = None,
+            limit: str | None = None, lock_wait: str = "0", hooks: str | None = None,
             notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
             json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Finish a paused canary: its hosts switch fully, the other hosts roll in their batches."""
@@ -126,7 +130,7 @@ def promote(c: Any, model: str, inventory: str | None = None, hosts: str | None 
 
 @task(iterable=["notify"], help=CANARY)
 def abort(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-          limit: str | None = None, lock_wait: float = 0.0, hooks: str | None = None,
+          limit: str | None = None, lock_wait: str = "0", hooks: str | None = None,
           notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
           json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Return a paused canary's hosts to their old release at 100% and free the lock."""
@@ -161,9 +165,9 @@ def history(c: Any, model: str, inventory: str | None = None, hosts: str | None 
     "metrics_file": UNATTENDED["metrics_file"],
 })
 def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-          limit: str | None = None, max_error_rate: float = 0.01,
-          slo_p99_ms: float | None = None, for_s: float = 30.0, interval_s: float = 5.0,
-          duration_s: float | None = None, min_requests: int = 20,
+          limit: str | None = None, max_error_rate: str = "0.01",
+          slo_p99_ms: str | None = None, for_s: str = "30", interval_s: str = "5",
+          duration_s: str | None = None, min_requests: str = "20",
           count_client_errors: bool = False, log_file: str | None = None,
           metrics_file: str | None = None) -> None:
     """Watch TFServing's metrics; roll back automatically when the SLO breaks."""
@@ -186,9 +190,9 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
 })
 def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
           limit: str | None = None, version: str | None = None, duration: str = "10s",
-          concurrency: int = 16, rps: float | None = None, procs: int | None = None,
-          slo_p99: float | None = None, max_error_rate: float = 0.01,
-          min_qps: float | None = None, sweep: bool = False, report: str | None = None,
+          concurrency: str = "16", rps: str | None = None, procs: str | None = None,
+          slo_p99: str | None = None, max_error_rate: str = "0.01",
+          min_qps: str | None = None, sweep: bool = False, report: str | None = None,
           sweep_plot: str | None = None) -> None:
     """Load-test the model on the inventory's hosts (their stable gRPC ports), with SLO gates."""
     _main("bench", locals())
@@ -203,9 +207,9 @@ def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     "instances_per_host": "server instances per host (one per GPU: its GPU count; default 1)",
     "json": "print JSON",
 })
-def plan_capacity(c: Any, target_qps: float, sweep_report: str | None = None,
-                  per_instance_qps: float | None = None, load_factor: float = 0.65,
-                  availability_factor: float = 0.9, instances_per_host: int = 1,
+def plan_capacity(c: Any, target_qps: str, sweep_report: str | None = None,
+                  per_instance_qps: str | None = None, load_factor: str = "0.65",
+                  availability_factor: str = "0.9", instances_per_host: str = "1",
                   json: bool = False) -> None:
     """Instances needed: target QPS / (per-instance QPS x load factor x availability)."""
     _main("plan_capacity", locals())
@@ -222,7 +226,7 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
             "follow": "keep printing new lines (Ctrl-C to stop)",
             "since": "only lines since this time: 10m, 2h, or an RFC 3339 time"})
 def logs(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-         limit: str | None = None, lines: int = 50, follow: bool = False,
+         limit: str | None = None, lines: str = "50", follow: bool = False,
          since: str | None = None) -> None:
     """The serving containers' logs from every selected host, merged in time order."""
     _main("logs", locals())
@@ -246,7 +250,7 @@ def _after_dashes() -> list[str]:
             **UNATTENDED})
 def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
           limit: str | None = None, check: bool = False, playbook: str | None = None,
-          lock_wait: float = 0.0, json: bool = False, log_file: str | None = None,
+          lock_wait: str = "0", json: bool = False, log_file: str | None = None,
           json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Free the hosts' disk: old releases, versions and images no retained release needs."""
     _main("prune", locals())
@@ -270,12 +274,12 @@ def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     "procs": "processes per generator (default: one per 2000 QPS of its share, per core)",
     "out": "directory for accept.json, accept.png, deploy.log (default out/accept/<run>)",
 })
-def accept(c: Any, model: str, inventory: str | None = None, target_qps: float | None = None,
+def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | None = None,
            duration: str = "5m", release: str | None = None, release_at: str | None = None,
-           loadgens: str | None = None, interval: str = "1s", slo_p99_ms: float | None = None,
-           max_error_rate: float | None = None, data_version: str | None = None,
+           loadgens: str | None = None, interval: str = "1s", slo_p99_ms: str | None = None,
+           max_error_rate: str | None = None, data_version: str | None = None,
            start_margin: str | None = None, timeout: str | None = None,
-           concurrency: int | None = None, procs: int | None = None,
+           concurrency: str | None = None, procs: str | None = None,
            out: str | None = None) -> None:
     """The fleet acceptance run: the article's table against the model's stable ports."""
     _main("accept", locals())
