@@ -10,6 +10,22 @@ from invoke.exceptions import Exit
 from invoke.parser import Parser
 
 import tasks
+from tfsdeploy.errors import HostUnreachable
+from tfsdeploy.remote import SshConnection
+
+CONNECTIONS: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def no_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every SSH connection is refused and recorded (even when a check under test lets a
+    command through)."""
+    def transport(self: SshConnection) -> None:
+        CONNECTIONS.append(self.host.name)
+        raise HostUnreachable(f"{self.host.name}: no host in the unit tier")
+
+    CONNECTIONS.clear()
+    monkeypatch.setattr(SshConnection, "_transport", transport)
 
 
 def fab(*words: str) -> int:
@@ -40,3 +56,19 @@ def test_number_options_left_out_take_their_defaults(capsys: pytest.CaptureFixtu
                                                       ) -> None:
     assert fab("plan-capacity", "--target-qps=100", "--per-instance-qps=10") == 0
     assert "= 100 / (10.0 x 0.65 x 0.9)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("words", [
+    ("deploy", "--model=half_plus_two", "--check", "--inventory="),
+    ("deploy", "--model=half_plus_two", "--check", "--hosts= "),
+    ("status", "--model=half_plus_two", "--limit="),
+    ("deploy", "--model=half_plus_two", "--check", "--playbook="),
+    ("deploy", "--model=half_plus_two", "--check", "--canary-weights="),
+    ("plan-capacity", "--target-qps=100", "--per-instance-qps=10", "--sweep-report="),
+], ids=["inventory", "hosts", "limit", "playbook", "canary weights", "sweep report"])
+def test_an_empty_value_is_refused_not_taken_for_the_default(
+        words: tuple[str, ...], capsys: pytest.CaptureFixture[str]) -> None:
+    assert fab(*words) == 1
+    flag = words[-1].split("=")[0]
+    assert f"[field {flag}] {flag} is empty" in capsys.readouterr().err
+    assert CONNECTIONS == []

@@ -39,14 +39,19 @@ def options(raw: dict[str, Any]) -> dict[str, Any]:
     """The command's options, typed and range-checked; every bad one named at once."""
     checked, problems = dict(raw), []
     for name, value in raw.items():
-        if name in OPTION_TYPES and value is not None:
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, str) and not value.strip():
+            # an empty value is never a choice: `--inventory "$INV"` with $INV unset must not
+            # mean the default inventory, nor `--hosts ""` every host of the model
+            problems.append(Problem(f"{flag} is empty", fix=f"give a value, or leave {flag} out",
+                                    field=flag))
+        elif name in OPTION_TYPES and value is not None:
             try:
                 checked[name] = TypeAdapter(OPTION_TYPES[name]).validate_python(value)
             except ValidationError as error:
-                problems.append(Problem(f"--{name.replace('_', '-')} {value!r}: "
-                                        f"{error.errors()[0]['msg']}",
+                problems.append(Problem(f"{flag} {value!r}: {error.errors()[0]['msg']}",
                                         fix="give a number in range (see `fab --help "
-                                            "<command>`)", field=f"--{name.replace('_', '-')}"))
+                                            "<command>`)", field=flag))
     if problems:
         raise ConfigError(problems)
     return checked
