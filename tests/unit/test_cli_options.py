@@ -5,11 +5,14 @@ them."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from invoke.exceptions import Exit
 from invoke.parser import Parser
 
 import tasks
+from tfsdeploy.cli.main import options
 from tfsdeploy.errors import HostUnreachable
 from tfsdeploy.remote import SshConnection
 
@@ -71,4 +74,22 @@ def test_an_empty_value_is_refused_not_taken_for_the_default(
     assert fab(*words) == 1
     flag = words[-1].split("=")[0]
     assert f"[field {flag}] {flag} is empty" in capsys.readouterr().err
+    assert CONNECTIONS == []
+
+
+def test_since_becomes_the_unix_time_the_docker_api_takes() -> None:
+    # docker-py's APIClient.logs() takes since as a datetime or a positive int/float only: a
+    # string (`--since 10m`, as the help shows) raised InvalidArgument on every host
+    now = time.time()
+    ago = options({"since": "1h30m"})["since"]
+    assert isinstance(ago, float) and now - 5400 - 5 < ago < now - 5400 + 5
+    assert options({"since": "2025-01-31T08:00:00Z"})["since"] == 1738310400.0
+    assert options({"since": "2025-01-31T10:00:00+02:00"})["since"] == 1738310400.0
+
+
+@pytest.mark.parametrize("since", ["junk", "10x", "-10m", "1969-12-31T23:59:59Z", "1700000000"])
+def test_since_that_is_no_time_exits_1_before_any_host(
+        since: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fab("logs", "--model=half_plus_two", f"--since={since}") == 1
+    assert f"[field --since] --since {since!r}" in capsys.readouterr().err
     assert CONNECTIONS == []

@@ -10,16 +10,53 @@ after (a run in progress records where it stands), one clear line, the traceback
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import traceback
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 
 from tfsdeploy.errors import ConfigError, ExitCode, Problem, TfsDeployError
+
+
+def parsed(parse: Callable[[str], Any], fix: str) -> BeforeValidator:
+    """An option given as text and parsed by ``parse`` (which raises ValueError saying why it
+    cannot); the error carries ``fix`` for the problem options() reports."""
+    def validate(value: Any) -> Any:
+        try:
+            return parse(str(value))
+        except ValueError as error:
+            raise PydanticCustomError("tfsdeploy", "{reason}",
+                                      {"reason": str(error), "fix": fix}) from None
+    return BeforeValidator(validate)
+
+
+_GO_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
+_GO_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def since_time(text: str) -> float:
+    """`fab logs --since`: how long ago (10m, 2h, 1h30m, 500ms) or an RFC 3339 time (a time
+    without a zone is local, as docker's own --since takes it), as the Unix time the Docker
+    API takes: docker-py's logs() accepts only a positive number or a datetime."""
+    if _GO_DURATION.fullmatch(text):
+        ago = sum(float(n) * _GO_UNITS[u] for n, u in re.findall(r"([0-9.]+)(ms|s|m|h)", text))
+        return time.time() - ago
+    try:
+        moment = datetime.fromisoformat(text).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise ValueError("is neither a duration like 10m, 2h or 1h30m nor an RFC 3339 time"
+                         ) from None
+    if moment <= 0:
+        raise ValueError("is before 1970: the Docker API takes later times only")
+    return moment
+
 
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -32,6 +69,8 @@ OPTION_TYPES: dict[str, Any] = {
     "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
     "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
     "lines": Count, "step_s": Positive, "instances_per_host": Count,
+    "since": Annotated[float, parsed(since_time, "write 10m, 2h, 1h30m or an RFC 3339 time "
+                                                 "like 2025-01-31T08:00:00Z")],
 }
 
 
@@ -49,9 +88,11 @@ def options(raw: dict[str, Any]) -> dict[str, Any]:
             try:
                 checked[name] = TypeAdapter(OPTION_TYPES[name]).validate_python(value)
             except ValidationError as error:
-                problems.append(Problem(f"{flag} {value!r}: {error.errors()[0]['msg']}",
-                                        fix="give a number in range (see `fab --help "
-                                            "<command>`)", field=flag))
+                first = error.errors()[0]
+                fix = (first.get("ctx") or {}).get("fix") or \
+                    "give a number in range (see `fab --help <command>`)"
+                problems.append(Problem(f"{flag} {value!r}: {first['msg']}", fix=fix,
+                                        field=flag))
     if problems:
         raise ConfigError(problems)
     return checked
