@@ -93,3 +93,17 @@ def test_since_that_is_no_time_exits_1_before_any_host(
     assert fab("logs", "--model=half_plus_two", f"--since={since}") == 1
     assert f"[field --since] --since {since!r}" in capsys.readouterr().err
     assert CONNECTIONS == []
+
+
+@pytest.mark.parametrize("to", ["../../etc", "r20250131-080000000-v3/../..", "latest",
+                                "r20250131-080000000-v0", "r20250131-080000000-v3\n"])
+def test_rollback_to_what_is_no_release_id_exits_1_before_any_host(
+        to: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fab("rollback", "--model=half_plus_two", f"--to={to}") == 1
+    assert f"[field --to] --to {to!r}: is not a release id" in capsys.readouterr().err
+    assert CONNECTIONS == []
+
+
+def test_rollback_to_a_release_id_goes_on_to_the_hosts() -> None:
+    assert fab("rollback", "--model=half_plus_two", "--to=r20250131-080000000-v3") == 3
+    assert CONNECTIONS  # unreachable here: exit 3, a person must look

@@ -58,6 +58,15 @@ def since_time(text: str) -> float:
     return moment
 
 
+def release_id(text: str) -> str:
+    """`fab rollback --to`: a release id as the toolkit makes them (it names paths on hosts)."""
+    from tfsdeploy.records import RELEASE_ID
+
+    if not RELEASE_ID.fullmatch(text):  # not match(): its $ lets a trailing newline through
+        raise ValueError("is not a release id (r<date>-<time>-v<version>)")
+    return text
+
+
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
@@ -71,6 +80,8 @@ OPTION_TYPES: dict[str, Any] = {
     "lines": Count, "step_s": Positive, "instances_per_host": Count,
     "since": Annotated[float, parsed(since_time, "write 10m, 2h, 1h30m or an RFC 3339 time "
                                                  "like 2025-01-31T08:00:00Z")],
+    "to": Annotated[str, parsed(release_id, "give a release id that `fab history` lists, "
+                                            "e.g. r20250131-080000000-v3")],
 }
 
 
