@@ -107,3 +107,11 @@ def test_rollback_to_what_is_no_release_id_exits_1_before_any_host(
 def test_rollback_to_a_release_id_goes_on_to_the_hosts() -> None:
     assert fab("rollback", "--model=half_plus_two", "--to=r20250131-080000000-v3") == 3
     assert CONNECTIONS  # unreachable here: exit 3, a person must look
+
+
+@pytest.mark.parametrize("duration", ["junk", "1e400s", "9" * 400, "10 days"])
+def test_bench_duration_that_is_no_duration_exits_1_naming_it(
+        duration: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fab("bench", "--model=half_plus_two", f"--duration={duration}") == 1
+    err = capsys.readouterr().err
+    assert f"[field --duration] --duration {duration!r}" in err and "unexpected" not in err

@@ -67,6 +67,23 @@ def release_id(text: str) -> str:
     return text
 
 
+def duration_text(text: str) -> str:
+    """`fab bench --duration`, `fab accept --duration`: 10s, 500ms, 2m, 1.5h (the load
+    generator's form), checked here and kept as text for the command to read."""
+    import argparse
+    import math
+
+    from tfsdeploy.loadtest.cli import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except argparse.ArgumentTypeError:
+        raise ValueError("is not a duration") from None
+    if not math.isfinite(seconds):
+        raise ValueError("is too long to be a duration")
+    return text
+
+
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
@@ -82,6 +99,7 @@ OPTION_TYPES: dict[str, Any] = {
                                                  "like 2025-01-31T08:00:00Z")],
     "to": Annotated[str, parsed(release_id, "give a release id that `fab history` lists, "
                                             "e.g. r20250131-080000000-v3")],
+    "duration": Annotated[str, parsed(duration_text, "write it like 30s, 500ms, 2m or 1.5h")],
 }
 
 
