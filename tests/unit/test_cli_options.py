@@ -6,6 +6,7 @@ them."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from invoke.exceptions import Exit
@@ -14,6 +15,7 @@ from invoke.parser import Parser
 import tasks
 from tfsdeploy.cli.main import options
 from tfsdeploy.errors import HostUnreachable
+from tfsdeploy.loadtest import cli as loadtest_cli
 from tfsdeploy.remote import SshConnection
 
 CONNECTIONS: list[str] = []
@@ -21,14 +23,19 @@ CONNECTIONS: list[str] = []
 
 @pytest.fixture(autouse=True)
 def no_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every SSH connection is refused and recorded (even when a check under test lets a
-    command through)."""
+    """Every SSH connection and load run is refused and recorded (even when a check under
+    test lets a command through)."""
     def transport(self: SshConnection) -> None:
         CONNECTIONS.append(self.host.name)
         raise HostUnreachable(f"{self.host.name}: no host in the unit tier")
 
+    def load(*args: object, **kwargs: object) -> None:
+        CONNECTIONS.append("load")
+        raise loadtest_cli.ConnectError("no host in the unit tier")
+
     CONNECTIONS.clear()
     monkeypatch.setattr(SshConnection, "_transport", transport)
+    monkeypatch.setattr(loadtest_cli, "execute", load)
 
 
 def fab(*words: str) -> int:
@@ -115,3 +122,30 @@ def test_bench_duration_that_is_no_duration_exits_1_naming_it(
     assert fab("bench", "--model=half_plus_two", f"--duration={duration}") == 1
     err = capsys.readouterr().err
     assert f"[field --duration] --duration {duration!r}" in err and "unexpected" not in err
+
+
+def output_cases(tmp: Path) -> list[tuple[str, ...]]:
+    (tmp / "file.txt").write_text("a file\n")
+    deploy = ("deploy", "--model=half_plus_two")
+    return [
+        (*deploy, f"--json-file={tmp}"),
+        (*deploy, f"--json-file={tmp}/file.txt/result.json"),
+        (*deploy, f"--metrics-file={tmp}/a\x00b"),
+        (*deploy, f"--log-file={tmp}"),
+        (*deploy, f"--json-file={tmp}/{'x' * 300}"),
+        ("render", "--model=half_plus_two", f"--out={tmp}/file.txt"),
+        ("bench", "--model=half_plus_two", f"--report={tmp}/file.txt/r.json"),
+        ("plan-capacity", "--target-qps=100", f"--sweep-report={tmp}/a\x00b"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_a_path_a_command_cannot_use_exits_1_naming_it_before_any_host(
+        tmp_path: Path, case: int, capsys: pytest.CaptureFixture[str]) -> None:
+    words = output_cases(tmp_path)[case]
+    assert fab(*words) == 1  # before: IsADirectoryError, ValueError... out of the task
+    err = capsys.readouterr().err
+    flag = words[-1].split("=")[0]
+    assert f"[field {flag}] {flag} " in err and "unexpected" not in err, err
+    assert CONNECTIONS == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]

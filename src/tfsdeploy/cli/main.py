@@ -84,6 +84,44 @@ def duration_text(text: str) -> str:
     return text
 
 
+def output_path(*, directory: bool) -> Callable[[str], str]:
+    """A path a command writes (a file, or with ``directory`` a directory), checked before
+    the command runs: not a NUL byte, not a directory where a file goes (nor the reverse),
+    under a directory (missing ones are made) and a name the file system takes."""
+    def check(text: str) -> str:
+        if "\x00" in text:
+            raise ValueError("holds a NUL byte")
+        path = Path(text)
+        try:
+            if path.exists() and path.is_dir() != directory:
+                raise ValueError("is a file, not a directory" if directory else
+                                 "is a directory, not a file")
+            above = next((p for p in path.parents if p.exists()), None)
+            if above is not None and not above.is_dir():
+                raise ValueError(f"is under {str(above)!r}, a file")
+        except OSError as error:  # a name too long for the file system
+            raise ValueError(f"cannot be used: {error.strerror}") from None
+        return text
+    return check
+
+
+def input_file(text: str) -> str:
+    """A file a command reads (--sweep-report)."""
+    if "\x00" in text:
+        raise ValueError("holds a NUL byte")
+    try:
+        found = Path(text).is_file()
+    except OSError as error:
+        raise ValueError(f"cannot be used: {error.strerror}") from None
+    if not found:
+        raise ValueError("is not a file")
+    return text
+
+
+OutputFile = Annotated[str, parsed(output_path(directory=False),
+                                   "name a file in a directory this user can write")]
+OutputDir = Annotated[str, parsed(output_path(directory=True),
+                                  "name a directory (made when missing) this user can write")]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
@@ -100,6 +138,10 @@ OPTION_TYPES: dict[str, Any] = {
     "to": Annotated[str, parsed(release_id, "give a release id that `fab history` lists, "
                                             "e.g. r20250131-080000000-v3")],
     "duration": Annotated[str, parsed(duration_text, "write it like 30s, 500ms, 2m or 1.5h")],
+    "json_file": OutputFile, "metrics_file": OutputFile, "log_file": OutputFile,
+    "report": OutputFile, "sweep_plot": OutputFile, "out": OutputDir,
+    "sweep_report": Annotated[str, parsed(input_file, "name the JSON report of `fab bench "
+                                                      "--sweep`")],
 }
 
 
@@ -167,13 +209,16 @@ def unattended_outputs(command: str, model: str, json_file: str | None,
     def record(code: int, message: str) -> None:
         from tfsdeploy.cli.unattended import update_textfile, write_json_file
 
-        if json_file:
-            write_json_file(json_file, {"command": command, "model": model, "exit_code": code,
-                                        "result": ExitCode(code).name.lower(),
-                                        "message": message, "hosts": {}})
-        if metrics_file:
-            update_textfile(metrics_file, model=model, command=command, exit_code=code,
-                            seconds=time.monotonic() - started, release="", version=None)
+        try:
+            if json_file:
+                write_json_file(json_file, {
+                    "command": command, "model": model, "exit_code": code,
+                    "result": ExitCode(code).name.lower(), "message": message, "hosts": {}})
+            if metrics_file:
+                update_textfile(metrics_file, model=model, command=command, exit_code=code,
+                                seconds=time.monotonic() - started, release="", version=None)
+        except (OSError, ValueError) as error:  # the paths were refused, or the disk is full
+            print(f"tfsdeploy: the result could not be written: {error}", file=sys.stderr)
 
     return record
 
@@ -565,9 +610,18 @@ def main(command: str, raw: dict[str, Any]) -> int:
     if command in UNATTENDED:
         model = str(args.get("model", ""))
         label = model if _is_safe(model) else "invalid"
-        record = unattended_outputs(command, label, args.get("json_file"),
-                                    args.get("metrics_file"))
+        record = unattended_outputs(command, label, _writable(args.get("json_file")),
+                                    _writable(args.get("metrics_file")))
     return run_command(lambda: COMMANDS[command](options(args)), record=record)
+
+
+def _writable(path: Any) -> str | None:
+    """``path`` when it passes the output file check (a refused one is reported by
+    options() and never written)."""
+    try:
+        return output_path(directory=False)(path) if isinstance(path, str) and path else None
+    except ValueError:
+        return None
 
 
 def _is_safe(name: str) -> bool:
