@@ -149,3 +149,11 @@ def test_a_path_a_command_cannot_use_exits_1_naming_it_before_any_host(
     assert f"[field {flag}] {flag} " in err and "unexpected" not in err, err
     assert CONNECTIONS == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
+
+
+@pytest.mark.parametrize("option", ["--load-factor", "--availability-factor"])
+def test_a_capacity_factor_of_zero_exits_1_naming_it(
+        option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fab("plan-capacity", "--target-qps=100", "--per-instance-qps=10", f"{option}=0") == 1
+    assert f"[field {option}] {option} '0': Input should be greater than 0" in \
+        capsys.readouterr().err

@@ -124,7 +124,7 @@ OutputDir = Annotated[str, parsed(output_path(directory=True),
                                   "name a directory (made when missing) this user can write")]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # 0 divides by zero
 Count = Annotated[int, Field(ge=1, le=1_000_000)]
 OPTION_TYPES: dict[str, Any] = {
     "lock_wait": NonNegative, "for_s": NonNegative, "interval_s": Positive,
