@@ -157,3 +157,11 @@ def test_a_capacity_factor_of_zero_exits_1_naming_it(
     assert fab("plan-capacity", "--target-qps=100", "--per-instance-qps=10", f"{option}=0") == 1
     assert f"[field {option}] {option} '0': Input should be greater than 0" in \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("weights", ["a,b", "50,25", "5,,25", "100"])
+def test_deploy_check_refuses_canary_weights_the_deploy_would(
+        weights: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert fab("deploy", "--model=half_plus_two", "--check", f"--canary-weights={weights}") == 1
+    assert "[field --canary-weights]" in capsys.readouterr().err
+    assert CONNECTIONS == []

@@ -145,6 +145,17 @@ OPTION_TYPES: dict[str, Any] = {
 }
 
 
+def _canary_weights(text: str) -> None:
+    from tfsdeploy.canary_policy import parse_weights
+
+    parse_weights(text)
+
+
+# options checked by the module that reads them (a located ConfigError), whatever the
+# command does with them: `deploy --check` ignores the canary options yet must refuse them
+OPTION_CHECKS: dict[str, Callable[[str], None]] = {"canary_weights": _canary_weights}
+
+
 def options(raw: dict[str, Any]) -> dict[str, Any]:
     """The command's options, typed and range-checked; every bad one named at once."""
     checked, problems = dict(raw), []
@@ -155,6 +166,11 @@ def options(raw: dict[str, Any]) -> dict[str, Any]:
             # mean the default inventory, nor `--hosts ""` every host of the model
             problems.append(Problem(f"{flag} is empty", fix=f"give a value, or leave {flag} out",
                                     field=flag))
+        elif name in OPTION_CHECKS and value is not None:
+            try:
+                OPTION_CHECKS[name](str(value))
+            except ConfigError as error:
+                problems += error.problems
         elif name in OPTION_TYPES and value is not None:
             try:
                 checked[name] = TypeAdapter(OPTION_TYPES[name]).validate_python(value)
