@@ -165,3 +165,14 @@ def test_deploy_check_refuses_canary_weights_the_deploy_would(
     assert fab("deploy", "--model=half_plus_two", "--check", f"--canary-weights={weights}") == 1
     assert "[field --canary-weights]" in capsys.readouterr().err
     assert CONNECTIONS == []
+
+
+@pytest.mark.parametrize("url", ["junk", "https://[::1", "file:///etc/passwd"])
+@pytest.mark.parametrize("check", [True, False], ids=["check", "deploy"])
+def test_a_notify_url_that_is_none_exits_1_before_any_host(
+        url: str, check: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    words = ("deploy", "--model=half_plus_two", f"--notify={url}", *(["--check"] * check))
+    assert fab(*words) == 1
+    err = capsys.readouterr().err
+    assert "[field --notify]" in err and "unexpected" not in err, err
+    assert CONNECTIONS == []

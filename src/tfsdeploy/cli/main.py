@@ -151,9 +151,26 @@ def _canary_weights(text: str) -> None:
     parse_weights(text)
 
 
+def _notify_urls(urls: list[str]) -> None:
+    from tfsdeploy import notify
+
+    try:
+        notify.check_urls(urls)
+    except ValueError as error:  # urlsplit's own refusals, e.g. "Invalid IPv6 URL"
+        # the URL is not quoted: webhook URLs carry their secret token
+        raise ConfigError(Problem(f"a --notify URL cannot be parsed: {error}",
+                                  fix="give the receiver's full URL, e.g. "
+                                      "https://hooks.example.com/T/B/X",
+                                  field="--notify")) from None
+
+
 # options checked by the module that reads them (a located ConfigError), whatever the
-# command does with them: `deploy --check` ignores the canary options yet must refuse them
-OPTION_CHECKS: dict[str, Callable[[str], None]] = {"canary_weights": _canary_weights}
+# command does with them: `deploy --check` reads neither the canary options nor --notify,
+# yet must refuse what the deploy would
+OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
+    "canary_weights": lambda value: _canary_weights(str(value)),
+    "notify": lambda value: _notify_urls(list(value)),
+}
 
 
 def options(raw: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +185,7 @@ def options(raw: dict[str, Any]) -> dict[str, Any]:
                                     field=flag))
         elif name in OPTION_CHECKS and value is not None:
             try:
-                OPTION_CHECKS[name](str(value))
+                OPTION_CHECKS[name](value)
             except ConfigError as error:
                 problems += error.problems
         elif name in OPTION_TYPES and value is not None:
