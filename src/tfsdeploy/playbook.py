@@ -309,6 +309,12 @@ def _yaml(path: Path) -> Any:
         raise ConfigError(Problem("the YAML is nested too deeply to read",
                                   fix="flatten it: playbooks and task lists need a few levels",
                                   file=str(path))) from None
+    except yaml.reader.ReaderError as exc:  # it counts characters, not lines
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(Problem(f"YAML error: the control character {chr(exc.character)!r} "
+                                  f"at line {line} is not allowed in YAML",
+                                  fix="remove it, or write it as an escape in double quotes",
+                                  file=str(path))) from None
     except yaml.YAMLError as exc:
         raise ConfigError(Problem(f"YAML error: {exc}", fix="fix the YAML syntax",
                                   file=str(path))) from exc

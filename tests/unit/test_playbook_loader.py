@@ -166,3 +166,12 @@ def test_an_empty_key_is_located(tmp_path: Path) -> None:
     assert [p.field for p in refused(path)] == ["''"]
     fixed = project(tmp_path / "tasks-only", DEPLOY, {"stage.yml": "- {action: x, '': 1}\n"})
     assert [p.field for p in refused(fixed)] == ["[0].''"]
+
+
+def test_a_control_character_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = project(tmp_path, DEPLOY.replace("forks: 10", "forks: 1\x000"))
+    problems = refused(path)
+    line = DEPLOY.splitlines().index("forks: 10") + 1
+    assert [(p.file, p.message) for p in problems] == [
+        (str(path), f"YAML error: the control character '\\x00' at line {line} is not allowed "
+                    "in YAML")]
