@@ -176,3 +176,12 @@ def test_a_notify_url_that_is_none_exits_1_before_any_host(
     err = capsys.readouterr().err
     assert "[field --notify]" in err and "unexpected" not in err, err
     assert CONNECTIONS == []
+
+
+@pytest.mark.parametrize("weights", ["\u0665", "1_0", "5,\uff12\uff15"])
+def test_canary_weights_are_ascii_digits(weights: str, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    assert fab("deploy", "--model=half_plus_two", f"--canary-weights={weights}") == 1
+    assert f"--canary-weights {weights!r} is not a comma-separated list" in \
+        capsys.readouterr().err
+    assert CONNECTIONS == []

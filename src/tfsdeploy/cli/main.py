@@ -148,6 +148,11 @@ OPTION_TYPES: dict[str, Any] = {
 def _canary_weights(text: str) -> None:
     from tfsdeploy.canary_policy import parse_weights
 
+    # int() takes other scripts' digits ('\u0665' is 5) and '1_0'; the command line takes ASCII
+    if not re.fullmatch(r"[0-9, ]+", text):
+        raise ConfigError(Problem(f"--canary-weights {text!r} is not a comma-separated list "
+                                  "of integers", fix="write e.g. --canary-weights 5,25,50",
+                                  field="--canary-weights"))
     parse_weights(text)
 
 
