@@ -13,6 +13,7 @@ from invoke.exceptions import Exit
 from invoke.parser import Parser
 
 import tasks
+from tfsdeploy.accept import run as accept_run
 from tfsdeploy.cli.main import options
 from tfsdeploy.errors import HostUnreachable
 from tfsdeploy.loadtest import cli as loadtest_cli
@@ -23,8 +24,8 @@ CONNECTIONS: list[str] = []
 
 @pytest.fixture(autouse=True)
 def no_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every SSH connection and load run is refused and recorded (even when a check under
-    test lets a command through)."""
+    """Every SSH connection, load run and load generator is refused and recorded (even when
+    a check under test lets a command through)."""
     def transport(self: SshConnection) -> None:
         CONNECTIONS.append(self.host.name)
         raise HostUnreachable(f"{self.host.name}: no host in the unit tier")
@@ -33,9 +34,14 @@ def no_host(monkeypatch: pytest.MonkeyPatch) -> None:
         CONNECTIONS.append("load")
         raise loadtest_cli.ConnectError("no host in the unit tier")
 
+    def generators(*args: object, **kwargs: object) -> None:
+        CONNECTIONS.append("accept")
+        raise HostUnreachable("no load generator in the unit tier")
+
     CONNECTIONS.clear()
     monkeypatch.setattr(SshConnection, "_transport", transport)
     monkeypatch.setattr(loadtest_cli, "execute", load)
+    monkeypatch.setattr(accept_run, "prepare_all", generators)
 
 
 def fab(*words: str) -> int:
@@ -116,7 +122,8 @@ def test_rollback_to_a_release_id_goes_on_to_the_hosts() -> None:
     assert CONNECTIONS  # unreachable here: exit 3, a person must look
 
 
-@pytest.mark.parametrize("duration", ["junk", "1e400s", "9" * 400, "10 days"])
+@pytest.mark.parametrize("duration", ["junk", "1e400s", "9" * 400, "10 days", "\u0663s",
+                                      "\uff11\uff10s"])
 def test_bench_duration_that_is_no_duration_exits_1_naming_it(
         duration: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert fab("bench", "--model=half_plus_two", f"--duration={duration}") == 1
@@ -184,4 +191,11 @@ def test_canary_weights_are_ascii_digits(weights: str, capsys: pytest.CaptureFix
     assert fab("deploy", "--model=half_plus_two", f"--canary-weights={weights}") == 1
     assert f"--canary-weights {weights!r} is not a comma-separated list" in \
         capsys.readouterr().err
+    assert CONNECTIONS == []
+
+
+def test_accept_duration_in_other_scripts_digits_exits_1_before_any_generator(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert fab("accept", "--model=half_plus_two", "--duration=\u0663") == 1
+    assert "[field --duration]" in capsys.readouterr().err
     assert CONNECTIONS == []

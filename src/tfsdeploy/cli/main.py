@@ -75,6 +75,8 @@ def duration_text(text: str) -> str:
 
     from tfsdeploy.loadtest.cli import parse_duration
 
+    if not text.isascii():  # the parsers' \d and float() also read other scripts' digits
+        raise ValueError("is not a duration (ASCII digits and a unit)")
     try:
         seconds = parse_duration(text)
     except argparse.ArgumentTypeError:
