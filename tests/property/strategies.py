@@ -277,8 +277,9 @@ SERIAL_STEPS = st.one_of(
     st.sampled_from([1, 2, "25%", "100%", "ten", "150%", "100.5%", "0%", "0.5%", "-1", "1e3",
                      "%", "", " 25%", "25 %", "٣%", -1, 0, 10**30, 1.5, True, None, NAN]),
     st.integers(-3, 5), HOSTILE_TEXT)
-SERIALS = st.one_of(st.lists(SERIAL_STEPS, max_size=4), st.sampled_from(["25%", 1, {}]),
-                    HOSTILE_JSON)
+SERIALS = st.one_of(
+    st.lists(mostly(st.sampled_from([1, 2, "25%", "100%"]), SERIAL_STEPS, 3), max_size=4),
+    st.sampled_from(["25%", 1, {}]), HOSTILE_JSON)
 PERCENTS = st.one_of(st.sampled_from(["ten", "150%", "50%", -1, 150, 100.0001, NAN, INF, -0.0,
                                       0, 100, 25.5, "50"]), HOSTILE_NUMBERS)
 ON_FAILURE = st.one_of(st.sampled_from(["revert", "stay", "revrt", "Revert", "REVERT", "stay ",
@@ -301,11 +302,12 @@ COUNTS = st.one_of(st.sampled_from([-5, -1, 0, 1, 20, 512, 2**31, 2**63, 10**30,
 ARGV_WORDS = st.one_of(st.sampled_from(["true", "echo", "", "\x00", "a\x00b", "-rf", "$(id)",
                                         "a b", "é", "x" * 300, "--", ";", "|", "\n"]),
                        st.text(max_size=8))
-ARGVS = st.one_of(st.lists(ARGV_WORDS, max_size=4), st.sampled_from(["echo hi", [], None]),
-                  HOSTILE_JSON)
+ARGVS = st.one_of(st.lists(ARGV_WORDS, min_size=1, max_size=4),
+                  st.lists(ARGV_WORDS, max_size=3).map(lambda words: [*words, "a\x00b"]),
+                  st.sampled_from(["echo hi", [], None]), HOSTILE_JSON)
 STEP_PARAMETERS: dict[str, st.SearchStrategy[Any]] = {
     "argv": ARGVS,
-    "shell": st.one_of(st.sampled_from(["true", "", "exit 3", "a\x00b", "$(id)"]),
+    "shell": st.one_of(st.sampled_from(["true", "", "exit 3", "a\x00b", "echo \x00", "$(id)"]),
                        HOSTILE_SCALARS),
     "timeout_s": TIMEOUTS, "min_healthy_s": TIMEOUTS,
     "ignore_errors": st.one_of(st.booleans(), HOSTILE_SCALARS),
@@ -330,29 +332,84 @@ ACTIONS = st.one_of(st.sampled_from(_actions()),
                     HOSTILE_SCALARS)
 
 
+# the custom steps and those taking numbers, drawn more often than the others
+NUMBERED_ACTIONS = ["local", "local", "remote", "remote", "gate_rest", "gate_available",
+                    "gate_warmup", "check_disk", "drain_old", "gate_health"] * 2
+GOOD_STEP_PARAMETERS: dict[str, st.SearchStrategy[Any]] = {
+    "argv": st.sampled_from([["true"], ["echo", "a b"]]), "shell": st.just("true"),
+    "timeout_s": st.sampled_from([0.5, 1, 30, 60.0]),
+    "min_healthy_s": st.sampled_from([0, 1, 5.0]), "ignore_errors": st.booleans(),
+    "skip_if_warm": st.booleans(), "rounds": st.integers(1, 50),
+    "reserve_mib": st.integers(0, 1024), "strategy": st.sampled_from(["dual-slot", "recreate"]),
+    "to": st.sampled_from(["new", "old"]),
+}
+
+
+def _taken(action: Any) -> list[str]:
+    """The parameters a step takes (none for an unknown action)."""
+    from tfsdeploy.operations import parameters, registry
+
+    operation = registry().get(action) if isinstance(action, str) else None
+    return sorted(parameters(operation)) if operation is not None else []
+
+
 @st.composite
 def task_entries(draw: st.DrawFn) -> Any:
-    """One entry of a task list: mostly a known action with mostly valid parameters."""
-    action = draw(mostly(st.sampled_from(_actions()), ACTIONS, one_in=8))
-    params = draw(st.lists(st.sampled_from(sorted(STEP_PARAMETERS)), max_size=3, unique=True))
+    """One entry of a task list: mostly a known action with parameters it takes, mostly
+    valid; sometimes one it does not take, an unknown key or something else entirely."""
+    action = draw(mostly(st.sampled_from([*_actions(), *NUMBERED_ACTIONS]), ACTIONS, 16))
+    params = [key for key in _taken(action) if draw(st.booleans())]
+    if draw(_roll(8)):  # one it may not take
+        params.append(draw(st.sampled_from(sorted(STEP_PARAMETERS))))
     if action == "local":
         params = ["argv", *params]
-    if action == "remote":
-        params = [draw(st.sampled_from(["argv", "shell"])), *params]
-    task: dict[Any, Any] = {"name": draw(mostly(st.text(max_size=20), HOSTILE_SCALARS, 8)),
+    if action == "remote":  # one of argv and shell (both is a refusal of its own)
+        params = [draw(st.sampled_from(["argv", "shell"])),
+                  *(p for p in params if p not in ("argv", "shell"))]
+    task: dict[Any, Any] = {"name": draw(mostly(st.text(max_size=20), HOSTILE_SCALARS, 16)),
                             "action": action}
-    good = {"argv": st.just(["true"]), "shell": st.just("true")}
-    with_ = {key: draw(mostly(good[key], STEP_PARAMETERS[key], 4) if key in good
-                       else STEP_PARAMETERS[key]) for key in params}
+    with_ = {key: draw(mostly(GOOD_STEP_PARAMETERS[key], STEP_PARAMETERS[key], 4)
+                       if key in GOOD_STEP_PARAMETERS else STEP_PARAMETERS[key])
+             for key in dict.fromkeys(params)}
     if with_ or draw(st.booleans()):
-        task["with"] = draw(mostly(st.just(with_), HOSTILE_JSON, 12))
-    if draw(_roll(12)):
+        task["with"] = draw(mostly(st.just(with_), HOSTILE_JSON, 20))
+    if draw(_roll(20)):
         task[draw(st.sampled_from(["when", "retries", "With", "args", "", "1"]))] = \
             draw(HOSTILE_SCALARS)
-    return draw(mostly(st.just(task), HOSTILE_JSON, 20))
+    return draw(mostly(st.just(task), HOSTILE_JSON, 30))
 
 
-TASK_LIST = mostly(st.lists(task_entries(), max_size=5), HOSTILE_JSON, 20)
+TASK_LIST = mostly(st.lists(task_entries(), min_size=1, max_size=4), HOSTILE_JSON, 20)
+
+
+def _good_step(draw: st.DrawFn, action: str) -> dict[str, Any]:
+    """``action`` with a valid value for every parameter it takes (remote: argv or shell)."""
+    taken = _taken(action)
+    if action == "remote":
+        taken = [k for k in taken if k not in ("argv", "shell")] + \
+            [draw(st.sampled_from(["argv", "shell"]))]
+    return {"name": action, "action": action,
+            "with": {key: draw(GOOD_STEP_PARAMETERS[key]) for key in taken}}
+
+
+@st.composite
+def mutated_task_lists(draw: st.DrawFn) -> list[dict[str, Any]]:
+    """A valid task list of steps that take parameters, one parameter of one step set to a
+    hostile value (or, now and then, removed, or one the step does not take added)."""
+    steps = [_good_step(draw, action) for action in
+             draw(st.lists(st.sampled_from(sorted(set(NUMBERED_ACTIONS))), min_size=1,
+                           max_size=3))]
+    target = draw(st.sampled_from(steps))["with"]
+    move = draw(st.sampled_from(["value", "value", "value", "value", "drop", "add"]))
+    if move == "value":
+        key = draw(st.sampled_from(sorted(target)))
+        target[key] = draw(STEP_PARAMETERS[key])
+    elif move == "drop":
+        target.pop(draw(st.sampled_from(sorted(target))))
+    else:
+        key = draw(st.sampled_from(sorted(STEP_PARAMETERS)))
+        target[key] = draw(STEP_PARAMETERS[key])
+    return steps
 PLAYBOOK_FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "name": st.one_of(st.text(max_size=10), HOSTILE_SCALARS), "serial": SERIALS,
     "max_fail_percentage": PERCENTS, "on_failure": ON_FAILURE, "forks": COUNTS,
@@ -365,24 +422,24 @@ PHASE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
 
 
 @st.composite
-def playbook_documents(draw: st.DrawFn) -> Any:
-    """A project playbook changed in zero to three places: a field set to a hostile value
+def playbook_documents(draw: st.DrawFn, changes: int = 1) -> Any:
+    """A project playbook changed in ``changes`` places: a field set to a hostile value
     (the playbook's or a phase's), a key removed or added, a phase pointed at a custom task
     list (``custom0.yml``, ``custom1.yml``), or the whole document replaced."""
     import copy
 
     doc = copy.deepcopy(draw(st.sampled_from([REAL_PLAYBOOKS[k] for k in sorted(REAL_PLAYBOOKS)])))
-    for _ in range(draw(st.integers(0, 3))):
-        kind = draw(st.sampled_from(["field", "phase", "phase", "custom", "custom", "unknown",
-                                     "drop", "shape"]))
+    for _ in range(changes):
+        kind = draw(st.sampled_from(["field", "field", "field", "phase", "phase", "custom",
+                                     "unknown", "drop", "shape"]))
         phases = doc.get("phases") if isinstance(doc, dict) else None
         phase = draw(st.sampled_from(phases)) if isinstance(phases, list) and phases else None
         if kind == "shape":
             doc = draw(st.one_of(HOSTILE_JSON, st.just([doc]), st.just(None)))
         elif not isinstance(doc, dict):
             continue
-        elif kind == "field":
-            key = draw(st.sampled_from(sorted(PLAYBOOK_FIELDS)))
+        elif kind == "field":  # the batch policy's fields the most
+            key = draw(st.sampled_from([*PLAYBOOK_FIELDS, "serial", "max_fail_percentage"]))
             doc[key] = draw(PLAYBOOK_FIELDS[key])
         elif kind == "phase" and isinstance(phase, dict):
             key = draw(st.sampled_from(sorted(PHASE_FIELDS)))
@@ -444,11 +501,11 @@ RAW_TEXTS = st.sampled_from([
 
 @st.composite
 def damaged(draw: st.DrawFn, text: str) -> tuple[bytes, bool]:
-    """``text`` as a file might really hold it: mostly intact; else not UTF-8, with a BOM,
-    cut short, indented with tabs, a duplicate key, a YAML bomb, deep nesting or junk.
-    Returns the bytes and whether a key was duplicated."""
-    kind = draw(mostly(st.just("intact"), st.sampled_from([
-        "latin1", "utf16", "bom", "cut", "tabs", "duplicate", "bomb", "raw", "raw", "junk"]), 3))
+    """``text`` as a damaged file holds it: not UTF-8, with a BOM, cut short, indented with
+    tabs, a duplicate key, a YAML bomb, deep nesting or junk. Returns the bytes and whether
+    a key was duplicated."""
+    kind = draw(st.sampled_from(["latin1", "utf16", "bom", "cut", "tabs", "duplicate",
+                                 "duplicate", "bomb", "raw", "raw", "junk"]))
     data = text.encode()
     if kind == "latin1":
         return ("é" + text).encode("latin-1", errors="replace"), False
@@ -467,9 +524,7 @@ def damaged(draw: st.DrawFn, text: str) -> tuple[bytes, bool]:
                     ).encode(), False
     if kind == "raw":
         return draw(RAW_TEXTS), False
-    if kind == "junk":
-        return draw(st.binary(max_size=40)), False
-    return data, False
+    return draw(st.binary(max_size=40)), False  # junk
 
 
 def _duplicate_key(draw: st.DrawFn, text: str) -> tuple[bytes, bool]:
@@ -485,16 +540,28 @@ def _duplicate_key(draw: st.DrawFn, text: str) -> tuple[bytes, bool]:
         key = draw(st.sampled_from(keys))
         value = draw(st.sampled_from(["null", "1", "x", "[]"]))
         return (text + f"\n{key}: {value}\n").encode(), True
-    return (text + "\n- action: check_ssh\n  action: local\n").encode(), True
+    # the last action is the one PyYAML would keep: a valid task, were it taken
+    return (text + "\n- action: local\n  action: check_ssh\n").encode(), True
 
 
 @st.composite
 def playbook_cases(draw: st.DrawFn) -> PlaybookCase:
-    """A generated playbook beside the project's task lists and two generated ones, one file
-    of them possibly damaged (see ``damaged``): the playbook, or a task list it names."""
-    playbook = _dump(draw(playbook_documents()))
+    """A generated playbook beside the project's task lists and two generated ones, with one
+    kind of trouble, so that each kind reaches the checks behind the others: the playbook
+    changed (see ``playbook_documents``), a phase running a generated task list, one file
+    the loader reads damaged (see ``damaged``), or nothing at all."""
+    trouble = draw(st.sampled_from(["change", "change", "steps", "steps", "damage", "none"]))
+    doc = draw(playbook_documents(changes=int(trouble == "change")))
+    phases = doc.get("phases") if isinstance(doc, dict) else None
+    if trouble == "steps" and isinstance(phases, list) and phases:
+        phase = draw(st.sampled_from(phases))
+        if isinstance(phase, dict):
+            phase["tasks"] = draw(st.sampled_from(["custom0.yml", "custom1.yml"]))
+    playbook = _dump(doc)
     files = dict(REAL_TASK_LISTS) | {f"custom{i}.yml": _dump(draw(TASK_LIST)).encode()
                                      for i in range(2)}
+    if trouble != "damage":
+        return PlaybookCase(playbook=playbook.encode(), task_lists=files)
     named = sorted(set(re.findall(r"^\s*(?:tasks|rescue): (\S+)$", playbook, re.MULTILINE))
                    & set(files))
     victim = draw(st.sampled_from(["custom.yml", *named]))
@@ -577,6 +644,29 @@ OPTION_ARGS: dict[str, st.SearchStrategy[Any]] = {
     "inventory": INVENTORY_ARGS, "playbook": PLAYBOOK_ARGS, "hooks": HOOKS_ARGS,
     "notify": NOTIFY_ARGS,
 }
+_OUT = st.sampled_from([f"{TMP}/out.json", f"{TMP}/new/dir/out.json"])
+# values each option takes, so that a hostile one reaches the checks behind the others
+GOOD_OPTION_ARGS: dict[str, st.SearchStrategy[Any]] = {
+    "model": st.sampled_from(TESTBED_MODELS),
+    "hosts": st.sampled_from(["all", "tb1", "tb*", "canary", "main", "tb1,tb2"]),
+    "limit": st.sampled_from(["all", "tb1", "tb*", "tb1,tb2,tb3"]),
+    "loadgens": st.sampled_from(["loadgens", "tb1"]),
+    "version": st.sampled_from(["1", "2", "3"]), "release": st.sampled_from(["2", "3"]),
+    "data_version": st.sampled_from(["1", "2"]),
+    "to": RELEASE_ARGS.filter(lambda v: re.fullmatch(r"r\d{8}-\d{9}-v[1-9]\d*", v) is not None),
+    "canary_weights": st.sampled_from(["5,25,50", "5", "10,50"]),
+    "since": st.sampled_from(["10m", "2h", "1h30m", "2025-01-31T08:00:00Z"]),
+    "duration": st.sampled_from(["10s", "500ms", "2m"]), "interval": st.just("1s"),
+    "release_at": st.sampled_from(["25%", "20s"]), "start_margin": st.just("15s"),
+    "timeout": st.just("10s"), "json_file": _OUT, "log_file": _OUT, "metrics_file": _OUT,
+    "report": _OUT, "sweep_plot": st.just(f"{TMP}/plot.png"), "out": st.just(f"{TMP}/render"),
+    "sweep_report": st.just(f"{TMP}/sweep.json"),
+    "inventory": st.just("{project}/inventory/testbed.py"),
+    "playbook": st.sampled_from(["{project}/playbooks/deploy.yml",
+                                 "{project}/playbooks/rollback.yml"]),
+    "hooks": st.just(f"{TMP}/hooks"), "notify": st.just(["http://127.0.0.1:1/x"]),
+}
+GOOD_NUMBER_ARGS = st.sampled_from(["1", "0.5", "2", "30"])
 # every other option that takes a value is a number
 FLAGS = ("check", "diff", "pause", "json", "follow", "force", "sweep", "break_",
          "count_client_errors")
@@ -594,19 +684,25 @@ class CliCase:
 
 @st.composite
 def cli_cases(draw: st.DrawFn, commands: dict[str, tuple[str, ...]]) -> CliCase:
-    """A command with its required options valid (mostly) and one to three options given a
-    generated value. ``commands`` maps each task to the options it takes (from tasks.py)."""
-    command = draw(st.sampled_from(sorted(commands)))
+    """One option (drawn evenly among all the tasks' options, then a task taking it) given
+    a generated value, hostile three times in four; the task's required options and up to
+    two more given valid values (mostly). ``commands`` maps each task to the options it
+    takes (from tasks.py)."""
+    names = sorted({name for takes in commands.values() for name in takes
+                    if name not in FLAGS and name != "model"} | {"model"})
+    name = draw(st.sampled_from(names))
+    command = draw(st.sampled_from(sorted(c for c, takes in commands.items() if name in takes)))
     takes = commands[command]
     options: dict[str, Any] = {}
     if "model" in takes:
-        options["model"] = draw(mostly(st.sampled_from(TESTBED_MODELS), MODEL_ARGS, 8))
+        options["model"] = draw(GOOD_OPTION_ARGS["model"])
     if command == "plan-capacity":
         options |= {"target_qps": "100", "per_instance_qps": "10"}
-    for name in draw(st.lists(st.sampled_from(takes), min_size=1, max_size=3, unique=True)):
-        if name in FLAGS:
-            options[name] = None
-        else:
-            options[name] = draw(OPTION_ARGS.get(name, NUMBER_ARGS))
+    for other in draw(st.lists(st.sampled_from(takes), max_size=2, unique=True)):
+        options[other] = None if other in FLAGS else draw(mostly(
+            GOOD_OPTION_ARGS.get(other, GOOD_NUMBER_ARGS), OPTION_ARGS.get(other, NUMBER_ARGS),
+            8))
+    options[name] = draw(mostly(OPTION_ARGS.get(name, NUMBER_ARGS),
+                                GOOD_OPTION_ARGS.get(name, GOOD_NUMBER_ARGS), 4))
     after = tuple(draw(mostly(st.just(["true"]), EXEC_ARGS, 4))) if command == "exec" else ()
     return CliCase(command, options, after)

@@ -128,7 +128,8 @@ def test_bench_duration_that_is_no_duration_exits_1_naming_it(
         duration: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert fab("bench", "--model=half_plus_two", f"--duration={duration}") == 1
     err = capsys.readouterr().err
-    assert f"[field --duration] --duration {duration!r}" in err and "unexpected" not in err
+    assert f"[field --duration] --duration {duration!r}" in err
+    assert "a defect of tfsdeploy" not in err
 
 
 def output_cases(tmp: Path) -> list[tuple[str, ...]]:
@@ -153,7 +154,7 @@ def test_a_path_a_command_cannot_use_exits_1_naming_it_before_any_host(
     assert fab(*words) == 1  # before: IsADirectoryError, ValueError... out of the task
     err = capsys.readouterr().err
     flag = words[-1].split("=")[0]
-    assert f"[field {flag}] {flag} " in err and "unexpected" not in err, err
+    assert f"[field {flag}] {flag} " in err and "a defect of tfsdeploy" not in err, err
     assert CONNECTIONS == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt"]
 
@@ -181,7 +182,7 @@ def test_a_notify_url_that_is_none_exits_1_before_any_host(
     words = ("deploy", "--model=half_plus_two", f"--notify={url}", *(["--check"] * check))
     assert fab(*words) == 1
     err = capsys.readouterr().err
-    assert "[field --notify]" in err and "unexpected" not in err, err
+    assert "[field --notify]" in err and "a defect of tfsdeploy" not in err, err
     assert CONNECTIONS == []
 
 
