@@ -2,11 +2,14 @@
 ``tfsdeploy.cli.main`` and exits with its code (README "Exit codes").
 
 Run from the repository root: `fab --list`, `fab render --model resnet50`.
+
+Numeric options are declared as text: invoke converts an option whose default is a number
+itself, and `--lines abc` then ends in its ValueError's traceback; as text, every value
+reaches ``tfsdeploy.cli.main.options``, which types it and names the option it is wrong for.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
 from pathlib import Path
 
@@ -23,7 +26,6 @@ from fabric import Task  # noqa: E402
 from fabric import task as fabric_task  # noqa: E402
 from invoke.collection import Collection  # noqa: E402
 from invoke.exceptions import Exit  # noqa: E402
-from invoke.parser.argument import Argument  # noqa: E402
 
 
 def _main(command: str, arguments: dict[str, Any]) -> None:
@@ -34,47 +36,12 @@ def _main(command: str, arguments: dict[str, Any]) -> None:
         raise Exit(code=code)
 
 
-class _NumberOption(Argument):
-    """A number option, kept as the text given: ``tfsdeploy.cli.main.options`` types and
-    range-checks it, naming the option and the fix (invoke's own int() or float() of a bad
-    value ends in a traceback)."""
-
-    def set_value(self, value: Any, cast: bool = True) -> None:
-        """Store the text as given (see the class)."""
-        super().set_value(value, cast=False)
-
-
-class _Command(Task):  # type: ignore[misc]  # fabric's Task is untyped
-    """A task whose number options show their value in `fab --help <task>`: invoke takes an
-    option's kind from its default (an ``int | None = None`` option became text) and names a
-    value for str and int options only (a float option showed as a bare flag). Here an
-    option annotated int is ``--name=INT``, one annotated float ``--name=STRING``; both are
-    typed by ``tfsdeploy.cli.main.options``."""
-
-    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Argument]:
-        """The task's options, numbers as _NumberOption."""
-        annotations = {name: str(p.annotation).split(" ")[0]
-                       for name, p in inspect.signature(self.body).parameters.items()}
-        return [_number(a, annotations.get(a.attr_name or a.name, ""))
-                for a in super().get_arguments(ignore_unknown_help=ignore_unknown_help)]
-
-
-def _number(argument: Argument, annotation: str) -> Argument:
-    """``argument`` as a _NumberOption when the task annotates it int or float."""
-    if annotation not in ("int", "float") or argument.kind not in (int, float, str):
-        return argument
-    return _NumberOption(names=argument.names, kind=int if annotation == "int" else str,
-                         default=argument.default, help=argument.help,
-                         positional=argument.positional, optional=argument.optional,
-                         attr_name=argument.attr_name)
-
-
-def command(**options: Any) -> Callable[[Callable[..., None]], _Command]:
+def command(**options: Any) -> Callable[[Callable[..., None]], Task]:
     """@task with long options only: invoke's automatic short flags ran out of letters and
     gave some options the flag ``--`` (shown as ``--=STRING``); every option is
     ``--name[=VALUE]``."""
-    decorate: Callable[[Callable[..., None]], _Command] = fabric_task(
-        klass=_Command, auto_shortflags=False, **options)
+    decorate: Callable[[Callable[..., None]], Task] = fabric_task(
+        auto_shortflags=False, **options)
     return decorate
 
 
@@ -133,8 +100,8 @@ def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
 })
 def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
            limit: str | None = None, version: str | None = None, playbook: str | None = None,
-           lock_wait: float = 0.0, check: bool = False, diff: bool = False,
-           canary_weights: str | None = None, step_s: float | None = None,
+           lock_wait: str = "0", check: bool = False, diff: bool = False,
+           canary_weights: str | None = None, step_s: str | None = None,
            pause: bool = False, hooks: str | None = None, notify: list[str] | None = None,
            json: bool = False, log_file: str | None = None, json_file: str | None = None,
            metrics_file: str | None = None) -> None:
@@ -152,7 +119,7 @@ def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None =
 })
 def rollback(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
              limit: str | None = None, to: str | None = None, playbook: str | None = None,
-             lock_wait: float = 0.0, hooks: str | None = None, notify: list[str] | None = None,
+             lock_wait: str = "0", hooks: str | None = None, notify: list[str] | None = None,
              json: bool = False, log_file: str | None = None,
              json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Return hosts to a retained release: a gated switch back within the window."""
@@ -166,7 +133,7 @@ CANARY = {**SELECT,
 
 @command(iterable=["notify"], help=CANARY)
 def promote(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-            limit: str | None = None, lock_wait: float = 0.0, hooks: str | None = None,
+            limit: str | None = None, lock_wait: str = "0", hooks: str | None = None,
             notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
             json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Finish a paused canary: its hosts switch fully, the other hosts roll in their batches."""
@@ -175,7 +142,7 @@ def promote(c: Any, model: str, inventory: str | None = None, hosts: str | None 
 
 @command(iterable=["notify"], help=CANARY)
 def abort(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-          limit: str | None = None, lock_wait: float = 0.0, hooks: str | None = None,
+          limit: str | None = None, lock_wait: str = "0", hooks: str | None = None,
           notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
           json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Return a paused canary's hosts to their old release at 100% and free the lock."""
@@ -212,9 +179,9 @@ def history(c: Any, model: str, inventory: str | None = None, hosts: str | None 
     "metrics_file": UNATTENDED["metrics_file"],
 })
 def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-          limit: str | None = None, max_error_rate: float = 0.01,
-          slo_p99_ms: float | None = None, for_s: float = 30.0, interval_s: float = 5.0,
-          duration_s: float | None = None, min_requests: int = 20,
+          limit: str | None = None, max_error_rate: str = "0.01",
+          slo_p99_ms: str | None = None, for_s: str = "30", interval_s: str = "5",
+          duration_s: str | None = None, min_requests: str = "20",
           count_client_errors: bool = False, hooks: str | None = None,
           notify: list[str] | None = None, log_file: str | None = None,
           metrics_file: str | None = None) -> None:
@@ -241,9 +208,9 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
 })
 def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
           limit: str | None = None, version: str | None = None, duration: str = "10s",
-          concurrency: int = 16, rps: float | None = None, procs: int | None = None,
-          slo_p99: float | None = None, max_error_rate: float = 0.01,
-          min_qps: float | None = None, sweep: bool = False, report: str | None = None,
+          concurrency: str = "16", rps: str | None = None, procs: str | None = None,
+          slo_p99: str | None = None, max_error_rate: str = "0.01",
+          min_qps: str | None = None, sweep: bool = False, report: str | None = None,
           sweep_plot: str | None = None) -> None:
     """Load-test the model on the inventory's hosts (their stable gRPC ports), with SLO gates."""
     _main("bench", locals())
@@ -258,9 +225,9 @@ def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     "instances_per_host": "server instances per host (one per GPU: its GPU count; default 1)",
     "json": "print JSON",
 })
-def plan_capacity(c: Any, target_qps: float, sweep_report: str | None = None,
-                  per_instance_qps: float | None = None, load_factor: float = 0.65,
-                  availability_factor: float = 0.9, instances_per_host: int = 1,
+def plan_capacity(c: Any, target_qps: str, sweep_report: str | None = None,
+                  per_instance_qps: str | None = None, load_factor: str = "0.65",
+                  availability_factor: str = "0.9", instances_per_host: str = "1",
                   json: bool = False) -> None:
     """Instances needed: target QPS / (per-instance QPS x load factor x availability)."""
     _main("plan_capacity", locals())
@@ -279,7 +246,7 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
             "since": "only lines since this time: a span back from now (30s, 10m, 2h, "
                      "1h30m, 1d) or an RFC 3339 time (2026-11-30T23:28:00Z)"})
 def logs(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
-         limit: str | None = None, lines: int = 50, follow: bool = False,
+         limit: str | None = None, lines: str = "50", follow: bool = False,
          since: str | None = None) -> None:
     """The serving containers' logs from every selected host (both slots of a canary), each
     line prefixed host[/instance][/slot], merged in time order."""
@@ -306,7 +273,7 @@ def _after_dashes() -> list[str]:
             **UNATTENDED})
 def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
           limit: str | None = None, check: bool = False, playbook: str | None = None,
-          lock_wait: float = 0.0, json: bool = False, log_file: str | None = None,
+          lock_wait: str = "0", json: bool = False, log_file: str | None = None,
           json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Free the hosts' disk: old releases, versions and images no retained release needs."""
     _main("prune", locals())
@@ -330,12 +297,12 @@ def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     "procs": "processes per generator (default: one per 2000 QPS of its share, per core)",
     "out": "directory for accept.json, accept.png, deploy.log (default out/accept/<run>)",
 })
-def accept(c: Any, model: str, inventory: str | None = None, target_qps: float | None = None,
+def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | None = None,
            duration: str = "5m", release: str | None = None, release_at: str | None = None,
-           loadgens: str | None = None, interval: str = "1s", slo_p99_ms: float | None = None,
-           max_error_rate: float | None = None, data_version: str | None = None,
+           loadgens: str | None = None, interval: str = "1s", slo_p99_ms: str | None = None,
+           max_error_rate: str | None = None, data_version: str | None = None,
            start_margin: str | None = None, timeout: str | None = None,
-           concurrency: int | None = None, procs: int | None = None,
+           concurrency: str | None = None, procs: str | None = None,
            out: str | None = None) -> None:
     """The fleet acceptance run: the article's table against the model's stable ports."""
     _main("accept", locals())

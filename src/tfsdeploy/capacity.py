@@ -93,6 +93,10 @@ class CapacityPlan:
                 "instancesPerHost": self.instances_per_host, "hosts": self.hosts}
 
 
+# more instances than any fleet runs: a plan past it comes from factors given wrongly
+MAX_INSTANCES = 10**7
+
+
 def _check_fraction(name: str, value: float) -> None:
     if not 0 < value <= 1:
         raise CapacityError(f"{name} must be in (0, 1], got {value:g}")
@@ -116,7 +120,13 @@ def plan(target_qps: float, per_instance_qps: float, *,
         raise CapacityError("headroom and failure domains must not be negative")
     if instances_per_host < 1:
         raise CapacityError(f"instances per host must be at least 1, got {instances_per_host}")
-    exact = target_qps / (per_instance_qps * load_factor * availability_factor)
+    served = per_instance_qps * load_factor * availability_factor
+    exact = target_qps / served if served > 0 else math.inf
+    if not math.isfinite(exact) or exact > MAX_INSTANCES:
+        raise CapacityError(
+            f"{target_qps:g} QPS at {per_instance_qps:g} per instance x load factor "
+            f"{load_factor:g} x availability factor {availability_factor:g} needs more than "
+            f"{MAX_INSTANCES:,} instances: check the factors (typical: 0.5 to 1)")
     # round() first: 21.000000000000004 from float noise must not become 22
     minimum = max(math.ceil(round(exact, 9)), 1)
     recommended = max(math.ceil(round(minimum * (1 + headroom), 9)), minimum + failure_domains)

@@ -9,18 +9,25 @@ wrong types and values, unknown steps, parameters a step does not take.
 
 from __future__ import annotations
 
-import re
+import reprlib
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tfsdeploy.errors import ConfigError, Problem
+from tfsdeploy.schema import (
+    INT32_MAX,
+    ONE_DAY_S,
+    NonNegativeInt32,
+    Seconds,
+    serial_step_problem,
+)
 
 PHASE_MODES = ("parallel", "batches")
-_PERCENT = re.compile(r"^(100|[1-9]\d?)(\.\d+)?%$")
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,7 @@ class PhaseSpec(_Strict):
     name: str = Field(min_length=1)
     mode: Literal["parallel", "batches"]
     tasks: str = Field(min_length=1)
-    rescue: str | None = None
+    rescue: str | None = Field(default=None, min_length=1)
 
 
 class PlaybookSpec(_Strict):
@@ -92,11 +99,10 @@ class PlaybookSpec(_Strict):
             return None
         if not value:
             raise ValueError("serial is empty: give batch sizes, e.g. [1, \"25%\", \"100%\"]")
-        for step in value:
-            if isinstance(step, bool) or (isinstance(step, int) and step < 1) or (
-                    isinstance(step, str) and not _PERCENT.match(step)):
-                raise ValueError(f"batch size {step!r} is neither a count >= 1 nor a "
-                                 "percentage like \"25%\"")
+        for step in value:  # the rule of the catalog's Rollout.serial, which this overrides
+            reason = serial_step_problem(step)
+            if reason is not None:
+                raise ValueError(f"{reason}: write e.g. [1, \"25%\", \"100%\"]")
         return value
 
 
@@ -104,7 +110,9 @@ def validation_problems(error: ValidationError, *, file: str, where: str = "") -
     """A pydantic error as located problems (file and field path)."""
     problems = []
     for item in error.errors():
-        path = ".".join(str(p) for p in (where, *item["loc"]) if p != "")
+        # an empty key is a key too: quoted, or the problem would lose where it is
+        path = ".".join([*([where] if where else []),
+                         *(str(p) if p != "" else "''" for p in item["loc"])])
         problems.append(Problem(f"{path or 'the file'}: {item['msg']}",
                                 fix="see the playbook format in docs/architecture.md",
                                 file=file, field=path or None))
@@ -124,14 +132,37 @@ def load_playbook(path: str | Path) -> Playbook:
     except ValidationError as error:
         raise ConfigError(validation_problems(error, file=str(file))) from None
     tasks_dir = file.parent.parent / "tasks"
-    phases = tuple(
-        Phase(p.name, p.mode, load_tasks(tasks_dir / p.tasks),
-              load_tasks(tasks_dir / p.rescue) if p.rescue else ())
-        for p in spec.phases)
-    return Playbook(name=spec.name or file.stem, phases=phases,
+    phases, problems = [], []
+    for index, p in enumerate(spec.phases):
+        try:
+            tasks = _task_list(tasks_dir, p.tasks, file, f"phases.{index}.tasks")
+            rescue = _task_list(tasks_dir, p.rescue, file, f"phases.{index}.rescue") \
+                if p.rescue else ()
+        except ConfigError as error:
+            problems += error.problems
+            continue
+        phases.append(Phase(p.name, p.mode, tasks, rescue))
+    if problems:
+        raise ConfigError(problems)
+    return Playbook(name=spec.name or file.stem, phases=tuple(phases),
                     serial=tuple(spec.serial) if spec.serial else None,
                     max_fail_percentage=spec.max_fail_percentage, on_failure=spec.on_failure,
                     forks=spec.forks)
+
+
+def _task_list(tasks_dir: Path, name: str, playbook: Path, field: str) -> tuple[Task, ...]:
+    """The task list a phase names; one that is not there is the playbook's problem, located
+    at the field that names it."""
+    path = tasks_dir / name
+    try:
+        found = path.is_file()
+    except OSError:  # a name the file system refuses (too long): not there either
+        found = False
+    if not found:
+        raise ConfigError(Problem(f"task list {name!r} is not a file in {tasks_dir}",
+                                  fix="name a task list of tasks/, e.g. roll_host.yml",
+                                  file=str(playbook), field=field))
+    return load_tasks(path)
 
 
 def load_tasks(path: Path) -> tuple[Task, ...]:
@@ -179,7 +210,8 @@ def load_tasks(path: Path) -> tuple[Task, ...]:
 
 def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index: int
                         ) -> list[Problem]:
-    """Each parameter checked against the type the step declares for it."""
+    """Each parameter checked against the type the step declares for it, then a number
+    against the range a run can use."""
     import typing
 
     from pydantic import TypeAdapter
@@ -187,22 +219,102 @@ def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index
     hints = typing.get_type_hints(operation)
     problems = []
     for key, value in params.items():
-        try:
-            TypeAdapter(hints[key]).validate_python(value, strict=True)
-        except ValidationError as error:
-            problems.append(Problem(
-                f"parameter {key!r} of {operation.__name__!r} is {value!r}: "
-                f"{error.errors()[0]['msg']}", fix=f"give a {hints[key]}", file=file,
-                field=f"[{index}].with.{key}"))
+        for kind, fix in ((hints[key], f"give a {hints[key]}"), *_number_range(key, value)):
+            try:
+                TypeAdapter(kind).validate_python(value, strict=True)
+            except ValidationError as error:
+                problems.append(Problem(
+                    f"parameter {key!r} of {operation.__name__!r} is {_SHORT.repr(value)}: "
+                    f"{error.errors()[0]['msg']}", fix=fix, file=file,
+                    field=f"[{index}].with.{key}"))
+                break
+        else:
+            if any("\x00" in text for text in _strings(value)):
+                problems.append(Problem(
+                    f"parameter {key!r} of {operation.__name__!r} holds a NUL byte: no command "
+                    "argument can carry one", fix="remove the \\0 from the value", file=file,
+                    field=f"[{index}].with.{key}"))
     return problems
 
 
+def _strings(value: Any) -> list[str]:
+    """The strings in a parameter (an argument list, or one string)."""
+    if isinstance(value, str):
+        return [value]
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+# a value quoted in a message is cut short: a few hundred bytes of YAML aliases can make one
+# whose full repr takes minutes and gigabytes
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 80, 80
+
+
+def _number_range(key: str, value: Any) -> list[tuple[Any, str]]:
+    """The range of a number given to a step. The types steps declare (float, int) take nan,
+    inf and negatives: a nan deadline never comes (the gate polls forever), and a timeout
+    too large for the OS's timers fails mid-roll."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return []
+    if key.endswith("_s"):
+        return [(Seconds, f"give seconds from 0 to {ONE_DAY_S:g} (a day)")]
+    if isinstance(value, int):
+        return [(NonNegativeInt32, f"give a whole number from 0 to {INT32_MAX}")]
+    return [(Annotated[float, Field(ge=0, allow_inf_nan=False)], "give a number >= 0")]
+
+
+class _UniqueKeysLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key written twice in one mapping is an error: YAML
+    forbids it, and PyYAML would keep the last value without a word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False
+                          ) -> dict[Hashable, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges are overridden keys
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                repeated = key in seen
+            except TypeError:  # an unhashable key: PyYAML's own check refuses it
+                continue
+            if repeated:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark,
+                    f"found the key {key!r} twice", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _yaml(path: Path) -> Any:
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError:  # a name the file system refuses (too long): not there either
+        found = False
+    if not found:
         raise ConfigError(Problem(f"{path} does not exist", fix="check the file name",
                                   file=str(path)))
     try:
-        return yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(Problem(f"{path} cannot be read: {exc.strerror or exc}",
+                                  fix="check the file's permissions", file=str(path))) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(Problem(f"the file is not UTF-8 text (byte {exc.start} is "
+                                  f"{exc.object[exc.start:exc.start + 1]!r})",
+                                  fix="save it as UTF-8", file=str(path))) from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeysLoader)  # a SafeLoader
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(Problem("the YAML is nested too deeply to read",
+                                  fix="flatten it: playbooks and task lists need a few levels",
+                                  file=str(path))) from None
+    except yaml.reader.ReaderError as exc:  # it counts characters, not lines
+        line = text.count("\n", 0, exc.position) + 1
+        raise ConfigError(Problem(f"YAML error: the control character {chr(exc.character)!r} "
+                                  f"at line {line} is not allowed in YAML",
+                                  fix="remove it, or write it as an escape in double quotes",
+                                  file=str(path))) from None
     except yaml.YAMLError as exc:
         raise ConfigError(Problem(f"YAML error: {exc}", fix="fix the YAML syntax",
                                   file=str(path))) from exc

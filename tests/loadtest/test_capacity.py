@@ -38,6 +38,13 @@ def test_bad_inputs(target: float, per_instance: float, load_factor: float) -> N
         capacity.plan(target, per_instance, load_factor=load_factor)
 
 
+@pytest.mark.parametrize("availability_factor", [1e-308, 5e-324])
+def test_factors_so_small_the_plan_has_no_number_are_refused(availability_factor: float) -> None:
+    # 1e-308: the quotient overflows to inf; 5e-324: the product underflows to 0
+    with pytest.raises(capacity.CapacityError, match="check the factors"):
+        capacity.plan(100, 10, availability_factor=availability_factor)
+
+
 def test_from_sweep_report(tmp_path: Path) -> None:
     path = tmp_path / "sweep.json"
     path.write_text(json.dumps({"kind": "tfsdeploy.sweep", "instances": 2,

@@ -197,20 +197,17 @@ def test_refused_event_is_not_retried(receivers: list[Receiver]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["refuses", "never answers"])
-def test_dead_receiver_adds_under_a_second_to_the_run(kind: str, black_hole: str) -> None:
-    """The added wall time of a run's event calls plus close() with the default policy."""
+def test_dead_receiver_is_given_up_at_the_close_deadline(kind: str, black_hole: str) -> None:
+    """close() returns at its deadline with every event counted as not delivered; the added
+    wall time with the default policy is what benchmarks/bench_notify.py prints."""
     url = _refusing_url() if kind == "refuses" else black_hole
     events = _a_run()
-    started = time.monotonic()
     notifier = Notifier([url], FACTS)
     for event in events:
         notifier.send(event)
-    sending = time.monotonic() - started
-    report = notifier.close()
-    added = time.monotonic() - started
-    print(f"dead receiver ({kind}): {len(events)} sends {sending * 1000:.2f} ms, "
-          f"close {report.waited_s:.3f} s, added in all {added:.3f} s\n  {report.lines()[0]}")
-    assert added < 1.0
+    report = notifier.close(0.3)
+    # the deadline bounds the wait; the slack is for a loaded machine's thread scheduling
+    assert report.waited_s < 0.3 + 0.5, report.waited_s
     (only,) = report.receivers
     assert only.delivered == 0 and not report.ok
     assert only.failed + only.dropped + only.unsent == len(events)

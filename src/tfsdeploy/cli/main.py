@@ -10,20 +10,123 @@ after (a run in progress records where it stands), one clear line, the traceback
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 import traceback
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 
 from tfsdeploy.errors import ConfigError, ExitCode, Problem, TfsDeployError
 
+
+def parsed(parse: Callable[[str], Any], fix: str) -> BeforeValidator:
+    """An option given as text and parsed by ``parse`` (which raises ValueError saying why it
+    cannot); the error carries ``fix`` for the problem options() reports."""
+    def validate(value: Any) -> Any:
+        try:
+            return parse(str(value))
+        except ValueError as error:
+            raise PydanticCustomError("tfsdeploy", "{reason}",
+                                      {"reason": str(error), "fix": fix}) from None
+    return BeforeValidator(validate)
+
+
+_GO_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
+_GO_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def since_time(text: str) -> float:
+    """`fab logs --since`: how long ago (10m, 2h, 1h30m, 500ms) or an RFC 3339 time (a time
+    without a zone is local, as docker's own --since takes it), as the Unix time the Docker
+    API takes: docker-py's logs() accepts only a positive number or a datetime."""
+    if _GO_DURATION.fullmatch(text):
+        ago = sum(float(n) * _GO_UNITS[u] for n, u in re.findall(r"([0-9.]+)(ms|s|m|h)", text))
+        return time.time() - ago
+    try:
+        moment = datetime.fromisoformat(text).timestamp()
+    except (ValueError, OverflowError, OSError):
+        raise ValueError("is neither a duration like 10m, 2h or 1h30m nor an RFC 3339 time"
+                         ) from None
+    if moment <= 0:
+        raise ValueError("is before 1970: the Docker API takes later times only")
+    return moment
+
+
+def release_id(text: str) -> str:
+    """`fab rollback --to`: a release id as the toolkit makes them (it names paths on hosts)."""
+    from tfsdeploy.records import RELEASE_ID
+
+    if not RELEASE_ID.fullmatch(text):  # not match(): its $ lets a trailing newline through
+        raise ValueError("is not a release id (r<date>-<time>-v<version>)")
+    return text
+
+
+def duration_text(text: str) -> str:
+    """`fab bench --duration`, `fab accept --duration`: 10s, 500ms, 2m, 1.5h (the load
+    generator's form), checked here and kept as text for the command to read."""
+    import argparse
+    import math
+
+    from tfsdeploy.loadtest.cli import parse_duration
+
+    if not text.isascii():  # the parsers' \d and float() also read other scripts' digits
+        raise ValueError("is not a duration (ASCII digits and a unit)")
+    try:
+        seconds = parse_duration(text)
+    except argparse.ArgumentTypeError:
+        raise ValueError("is not a duration") from None
+    if not math.isfinite(seconds):
+        raise ValueError("is too long to be a duration")
+    return text
+
+
+def output_path(*, directory: bool) -> Callable[[str], str]:
+    """A path a command writes (a file, or with ``directory`` a directory), checked before
+    the command runs: not a NUL byte, not a directory where a file goes (nor the reverse),
+    under a directory (missing ones are made) and a name the file system takes."""
+    def check(text: str) -> str:
+        if "\x00" in text:
+            raise ValueError("holds a NUL byte")
+        path = Path(text)
+        try:
+            if path.exists() and path.is_dir() != directory:
+                raise ValueError("is a file, not a directory" if directory else
+                                 "is a directory, not a file")
+            above = next((p for p in path.parents if p.exists()), None)
+            if above is not None and not above.is_dir():
+                raise ValueError(f"is under {str(above)!r}, a file")
+        except OSError as error:  # a name too long for the file system
+            raise ValueError(f"cannot be used: {error.strerror}") from None
+        return text
+    return check
+
+
+def input_file(text: str) -> str:
+    """A file a command reads (--sweep-report)."""
+    if "\x00" in text:
+        raise ValueError("holds a NUL byte")
+    try:
+        found = Path(text).is_file()
+    except OSError as error:
+        raise ValueError(f"cannot be used: {error.strerror}") from None
+    if not found:
+        raise ValueError("is not a file")
+    return text
+
+
+OutputFile = Annotated[str, parsed(output_path(directory=False),
+                                   "name a file in a directory this user can write")]
+OutputDir = Annotated[str, parsed(output_path(directory=True),
+                                  "name a directory (made when missing) this user can write")]
 NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # 0 divides by zero
 Count = Annotated[int, Field(ge=1, le=1_000_000)]
 OPTION_TYPES: dict[str, Any] = {
     "lock_wait": NonNegative, "for_s": NonNegative, "interval_s": Positive,
@@ -32,6 +135,48 @@ OPTION_TYPES: dict[str, Any] = {
     "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
     "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
     "lines": Count, "step_s": Positive, "instances_per_host": Count,
+    "since": Annotated[float, parsed(since_time, "write 10m, 2h, 1h30m or an RFC 3339 time "
+                                                 "like 2025-01-31T08:00:00Z")],
+    "to": Annotated[str, parsed(release_id, "give a release id that `fab history` lists, "
+                                            "e.g. r20250131-080000000-v3")],
+    "duration": Annotated[str, parsed(duration_text, "write it like 30s, 500ms, 2m or 1.5h")],
+    "json_file": OutputFile, "metrics_file": OutputFile, "log_file": OutputFile,
+    "report": OutputFile, "sweep_plot": OutputFile, "out": OutputDir,
+    "sweep_report": Annotated[str, parsed(input_file, "name the JSON report of `fab bench "
+                                                      "--sweep`")],
+}
+
+
+def _canary_weights(text: str) -> None:
+    from tfsdeploy.canary_policy import parse_weights
+
+    # int() takes other scripts' digits ('\u0665' is 5) and '1_0'; the command line takes ASCII
+    if not re.fullmatch(r"[0-9, ]+", text):
+        raise ConfigError(Problem(f"--canary-weights {text!r} is not a comma-separated list "
+                                  "of integers", fix="write e.g. --canary-weights 5,25,50",
+                                  field="--canary-weights"))
+    parse_weights(text)
+
+
+def _notify_urls(urls: list[str]) -> None:
+    from tfsdeploy import notify
+
+    try:
+        notify.check_urls(urls)
+    except ValueError as error:  # urlsplit's own refusals, e.g. "Invalid IPv6 URL"
+        # the URL is not quoted: webhook URLs carry their secret token
+        raise ConfigError(Problem(f"a --notify URL cannot be parsed: {error}",
+                                  fix="give the receiver's full URL, e.g. "
+                                      "https://hooks.example.com/T/B/X",
+                                  field="--notify")) from None
+
+
+# options checked by the module that reads them (a located ConfigError), whatever the
+# command does with them: `deploy --check` reads neither the canary options nor --notify,
+# yet must refuse what the deploy would
+OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
+    "canary_weights": lambda value: _canary_weights(str(value)),
+    "notify": lambda value: _notify_urls(list(value)),
 }
 
 
@@ -39,14 +184,26 @@ def options(raw: dict[str, Any]) -> dict[str, Any]:
     """The command's options, typed and range-checked; every bad one named at once."""
     checked, problems = dict(raw), []
     for name, value in raw.items():
-        if name in OPTION_TYPES and value is not None:
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, str) and not value.strip():
+            # an empty value is never a choice: `--inventory "$INV"` with $INV unset must not
+            # mean the default inventory, nor `--hosts ""` every host of the model
+            problems.append(Problem(f"{flag} is empty", fix=f"give a value, or leave {flag} out",
+                                    field=flag))
+        elif name in OPTION_CHECKS and value is not None:
+            try:
+                OPTION_CHECKS[name](value)
+            except ConfigError as error:
+                problems += error.problems
+        elif name in OPTION_TYPES and value is not None:
             try:
                 checked[name] = TypeAdapter(OPTION_TYPES[name]).validate_python(value)
             except ValidationError as error:
-                problems.append(Problem(f"--{name.replace('_', '-')} {value!r}: "
-                                        f"{error.errors()[0]['msg']}",
-                                        fix="give a number in range (see `fab --help "
-                                            "<command>`)", field=f"--{name.replace('_', '-')}"))
+                first = error.errors()[0]
+                fix = (first.get("ctx") or {}).get("fix") or \
+                    "give a number in range (see `fab --help <command>`)"
+                problems.append(Problem(f"{flag} {value!r}: {first['msg']}", fix=fix,
+                                        field=flag))
     if problems:
         raise ConfigError(problems)
     return checked
@@ -92,13 +249,16 @@ def unattended_outputs(command: str, model: str, json_file: str | None,
     def record(code: int, message: str) -> None:
         from tfsdeploy.cli.unattended import update_textfile, write_json_file
 
-        if json_file:
-            write_json_file(json_file, {"command": command, "model": model, "exit_code": code,
-                                        "result": ExitCode(code).name.lower(),
-                                        "message": message, "hosts": {}})
-        if metrics_file:
-            update_textfile(metrics_file, model=model, command=command, exit_code=code,
-                            seconds=time.monotonic() - started, release="", version=None)
+        try:
+            if json_file:
+                write_json_file(json_file, {
+                    "command": command, "model": model, "exit_code": code,
+                    "result": ExitCode(code).name.lower(), "message": message, "hosts": {}})
+            if metrics_file:
+                update_textfile(metrics_file, model=model, command=command, exit_code=code,
+                                seconds=time.monotonic() - started, release="", version=None)
+        except (OSError, ValueError) as error:  # the paths were refused, or the disk is full
+            print(f"tfsdeploy: the result could not be written: {error}", file=sys.stderr)
 
     return record
 
@@ -523,9 +683,18 @@ def main(command: str, raw: dict[str, Any]) -> int:
         model = str(args.get("model", ""))
         # a --model that is no model name is recorded under a label no model can have
         label = model if _is_safe(model) else INVALID_MODEL
-        record = unattended_outputs(command, label, args.get("json_file"),
-                                    args.get("metrics_file"))
+        record = unattended_outputs(command, label, _writable(args.get("json_file")),
+                                    _writable(args.get("metrics_file")))
     return run_command(lambda: COMMANDS[command](options(args)), record=record)
+
+
+def _writable(path: Any) -> str | None:
+    """``path`` when it passes the output file check (a refused one is reported by
+    options() and never written)."""
+    try:
+        return output_path(directory=False)(path) if isinstance(path, str) and path else None
+    except ValueError:
+        return None
 
 
 def _is_safe(name: str) -> bool:
