@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from tfsdeploy.records import parse_audit
 from tfsdeploy.remote import Connection, SshConnection
 from tfsdeploy.render import placements, render_host
 from tfsdeploy.target import Target
+from tfsdeploy.timetext import SINCE_FIX, since_seconds
 
 Look = Callable[[Target, ResolvedHost, Connection, HostFacts], dict[str, Any]]
 
@@ -262,36 +262,15 @@ def _shares(taking: list[ContainerFact], weights: dict[str, int]
             for c in taking]
 
 
-_SPAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
-_DATE_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}")
-_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
 def since_timestamp(text: str, now: float) -> float:
-    """``--since``: a span back from ``now`` (``30s``, ``10m``, ``2h``, ``1h30m``, ``1d``) or
-    an RFC 3339 time (``2026-11-30T23:28:00Z``), as the Unix time the Docker Engine takes.
-    Raises ConfigError naming the option and the fix."""
-    from pydantic import AwareDatetime, TypeAdapter, ValidationError
-
+    """``since_seconds``, its refusal a ConfigError naming the option and the fix."""
     from tfsdeploy.errors import ConfigError, Problem
 
-    cleaned = text.strip()
-    if cleaned and _SPAN.sub("", cleaned) == "":
-        return now - sum(float(n) * _SECONDS[unit] for n, unit in _SPAN.findall(cleaned))
     try:
-        if not _DATE_TIME.match(cleaned):  # pydantic would read a bare number as Unix time
-            raise ValueError(cleaned)
-        moment = TypeAdapter(AwareDatetime).validate_python(cleaned)
-    except (ValueError, ValidationError):
-        raise ConfigError(Problem(
-            f"--since {text!r} is neither a time span nor an RFC 3339 time with its offset",
-            fix="give a span back from now (30s, 10m, 2h, 1h30m, 1d) or a time such as "
-                "2026-11-30T23:28:00Z", field="--since")) from None
-    if moment.timestamp() <= 0:
-        raise ConfigError(Problem(f"--since {text!r} is before 1970",
-                                  fix="give a later time, or a span such as 10m",
-                                  field="--since"))
-    return moment.timestamp()
+        return since_seconds(text, now)
+    except ValueError as error:
+        raise ConfigError(Problem(f"--since {text!r} {error}", fix=SINCE_FIX,
+                                  field="--since")) from None
 
 
 def logs(target: Target, *, lines: int, since: str | None, follow: bool,

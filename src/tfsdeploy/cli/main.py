@@ -15,7 +15,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,6 +22,7 @@ from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
 from tfsdeploy.errors import ConfigError, ExitCode, Problem, TfsDeployError
+from tfsdeploy.timetext import SINCE_FIX, since_seconds
 
 
 def parsed(parse: Callable[[str], Any], fix: str) -> BeforeValidator:
@@ -37,25 +37,11 @@ def parsed(parse: Callable[[str], Any], fix: str) -> BeforeValidator:
     return BeforeValidator(validate)
 
 
-_GO_DURATION = re.compile(r"(?:[0-9]+(?:\.[0-9]+)?(?:ms|s|m|h))+")
-_GO_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def since_time(text: str) -> float:
-    """`fab logs --since`: how long ago (10m, 2h, 1h30m, 500ms) or an RFC 3339 time (a time
-    without a zone is local, as docker's own --since takes it), as the Unix time the Docker
-    API takes: docker-py's logs() accepts only a positive number or a datetime."""
-    if _GO_DURATION.fullmatch(text):
-        ago = sum(float(n) * _GO_UNITS[u] for n, u in re.findall(r"([0-9.]+)(ms|s|m|h)", text))
-        return time.time() - ago
-    try:
-        moment = datetime.fromisoformat(text).timestamp()
-    except (ValueError, OverflowError, OSError):
-        raise ValueError("is neither a duration like 10m, 2h or 1h30m nor an RFC 3339 time"
-                         ) from None
-    if moment <= 0:
-        raise ValueError("is before 1970: the Docker API takes later times only")
-    return moment
+def since_text(text: str) -> str:
+    """`fab logs --since`, checked before any host (cli.fleet.since_seconds) and passed on
+    as given: logs() reads it against the clock when it starts."""
+    since_seconds(text, time.time())
+    return text
 
 
 def release_id(text: str) -> str:
@@ -135,8 +121,7 @@ OPTION_TYPES: dict[str, Any] = {
     "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
     "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
     "lines": Count, "step_s": Positive, "instances_per_host": Count,
-    "since": Annotated[float, parsed(since_time, "write 10m, 2h, 1h30m or an RFC 3339 time "
-                                                 "like 2025-01-31T08:00:00Z")],
+    "since": Annotated[str, parsed(since_text, SINCE_FIX)],
     "to": Annotated[str, parsed(release_id, "give a release id that `fab history` lists, "
                                             "e.g. r20250131-080000000-v3")],
     "duration": Annotated[str, parsed(duration_text, "write it like 30s, 500ms, 2m or 1.5h")],

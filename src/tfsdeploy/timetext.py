@@ -1,0 +1,34 @@
+"""Times given as text on the command line: `fab logs --since`. Pure; no I/O."""
+
+from __future__ import annotations
+
+import re
+
+_SPAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
+_DATE_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def since_seconds(text: str, now: float) -> float:
+    """``--since``: a span back from ``now`` (``30s``, ``10m``, ``2h``, ``1h30m``, ``1d``) or
+    an RFC 3339 time (``2026-11-30T23:28:00Z``), as the Unix time the Docker Engine takes.
+    Raises ValueError saying why ``text`` is neither (see SINCE_FIX)."""
+    from pydantic import AwareDatetime, TypeAdapter, ValidationError
+
+    cleaned = text.strip()
+    if cleaned and _SPAN.sub("", cleaned) == "":
+        return now - sum(float(n) * _SECONDS[unit] for n, unit in _SPAN.findall(cleaned))
+    try:
+        if not _DATE_TIME.match(cleaned):  # pydantic would read a bare number as Unix time
+            raise ValueError(cleaned)
+        moment = TypeAdapter(AwareDatetime).validate_python(cleaned)
+    except (ValueError, ValidationError):
+        raise ValueError("is neither a time span nor an RFC 3339 time with its offset"
+                         ) from None
+    if moment.timestamp() <= 0:
+        raise ValueError("is before 1970: the Docker Engine takes later times only")
+    return moment.timestamp()
+
+
+SINCE_FIX = "give a span back from now (30s, 10m, 2h, 1h30m, 1d) or a time such as " \
+            "2026-11-30T23:28:00Z"
