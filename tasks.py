@@ -283,7 +283,7 @@ def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     "model": "model name from the inventory's catalog (required)",
     "inventory": INVENTORY,
     "target_qps": "open-loop rate the fleet must sustain, in all (default 100)",
-    "duration": "how long, e.g. 60s, 5m (default 5m, the article's)",
+    "duration": "how long, e.g. 60s, 5m (default 5m)",
     "release": "deploy this version in the middle of the window (fab deploy --version)",
     "release_at": "when the release starts: seconds (20s) or share of the window (default 25%)",
     "loadgens": "inventory hosts or group running the generators (default: this machine)",
@@ -304,7 +304,7 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | N
            start_margin: str | None = None, timeout: str | None = None,
            concurrency: str | None = None, procs: str | None = None,
            out: str | None = None) -> None:
-    """The fleet acceptance run: the article's table against the model's stable ports."""
+    """The fleet acceptance run: the acceptance table against the model's stable ports."""
     _main("accept", locals())
 
 

@@ -1,4 +1,4 @@
-"""Rolling-deploy speed on the local fleet: the toolkit's own overhead per host (issue 4, item 11).
+"""Rolling-deploy speed on the local fleet: the toolkit's own overhead per host.
 
     python benchmarks/bench_deploy.py [--model benchdeploy] [--offset 1400] [--gpus N] [--keep]
                                       [--check]

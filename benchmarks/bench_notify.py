@@ -1,6 +1,6 @@
 """What a dead --notify receiver adds to a run: the wall time of a run's event calls plus
 close() with the default delivery policy, for a receiver that refuses connections and one
-that accepts them but never answers (both on 127.0.0.1). Target (issue 15): under 1 s.
+that accepts them but never answers (both on 127.0.0.1). Target: under 1 s.
 
     python benchmarks/bench_notify.py [--repeat N]
 

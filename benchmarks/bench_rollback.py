@@ -5,7 +5,7 @@ v1 then v2 on tb1..tb3 with Rollout(serial=(1,), window_s=600), times `fab rollb
 the window, then does the same with window_s=0 (the old release stopped) for a rollback beyond
 the window. Prints, per rollback: total seconds (wall clock of the fab process and the
 command's own figure), seconds in gates (sum of the gate_* steps over the hosts), and total
-minus gates. Target (issue 5): within the window, under 5 s for 3 hosts with serial 1, plus
+minus gates. Target: within the window, under 5 s for 3 hosts with serial 1, plus
 gate time.
 
     python benchmarks/bench_rollback.py [--repeat N] [--keep]

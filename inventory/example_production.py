@@ -54,7 +54,7 @@ models = [
                             outputs={"predictions": TensorSpec("DT_FLOAT", (-1, 1000))}),
         memory_mib=3500,
         latency_slo_ms=100,
-        # the article's reproducible starting point, timeout kept below SLO/3
+        # a reproducible starting point: batch 32, timeout kept below SLO/3
         batching=Batching(max_batch_size=32, batch_timeout_micros=20000, max_enqueued_batches=32,
                           num_batch_threads=1, allowed_batch_sizes=(8, 16, 32)),
         # clients keep 2 x max_batch_size in flight (session_bundle_config.proto's advice);

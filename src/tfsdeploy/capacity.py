@@ -8,9 +8,9 @@ swings; ``availability_factor`` (default 0.9) covers rolling releases and one fa
 
 * minimum = ceil(instances)
 * recommended = max(ceil(minimum x (1 + headroom)), minimum + spares), with headroom 15% and
-  one spare per failure domain (default 1 domain). The article's example, 100,000 QPS at 8,000
+  one spare per failure domain (default 1 domain). For example, 100,000 QPS at 8,000
   per instance: 100000 / (8000 x 0.65 x 0.9) = 21.37 -> minimum 22 -> recommended 26
-  (22 x 1.15 = 25.3 -> 26, and 22 + 1 = 23), inside its "deploy 24-28".
+  (22 x 1.15 = 25.3 -> 26, and 22 + 1 = 23).
 
 Pure: no I/O except ``load_sweep_report``.
 """

@@ -1,4 +1,4 @@
-"""A small, bounded, paced load client for the zero-downtime test (issue 4, item 10).
+"""A small, bounded, paced load client for the zero-downtime test.
 
 Targets are the hosts' stable ports, gRPC and REST. Each target gets ``rate`` requests/s on an
 open-loop schedule (request k is due at t0 + k / rate), sent by a few worker threads:

@@ -1,4 +1,4 @@
-"""Helpers for the rolling-deploy tests on the local fleet (issue 4, items 9 and 10); the
+"""Helpers for the rolling-deploy tests on the local fleet; the
 fleet, SSH, fab runs and gRPC clients they share with the rollback tests are in testbed_support.
 
 Each test module deploys its OWN model (own name, own port offset) assembled in a temp dir

@@ -1,4 +1,4 @@
-"""Preflight refusals on the local fleet (issue 4, items 1 and 9): exit 1, nothing changed.
+"""Preflight refusals on the local fleet: exit 1, nothing changed.
 
 Model ``itpreflight`` (port offset 1100): versions 1 and 2 are half_plus_two 1 and 2.
 """

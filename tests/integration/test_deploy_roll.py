@@ -1,4 +1,4 @@
-"""`fab deploy` on the local fleet (issue 4, item 9): real sshd, dockerd, the emulator.
+"""`fab deploy` on the local fleet: real sshd, dockerd, the emulator.
 
 One model (``itdeploy``, port offset 1000: stable ports 9500 gRPC / 9501 REST) is rolled
 through the module; tests run in file order and each one states the fleet it starts from

@@ -1,4 +1,4 @@
-"""A host that becomes unreachable in the middle of a roll (issue 4, item 9).
+"""A host that becomes unreachable in the middle of a roll.
 
 Model ``itunreach`` (port offset 1200), versions 1 and 2 = half_plus_two 1 and 2, batches
 [tb1], [tb2, tb3]. While batch 2 rolls, tb2 is cut off from the deploy process without a

@@ -1,4 +1,4 @@
-"""Zero downtime (issue 4, item 10): a steady load through a v1 -> v2 roll of 3 hosts.
+"""Zero downtime: a steady load through a v1 -> v2 roll of 3 hosts.
 
 Model ``itzdt`` (port offset 1300), v1/v2 = half_plus_two 1/2: for x = 2, v1 answers 3.0 and
 v2 answers 4.0, so every response says which release served it. ~200 requests/s in all, gRPC

@@ -1,4 +1,4 @@
-"""Capacity arithmetic (the article's worked example) and sweep-report input."""
+"""Capacity arithmetic (the worked example of docs/loadtest.md) and sweep-report input."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tfsdeploy import capacity
 from tfsdeploy.loadtest.cli import plan_capacity
 
 
-def test_article_example() -> None:
+def test_worked_example_of_the_docs() -> None:
     result = capacity.plan(100_000, 8_000)
     assert round(result.exact, 2) == 21.37
     assert result.minimum == 22

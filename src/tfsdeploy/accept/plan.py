@@ -19,8 +19,8 @@ from tfsdeploy.layout import model_ports
 from tfsdeploy.versions import available_versions
 
 DEFAULT_TARGET_QPS = 100.0
-DEFAULT_DURATION_S = 300.0  # the article's "sustained for 5 minutes"
-DEFAULT_MAX_ERROR_RATE_PCT = 0.01  # the article's table
+DEFAULT_DURATION_S = 300.0  # throughput sustained for 5 minutes
+DEFAULT_MAX_ERROR_RATE_PCT = 0.01  # below 0.01% of requests fail
 DEFAULT_RELEASE_AT = 0.25  # share of the window before the deploy starts
 DEFAULT_START_MARGIN_S = 15.0
 DEFAULT_TIMEOUT_S = 10.0
@@ -197,7 +197,7 @@ def _thresholds(options: AcceptOptions, model: Model, inventory: Inventory,
                        f"in {inventory.path}")
     errors = Threshold(options.max_error_rate_pct, "--max-error-rate") \
         if options.max_error_rate_pct is not None \
-        else Threshold(DEFAULT_MAX_ERROR_RATE_PCT, "the article's acceptance table (0.01%)")
+        else Threshold(DEFAULT_MAX_ERROR_RATE_PCT, "the acceptance default (0.01%)")
     _positive(qps.value, "--target-qps", problems)
     _positive(slo.value, "--slo-p99-ms", problems)
     if not 0 <= errors.value <= 100:
@@ -224,7 +224,7 @@ def build_plan(options: AcceptOptions, inventory: Inventory) -> AcceptPlan:
     duration = parse_seconds(options.duration, "--duration")
     if duration < 1:
         problems.append(Problem(f"--duration {options.duration!r} is under a second",
-                                fix="pass --duration 60s or longer (the article: 5m)",
+                                fix="pass --duration 60s or longer (the default is 5m)",
                                 field="--duration"))
     qps, slo, errors = _thresholds(options, model, inventory, problems)
     release_version = _version(options.release, "--release", model, problems)

@@ -1,7 +1,7 @@
 """The acceptance table: each row's figure, threshold, source and verdict, and the exit code
 (pure).
 
-Rows (the article's table), each with its figure and when it passes:
+Rows, each with its figure and when it passes:
 
 - throughput: OK responses / duration, every generator's requests; >= 99% of the target QPS,
   and every generator ran the whole window;

@@ -1,4 +1,4 @@
-"""Acceptance gates (the article's table): P99 under the SLO, error rate, throughput, duration.
+"""Acceptance gates: P99 under the SLO, error rate, throughput, duration.
 
 Pure functions over a finished report. Each gate says whether it passed, what was seen, what
 was required and by how much it missed, so a failed run explains itself.
