@@ -196,7 +196,7 @@ models = [
         signature=Signature(inputs={{"x": TensorSpec("DT_FLOAT", (-1, 1))}},
                             outputs={{"y": TensorSpec("DT_FLOAT", (-1, 1))}}),
         memory_mib={memory_mib!r},
-        latency_slo_ms=50,
+        latency_slo_ms={slo_ms!r},
         batching=Batching(max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=64,
                           num_batch_threads=2, allowed_batch_sizes=(8, 16, 32)),
         threads=Threads(intra_op=1, inter_op=2, grpc_max_threads=256),
@@ -211,7 +211,7 @@ models = [
 
 def inventory_text(*, title: str, model: str, source: Path, golden: Path, offset: int,
                    warmup: str, rollout: str, groups: str = "{}", memory_mib: int = 512,
-                   gpu_mib: int = 16384, gpus: int = 1) -> str:
+                   gpu_mib: int = 16384, gpus: int = 1, slo_ms: int = 50) -> str:
     """A test inventory (Python): tb1..tb3 (``gpus`` GPUs of ``gpu_mib`` each) with
     ``groups``, and one model of the half_plus_two signature whose ``warmup`` and ``rollout``
     are the Warmup(...) and Rollout(...) expressions given."""
@@ -219,7 +219,7 @@ def inventory_text(*, title: str, model: str, source: Path, golden: Path, offset
         title=title, model=model, hosts=HOSTS, ssh_key=str(SSH_KEY),
         known_hosts=str(KNOWN_HOSTS), registry=REGISTRY, source=str(source),
         golden=str(golden), offset=offset, warmup=warmup, rollout=rollout, groups=groups,
-        memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus)
+        slo_ms=slo_ms, memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus)
 
 
 # -- fab ------------------------------------------------------------------------------------

@@ -60,6 +60,8 @@ def test_post_hook_receives_every_variable(tmp_path: Path,
                                                             ) -> None:
     out = tmp_path / "env.json"
     _hook(tmp_path / "hooks", "on-failure", _dump_env(out))
+    for name in [n for n in os.environ if n.startswith("TFSDEPLOY_")]:
+        monkeypatch.delenv(name)  # the suite's own (TFSDEPLOY_TESTBED_DESTRUCTIVE, ...)
     monkeypatch.setenv("TFSDEPLOY_CANARY", "kept")  # not a hook variable: inherited as is
     result = run_hook(find_hooks(tmp_path / "hooks"), Moment.ON_FAILURE, hook_env(FACTS, END),
                       timeout_s=30)
