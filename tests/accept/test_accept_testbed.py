@@ -118,10 +118,6 @@ def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) 
                     "--loadgens", "loadgens", "--out", str(out), timeout=600)
     data = accept_json(out)
     accept = data["tfsdeploy"]["accept"]
-    assert run.code == 0, run.describe()
-    assert [(r["row"], r["passed"]) for r in accept["rows"]] == [
-        ("throughput", True), ("p99 every 1 s", True), ("error rate", True),
-        ("p99 during release v2", True)]
     # every request of every generator counted once in the merge
     gens = {g["name"]: g for g in accept["generators"]}
     assert set(gens) == set(LOADGENS) and all(g["status"] == "ok" for g in gens.values())
@@ -141,6 +137,15 @@ def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) 
     assert run_dirs_left(run_id_of(run)) == {}
     assert all("environment" in line for line in run.out.splitlines()
                if re.match(r"accept: tb\d: ready", line))
+    # last, the verdict: on a machine too busy to send on schedule the run is inconclusive
+    # (exit 5, the generator named), never a pass or a fleet failure
+    lagging = [w for w in accept["warnings"] if "could not hold its share" in w]
+    if run.code == 5 and lagging:
+        pytest.skip(f"this machine could not generate the load on time: {lagging[0]}")
+    assert run.code == 0, run.describe()
+    assert [(r["row"], r["passed"]) for r in accept["rows"]] == [
+        ("throughput", True), ("p99 every 1 s", True), ("error rate", True),
+        ("p99 during release v2", True)]
 
 
 def test_a_generator_lost_mid_run_fails_the_run_and_keeps_the_rest(fleet: ModelFleet) -> None:
