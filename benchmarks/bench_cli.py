@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cli.py [--runs 7] [--hosts 1000]
 
-Targets (issue: foundation): `fab --list` median under 1 s; `fab render` for a 1,000-host
+Targets: `fab --list` median under 1 s; `fab render` for a 1,000-host
 inventory under 3 s (the whole command, as a user runs it).
 """
 

@@ -10,7 +10,8 @@ Runs real deploys v1 -> v2 -> v1 of a small model (half_plus_two 1 and 2 under t
 - waits: time spent waiting on the server or on policy, not on the toolkit: the container
   start (``start_slot``), the model load (``gate_available``), ``gate_warmup``,
   ``gate_health`` (its minimum healthy time is policy) and ``drain_old``;
-- overhead = total - waits (target: under 2 s per host);
+- overhead = total - waits (target: under 2 s per host; with N instances per host, under 1 s
+  per instance);
 - with ``--gpus N`` (every host declared with N GPUs: one server per GPU, N instances rolled one
   after another on each host; the fleet needs them: ``scripts/testbed up --gpus N``), also the
   overhead per instance;
@@ -46,7 +47,8 @@ from deploy_support import (  # noqa: E402 - the test helpers live beside the te
 from testbed_support import STATE, VENV_BIN, clean_model, ensure_fleet, fab_env  # noqa: E402
 
 WAITS = ("start_slot", "gate_available", "gate_warmup", "gate_health", "drain_old")
-TARGET_S = 2.0
+TARGET_S = 2.0  # per host of one instance
+INSTANCE_TARGET_S = 1.0  # per instance, when a host runs several
 
 
 def deploy(model: str, inventory: Path, version: int) -> tuple[dict[str, Any], float]:
@@ -78,13 +80,19 @@ def host_figures(outcome: dict[str, Any]) -> dict[str, float]:
     return {"total": total, "waits": waits, "overhead": total - waits}
 
 
-def print_deploy(label: str, result: dict[str, Any], wall: float) -> dict[str, dict[str, float]]:
+def host_target(instances: int) -> float:
+    """The overhead target of a host running ``instances`` servers."""
+    return TARGET_S if instances == 1 else instances * INSTANCE_TARGET_S
+
+
+def print_deploy(label: str, result: dict[str, Any], wall: float,
+                 target_s: float = TARGET_S) -> dict[str, dict[str, float]]:
     figures = {name: host_figures(o) for name, o in result["hosts"].items()}
     print(f"\n== {label}: release {result['release']}, {result['result']}, "
           f"wall {wall:.1f} s (deploy {result['seconds']:.1f} s)")
     print(f"  {'host':<6}{'status':<10}{'total':>8}{'waits':>8}{'overhead':>10}")
     for name, f in figures.items():
-        flag = "" if f["overhead"] < TARGET_S else f"  (> {TARGET_S:g} s target)"
+        flag = "" if f["overhead"] < target_s else f"  (> {target_s:g} s target)"
         print(f"  {name:<6}{result['hosts'][name]['status']:<10}{f['total']:>7.2f}s"
               f"{f['waits']:>7.2f}s{f['overhead']:>9.2f}s{flag}")
     steps: list[str] = []
@@ -135,7 +143,7 @@ def main() -> None:
             for label, version in (("v1 to an empty fleet", 1), ("v1 -> v2", 2),
                                    ("v2 -> v1", 1)):
                 result, wall = deploy(args.model, inventory, version)
-                figures = print_deploy(label, result, wall)
+                figures = print_deploy(label, result, wall, host_target(args.gpus))
                 if version == 2 or label.startswith("v2"):
                     overheads += [f["overhead"] for f in figures.values()]
     finally:
@@ -143,11 +151,12 @@ def main() -> None:
             clean_model(args.model)
     print(f"\ntoolkit overhead per host over the two roll-over deploys: median "
           f"{statistics.median(overheads):.2f} s, max {max(overheads):.2f} s "
-          f"(target < {TARGET_S:g} s)")
+          f"(target < {host_target(args.gpus):g} s)")
     if args.gpus > 1:
         print(f"per instance ({args.gpus} per host): median "
-              f"{statistics.median(overheads) / args.gpus:.2f} s")
-    if args.check and statistics.median(overheads) >= TARGET_S:
+              f"{statistics.median(overheads) / args.gpus:.2f} s "
+              f"(target < {INSTANCE_TARGET_S:g} s)")
+    if args.check and statistics.median(overheads) >= host_target(args.gpus):
         sys.exit(1)
 
 
