@@ -57,7 +57,7 @@ def test_logs_since_a_span_or_a_time_and_a_bad_value_before_any_host(fleet: Flee
     assert quiet.code == 0 and quiet.stdout.strip() == "", quiet.describe()
     bad = fleet.fab("logs", "--since", "yesterday")
     assert bad.code == 1, bad.describe()
-    assert "[field --since] --since 'yesterday' is neither a time span" in bad.out
+    assert "[field --since] --since 'yesterday': is neither a time span" in bad.out
     assert "unreachable" not in bad.out
 
 

@@ -148,7 +148,7 @@ def test_unattended_outputs_of_the_rollback(fleet: Fleet, v1_then_v2: dict[str, 
 def test_failing_rollback_is_never_exit_0(fleet: Fleet, v1_then_v2: dict[str, str]) -> None:
     out = fleet.tmp / "unattended"
     before = {h: fleet.current(h)["id"] for h in HOSTS}
-    run = fleet.fab("rollback", "--to", "r20000101-000000-v9", "--json-file",
+    run = fleet.fab("rollback", "--to", "r20000101-000000000-v9", "--json-file",
                     str(out / "bad.json"), "--metrics-file", str(out / "tfsdeploy.prom"),
                     "--log-file", str(out / "bad.log"))
     assert run.code == 1, run.describe()
