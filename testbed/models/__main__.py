@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         print(f"make-models: {err}", file=sys.stderr)
         return 1
+    except generate.UnservableModel as err:
+        print(f"make-models: {err}", file=sys.stderr)
+        return 2
     made = [r for r in results if r.action == "made"]
     print(
         f"make-models: {len(made)} made, {len(results) - len(made)} cached, "

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.models import golden, savedmodel
-from testbed.models.spec import VersionSpec
+from testbed.models.spec import VersionSpec, toolchain
 
 CATALOG_FORMAT = 1
 CATALOG_NAME = "catalog.json"
@@ -123,6 +123,20 @@ def _signatures_or_none(built: Path) -> dict[str, Any] | None:
         return None
 
 
+class UnservableModel(Exception):
+    """A version meant to serve that TensorFlow Serving's loader cannot restore or run."""
+
+
+def _check_servable(spec: VersionSpec, built: Path) -> int:
+    """Load the built version Session-style and run its warmup records, or refuse to cache it."""
+    try:
+        return savedmodel.check_servable(built, spec.check_records)
+    except savedmodel.NotServable as err:
+        raise UnservableModel(
+            f"{spec.key} is not servable by TensorFlow Serving: {err}; not cached"
+        ) from err
+
+
 def make_version(out: Path, spec: VersionSpec) -> dict[str, Any]:
     """Build one version in a temp dir, compute its facts, publish it and write its stamp."""
     import tensorflow as tf
@@ -135,6 +149,8 @@ def make_version(out: Path, spec: VersionSpec) -> dict[str, Any]:
     try:
         built = work / str(spec.version)
         facts = spec.build(built)
+        if spec.must_serve:
+            facts["checked_warmup_records"] = _check_servable(spec, built)
         signatures = _signatures_or_none(built)
         examples = golden.compute(built, spec.examples)
         files = file_manifest(built)
@@ -148,6 +164,7 @@ def make_version(out: Path, spec: VersionSpec) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - start, 2),
         "made_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "tensorflow": tf.__version__,
+        "toolchain": toolchain(),
         "summary": spec.summary,
         "expect": spec.expect,
         "honours_contract": spec.honours_contract,

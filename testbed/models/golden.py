@@ -45,21 +45,22 @@ def describe_output(value: np.ndarray, top_k: int | None) -> dict[str, Any]:
 
 
 def compute(version_dir: Path, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Run each example through the SavedModel (loaded once) and return it with ``outputs``."""
-    import tensorflow as tf
-
+    """Run each example through the SavedModel as TFServing runs it (Session-style, loaded
+    once) and return it with ``outputs``."""
     if not examples:
         return []
-    loaded = tf.saved_model.load(str(version_dir))
+    bundle = savedmodel.SessionBundle(version_dir)
     done = []
-    for example in examples:
-        fn = loaded.signatures[example["signature"]]
-        result = fn(**{k: tf.constant(v) for k, v in example_inputs(example).items()})
-        outputs = {
-            name: describe_output(tensor.numpy(), example.get("top_k"))
-            for name, tensor in sorted(result.items())
-        }
-        done.append({**example, "outputs": outputs})
+    try:
+        for example in examples:
+            result = bundle.run(example["signature"], example_inputs(example))
+            outputs = {
+                name: describe_output(value, example.get("top_k"))
+                for name, value in sorted(result.items())
+            }
+            done.append({**example, "outputs": outputs})
+    finally:
+        bundle.close()
     return done
 
 

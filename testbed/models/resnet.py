@@ -1,8 +1,13 @@
 """``resnet50``: Keras ResNet50 with random weights (no downloads), versions 1 and 2.
 
-Each version is built with a different random seed, wrapped in a ``tf.Module`` whose
-``serving_default`` takes ``inputs`` float32 [-1, 224, 224, 3] and returns ``predictions``
-float32 [-1, 1000] (softmax), and saved with ``tf.saved_model.save`` (~100 MB each).
+Each version is built with a different random seed and exported through Keras's own export
+path (``keras.export.ExportArchive``, what ``model.export()`` uses), whose ``serving_default``
+takes ``inputs`` float32 [-1, 224, 224, 3] and returns ``predictions`` float32 [-1, 1000]
+(softmax); ~100 MB each. The archive tracks every variable of the model, so TensorFlow
+Serving's Session-style loader restores them all. Holding the Keras 3 model inside a
+``tf.Module`` and calling ``tf.saved_model.save`` instead writes a SavedModel that TF2's
+``tf.saved_model.load`` runs but TFServing cannot ("Could not find variable
+conv1_conv/kernel": tensorflow/tensorflow#72963, kserve/kserve#3801, keras-team/keras#20095).
 """
 
 from __future__ import annotations
@@ -32,22 +37,24 @@ def seed(version: int) -> int:
 
 
 def save_resnet(path: Path, random_seed: int) -> None:
-    """Build ResNet50(weights=None) under ``random_seed`` and save it for serving."""
+    """Build ResNet50(weights=None) under ``random_seed`` and export it for serving."""
     import keras
     import tensorflow as tf
 
     keras.utils.set_random_seed(random_seed)
     net = keras.applications.ResNet50(weights=None, input_shape=SHAPE, classes=CLASSES)
-    module = tf.Module()
-    module.net = net
 
     def predict(inputs: tf.Tensor) -> dict[str, tf.Tensor]:
         return {OUTPUT: net(inputs, training=False)}
 
-    spec = tf.TensorSpec([None, *SHAPE], tf.float32, name=INPUT)
-    serve = tf.function(predict, input_signature=[spec])
-    module.serve = serve
-    tf.saved_model.save(module, str(path), signatures={"serving_default": serve})
+    archive = keras.export.ExportArchive()
+    archive.track(net)
+    archive.add_endpoint(
+        name="serving_default",
+        fn=predict,
+        input_signature=[tf.TensorSpec([None, *SHAPE], tf.float32, name=INPUT)],
+    )
+    archive.write_out(str(path), verbose=False)
 
 
 def warmup_records(version: int) -> list[bytes]:
@@ -86,7 +93,8 @@ def _spec(version: int) -> VersionSpec:
         model=MODEL,
         version=version,
         summary=f"Keras ResNet50, random weights (seed {seed(version)}), softmax over 1000",
-        recipe={"kind": "resnet50", "seed": seed(version), "warmup": WARMUP_RECORDS},
+        recipe={"kind": "resnet50", "seed": seed(version), "warmup": WARMUP_RECORDS,
+                "export": "keras.export.ExportArchive"},
         build=build,
         source_files=_SOURCES,
         examples=_examples(),

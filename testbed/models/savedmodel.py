@@ -138,3 +138,79 @@ def ramp_spec(shape: Sequence[int], modulus: int = 251, scale: float = 1.0 / 250
         "shape": list(shape),
         "fill": {"kind": "ramp", "modulus": modulus, "scale": scale},
     }
+
+
+class SessionBundle:
+    """A SavedModel loaded the way TensorFlow Serving loads it, not through TF2's object API.
+
+    TFServing's SavedModelBundle path (tensorflow/cc/saved_model/loader.cc LoadSavedModel)
+    imports the ``serve`` MetaGraphDef into a fresh Session, runs the saver's restore op and
+    the init op, then answers every request with ``Session::Run`` on the signature's tensor
+    names. ``tf.compat.v1.saved_model.loader.load`` is that path in Python. A SavedModel can
+    load under TF2's ``tf.saved_model.load`` and still fail here: a Keras 3 model held inside
+    a ``tf.Module`` and saved with ``tf.saved_model.save`` restores no variables this way
+    ("Could not find variable ...": tensorflow/tensorflow#72963, kserve/kserve#3801 against
+    the real server), so the generator checks every version with this class.
+    """
+
+    def __init__(self, version_dir: Path) -> None:
+        import tensorflow as tf
+
+        self._graph = tf.Graph()
+        self._session = tf.compat.v1.Session(graph=self._graph)
+        with self._graph.as_default():
+            meta = tf.compat.v1.saved_model.loader.load(
+                self._session, ["serve"], str(version_dir)
+            )
+        self.signatures = dict(meta.signature_def)
+
+    def run(self, signature: str, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``Session::Run`` of one signature: feed its inputs, fetch all of its outputs."""
+        sig = self.signatures[signature]
+        feeds = {sig.inputs[name].name: value for name, value in inputs.items()}
+        names = sorted(sig.outputs)
+        fetched = self._session.run([sig.outputs[n].name for n in names], feed_dict=feeds)
+        return {name: np.asarray(value) for name, value in zip(names, fetched, strict=True)}
+
+    def close(self) -> None:
+        """Release the session."""
+        self._session.close()
+
+
+class NotServable(Exception):
+    """A built version that TensorFlow Serving's loader could not restore or run."""
+
+
+def check_servable(version_dir: Path, max_records: int | None = None) -> int:
+    """Load ``version_dir`` as TFServing does and run its warmup records; return how many ran.
+
+    Raises ``NotServable`` naming the failing step and TensorFlow's message. ``max_records``
+    bounds a deliberately slow warmup (every record then runs the same graph).
+    """
+    import tensorflow as tf
+
+    try:
+        bundle = SessionBundle(version_dir)
+    except Exception as exc:
+        raise NotServable(f"Session-style load failed: {_first_line(exc)}") from exc
+    try:
+        logs = read_warmup(version_dir) if (version_dir / WARMUP_RELPATH).is_file() else []
+        for count, log in enumerate(logs[:max_records], start=1):
+            request = log.predict_log.request
+            inputs = {k: tf.make_ndarray(v) for k, v in request.inputs.items()}
+            signature = request.model_spec.signature_name or "serving_default"
+            try:
+                bundle.run(signature, inputs)
+            except Exception as exc:
+                raise NotServable(
+                    f"warmup record {count} ({signature}) failed: {_first_line(exc)}"
+                ) from exc
+        return min(len(logs), max_records if max_records is not None else len(logs))
+    finally:
+        bundle.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (TensorFlow's run in many lines)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
