@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from importlib import metadata
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
