@@ -10,6 +10,8 @@ reaches ``tfsdeploy.cli.main.options``, which types it and names the option it i
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 from pathlib import Path
 
@@ -20,12 +22,14 @@ if sys.path[:1] != [_SRC]:
     sys.path.insert(0, _SRC)
 
 from collections.abc import Callable  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import Any, NoReturn  # noqa: E402
 
+import invoke.collection  # noqa: E402
 from fabric import Task  # noqa: E402
 from fabric import task as fabric_task  # noqa: E402
 from invoke.collection import Collection  # noqa: E402
 from invoke.exceptions import Exit  # noqa: E402
+from invoke.parser.context import ParserContext  # noqa: E402
 
 
 def _main(command: str, arguments: dict[str, Any]) -> None:
@@ -37,12 +41,81 @@ def _main(command: str, arguments: dict[str, Any]) -> None:
 
 
 def command(**options: Any) -> Callable[[Callable[..., None]], Task]:
-    """@task with long options only: invoke's automatic short flags ran out of letters and
-    gave some options the flag ``--`` (shown as ``--=STRING``); every option is
-    ``--name[=VALUE]``."""
-    decorate: Callable[[Callable[..., None]], Task] = fabric_task(
-        auto_shortflags=False, **options)
+    """@task whose parameters are all options, long names only; one without a default is a
+    required option.
+
+    invoke makes a parameter without a default a positional argument and fills it with the
+    next word, whatever it is: `fab deploy --help` took "--help" for the model's name. As an
+    option, ``--model`` leaves ``--help`` to invoke, and its being given is checked here.
+    Automatic short flags ran out of letters and gave some options the flag ``--`` (shown as
+    ``--=STRING``).
+    """
+    def decorate(body: Callable[..., None]) -> Task:
+        name = options.get("name") or body.__name__.replace("_", "-")
+        required = [parameter.name for parameter in
+                    list(inspect.signature(body).parameters.values())[1:]
+                    if parameter.default is inspect.Parameter.empty]
+
+        @functools.wraps(body)  # invoke reads the options from body's signature
+        def checked(c: Any, **arguments: Any) -> None:
+            missing = [option for option in required if arguments.get(option) is None]
+            if missing:
+                _refuse_missing(name, missing)
+            body(c, **arguments)
+
+        made: Task = fabric_task(auto_shortflags=False, positional=[], **options)(checked)
+        return made
     return decorate
+
+
+def _refuse_missing(task: str, missing: list[str]) -> NoReturn:
+    """Exit 1 naming each required option left out, as cli.main names a bad one."""
+    from tfsdeploy.cli.output import print_error
+    from tfsdeploy.errors import ConfigError, Problem
+
+    problems = []
+    for option in missing:
+        flag, value = f"--{option.replace('_', '-')}", VALUES.get(option, option.upper())
+        problems.append(Problem(f"{flag} is required", field=flag, fix=f"give {flag} {value} "
+                                f"(`fab {task} --help` lists every option)"))
+    print_error(ConfigError(problems))
+    raise Exit(code=1)
+
+
+# What each option's value is, shown in `fab TASK --help` as --name=VALUE
+VALUES = {
+    "model": "MODEL", "inventory": "FILE", "hosts": "HOSTS", "limit": "HOSTS",
+    "loadgens": "HOSTS", "version": "VERSION", "data_version": "VERSION",
+    "release": "VERSION", "to": "RELEASE", "playbook": "FILE", "hooks": "DIR", "out": "DIR",
+    "notify": "URL", "log_file": "FILE", "json_file": "FILE", "metrics_file": "FILE",
+    "report": "FILE", "sweep_report": "FILE", "sweep_plot": "FILE",
+    "lock_wait": "SECONDS", "step_s": "SECONDS", "for_s": "SECONDS", "interval_s": "SECONDS",
+    "duration_s": "SECONDS", "duration": "DURATION", "interval": "DURATION",
+    "start_margin": "DURATION", "timeout": "DURATION", "since": "TIME", "release_at": "OFFSET",
+    "canary_weights": "PERCENTS", "max_error_rate": "RATE", "slo_p99_ms": "MS", "slo_p99": "MS",
+    "rps": "RPS", "min_qps": "QPS", "target_qps": "QPS", "per_instance_qps": "QPS",
+    "load_factor": "FRACTION", "availability_factor": "FRACTION", "lines": "N",
+    "concurrency": "N", "procs": "N", "min_requests": "N", "instances_per_host": "N",
+}
+
+
+class _ValueNamed(ParserContext):
+    """A task's parser context whose help names each option's value (``--lock-wait=SECONDS``,
+    ``--notify=URL``) where invoke gives only its type (``=STRING``) or, for a repeatable
+    option, nothing."""
+
+    def help_for(self, flag: str) -> tuple[str, str]:
+        names, text = super().help_for(flag)
+        argument = self.flags[flag]
+        if argument.takes_value and argument.name in VALUES:
+            names = f"{names.split('=')[0]}={VALUES[argument.name]}"
+        return names, text
+
+
+# invoke (2.2) makes every task's parser context in Collection.to_contexts, from this name,
+# and has no other way to name a value; `fab` loads the tasks into a Collection of its own,
+# so a subclass of Collection would not be the one asked.
+invoke.collection.ParserContext = _ValueNamed  # type: ignore[attr-defined]
 
 
 INVENTORY = "inventory file (default: $TFSDEPLOY_INVENTORY or inventory/testbed.py)"
@@ -54,8 +127,8 @@ SELECT = {
 }
 RUNBOOK = {
     "hooks": "hooks directory (default: hooks/ beside the inventory); see docs/hooks.md",
-    "notify": "URL: POST a JSON event to it at each step of the run; repeat --notify URL "
-              "for several",
+    "notify": "POST a JSON event to this URL at each step of the run; repeat --notify for "
+              "several URLs",
 }
 UNATTENDED = {
     "json": "print the result as JSON on stdout (progress goes to stderr)",
@@ -152,8 +225,9 @@ def abort(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
 @command(help={**SELECT, "json": "print JSON instead of a table"})
 def status(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
            limit: str | None = None, json: bool = False) -> None:
-    """Per host: live release, slots, traffic (each slot's share during a canary), version
-    states, drift and the lock."""
+    """Per host: live release, slots, traffic, version states, drift and the lock.
+
+    During a canary the traffic is each slot's share of the requests."""
     _main("status", locals())
 
 
@@ -185,8 +259,9 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
           count_client_errors: bool = False, hooks: str | None = None,
           notify: list[str] | None = None, log_file: str | None = None,
           metrics_file: str | None = None) -> None:
-    """Watch TFServing's metrics; roll back automatically when the SLO breaks (abort a paused
-    canary that fails against its old release)."""
+    """Watch TFServing's metrics and roll back automatically when the SLO breaks.
+
+    A paused canary that fails against its old release is aborted instead."""
     _main("guard", locals())
 
 
@@ -248,8 +323,9 @@ def lock(c: Any, model: str, inventory: str | None = None, break_: bool = False)
 def logs(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
          limit: str | None = None, lines: str = "50", follow: bool = False,
          since: str | None = None) -> None:
-    """The serving containers' logs from every selected host (both slots of a canary), each
-    line prefixed host[/instance][/slot], merged in time order."""
+    """The serving containers' logs from every selected host, merged in time order.
+
+    Both slots of a canary and every instance; each line prefixed host[/instance][/slot]."""
     _main("logs", locals())
 
 
@@ -257,9 +333,10 @@ def logs(c: Any, model: str, inventory: str | None = None, hosts: str | None = N
                                               "(a paused canary does not refuse it)"})
 def exec_(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
           limit: str | None = None, force: bool = False) -> None:
-    """Run `-- CMD ...` inside each selected host's serving containers (both slots of a
-    canary, each labelled host[/instance][/slot], with its share of the requests); a summary
-    of exit codes."""
+    """Run `-- CMD ...` in each selected host's serving containers and summarize the exit codes.
+
+    Both slots of a canary, each labelled host[/instance][/slot] with its share of the
+    requests."""
     _main("exec", {**locals(), "argv": _after_dashes()})
 
 
