@@ -84,6 +84,7 @@ class HostOutcome:
     error: str = ""
     steps: list[dict[str, Any]] = field(default_factory=list)
     release: str = ""
+    diagnosis: dict[str, str] | None = None  # a failed gate's known failure: cause and fix
 
 
 @dataclass
@@ -285,6 +286,7 @@ def run_fleet_phase(roll: Roll, phase: Phase, jobs: list[HostJob]) -> list[HostJ
         roll.outcome(job).status = "unreachable" if isinstance(error, HostUnreachable) \
             else "failed"
         roll.outcome(job).error = describe(error) if error else ""
+        roll.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
         roll.failed.add(job.name)
     if roll.cancel.is_set():
         code = _stopped_code(roll)
@@ -330,6 +332,7 @@ def roll_batches(roll: Roll, phase: Phase, jobs: list[HostJob]) -> bool:
                 continue
             roll.failed.add(job.name)
             roll.outcome(job).error = describe(error)
+            roll.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
             # revert: the whole host goes back; stay: only the instance that failed
             roll.outcome(job).status = rescue_host(roll, phase, job,
                                                    every=roll.on_failure == "revert")

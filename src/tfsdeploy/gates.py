@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from tfsdeploy.diagnosis import Diagnosis
+
 
 class Clock(Protocol):
     """Time source for pollers."""
@@ -59,11 +61,16 @@ class Verdict:
 
 
 class GateFailed(Exception):
-    """A gate did not pass: what was expected, what was seen, and the server's log tail."""
+    """A gate did not pass: what was expected, what was seen, what it means when the failure
+    is a known one (its cause and fix), and the server's log tail."""
 
-    def __init__(self, step: str, expected: str, seen: str, log_tail: str = "") -> None:
+    def __init__(self, step: str, expected: str, seen: str, log_tail: str = "", *,
+                 diagnosis: Diagnosis | None = None) -> None:
         self.step, self.expected, self.seen, self.log_tail = step, expected, seen, log_tail
+        self.diagnosis = diagnosis
         message = f"{step}: expected {expected}; saw {seen}"
+        if diagnosis is not None:
+            message += "".join(f"\n    {line}" for line in diagnosis.lines())
         if log_tail:
             message += "\n    server log (tail):\n" + "\n".join(
                 f"      {line}" for line in log_tail.splitlines())

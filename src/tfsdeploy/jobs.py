@@ -17,6 +17,7 @@ from typing import Any
 from tfsdeploy.canary_policy import CanaryPolicy
 from tfsdeploy.catalog import Model
 from tfsdeploy.commands.containers import GpuRequest, parse_gpus
+from tfsdeploy.diagnosis import Diagnosis
 from tfsdeploy.dockerapi import ContainerFact
 from tfsdeploy.errors import HostUnreachable
 from tfsdeploy.facts import HostFacts
@@ -122,6 +123,7 @@ class HostJob:
     previous_record: ReleaseRecord | None = None
     canary_steps: list[dict[str, Any]] = field(default_factory=list)  # StepResult.as_dict()
     canary_comparison: dict[str, Any] | None = None
+    diagnosis: Diagnosis | None = None  # the known failure a gate recognised (cause and fix)
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")
@@ -226,7 +228,8 @@ class HostJob:
             previous=previous, deployed_by=self.run.who,
             updated_at=now_iso(), gates=tuple(self.gates), steps=tuple(self.steps),
             restored_by=self.run.reason if self.run.rollback else "",
-            canary=self.canary_summary())
+            canary=self.canary_summary(),
+            diagnosis=self.diagnosis.as_dict() if self.diagnosis else None)
 
     def canary_summary(self) -> dict[str, Any] | None:
         """The canary's steps and comparison on this host (None: it ran none here)."""

@@ -62,9 +62,10 @@ class SlotClient:
                               int(v.status.error_code), v.status.error_message)
                 for v in reply.model_version_status]
 
-    def signature(self, version: int, name: str, *, timeout: float = 10.0
-                  ) -> dict[str, dict[str, tuple[str, tuple[int, ...]]]]:
-        """{"inputs"|"outputs": {tensor: (dtype name, shape)}} of one signature."""
+    def signatures(self, version: int, *, timeout: float = 10.0
+                   ) -> dict[str, dict[str, dict[str, tuple[str, tuple[int, ...]]]]]:
+        """Every signature of the version (GetModelMetadata): name -> {"inputs"|"outputs":
+        {tensor: (dtype name, shape)}}."""
         request: Any = tfsapi.new_message(tfsapi.METADATA_REQUEST)
         request.model_spec.name = self.model
         request.model_spec.version.value = version
@@ -72,14 +73,18 @@ class SlotClient:
         reply = self._metadata(request, timeout=timeout)
         defs: Any = tfsapi.new_message(tfsapi.SIGNATURE_DEF_MAP)
         defs.ParseFromString(reply.metadata["signature_def"].value)
-        if name not in defs.signature_def:
-            return {}
-        sig = defs.signature_def[name]
-        return {kind: {key: (tfsapi.dtype_name(info.dtype),
-                             tuple(-1 if info.tensor_shape.unknown_rank else d.size
-                                   for d in info.tensor_shape.dim))
-                       for key, info in getattr(sig, kind).items()}
-                for kind in ("inputs", "outputs")}
+        return {name: {kind: {key: (tfsapi.dtype_name(info.dtype),
+                                    tuple(-1 if info.tensor_shape.unknown_rank else d.size
+                                          for d in info.tensor_shape.dim))
+                              for key, info in getattr(sig, kind).items()}
+                       for kind in ("inputs", "outputs")}
+                for name, sig in defs.signature_def.items()}
+
+    def signature(self, version: int, name: str, *, timeout: float = 10.0
+                  ) -> dict[str, dict[str, tuple[str, tuple[int, ...]]]]:
+        """{"inputs"|"outputs": {tensor: (dtype name, shape)}} of one signature ({} when the
+        version has none of that name)."""
+        return self.signatures(version, timeout=timeout).get(name, {})
 
     def predict(self, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
                 signature: str = "serving_default", timeout: float = 30.0

@@ -100,6 +100,7 @@ class ReleaseRecord(_Record):
     steps: tuple[StepRecord, ...] = ()
     canary: dict[str, Any] | None = None
     restored_by: str = ""  # "guard": the guard's rollback made this release current again
+    diagnosis: dict[str, str] | None = None  # a failed gate's known failure: kind, cause, fix
 
     def with_status(self, status: ReleaseStatus) -> ReleaseRecord:
         """The same record with another status, stamped now."""

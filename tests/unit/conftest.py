@@ -35,6 +35,7 @@ def world(tmp_path: Path, fake_rest: FakeFleet) -> dict[str, Any]:
                               "values": [[2.5 + version - 1], [3.5 + version - 1]]}}}]}
     (tmp_path / "golden.json").write_text(json.dumps(golden))
     FakeSlot.behaviour = {}
+    FakeSlot.load_error = "Could not load the SavedModel"
     FakeSlot.fleet = fake_rest
     return {"tmp": tmp_path, "source": source, "golden": tmp_path / "golden.json",
             "fleet": fake_rest}

@@ -498,12 +498,14 @@ class FakeSlot:
 
     A slot port reaches the container listening on it; the stable port reaches the container
     behind the proxy's serving server. ``behaviour[address]``: ok (default), slow (never
-    loads), broken (load fails), vanish (the host drops off the network at the first Predict),
-    refuse (the stable port refuses connections).
+    loads), broken (load fails with ``load_error``), renamed (its serving_default takes z and
+    returns w), vanish (the host drops off the network at the first Predict), refuse (the
+    stable port refuses connections).
     """
 
     behaviour: ClassVar[dict[str, str]] = {}
     fleet: ClassVar[FakeFleet]
+    load_error: ClassVar[str] = "Could not load the SavedModel"  # a broken load's message
 
     def __init__(self, address: str, port: int, model: str) -> None:
         self.address, self.port, self.model = address, port, model
@@ -528,12 +530,16 @@ class FakeSlot:
         if mode == "slow":
             return [VersionStatus(version, "LOADING", 0, "")]
         if mode == "broken":
-            return [VersionStatus(version, "END", 3, "Could not load the SavedModel")]
+            return [VersionStatus(version, "END", 3, self.load_error)]
         return [VersionStatus(version, "AVAILABLE", 0, "")]
 
-    def signature(self, version: int, name: str, *, timeout: float = 10.0) -> dict[str, Any]:
+    def signatures(self, version: int, *, timeout: float = 10.0) -> dict[str, Any]:
         self._container()
-        return {"inputs": {"x": ("DT_FLOAT", (-1, 1))}, "outputs": {"y": ("DT_FLOAT", (-1, 1))}}
+        if self.behaviour.get(self.address) == "renamed":
+            return {"serving_default": {"inputs": {"z": ("DT_FLOAT", (-1, 1))},
+                                        "outputs": {"w": ("DT_FLOAT", (-1, 1))}}}
+        return {"serving_default": {"inputs": {"x": ("DT_FLOAT", (-1, 1))},
+                                    "outputs": {"y": ("DT_FLOAT", (-1, 1))}}}
 
     def predict(self, inputs: dict[str, np.ndarray], *, version: int | None = None,
                 signature: str = "serving_default", timeout: float = 30.0

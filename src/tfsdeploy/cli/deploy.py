@@ -145,8 +145,17 @@ def file_diff(job: HostJob) -> str:
     return "".join(chunks)
 
 
+def error_cell(error: str, diagnosis: dict[str, str] | None) -> str:
+    """The summary's error: its first line, then the known failure's cause and fix."""
+    first = (error.splitlines() or [""])[0][:80]
+    if not diagnosis:
+        return first
+    return f"{first}\ncause: {diagnosis['cause']}\nfix: {diagnosis['fix']}"
+
+
 def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
-    """Per host: result, and time in each phase and gate."""
+    """Per host: result, time in each phase and gate, and the error (with its cause and fix
+    when it is a known failure)."""
     rows: list[tuple[str, ...]] = []
     for name, outcome in result.hosts.items():
         by_phase: dict[str, float] = {}
@@ -156,7 +165,7 @@ def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
         rows.append((name, outcome.status,
                      " ".join(f"{p} {s:.1f}s" for p, s in by_phase.items()),
                      " ".join(f"{g[5:]} {s:.1f}s" for g, s in gates.items()),
-                     (outcome.error.splitlines() or [""])[0][:80]))
+                     error_cell(outcome.error, outcome.diagnosis)))
     return rows
 
 

@@ -158,11 +158,13 @@ def status(target: Target, *, connect: ConnectionFactory = SshConnection
 
 def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
                  lines: int = 50) -> dict[str, Any]:
-    """Retained releases with results and step durations, and the audit log's tail."""
+    """Retained releases with results, step durations and a failed one's diagnosis (cause
+    and fix), and the audit log's tail."""
     releases = [{"id": r.id, "version": r.version, "status": r.status.value, "slot": r.slot,
                  "by": r.deployed_by, "at": r.updated_at,
                  "seconds": round(sum(s.seconds for s in r.steps), 1),
-                 "gates": {g.gate: g.seconds for g in r.gates}} for r in facts.releases]
+                 "gates": {g.gate: g.seconds for g in r.gates},
+                 "diagnosis": r.diagnosis} for r in facts.releases]
     audit = conn.run(["tail", "-n", str(lines), host_paths(host, target.model).audit_log])
     entries = parse_audit(audit.stdout) if audit.ok else []
     return {"releases": releases, "broken_records": [b.model_dump() for b in facts.broken],

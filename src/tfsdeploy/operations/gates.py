@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from tfsdeploy.changes import Check
+from tfsdeploy.diagnosis import Diagnosis, ServerFacts, SignatureView, diagnose, diagnose_signature
 from tfsdeploy.errors import HostUnreachable
 from tfsdeploy.gates import GateFailed, Verdict, percentile, poll
 from tfsdeploy.golden import GoldenExample, mismatch
@@ -47,12 +48,52 @@ def container_problem(job: HostJob) -> str | None:
     return None
 
 
-def log_tail(job: HostJob, lines: int = 20) -> str:
+SHOWN_LOG_LINES = 20  # the tail a failed gate shows
+DIAGNOSED_LOG_LINES = 200  # what is searched for a known failure: retries and shutdown follow it
+
+
+def log_tail(job: HostJob, lines: int = SHOWN_LOG_LINES) -> str:
     """The new container's log tail (TFServing prints load errors there)."""
     try:
         return job.conn.docker.logs(job.container, lines).strip()
     except Exception as error:  # the tail is a courtesy: never hide the gate's own failure
         return f"(log unavailable: {type(error).__name__})"
+
+
+def last_lines(text: str, count: int) -> str:
+    """The last ``count`` lines of ``text``."""
+    return "\n".join(text.splitlines()[-count:])
+
+
+def server_facts(job: HostJob) -> ServerFacts:
+    """What a diagnosis may name of the release's server: image, release, GPU share."""
+    gpus = {gpu.index: gpu.memory_mib for gpu in job.host.gpus}
+    first = job.inst.gpus[0] if job.inst.gpus else None
+    return ServerFacts(image=job.image, tfserving_version=job.host.vars.tfserving_version,
+                       gpu_fraction=job.inst.fraction, gpu_mib=gpus.get(first or 0),
+                       memory_mib=job.model.memory_mib)
+
+
+def diagnosed(job: HostJob, seen: str, log: str = "") -> Diagnosis | None:
+    """The known failure what the gate saw and the server's log show (kept for the host's
+    outcome and release record), or None."""
+    found = diagnose(f"{seen}\n{log}", server_facts(job))
+    if found is not None:
+        job.diagnosis = found
+    return found
+
+
+def failure(job: HostJob, step: str, expected: str, seen: str, *, logs: bool,
+            diagnosis: Diagnosis | None = None, tail: str = "") -> GateFailed:
+    """A gate's failure with the server's log tail (when ``logs``) and what it means: the
+    gate's own diagnosis, else the one its observation and the log show."""
+    log = log_tail(job, DIAGNOSED_LOG_LINES) if logs else ""
+    if diagnosis is not None:
+        job.diagnosis = diagnosis
+    else:
+        diagnosis = diagnosed(job, seen, log)
+    return GateFailed(step, expected, seen, last_lines(log, SHOWN_LOG_LINES) if logs else tail,
+                      diagnosis=diagnosis)
 
 
 def record_gate(job: HostJob, name: str, started: float, ok: bool, detail: str) -> None:
@@ -66,19 +107,19 @@ def gate_errors(job: HostJob, gate: str, started: float, *, step: str, expected:
                 logs: bool = True) -> Iterator[None]:
     """Record a gate that failed and raise it as GateFailed: a GateFailed as it is, any other
     error (a refused or timed-out request) as ``expected`` not met; with the container's log
-    tail when ``logs``. A host that stopped answering SSH stays HostUnreachable."""
+    tail when ``logs``, and the diagnosis of a known failure. A host that stopped answering
+    SSH stays HostUnreachable."""
     try:
         yield
     except HostUnreachable:
         raise  # not the release's fault: the host is reported unreachable
     except GateFailed as error:
         record_gate(job, gate, started, False, error.seen)
-        tail = log_tail(job) if logs else error.log_tail
-        raise GateFailed(error.step, error.expected, error.seen, tail) from None
+        raise failure(job, error.step, error.expected, error.seen, logs=logs,
+                      diagnosis=error.diagnosis, tail=error.log_tail) from None
     except Exception as exc:
         record_gate(job, gate, started, False, str(exc))
-        raise GateFailed(step, expected, f"{type(exc).__name__}: {exc}",
-                         log_tail(job) if logs else "") from None
+        raise failure(job, step, expected, f"{type(exc).__name__}: {exc}", logs=logs) from None
 
 
 T = TypeVar("T")
@@ -131,6 +172,13 @@ def gate_available(job: HostJob, timeout_s: float | None = None) -> Ops:
     return ""  # the check says what it saw
 
 
+def contract_view(contract: Any) -> SignatureView:
+    """The catalog's signature as the served ones are given: side -> name -> (dtype, shape)."""
+    return {side: {name: (spec.dtype, tuple(spec.shape))
+                   for name, spec in getattr(contract, side).items()}
+            for side in ("inputs", "outputs")}
+
+
 def signature_differences(contract: Any, served: dict[str, Any]) -> list[str]:
     """How the served signature differs from the contract (empty when it matches)."""
     if not served:
@@ -159,14 +207,17 @@ def gate_signature(job: HostJob) -> Ops:
 
     def run() -> str:
         started = time.monotonic()
-        served = _with_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index),
-                              lambda c: c.signature(job.run.version, contract.name))
-        differences = signature_differences(contract, served)
+        every = _with_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index),
+                             lambda c: c.signatures(job.run.version))
+        differences = signature_differences(contract, every.get(contract.name, {}))
         record_gate(job, "signature", started, not differences,
                     "; ".join(differences) or "matches")
         if differences:
+            diagnosis = diagnose_signature(contract.name, contract_view(contract), every,
+                                           differences)
+            job.diagnosis = diagnosis
             raise GateFailed("gate_signature", f"signature {contract.name!r} as in the catalog",
-                             "; ".join(differences))
+                             "; ".join(differences), diagnosis=diagnosis)
         return (f"{contract.name}: {len(contract.inputs)} input(s), "
                 f"{len(contract.outputs)} output(s)")
 
