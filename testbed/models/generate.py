@@ -42,9 +42,9 @@ class Result:
 
 def all_specs() -> list[VersionSpec]:
     """Every version the generator knows, small models first."""
-    from testbed.models import half_plus_two, resnet
+    from testbed.models import half_plus_two, resnet, serving_failures
 
-    return [*half_plus_two.specs(), *resnet.specs()]
+    return [*half_plus_two.specs(), *serving_failures.specs(), *resnet.specs()]
 
 
 def model_names() -> list[str]:

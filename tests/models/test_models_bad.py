@@ -11,7 +11,7 @@ import tensorflow as tf
 from google.protobuf.message import DecodeError
 from tensorflow.core.protobuf import saved_model_pb2
 
-from testbed.models import half_plus_two, savedmodel
+from testbed.models import half_plus_two, savedmodel, serving_failures
 
 
 def bad(models_out: Path, version: int) -> Path:
@@ -77,3 +77,41 @@ def test_15_declares_more_simulated_gpu_memory_than_a_gpu_has(models_out: Path) 
 def test_loadable_bad_versions_keep_the_intercept_rule(models_out: Path, version: int) -> None:
     fn = tf.saved_model.load(str(bad(models_out, version))).signatures["serving_default"]
     assert fn(x=tf.constant([[0.0]]))["y"].numpy().tolist() == [[float(version + 1)]]
+
+
+def _graph_ops(path: Path) -> set[str]:
+    """Every op type of the serve MetaGraph, its functions' bodies included."""
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    graph = saved.meta_graphs[0].graph_def
+    return {n.op for n in graph.node} | {n.op for f in graph.library.function
+                                         for n in f.node_def}
+
+
+def test_18_keras_in_a_module_runs_in_tf2_but_not_session_style(models_out: Path) -> None:
+    path = bad(models_out, 18)
+    fn = tf.saved_model.load(str(path)).signatures["serving_default"]
+    assert fn(x=tf.constant([[0.0]]))["y"].numpy().tolist() == [[19.0]]
+    assert len(savedmodel.read_warmup(path)) == half_plus_two.WARMUP_RECORDS
+    with pytest.raises(savedmodel.NotServable, match=r"warmup record 1 \(serving_default\) "
+                       r"failed") as error:
+        savedmodel.check_servable(path)
+    assert "Could not find variable dense/" in str(error.value.__cause__)
+
+
+def test_19_computes_y_in_a_python_function(models_out: Path) -> None:
+    path = bad(models_out, 19)
+    assert "EagerPyFunc" in _graph_ops(path)
+    assert len(savedmodel.read_warmup(path)) == half_plus_two.WARMUP_RECORDS
+    assert list(savedmodel.signature_facts(path)) == ["serving_default", "times_two"]
+
+
+def test_20_needs_a_newer_tensorflow_than_the_one_installed(models_out: Path) -> None:
+    path = bad(models_out, 20)
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((path / "saved_model.pb").read_bytes())
+    versions = saved.meta_graphs[0].graph_def.versions
+    assert versions.min_consumer == tf.version.GRAPH_DEF_VERSION + serving_failures.NEWER_BY
+    with pytest.raises(savedmodel.NotServable, match=r"GraphDef min consumer version \d+ above "
+                       r"current version \d+ for TensorFlow"):
+        savedmodel.check_servable(path)

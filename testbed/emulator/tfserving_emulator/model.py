@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2
 
+from . import cpp_runtime
 from .inference import SignatureIndex
 from .status import Code, ServingError, from_tf_exception
 
@@ -113,6 +114,8 @@ class LoadedModel:
         self.export_dir = export_dir
         check_bundle_dir(export_dir)
         self.meta_graph = read_meta_graph(export_dir, tags)
+        cpp_runtime.check_graph_versions(self.meta_graph)  # what the C++ server refuses
+        self._refused = cpp_runtime.unrunnable_fetches(self.meta_graph)
         self.signature_defs = dict(self.meta_graph.signature_def)
         self.indexes = {key: SignatureIndex.of(s) for key, s in self.signature_defs.items()}
         import tensorflow as tf
@@ -154,6 +157,10 @@ class LoadedModel:
         """``Session::Run(RunOptions{timeout_in_ms}, feeds, fetches)``: numpy in, numpy out."""
         from tensorflow.python.client import pywrap_tf_session as tf_session
 
+        if self._refused:  # a Python-only kernel the C++ server lacks (cpp_runtime)
+            refused = next((self._refused[f] for f in fetches if f in self._refused), None)
+            if refused is not None:
+                raise ServingError(refused.code, refused.message)
         feed_dict = {self._output(name): value for name, value in feeds}
         fetch_list = [self._output(name) for name in fetches]
         try:
