@@ -2,12 +2,66 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 os.chdir(ROOT)
 for path in (ROOT, ROOT / "src"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+
+
+# -- parallel runs (pytest-xdist, ``--dist loadgroup``; scripts/test) ------------------------
+#
+# Every test module is one xdist group unless it names a group itself: a module's tests share
+# module-scoped fixtures (one model on the fleet, one emulator), so they run in one worker, in
+# file order. Modules that must not overlap share a group (``gpu-host``: the users of the
+# suite fleet's two-GPU host). Groups are handed to the workers longest first, by the times
+# the last run recorded (scripts/test-report writes them), so that the longest module does not
+# start last.
+
+DURATIONS = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy")) / "test-durations.json"
+# a guess for a group no run has timed yet: fleet tiers first, then the rest
+FIRST_GUESS_S = {"mainjob": 200.0, "integration": 150.0, "accept": 60.0, "conformance": 60.0,
+                 "testbed": 30.0, "emulator": 20.0}
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The group ``item`` runs in: its module's own or the one its marker names."""
+    marker = item.get_closest_marker("xdist_group")
+    if marker is not None:
+        return str(marker.args[0] if marker.args else marker.kwargs.get("name", "default"))
+    return item.nodeid.split("::", 1)[0]
+
+
+def _recorded_durations() -> dict[str, float]:
+    try:
+        data = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    recorded = _recorded_durations()
+    first_seen: dict[str, int] = {}
+    modules: dict[str, set[str]] = {}
+    for index, item in enumerate(items):
+        group = xdist_group(item)
+        first_seen.setdefault(group, index)
+        modules.setdefault(group, set()).add(item.nodeid.split("::", 1)[0])
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+    def module_s(module: str) -> float:
+        tier = module.split("/")[1] if module.count("/") >= 2 else ""
+        return recorded.get(module, FIRST_GUESS_S.get(tier, 5.0))
+
+    expected = {group: sum(map(module_s, mods)) for group, mods in modules.items()}
+    items.sort(key=lambda item: (-expected[xdist_group(item)], first_seen[xdist_group(item)]))

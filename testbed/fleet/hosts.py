@@ -301,6 +301,7 @@ def _host_key(host: Host) -> Path:
 
 
 FORWARDING_FILE = "ssh-forwarding"
+ALT_SSH_PORT = 2222
 
 
 def ssh_forwarding(places: Places) -> bool:
@@ -322,6 +323,9 @@ def _write_sshd_config(host: Host) -> bool:
                 "# written by scripts/testbed: sshd of testbed host " + host.name,
                 f"ListenAddress {host.address}",
                 "Port 22",
+                # the same daemon on a second port: a test that cuts one run's SSH off drops
+                # only this port, and every other run on the fleet keeps port 22
+                f"Port {ALT_SSH_PORT}",
                 f"HostKey {_host_key(host)}",
                 "PidFile /run/sshd.pid",
                 "PermitRootLogin prohibit-password",

@@ -208,6 +208,7 @@ def known_hosts_lines(places: Places, count: int) -> list[str]:
         host = hostlib.Host(i, places)
         keytype, key = Path(f"{host.dir}/ssh_host_ed25519_key.pub").read_text().split()[:2]
         lines.append(f"{host.address},{host.name} {keytype} {key}")
+        lines.append(f"[{host.address}]:{hostlib.ALT_SSH_PORT} {keytype} {key}")
     return lines
 
 

@@ -19,6 +19,7 @@ import itertools
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +78,10 @@ class SteadyLoad:
     timeout_s: float = 10.0
     max_s: float = 600.0
     x: float = 2.0
+    # another model's gRPC request and what of its reply to record as ``y`` (default: a
+    # half_plus_two request of ``x`` and its y); REST targets always send half_plus_two's
+    grpc_request: Callable[[], Any] | None = None
+    grpc_answer: Callable[[Any], float] | None = None
     samples: list[Sample] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -114,7 +119,9 @@ class SteadyLoad:
 
     def _work(self, target: Target, counter: itertools.count[int], stub: Any) -> None:
         grpc = api()["grpc"]
-        request = predict_request(self.model, [self.x])
+        request = (self.grpc_request() if self.grpc_request is not None
+                   else predict_request(self.model, [self.x]))
+        answer = self.grpc_answer or (lambda reply: outputs_y(reply)[0])
         body = json.dumps({"instances": [[self.x]]}).encode()
         path = f"/v1/models/{self.model}:predict"
         conn: http.client.HTTPConnection | None = None
@@ -133,7 +140,7 @@ class SteadyLoad:
             error = ""
             try:
                 if target.kind == "grpc":
-                    y = outputs_y(stub.Predict(request, timeout=self.timeout_s))[0]
+                    y = answer(stub.Predict(request, timeout=self.timeout_s))
                 else:
                     if conn is None:
                         conn = http.client.HTTPConnection(target.address, target.port,

@@ -34,6 +34,8 @@ from typing import Any
 
 import pytest
 from testbed_support import (
+    ADDRESSES,
+    ALT_SSH_PORT,
     HOSTS,
     MODELS,
     STATE,
@@ -85,13 +87,16 @@ def write_inventory(path: Path, *, model: str, source: Path, golden: Path, offse
                     serial: tuple[int | str, ...] = (1, "100%"), min_healthy_s: float = 1.0,
                     load_timeout_s: float = 120.0, memory_mib: int = 512,
                     warmup_samples: int = 10, warmup_p99_ms: float = 1000.0,
-                    keep_releases: int = 3, gpu_mib: int = GPU_MIB, gpus: int = 1) -> Path:
-    """A test inventory: tb1..tb3 (groups canary [tb1], main [tb2, tb3]), the assembled
-    model, short gates."""
+                    keep_releases: int = 3, gpu_mib: int = GPU_MIB,
+                    gpus: int | dict[str, int] = 1,
+                    hosts: dict[str, str] = HOSTS, ssh_port: int = 22) -> Path:
+    """A test inventory: ``hosts`` (groups canary [the first], main [the others]), the
+    assembled model, short gates."""
+    first, *others = hosts
     path.write_text(inventory_text(
         title="the deploy integration tests", model=model, source=source, golden=golden,
-        offset=offset, groups='{"canary": Group(["tb1"]), "main": Group(["tb2", "tb3"])}',
-        memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus,
+        offset=offset, groups=f'{{"canary": Group([{first!r}]), "main": Group({others!r})}}',
+        memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus, hosts=hosts, ssh_port=ssh_port,
         warmup=f"Warmup(samples={warmup_samples!r}, p99_ms={warmup_p99_ms!r}, timeout_s=60)",
         rollout=f"Rollout(serial={serial!r}, min_healthy_s={min_healthy_s!r}, "
                 f"load_timeout_s={load_timeout_s!r}, drain_timeout_s=30, "
@@ -106,12 +111,15 @@ class Fleet(ModelFleet):
     """A test module's model: its source, inventories, ports, and what the hosts hold."""
 
     golden: Path
+    ssh_port: int = 22
+    gpus: int | dict[str, int] = 1
 
     def inventory_variant(self, name: str, **kwargs: Any) -> Path:
         """Another inventory for the same model (other gate timings, other footprint)."""
         return write_inventory(self.tmp / f"inventory_{name}.py", model=self.model,
                                source=self.source, golden=self.golden, offset=self.offset,
-                               **kwargs)
+                               hosts=self.hosts,
+                               **{"ssh_port": self.ssh_port, "gpus": self.gpus, **kwargs})
 
     def lock_free(self) -> tuple[bool, Run]:
         """Whether ``fab lock`` reports the model's lock free (and its output)."""
@@ -125,24 +133,24 @@ class Fleet(ModelFleet):
         """Per host: containers (name, id, status, start time) and the current release."""
         return {h: {"containers": [(c["name"], c["id"], c["status"], c["started"])
                                    for c in self.containers(h)],
-                    "current": (self.current(h) or {}).get("id")} for h in HOSTS}
+                    "current": (self.current(h) or {}).get("id")} for h in self.hosts}
 
     def current_target(self, host: str) -> str:
         return ssh(host, f"readlink /srv/tfsdeploy/{self.model}/current", check=False
                    ).stdout.strip()
 
     def served_y(self, host: str, x: float = 2.0) -> float:
-        return grpc_predict(HOSTS[host], self.grpc_port, self.model, [x])[0]
+        return grpc_predict(ADDRESSES[host], self.grpc_port, self.model, [x])[0]
 
-    def assert_serving(self, source_b: int, hosts: tuple[str, ...] = tuple(HOSTS)) -> None:
+    def assert_serving(self, source_b: int, hosts: tuple[str, ...] | None = None) -> None:
         """Every host's stable gRPC and REST ports answer with the outputs of the version
         whose half_plus_two number is ``source_b`` (y = 0.5 x + b + 1)."""
         xs = [1.0, 2.0, 5.0]
         want = [expected_y(source_b, x) for x in xs]
-        for host in hosts:
-            got = grpc_predict(HOSTS[host], self.grpc_port, self.model, xs)
+        for host in hosts or tuple(self.hosts):
+            got = grpc_predict(ADDRESSES[host], self.grpc_port, self.model, xs)
             assert got == pytest.approx(want, abs=1e-5), f"{host} gRPC :{self.grpc_port}"
-            rest = rest_predict(HOSTS[host], self.rest_port, self.model, xs)
+            rest = rest_predict(ADDRESSES[host], self.rest_port, self.model, xs)
             assert rest == pytest.approx(want, abs=1e-5), f"{host} REST :{self.rest_port}"
 
 
@@ -158,9 +166,9 @@ def listeners(host: str, ports: list[int]) -> list[str]:
             if any(line.split()[3].endswith(w) for w in wanted if len(line.split()) > 3)]
 
 
-def assert_ports_free(offset: int) -> None:
+def assert_ports_free(offset: int, hosts: dict[str, str] = HOSTS) -> None:
     """Nothing listens on the ports of a model with ``offset`` (call after clean_model)."""
-    taken = {h: listeners(h, model_ports(offset)) for h in HOSTS}
+    taken = {h: listeners(h, model_ports(offset)) for h in hosts}
     taken = {h: lines for h, lines in taken.items() if lines}
     if taken:
         raise RuntimeError(f"ports of offset {offset} are taken on the fleet (another model "
@@ -169,19 +177,23 @@ def assert_ports_free(offset: int) -> None:
 
 def fleet_fixture(tmp_path_factory: pytest.TempPathFactory, model: str, offset: int,
                   versions: dict[int, tuple[str, int]], *,
-                  tidy: Callable[[], None] | None = None, **inventory: Any) -> Iterator[Fleet]:
-    """Body of a module-scoped fixture: a clean model on a healthy fleet, cleaned after
-    (``tidy``: see fleet_lifetime)."""
+                  tidy: Callable[[], None] | None = None, hosts: dict[str, str] = HOSTS,
+                  ssh_port: int = 22, gpus: int | dict[str, int] = 1,
+                  **inventory: Any) -> Iterator[Fleet]:
+    """Body of a module-scoped fixture: a clean model on a healthy fleet (its ``hosts``),
+    cleaned after (``tidy``: see fleet_lifetime)."""
     def make() -> Fleet:
-        assert_ports_free(offset)
+        assert_ports_free(offset, hosts)
         tmp = tmp_path_factory.mktemp(model)
         source, golden = assemble_source(tmp, versions)
         path = write_inventory(tmp / "inventory.py", model=model, source=source,
-                               golden=golden, offset=offset, **inventory)
+                               golden=golden, offset=offset, hosts=hosts, ssh_port=ssh_port,
+                               gpus=gpus, **inventory)
         return Fleet(model=model, offset=offset, tmp=tmp, source=source, golden=golden,
-                     inventory=path)
+                     inventory=path, hosts=dict(hosts), ssh_port=ssh_port, gpus=gpus)
 
-    yield from fleet_lifetime(model, make, keep_env="TFSDEPLOY_DEPLOY_TESTS_KEEP", tidy=tidy)
+    yield from fleet_lifetime(model, make, keep_env="TFSDEPLOY_DEPLOY_TESTS_KEEP", tidy=tidy,
+                              hosts=hosts)
 
 
 # -- REST clients of the stable ports ---------------------------------------------------------
@@ -235,7 +247,7 @@ class Traffic:
 
     def _loop(self) -> None:
         grpc = api()["grpc"]
-        address, model = HOSTS[self.host], self.fleet.model
+        address, model = ADDRESSES[self.host], self.fleet.model
         request = predict_request(model, [2.0])
         with grpc.insecure_channel(f"{address}:{self.fleet.grpc_port}") as channel:
             stub = api()["service"].PredictionServiceStub(channel)
@@ -297,8 +309,11 @@ def gpu_reservation(host: str, used_mib: int) -> Iterator[str]:
 class Partition:
     """Cut ``host`` off from one deploy process, silently (DROP, no RST), like a network
     failure: its established SSH connection(s) to the host, new SSH connections to the host,
-    and the model's own ports there. Other sessions' established SSH connections keep working.
-    Always undone on exit."""
+    and the model's own ports there. Always undone on exit.
+
+    Only the hosts' second sshd port (ALT_SSH_PORT) is cut: the module's inventory reaches the
+    hosts there (``fleet_fixture(..., ssh_port=ALT_SSH_PORT)``), so every other run sharing
+    the fleet keeps port 22."""
 
     COMMENT = "tfsdeploy-deploy-tests"
 
@@ -310,7 +325,8 @@ class Partition:
 
     def _ssh_source_ports(self) -> list[int]:
         out = subprocess.run(["ss", "-tnpH", "state", "established", "dst",
-                              f"{HOSTS[self.host]}:22"], capture_output=True, text=True).stdout
+                              f"{ADDRESSES[self.host]}:{ALT_SSH_PORT}"], capture_output=True,
+                             text=True).stdout
         found = []
         for line in out.splitlines():
             if f"pid={self.pid}," in line:  # Recv-Q Send-Q Local:Port Peer:Port Process
@@ -319,13 +335,14 @@ class Partition:
 
     def __enter__(self) -> Partition:
         base = ["-m", "comment", "--comment", self.COMMENT, "-j", "DROP"]
+        ssh_port = str(ALT_SSH_PORT)
         for port in self._ssh_source_ports() if self.pid else []:
-            self.rules.append(["INPUT", "-p", "tcp", "--dport", "22", "--sport", str(port),
-                               *base])
+            self.rules.append(["INPUT", "-p", "tcp", "--dport", ssh_port, "--sport",
+                               str(port), *base])
         # new connections only: their SYN (matching conntrack's NEW would also drop the first
         # packet of an established connection that conntrack had not tracked before: it
         # starts tracking a namespace's connections only once a rule there needs it)
-        self.rules.append(["INPUT", "-p", "tcp", "--dport", "22", "--syn", *base])
+        self.rules.append(["INPUT", "-p", "tcp", "--dport", ssh_port, "--syn", *base])
         if self.ports:
             low, high = self.ports
             self.rules.append(["INPUT", "-p", "tcp", "--dport", f"{low}:{high}", *base])

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import pytest
 from testbed_support import (
+    ALT_SSH_PORT,
     HOSTS,
     MODELS,
     REPO,
@@ -58,14 +59,18 @@ def unblock_all_ssh() -> None:
 
 def _iptables(host: str, op: str) -> list[str]:
     # new connections only (their SYN): established SSH sessions of other runs keep working
-    # (conntrack's NEW would also match the first packet of a session it had not tracked)
-    return netns(host, "iptables", op, "INPUT", "-p", "tcp", "--dport", "22", "--syn", "-m",
+    # (conntrack's NEW would also match the first packet of a session it had not tracked);
+    # only on the second sshd port, which the inventories of modules that block SSH use
+    # (make_fleet's ssh_port): the other modules' runs keep port 22
+    return netns(host, "iptables", op, "INPUT", "-p", "tcp", "--dport", str(ALT_SSH_PORT),
+                 "--syn", "-m",
                  "comment", "--comment", "tfsdeploy-rollback-tests", "-j", "REJECT",
                  "--reject-with", "tcp-reset")
 
 
 class ssh_blocked:
-    """New SSH connections to ``host`` are refused while inside (always restored)."""
+    """New SSH connections to ``host``'s second sshd port are refused while inside (always
+    restored): the module's inventory must reach the hosts there (``ssh_port=ALT_SSH_PORT``)."""
 
     def __init__(self, host: str) -> None:
         self.host = host
@@ -155,7 +160,8 @@ phases:
 
 def make_fleet(tmp: Path, model: str, offset: int, *, window_s: float = 600.0,
                serial: tuple[int | str, ...] = (1,), min_healthy_s: float = 1.0,
-               versions: tuple[int, ...] = (1, 2, 3), keep_releases: int = 3) -> Fleet:
+               versions: tuple[int, ...] = (1, 2, 3), keep_releases: int = 3,
+               ssh_port: int = 22) -> Fleet:
     """Write the model's version source (copies of half_plus_two), inventory and playbook."""
     source = tmp / "models" / model
     source.mkdir(parents=True, exist_ok=True)
@@ -167,7 +173,7 @@ def make_fleet(tmp: Path, model: str, offset: int, *, window_s: float = 600.0,
         warmup="Warmup(samples=20)",
         rollout=f"Rollout(serial={serial!r}, min_healthy_s={min_healthy_s!r}, "
                 f"window_s={window_s!r}, keep_releases={keep_releases!r}, "
-                f"load_timeout_s=120)"))
+                f"load_timeout_s=120)", ssh_port=ssh_port))
     (tmp / "playbooks").mkdir(exist_ok=True)
     playbook = tmp / "playbooks" / "deploy-fast.yml"
     playbook.write_text(FAST_PLAYBOOK)

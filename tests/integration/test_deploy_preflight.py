@@ -1,6 +1,8 @@
 """Preflight refusals on the local fleet: exit 1, nothing changed.
 
-Model ``itpreflight`` (port offset 1100): versions 1 and 2 are half_plus_two 1 and 2.
+Model ``itpreflight`` (port offset 1100): versions 1 and 2 are half_plus_two 1 and 2, on tb1,
+tb2 and the suite fleet's GPU host tb4, whose GPU the filler test fills: the module is in the
+xdist group "gpu-host", so no other module deploys to tb4 meanwhile.
 """
 
 from __future__ import annotations
@@ -18,21 +20,25 @@ from deploy_support import (
     write_inventory,
 )
 from testbed_support import (
-    HOSTS,
+    ADDRESSES,
+    GPU_HOST,
     clean_model,
     grpc_predict,
     ssh,
 )
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
 
 MODEL, OFFSET = "itpreflight", 1100
+FULL = GPU_HOST  # the host whose GPU the filler test fills
+HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2", FULL)}
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
-                             serial=("100%",), min_healthy_s=1.0)
+                             serial=("100%",), min_healthy_s=1.0, hosts=HOSTS,
+                             gpus={FULL: 2})
 
 
 def nothing_on_hosts(model: str) -> None:
@@ -62,14 +68,13 @@ def test_a_full_gpu_is_refused_in_preflight_with_the_numbers(fleet: Fleet) -> No
     fleet.deploy(1)
     fleet.assert_serving(1)
     before = fleet.snapshot()
-    total, _ = gpu_used_mib("tb3")
-    # at most 100 MiB free on tb3 whatever else runs there (other sessions' containers come
-    # and go): the new release needs ceil(512 x 1.2 / 16384, 3 places) = 0.038 x 16384 MiB
-    # and its CUDA context (512 MiB)
-    with gpu_reservation("tb3", total - 100):
+    total, _ = gpu_used_mib(FULL)
+    # at most 100 MiB free on the host whatever else runs there: the new release needs
+    # ceil(512 x 1.2 / 16384, 3 places) = 0.038 x 16384 MiB and its CUDA context (512 MiB)
+    with gpu_reservation(FULL, total - 100):
         run = fleet.fab("deploy", "--version", "2")
     assert run.code == 1, run.describe()
-    assert "check_gpu" in run.out and "tb3" in run.out, run.describe()
+    assert "check_gpu" in run.out and FULL in run.out, run.describe()
     assert "1135 MiB free on GPU 0" in run.out, "names what it needs"
     assert "MiB free (" in run.out and f"of {total} MiB used" in run.out, "names what it saw"
     fleet.assert_serving(1)
@@ -84,23 +89,25 @@ def test_a_model_on_ports_already_taken_is_refused(fleet: Fleet) -> None:
     if not all(fleet.current(h) for h in HOSTS):
         fleet.deploy(1)
     clash_model = "itclash"
-    clean_model(clash_model)
+    clean_model(clash_model, HOSTS)
     tmp = fleet.tmp / "clash"
     tmp.mkdir(exist_ok=True)
     source, golden = assemble_source(tmp, {1: GOOD[3]})
     inventory = write_inventory(tmp / "inventory.py", model=clash_model, source=source,
-                                golden=golden, offset=OFFSET, serial=("100%",))
+                                golden=golden, offset=OFFSET, serial=("100%",), hosts=HOSTS,
+                                gpus={FULL: 2})
     try:
         run = fleet.fab("deploy", "--version", "1", model=clash_model, inventory=inventory)
         # every new connection to the first model's stable port must still reach it
         answers = set()
         for _ in range(12):
             try:
-                answers.add(round(grpc_predict(HOSTS["tb1"], fleet.grpc_port, MODEL, [2.0])[0]))
+                answers.add(round(grpc_predict(ADDRESSES["tb1"], fleet.grpc_port, MODEL,
+                                               [2.0])[0]))
             except Exception as error:
                 answers.add(f"{type(error).__name__}: {str(error)[:300]}")
         assert answers == {3}, f"{MODEL}'s stable port answered {answers} after the clash"
         assert run.code == 1, run.describe()
         assert str(fleet.grpc_port) in run.out, "the refusal names the taken port"
     finally:
-        clean_model(clash_model)
+        clean_model(clash_model, HOSTS)

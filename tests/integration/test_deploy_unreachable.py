@@ -3,7 +3,8 @@
 Model ``itunreach`` (port offset 1200), versions 1 and 2 = half_plus_two 1 and 2, batches
 [tb1], [tb2, tb3]. While batch 2 rolls, tb2 is cut off from the deploy process without a
 reset (iptables DROP in tb2's network namespace: the deploy's established SSH connection, new
-SSH connections, and the model's ports; other sessions' SSH connections keep working).
+SSH connections, and the model's ports). The module's inventory reaches the hosts on their
+second sshd port (2222), the only one cut, so the other modules' runs keep port 22.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from deploy_support import (
     fleet_fixture,
     remove_partition_rules,
 )
-from testbed_support import HOSTS, expected_y, grpc_predict
+from testbed_support import ALT_SSH_PORT, HOSTS, expected_y, grpc_predict
 
 pytestmark = pytest.mark.testbed
 
@@ -31,7 +32,7 @@ MODEL, OFFSET = "itunreach", 1200
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
                              serial=(1, "100%"), min_healthy_s=1.0,
-                             tidy=remove_partition_rules)
+                             tidy=remove_partition_rules, ssh_port=ALT_SSH_PORT)
 
 
 def served(fleet: Fleet, host: str) -> int:

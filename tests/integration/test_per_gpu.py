@@ -3,8 +3,9 @@ each given only its GPU, behind the host's one proxy; a roll replaces them one a
 no failed request; status and the release record name each instance and its GPU; a rollback
 brings both back.
 
-Model ``itgpu`` on tb1..tb3, port offset 2000; tb3 gets two GPUs for the module (`up --gpus
-tb3=2`) and one again at the end.
+Model ``itgpu`` on tb1, tb2 and the suite fleet's two-GPU host tb4 (testbed_support.GPU_HOST,
+brought up by scripts/test: `scripts/testbed up --hosts 4 --gpus tb4=2`), port offset 2000.
+The module is in the xdist group "gpu-host": no other module uses tb4 while it runs.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from typing import Any
 import pytest
 from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
 from rollback_support import json_from
-from testbed_support import HOSTS, STATE, _testbed, ssh, ssh_argv
+from testbed_support import ADDRESSES, GPU_HOST, STATE, SUITE_FLEET, _testbed, ssh, ssh_argv
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
 
 MODEL, OFFSET = "itgpu", 2000
 BIG, BIG_OFFSET = "itgpubig", 2100
-WIDE = "tb3"
+WIDE = GPU_HOST
+HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2", WIDE)}
 STRIDE = 20  # layout.INSTANCE_PORT_STRIDE: instance k's slot ports are instance 0's + k * 20
 SLOT_REST = {"blue": 8511 + OFFSET, "green": 8521 + OFFSET}
 
@@ -35,28 +37,24 @@ def _gpu_counts() -> dict[str, int]:
     return {h["name"]: len(h["gpus"]) for h in hosts}
 
 
-def _up(*args: str) -> None:
-    proc = _testbed("up", "--no-images", "--hosts", str(len(HOSTS)), *args)
-    assert proc.returncode == 0, f"scripts/testbed up failed:\n{proc.stdout}\n{proc.stderr}"
+def ensure_wide_host() -> None:
+    """The suite's fleet shape (a fleet brought up by hand may lack tb4 or its GPUs)."""
+    if _gpu_counts().get(WIDE) != 2:
+        proc = _testbed("up", *SUITE_FLEET)
+        assert proc.returncode == 0, f"scripts/testbed up failed:\n{proc.stdout}\n{proc.stderr}"
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    widened = _gpu_counts().get(WIDE) != 2
-    if widened:
-        _up("--gpus", f"{WIDE}=2")
-    try:
-        for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
-                                  serial=(1, "100%")):
-            text = made.inventory.read_text()
-            marker = "for i in range(1)])"
-            assert marker in text
-            made.inventory.write_text(text.replace(
-                marker, f"for i in range(2 if name == {WIDE!r} else 1)])"))
-            yield made
-    finally:
-        if widened:
-            _up("--gpus", "1")
+    ensure_wide_host()
+    for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
+                              serial=(1, "100%"), hosts=HOSTS):
+        text = made.inventory.read_text()
+        marker = "for i in range(1)])"
+        assert marker in text
+        made.inventory.write_text(text.replace(
+            marker, f"for i in range(2 if name == {WIDE!r} else 1)])"))
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +62,7 @@ def big(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Flee
     """Model ``itgpubig`` (port offset 2100) whose 9,000 MiB do not fit twice on a 16 GiB GPU:
     rolled with ``strategy="recreate"``, on the wide host only."""
     for made in fleet_fixture(tmp_path_factory, BIG, BIG_OFFSET, {1: GOOD[1], 2: GOOD[2]},
-                              serial=(1,), memory_mib=9000):
+                              serial=(1,), memory_mib=9000, hosts=HOSTS):
         text = made.inventory.read_text().replace(
             "for i in range(1)])", f"for i in range(2 if name == {WIDE!r} else 1)])").replace(
             "rollout=Rollout(", 'rollout=Rollout(strategy="recreate", ', 1)
@@ -79,7 +77,7 @@ def device_requests(host: str, container: str) -> Any:
 
 
 def request_count(host: str, port: int) -> float:
-    url = f"http://{HOSTS[host]}:{port}/monitoring/prometheus/metrics"
+    url = f"http://{ADDRESSES[host]}:{port}/monitoring/prometheus/metrics"
     with urllib.request.urlopen(url, timeout=10) as reply:
         text = reply.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -106,7 +104,7 @@ class Rotation:
         script = ("while :; do echo 'show stat' | socat -t 2 - UNIX-CONNECT:" + self.socket
                   + " | awk -F, '$1 == \"grpc\" && $2 !~ /END$/ && $18 !~ /^(MAINT|DRAIN)/"
                   " && $19 > 0 {n++} END {print n + 0}'; sleep 0.2; done")
-        self._proc = subprocess.Popen(ssh_argv(HOSTS[WIDE], script), stdout=subprocess.PIPE,
+        self._proc = subprocess.Popen(ssh_argv(ADDRESSES[WIDE], script), stdout=subprocess.PIPE,
                                       text=True)
         return self
 

@@ -1,6 +1,7 @@
 """`fab rollback` while one host is unreachable (new SSH connections to tb3 refused in its
-network namespace): the others are rolled back, tb3 is reported, exit 3; `fab status` and
-`fab history` show it UNREACHABLE with exit 3. Afterwards the rollback can be finished."""
+network namespace, on the second sshd port that this module's inventory reaches the hosts on):
+the others are rolled back, tb3 is reported, exit 3; `fab status` and `fab history` show it
+UNREACHABLE with exit 3. Afterwards the rollback can be finished."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from rollback_support import (
     json_from,
     ssh_blocked,
 )
-from testbed_support import HOSTS
+from testbed_support import ALT_SSH_PORT, HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -25,7 +26,8 @@ UP = tuple(h for h in HOSTS if h != DOWN)
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=600.0, serial=(1,))
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=600.0, serial=(1,),
+                             ssh_port=ALT_SSH_PORT)
 
 
 def test_rollback_with_one_host_unreachable(fleet: Fleet, releases: dict[int, str]) -> None:

@@ -47,7 +47,17 @@ SSH_KEY = STATE / "ssh" / "id_ed25519"
 KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
 REGISTRY = "10.87.0.1:5000"
 # the testbed contract: tbN is 10.87.0.(10+N), a simulated 16 GiB GPU each
-HOSTS = {"tb1": "10.87.0.11", "tb2": "10.87.0.12", "tb3": "10.87.0.13"}
+ADDRESSES = {f"tb{n}": f"10.87.0.{10 + n}" for n in range(1, 11)}
+# the hosts of a test module's model unless it names others
+HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2", "tb3")}
+# The suite's fleet (scripts/test brings it up so): tb1..tb3 as the demo's, plus tb4 with two
+# GPUs, which only the modules of the xdist group "gpu-host" use (one at a time): the per-GPU
+# tests and the GPU filler, whose GPU use would starve other modules' deploys on a shared host.
+GPU_HOST = "tb4"
+SUITE_FLEET = ("--hosts", "4", "--gpus", f"{GPU_HOST}=2")
+# the second port of every host's sshd (docs/testbed-contract.md): a test that cuts one run's
+# SSH off drops only this port, so the other modules' runs on the fleet keep theirs
+ALT_SSH_PORT = 2222
 # the images every inventory of the tests names, as the registry must hold them
 IMAGES = (("tfserving-emulator", "2.21.0"), ("tfsdeploy-proxy", "2.6"))
 
@@ -106,7 +116,7 @@ def ensure_fleet(attempts: int = 6) -> None:
             time.sleep(3)
         if fleet_healthy():
             return
-        proc = _testbed("up")
+        proc = _testbed("up", *SUITE_FLEET)
         if proc.returncode == 0 and fleet_healthy():
             return
         last = proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -137,7 +147,7 @@ def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120,
     """
     end = time.monotonic() + connect_retry_s
     while True:
-        proc = subprocess.run(ssh_argv(HOSTS[host], command), capture_output=True, text=True,
+        proc = subprocess.run(ssh_argv(ADDRESSES[host], command), capture_output=True, text=True,
                               timeout=timeout)
         if proc.returncode != 255 or time.monotonic() > end:
             break
@@ -148,13 +158,13 @@ def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120,
     return proc
 
 
-def clean_model(model: str) -> None:
-    """Every trace of ``model`` on every host: containers, proxy, releases, versions, lock."""
+def clean_model(model: str, hosts: dict[str, str] = HOSTS) -> None:
+    """Every trace of ``model`` on ``hosts``: containers, proxy, releases, versions, lock."""
     script = (f"ids=$(docker ps -aq --filter label=tfsdeploy.model={model}); "
               f"[ -n \"$ids\" ] && docker rm -f $ids >/dev/null; "
               f"docker rm -f tfs-proxy-{model} >/dev/null 2>&1; "
               f"rm -rf /srv/tfsdeploy/{model} /srv/tfsdeploy/models/{model}; true")
-    for host in HOSTS:
+    for host in hosts:
         with suppress(subprocess.TimeoutExpired):
             ssh(host, script, check=False, timeout=120)
 
@@ -176,7 +186,7 @@ from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec, T
 from tfsdeploy.inventory import Gpu, Group, Host
 
 hosts = [Host(name, address,
-              gpus=[Gpu(i, {gpu_mib!r}, "Simulated Tesla T4") for i in range({gpus!r})])
+              gpus=[Gpu(i, {gpu_mib!r}, "Simulated Tesla T4") for i in range({gpus})])
          for name, address in {hosts!r}.items()]
 groups = {groups}
 defaults = {{
@@ -187,7 +197,7 @@ defaults = {{
     "image": "{registry}/tfserving-emulator:2.21.0",
     "tfserving_version": "2.21.0",
     "proxy_image": "{registry}/tfsdeploy-proxy:2.6",
-    "docker_gpus": "all",
+    "docker_gpus": "all",{extra_defaults}
 }}
 models = [
     Model(
@@ -211,15 +221,19 @@ models = [
 
 def inventory_text(*, title: str, model: str, source: Path, golden: Path, offset: int,
                    warmup: str, rollout: str, groups: str = "{}", memory_mib: int = 512,
-                   gpu_mib: int = 16384, gpus: int = 1, slo_ms: int = 50) -> str:
-    """A test inventory (Python): tb1..tb3 (``gpus`` GPUs of ``gpu_mib`` each) with
+                   gpu_mib: int = 16384, gpus: int | dict[str, int] = 1, slo_ms: int = 50,
+                   hosts: dict[str, str] = HOSTS, ssh_port: int = 22) -> str:
+    """A test inventory (Python): ``hosts`` (``gpus`` GPUs of ``gpu_mib`` each) with
     ``groups``, and one model of the half_plus_two signature whose ``warmup`` and ``rollout``
-    are the Warmup(...) and Rollout(...) expressions given."""
+    are the Warmup(...) and Rollout(...) expressions given; ``gpus`` per host name (default
+    1) when a dict; ``ssh_port`` ALT_SSH_PORT for a module that cuts its own runs' SSH off."""
+    extra = f'\n    "ssh_port": {ssh_port!r},' if ssh_port != 22 else ""
+    gpus_expr = f"{gpus!r}.get(name, 1)" if isinstance(gpus, dict) else repr(gpus)
     return INVENTORY.format(
-        title=title, model=model, hosts=HOSTS, ssh_key=str(SSH_KEY),
+        title=title, model=model, hosts=hosts, ssh_key=str(SSH_KEY), extra_defaults=extra,
         known_hosts=str(KNOWN_HOSTS), registry=REGISTRY, source=str(source),
         golden=str(golden), offset=offset, warmup=warmup, rollout=rollout, groups=groups,
-        slo_ms=slo_ms, memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus)
+        slo_ms=slo_ms, memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus_expr)
 
 
 # -- fab ------------------------------------------------------------------------------------
@@ -389,6 +403,7 @@ class ModelFleet:
     tmp: Path
     source: Path
     inventory: Path
+    hosts: dict[str, str] = field(default_factory=lambda: dict(HOSTS))
     log: list[str] = field(default_factory=list)
 
     # set-up deploys that fail with a symptom of FLEET_TROUBLE are run once more
@@ -493,7 +508,7 @@ class ModelFleet:
     def dump(self) -> str:
         """Everything useful after a failure: fab runs, containers, their logs, audit tails."""
         parts = ["==== fab runs (last 8) ====", *self.log[-8:]]
-        for host in HOSTS:
+        for host in self.hosts:
             try:
                 parts.append(f"==== {host} ====")
                 listed = ssh(host, "docker ps -a --format '{{.Names}} {{.Status}} {{.Labels}}' "
@@ -516,7 +531,8 @@ AnyFleet = TypeVar("AnyFleet", bound=ModelFleet)
 
 
 def fleet_lifetime(model: str, make: Callable[[], AnyFleet], *, keep_env: str,
-                   tidy: Callable[[], None] | None = None) -> Iterator[AnyFleet]:
+                   tidy: Callable[[], None] | None = None,
+                   hosts: dict[str, str] = HOSTS) -> Iterator[AnyFleet]:
     """Body of a module-scoped fixture: a healthy fleet with no trace of ``model``, then the
     Fleet ``make`` returns; ``model`` is cleaned off again after (unless the environment
     variable ``keep_env`` is 1). ``tidy`` undoes what an interrupted run may have left behind
@@ -524,7 +540,7 @@ def fleet_lifetime(model: str, make: Callable[[], AnyFleet], *, keep_env: str,
     if tidy is not None:
         tidy()
     ensure_fleet()
-    clean_model(model)
+    clean_model(model, hosts)
     fleet = make()
     try:
         yield fleet
@@ -532,7 +548,7 @@ def fleet_lifetime(model: str, make: Callable[[], AnyFleet], *, keep_env: str,
         if tidy is not None:
             tidy()
         if os.environ.get(keep_env) != "1":
-            clean_model(model)
+            clean_model(model, hosts)
 
 
 # -- gRPC through the stable ports ----------------------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from fleet_helpers import STATE, Testbed, load_testbed, run_testbed_cli
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.fleet_exclusive]
 
 OUR_DAEMONS = {
     "dockerd",
