@@ -61,7 +61,7 @@ def test_reservations_stay_until_changed_and_name_existing_hosts() -> None:
     assert cli.parse_reserve(None, 3, {"tb4"}) == set()  # tb4 is gone
     assert cli.parse_reserve("", 4, {"tb4"}) == set()
     assert cli.parse_reserve("tb3,tb4", 4, set()) == {"tb3", "tb4"}
-    with pytest.raises(cli.TestbedError, match="tb7 not among tb1..tb4"):
+    with pytest.raises(cli.TestbedError, match=r"tb7 not among tb1\.\.tb4"):
         cli.parse_reserve("tb7", 4, set())
 
 
