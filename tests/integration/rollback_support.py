@@ -50,37 +50,40 @@ GOLDEN = SOURCE_MODEL / "catalog.json"
 
 # -- new SSH connections refused -------------------------------------------------------------
 
-def unblock_all_ssh() -> None:
-    """Remove the REJECT rules this suite may have left in a host's network namespace."""
+def unblock_ssh(model: str) -> None:
+    """Remove the REJECT rules that ``model``'s module may have left in a host's network
+    namespace (only its own: modules running beside it keep theirs)."""
     for host in HOSTS:
-        while subprocess.run(_iptables(host, "-D"), capture_output=True).returncode == 0:
+        while subprocess.run(_iptables(host, "-D", model), capture_output=True).returncode == 0:
             pass
 
 
-def _iptables(host: str, op: str) -> list[str]:
+def _iptables(host: str, op: str, model: str) -> list[str]:
     # new connections only (their SYN): established SSH sessions of other runs keep working
     # (conntrack's NEW would also match the first packet of a session it had not tracked);
     # only on the second sshd port, which the inventories of modules that block SSH use
     # (make_fleet's ssh_port): the other modules' runs keep port 22
     return netns(host, "iptables", op, "INPUT", "-p", "tcp", "--dport", str(ALT_SSH_PORT),
                  "--syn", "-m",
-                 "comment", "--comment", "tfsdeploy-rollback-tests", "-j", "REJECT",
+                 "comment", "--comment", f"tfsdeploy-rollback-tests-{model}", "-j", "REJECT",
                  "--reject-with", "tcp-reset")
 
 
 class ssh_blocked:
     """New SSH connections to ``host``'s second sshd port are refused while inside (always
-    restored): the module's inventory must reach the hosts there (``ssh_port=ALT_SSH_PORT``)."""
+    restored): the module's inventory must reach the hosts there (``ssh_port=ALT_SSH_PORT``).
+    The rule is labelled with ``model``, whose module alone removes it."""
 
-    def __init__(self, host: str) -> None:
-        self.host = host
+    def __init__(self, host: str, model: str) -> None:
+        self.host, self.model = host, model
 
     def __enter__(self) -> ssh_blocked:
-        subprocess.run(_iptables(self.host, "-I"), check=True, capture_output=True)
+        subprocess.run(_iptables(self.host, "-I", self.model), check=True, capture_output=True)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        while subprocess.run(_iptables(self.host, "-D"), capture_output=True).returncode == 0:
+        while subprocess.run(_iptables(self.host, "-D", self.model),
+                             capture_output=True).returncode == 0:
             pass
 
 
@@ -188,7 +191,7 @@ def fleet_fixture(tmp_path_factory: pytest.TempPathFactory, model: str, offset: 
     (``kwargs``: make_fleet's)."""
     yield from fleet_lifetime(
         model, lambda: make_fleet(tmp_path_factory.mktemp(model), model, offset, **kwargs),
-        keep_env="TFSDEPLOY_ROLLBACK_TESTS_KEEP", tidy=unblock_all_ssh)
+        keep_env="TFSDEPLOY_ROLLBACK_TESTS_KEEP", tidy=lambda: unblock_ssh(model))
 
 
 def deploy_v1_then_v2(fleet: Fleet) -> dict[int, str]:

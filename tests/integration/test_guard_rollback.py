@@ -40,8 +40,12 @@ def exit_code_sample(text: str) -> float:
 def test_guard_with_good_traffic_exits_0_after_its_duration(fleet: Fleet,
                                                            releases: dict[int, str]) -> None:
     metrics = fleet.tmp / "guard.prom"
+    # an SLO that good traffic meets with room: on 2 cores shared with the rest of the suite
+    # one interval's P99 reached 67 ms against the catalog's 50 ms (the test is that good
+    # traffic makes no breach and no action, not this machine's tail latency)
     with Prober(fleet) as prober:
-        run = fleet.fab("guard", *GUARD, "--duration-s", "8", "--metrics-file", str(metrics),
+        run = fleet.fab("guard", *GUARD, "--slo-p99-ms", "1000", "--duration-s", "8",
+                        "--metrics-file", str(metrics),
                         "--log-file", str(fleet.tmp / "guard.log"), timeout=120)
     assert run.code == 0, run.describe()
     assert 7 <= run.seconds < 60, run.describe()

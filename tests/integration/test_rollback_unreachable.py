@@ -31,7 +31,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def test_rollback_with_one_host_unreachable(fleet: Fleet, releases: dict[int, str]) -> None:
-    with ssh_blocked(DOWN), Prober(fleet) as prober:
+    with ssh_blocked(DOWN, MODEL), Prober(fleet) as prober:
         run = fleet.fab("rollback", "--json", timeout=300)
         status = fleet.fab("status", "--json", timeout=120)
         table = fleet.fab("status", timeout=120)
