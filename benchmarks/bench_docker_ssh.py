@@ -1,7 +1,7 @@
 """Per-call latency of the Docker Engine calls a deploy makes, over one host's SSH connection:
-the docker SDK through tfsdeploy.dockerssh (HTTP over a pooled `docker system dial-stdio`
+the docker SDK through tfsdeploy.hosts.dockerssh (HTTP over a pooled `docker system dial-stdio`
 channel) against the `docker` CLI run over the same connection (SshRunner.run, the argv of
-tfsdeploy.commands).
+tfsdeploy.hosts.commands).
 
     python benchmarks/bench_docker_ssh.py [--host tb1] [--calls 50]
 
@@ -33,10 +33,10 @@ import docker.errors  # noqa: E402
 import paramiko  # noqa: E402
 from testbed_support import HOSTS, KNOWN_HOSTS, REGISTRY, SSH_KEY, ensure_fleet  # noqa: E402
 
-from tfsdeploy import commands  # noqa: E402
-from tfsdeploy.dockerssh import docker_client  # noqa: E402
-from tfsdeploy.inventory import HostVars, ResolvedHost  # noqa: E402
-from tfsdeploy.remote import SshRunner  # noqa: E402
+from tfsdeploy.core.fleet import HostVars, ResolvedHost  # noqa: E402
+from tfsdeploy.hosts import commands  # noqa: E402
+from tfsdeploy.hosts.dockerssh import docker_client  # noqa: E402
+from tfsdeploy.hosts.ssh import SshRunner  # noqa: E402
 
 NAME = MODEL = "dockerssh-bench"
 IMAGE = f"{REGISTRY}/tfsdeploy-proxy:2.6"

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tfsdeploy import flags
+from tfsdeploy.core import flags
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
-"""The docker SDK over a host's existing SSH connection (tfsdeploy.dockerssh), on the real fleet:
-real sshd, real dockerd, the testbed registry.
+"""The docker SDK over a host's existing SSH connection (tfsdeploy.hosts.dockerssh), on the real
+fleet: real sshd, real dockerd, the testbed registry.
 
 Every container is named ``dockerssh-test-...`` and removed again; no port is bound (the
 containers run on the engine's default network, none). The pull tests use a two-layer image
@@ -41,7 +41,8 @@ from testbed_support import (
     ssh,
 )
 
-from tfsdeploy.dockerssh import (
+from tfsdeploy.core.fleet import HostVars, ResolvedHost
+from tfsdeploy.hosts.dockerssh import (
     DIAL_STDIO,
     DialStdioSocket,
     EngineUnreachable,
@@ -51,8 +52,7 @@ from tfsdeploy.dockerssh import (
     engine_adapter,
     pull_with_progress,
 )
-from tfsdeploy.inventory import HostVars, ResolvedHost
-from tfsdeploy.remote import HostUnreachable, SshRunner
+from tfsdeploy.hosts.ssh import HostUnreachable, SshRunner
 
 pytestmark = pytest.mark.testbed
 

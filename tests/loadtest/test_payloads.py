@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy import tfsapi as protos
+from tfsdeploy.core import tfsapi as protos
+from tfsdeploy.core.tfrecord import frame_record
+from tfsdeploy.core.warmup import WARMUP_RELATIVE, WarmupError, requests_from_warmup
 from tfsdeploy.loadtest import payloads
-from tfsdeploy.loadtest.tfrecord import frame_record
 
 
 def _request(obj: dict[str, Any], **dtypes: str) -> Any:
@@ -68,14 +69,14 @@ def test_warmup_records_keep_predict_requests_only(tmp_path: Path) -> None:
     good.predict_log.request.inputs["x"].CopyFrom(
         payloads.tensor_from_json("x", [[1.0]], {}))
     other = b"\x12\x00"  # field 2 (classify_log), empty: not a Predict request
-    warmup = tmp_path / "1" / payloads.WARMUP_RELATIVE
+    warmup = tmp_path / "1" / WARMUP_RELATIVE
     warmup.parent.mkdir(parents=True)
     warmup.write_bytes(frame_record(good.SerializeToString()) + frame_record(other))
-    requests: list[Any] = payloads.requests_from_warmup(tmp_path / "1")
+    requests: list[Any] = requests_from_warmup(tmp_path / "1")
     assert len(requests) == 1
     assert requests[0].model_spec.name == "m"
 
 
 def test_missing_warmup_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(payloads.PayloadError, match="no warmup records"):
-        payloads.requests_from_warmup(tmp_path)
+    with pytest.raises(WarmupError, match="no warmup records"):
+        requests_from_warmup(tmp_path)

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from typing import Any
 
-from tfsdeploy import tfsapi as protos
+from tfsdeploy.core import tfsapi as protos
 from tfsdeploy.loadtest import payloads
 
 

@@ -21,7 +21,7 @@ import pytest
 from docker.types import DeviceRequest
 from fleet_helpers import STATE, Testbed, TestbedHost, load_testbed, run_testbed_cli
 
-from tfsdeploy.inventory import load_inventory
+from tfsdeploy.core.inventory import load_inventory
 
 pytestmark = pytest.mark.testbed
 

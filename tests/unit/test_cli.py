@@ -81,7 +81,7 @@ def test_render_path_never_imports_tensorflow(tmp_path: Path) -> None:
     code = (
         "import sys\n"
         "from tfsdeploy.cli.render import render_and_validate\n"
-        "from tfsdeploy.target import load_target\n"
+        "from tfsdeploy.core.target import load_target\n"
         "render_and_validate(load_target('resnet50'), 1)\n"
         "import tasks\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))\n"

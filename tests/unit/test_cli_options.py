@@ -14,9 +14,9 @@ from invoke.parser import Parser
 import tasks
 from tfsdeploy.accept import run as accept_run
 from tfsdeploy.cli.main import options
-from tfsdeploy.errors import HostUnreachable
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.hosts.ssh import SshConnection
 from tfsdeploy.loadtest import cli as loadtest_cli
-from tfsdeploy.remote import SshConnection
 
 CONNECTIONS: list[str] = []
 

@@ -14,16 +14,16 @@ from typing import Any, Literal
 
 import pytest
 
-from tfsdeploy import engine
 from tfsdeploy.cli import deploy as cli_deploy
 from tfsdeploy.cli import rollback as cli_rollback
 from tfsdeploy.cli.main import main
-from tfsdeploy.commands.containers import proxy_spec
-from tfsdeploy.errors import ExitCode
-from tfsdeploy.jobs import HostJob
-from tfsdeploy.layout import PROXY_ADMIN_MOUNT
-from tfsdeploy.operations import OPERATIONS, Ops
-from tfsdeploy.remote import SshConnection
+from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.core.layout import PROXY_ADMIN_MOUNT
+from tfsdeploy.hosts.commands.containers import proxy_spec
+from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.run import engine
+from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations import OPERATIONS, Ops
 
 from .fakes import FakeFleet, FakeSlot, FrozenClock
 from .runs import MODEL, Recorder, inventory_file, paths, run_deploy

@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from tfsdeploy.cli import fleet
-from tfsdeploy.dockerapi import ContainerFact
-from tfsdeploy.errors import ConfigError
-from tfsdeploy.facts import HostFacts, ProxyFact
-from tfsdeploy.layout import LABEL_PREFIX
-from tfsdeploy.proxy import ServerState
-from tfsdeploy.records import ReleaseRecord, ReleaseStatus
+from tfsdeploy.core.errors import ConfigError
+from tfsdeploy.core.layout import LABEL_PREFIX
+from tfsdeploy.core.proxy import ServerState
+from tfsdeploy.core.records import ReleaseRecord, ReleaseStatus
+from tfsdeploy.hosts.dockerapi import ContainerFact
+from tfsdeploy.hosts.facts import HostFacts, ProxyFact
 
 from . import runs
 from .fakes import READY, FakeDocker, FakeFleet, FakeHost

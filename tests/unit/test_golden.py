@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tfsdeploy.cli.render import render_and_validate
-from tfsdeploy.target import load_target
+from tfsdeploy.core.target import load_target
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CASES = [

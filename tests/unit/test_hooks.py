@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.errors import ConfigError, ExitCode
-from tfsdeploy.hooks import (
+from tfsdeploy.core.errors import ConfigError, ExitCode
+from tfsdeploy.runbook.hooks import (
     HOOK_VARIABLES,
     POST_VARIABLES,
     Hooks,

@@ -22,11 +22,11 @@ from tfsdeploy.accept import commands
 from tfsdeploy.accept.bundle import Bundle, compatibility_problem, import_check, platform_facts
 from tfsdeploy.accept.merge import FAILED, LOST, OK, GeneratorOutcome
 from tfsdeploy.accept.plan import GeneratorSpec
-from tfsdeploy.errors import TfsDeployError
-from tfsdeploy.inventory import ResolvedHost
+from tfsdeploy.core.errors import TfsDeployError
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.hosts.ssh import HostUnreachable, Result, SshRunner
 from tfsdeploy.loadtest import stats
 from tfsdeploy.loadtest.cli import RAW_KIND
-from tfsdeploy.remote import HostUnreachable, Result, SshRunner
 
 SETUP_TIMEOUT_S = 300.0
 RAN_CODES = (0, 2, 130)  # the generator's own exit codes that come with results

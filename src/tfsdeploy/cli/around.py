@@ -18,13 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tfsdeploy import hooks, notify
-from tfsdeploy.lock import current_user
-from tfsdeploy.target import Target
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.lock import current_user
+from tfsdeploy.runbook import hooks, notify
 
 if TYPE_CHECKING:
-    from tfsdeploy.engine import RunPlan, RunResult
-    from tfsdeploy.jobs import RunContext
+    from tfsdeploy.run.engine import RunPlan, RunResult
+    from tfsdeploy.run.jobs import RunContext
 
 NOTIFY_CLOSE_S = 0.8  # the most a dead receiver may add to a run at its end
 # A host in any other state failed. A paused run's hosts are paused (the canary hosts) or

@@ -9,14 +9,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tfsdeploy.engine import ConnectionFactory
-from tfsdeploy.facts import HostFacts
-from tfsdeploy.gpu import instance_gpus
-from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.layout import model_ports
-from tfsdeploy.remote import Connection, SshConnection
-from tfsdeploy.target import Target
-from tfsdeploy.versions import available_versions, choose_version
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.gpu import instance_gpus
+from tfsdeploy.core.layout import model_ports
+from tfsdeploy.core.target import Target
+from tfsdeploy.core.versions import available_versions, choose_version
+from tfsdeploy.hosts.facts import HostFacts
+from tfsdeploy.hosts.ssh import Connection, SshConnection
+from tfsdeploy.run.engine import ConnectionFactory
 
 PATHS = ("report", "sweep_plot")
 PASSED_WHEN_GIVEN = ("rps", "procs", "min_qps", *PATHS)
@@ -60,7 +60,7 @@ def data_version(target: Target, requested: Any, *,
     """``--version`` when given, else the version the selected hosts serve (see
     pick_data_version); with the line that says which."""
     from tfsdeploy.cli.fleet import each_host
-    from tfsdeploy.errors import ConfigError, Problem
+    from tfsdeploy.core.errors import ConfigError, Problem
 
     model = target.model
     if requested is not None:

@@ -7,14 +7,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from tfsdeploy import engine
 from tfsdeploy.cli.deploy import _shared, default_playbook, deploy_playbook
-from tfsdeploy.engine import ConnectionFactory, Reporter, RunPlan, RunResult
-from tfsdeploy.gates import Clock, SystemClock
-from tfsdeploy.jobs import ClientFactory
-from tfsdeploy.plans import canary_planner
-from tfsdeploy.remote import SshConnection
-from tfsdeploy.target import Target
+from tfsdeploy.core.gates import Clock, SystemClock
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.run import engine
+from tfsdeploy.run.engine import ConnectionFactory, Reporter, RunPlan, RunResult
+from tfsdeploy.run.jobs import ClientFactory
+from tfsdeploy.run.plans import canary_planner
 
 
 def finish_canary(verb: str, target: Target, *, lock_wait: float = 0.0, reporter: Reporter,

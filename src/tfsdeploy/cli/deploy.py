@@ -8,16 +8,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tfsdeploy import engine
-from tfsdeploy.canary_policy import CanaryPolicy
-from tfsdeploy.engine import ConnectionFactory, PlannedStep, Reporter, RunPlan, RunResult
-from tfsdeploy.errors import HostUnreachable
-from tfsdeploy.gates import Clock, SystemClock
-from tfsdeploy.jobs import ClientFactory, HostJob
-from tfsdeploy.plans import deploy_context, deploy_planner, render_release
-from tfsdeploy.playbook import Playbook, load_playbook, project_dir
-from tfsdeploy.remote import Connection, SshConnection
-from tfsdeploy.target import Target
+from tfsdeploy.core.canary_policy import CanaryPolicy
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.gates import Clock, SystemClock
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.ssh import Connection, SshConnection
+from tfsdeploy.run import engine
+from tfsdeploy.run.engine import ConnectionFactory, PlannedStep, Reporter, RunPlan, RunResult
+from tfsdeploy.run.jobs import ClientFactory, HostJob
+from tfsdeploy.run.plans import deploy_context, deploy_planner, render_release
+from tfsdeploy.run.playbook import Playbook, load_playbook, project_dir
 
 
 def default_playbook(name: str, given: str | None) -> Playbook:
@@ -127,7 +127,7 @@ def host_plan(job: HostJob, steps: list[PlannedStep] | HostUnreachable, *,
 
 def file_diff(job: HostJob) -> str:
     """Unified diff of every rendered file against the live release's copy."""
-    from tfsdeploy.plans import read_release_files
+    from tfsdeploy.run.plans import read_release_files
 
     live_id = job.old.release if job.old else None
     live: dict[str, str] = {}

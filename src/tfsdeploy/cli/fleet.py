@@ -12,17 +12,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from tfsdeploy import lock as locks
-from tfsdeploy.dockerapi import ContainerFact
-from tfsdeploy.engine import ConnectionFactory
-from tfsdeploy.facts import HostFacts, gather
-from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.layout import host_paths, model_ports
-from tfsdeploy.records import parse_audit
-from tfsdeploy.remote import Connection, SshConnection
-from tfsdeploy.render import placements, render_host
-from tfsdeploy.target import Target
-from tfsdeploy.timetext import SINCE_FIX, since_seconds
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.layout import host_paths, model_ports
+from tfsdeploy.core.records import parse_audit
+from tfsdeploy.core.render import placements, render_host
+from tfsdeploy.core.target import Target
+from tfsdeploy.core.timetext import SINCE_FIX, since_seconds
+from tfsdeploy.hosts import lock as locks
+from tfsdeploy.hosts.dockerapi import ContainerFact
+from tfsdeploy.hosts.facts import HostFacts, gather
+from tfsdeploy.hosts.ssh import Connection, SshConnection
+from tfsdeploy.run.engine import ConnectionFactory
 
 Look = Callable[[Target, ResolvedHost, Connection, HostFacts], dict[str, Any]]
 
@@ -48,7 +48,7 @@ def each_host(target: Target, look: Look, *, hosts: tuple[ResolvedHost, ...] | N
 
 
 def _versions(host: ResolvedHost, model: str, port: int) -> list[dict[str, Any]]:
-    from tfsdeploy.probes import SlotClient
+    from tfsdeploy.hosts.probes import SlotClient
 
     client = SlotClient(host.address, port, model)
     try:
@@ -103,7 +103,7 @@ def traffic_cell(instances: list[dict[str, Any]], canary: dict[str, str] | None)
 def canary_on(facts: HostFacts) -> dict[str, str] | None:
     """The canary the host's records say is under way (running, paused, promoting, aborting):
     its release and state; None when there is none."""
-    from tfsdeploy.canary import CanaryState
+    from tfsdeploy.core.canary import CanaryState
 
     open_states = {CanaryState.RUNNING, CanaryState.PAUSED, CanaryState.PROMOTING,
                    CanaryState.ABORTING}
@@ -266,7 +266,7 @@ def _shares(taking: list[ContainerFact], weights: dict[str, int]
 
 def since_timestamp(text: str, now: float) -> float:
     """``since_seconds``, its refusal a ConfigError naming the option and the fix."""
-    from tfsdeploy.errors import ConfigError, Problem
+    from tfsdeploy.core.errors import ConfigError, Problem
 
     try:
         return since_seconds(text, now)
@@ -371,7 +371,7 @@ def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str]
     which share of the requests, a summary of exit codes. Refused while a run holds the
     model's lock, unless ``force`` (a paused canary is no run: its containers are there to
     be looked at)."""
-    from tfsdeploy.errors import ConfigError, ExitCode, Problem
+    from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
 
     if not argv:
         raise ConfigError(Problem("no command given", fix="fab exec --model M -- CMD ARG ...",

@@ -21,16 +21,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfsdeploy.canary import Verdict, judge, slot_figures
-from tfsdeploy.canary_policy import CanaryPolicy
 from tfsdeploy.cli.rollback import rollback
-from tfsdeploy.engine import Reporter, RunResult, emit
-from tfsdeploy.errors import ExitCode, TfsDeployError
-from tfsdeploy.gpu import instance_gpus
-from tfsdeploy.guard import Breach, Scrape, Window, bucket_deltas, merge, parse_metrics, window
-from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.layout import model_ports, other_slot
-from tfsdeploy.target import Target
+from tfsdeploy.core.canary import judge, slot_figures
+from tfsdeploy.core.canary_policy import CanaryPolicy, Verdict
+from tfsdeploy.core.errors import ExitCode, TfsDeployError
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.gpu import instance_gpus
+from tfsdeploy.core.guard import Breach, Scrape, Window, bucket_deltas, merge, parse_metrics, window
+from tfsdeploy.core.layout import model_ports, other_slot
+from tfsdeploy.core.target import Target
+from tfsdeploy.run.engine import Reporter, RunResult, emit
 
 
 @dataclass(frozen=True)
@@ -141,9 +141,9 @@ def canary_verdict(first: Readings, last: Readings, new_slot: str, policy: Canar
 
 def find_paused(target: Target) -> PausedCanary | None:
     """The model's paused canary, read from the hosts' release records (None: none)."""
-    from tfsdeploy.canary import CanaryState
     from tfsdeploy.cli.fleet import each_host
-    from tfsdeploy.plans import paused_canary
+    from tfsdeploy.core.canary import CanaryState
+    from tfsdeploy.run.plans import paused_canary
 
     def look(target: Target, host: ResolvedHost, conn: Any, facts: Any) -> dict[str, Any]:
         return {"facts": facts}

@@ -21,8 +21,8 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
-from tfsdeploy.errors import ConfigError, ExitCode, Problem, TfsDeployError
-from tfsdeploy.timetext import SINCE_FIX, since_seconds
+from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
+from tfsdeploy.core.timetext import SINCE_FIX, since_seconds
 
 
 def parsed(parse: Callable[[str], Any], fix: str) -> BeforeValidator:
@@ -46,7 +46,7 @@ def since_text(text: str) -> str:
 
 def release_id(text: str) -> str:
     """`fab rollback --to`: a release id as the toolkit makes them (it names paths on hosts)."""
-    from tfsdeploy.records import RELEASE_ID
+    from tfsdeploy.core.records import RELEASE_ID
 
     if not RELEASE_ID.fullmatch(text):  # not match(): its $ lets a trailing newline through
         raise ValueError("is not a release id (r<date>-<time>-v<version>)")
@@ -133,7 +133,7 @@ OPTION_TYPES: dict[str, Any] = {
 
 
 def _canary_weights(text: str) -> None:
-    from tfsdeploy.canary_policy import parse_weights
+    from tfsdeploy.core.canary_policy import parse_weights
 
     # int() takes other scripts' digits ('\u0665' is 5) and '1_0'; the command line takes ASCII
     if not re.fullmatch(r"[0-9, ]+", text):
@@ -144,7 +144,7 @@ def _canary_weights(text: str) -> None:
 
 
 def _notify_urls(urls: list[str]) -> None:
-    from tfsdeploy import notify
+    from tfsdeploy.runbook import notify
 
     try:
         notify.check_urls(urls)
@@ -318,7 +318,7 @@ def reporter(json: bool, log_file: str | None) -> Any:
 
 def target(args: dict[str, Any]) -> Any:
     """The command's target: inventory, model (validated), selected hosts."""
-    from tfsdeploy.target import load_target
+    from tfsdeploy.core.target import load_target
 
     return load_target(safe_model(args["model"]), inventory=args.get("inventory"),
                        hosts=args.get("hosts"), limit=args.get("limit"))
@@ -343,9 +343,10 @@ def cmd_render(a: dict[str, Any]) -> int:
 def cmd_hosts(a: dict[str, Any]) -> int:
     """`fab hosts`."""
     from tfsdeploy.cli.output import print_table
-    from tfsdeploy.gpu import instance_gpus
-    from tfsdeploy.inventory import ResolvedHost, load_inventory
-    from tfsdeploy.render import placements
+    from tfsdeploy.core.fleet import ResolvedHost
+    from tfsdeploy.core.gpu import instance_gpus
+    from tfsdeploy.core.inventory import load_inventory
+    from tfsdeploy.core.render import placements
 
     inv = load_inventory(a["inventory"])
     placed = placements(inv)
@@ -383,7 +384,7 @@ def _canary_option(chosen: Any, a: dict[str, Any]) -> Any:
     """The command line's canary policy (over the model's), or None to keep the model's."""
     import dataclasses
 
-    from tfsdeploy.canary_policy import CanaryPolicy, parse_weights
+    from tfsdeploy.core.canary_policy import CanaryPolicy, parse_weights
 
     if not (a.get("canary_weights") or a.get("pause") or a.get("step_s")):
         return None
@@ -637,6 +638,7 @@ def cmd_accept(a: dict[str, Any]) -> int:
     """`fab accept` (docs/acceptance.md)."""
     from tfsdeploy.accept.plan import AcceptOptions
     from tfsdeploy.accept.run import run_accept
+    from tfsdeploy.cli.output import print_table
 
     options = AcceptOptions(
         model=safe_model(a["model"]), inventory=a["inventory"], target_qps=a["target_qps"],
@@ -646,7 +648,8 @@ def cmd_accept(a: dict[str, Any]) -> int:
         start_margin=a["start_margin"], timeout=a["timeout"], concurrency=a["concurrency"],
         procs=a["procs"])
     root = Path(__file__).resolve().parents[3]
-    return run_accept(options, root=root, out=Path(a["out"]) if a["out"] else None)
+    return run_accept(options, root=root, out=Path(a["out"]) if a["out"] else None,
+                      show_table=print_table)
 
 
 COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {

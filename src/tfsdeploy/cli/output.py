@@ -11,10 +11,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from tfsdeploy.errors import ConfigError, TfsDeployError
+from tfsdeploy.core.errors import ConfigError, TfsDeployError
 
 if TYPE_CHECKING:
-    from tfsdeploy.dockerssh import PullProgress
+    from tfsdeploy.hosts.dockerssh import PullProgress
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],

@@ -11,17 +11,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tfsdeploy import engine
 from tfsdeploy.cli.deploy import _shared, default_playbook, host_plan
-from tfsdeploy.engine import ConnectionFactory, HostOutcome, Reporter, RunPlan, RunResult
-from tfsdeploy.errors import HostUnreachable
-from tfsdeploy.facts import HostFacts
-from tfsdeploy.gates import SystemClock
-from tfsdeploy.jobs import HostJob, Planner, RunContext
-from tfsdeploy.lock import current_user
-from tfsdeploy.remote import Connection, SshConnection
-from tfsdeploy.render import HostRender
-from tfsdeploy.target import Target
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.gates import SystemClock
+from tfsdeploy.core.render import HostRender
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.facts import HostFacts
+from tfsdeploy.hosts.lock import current_user
+from tfsdeploy.hosts.ssh import Connection, SshConnection
+from tfsdeploy.run import engine
+from tfsdeploy.run.engine import ConnectionFactory, HostOutcome, Reporter, RunPlan, RunResult
+from tfsdeploy.run.jobs import HostJob, Planner, RunContext
 
 
 def prune_planner(target: Target, conns: dict[str, Connection], clock: Any) -> Planner:

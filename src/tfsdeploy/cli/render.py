@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfsdeploy.gpu import InstancePlan
-from tfsdeploy.layout import SLOTS, model_ports
-from tfsdeploy.proxy import render_proxy_config
-from tfsdeploy.render import HostRender
-from tfsdeploy.target import Target, render_release
+from tfsdeploy.core.gpu import InstancePlan
+from tfsdeploy.core.layout import SLOTS, model_ports
+from tfsdeploy.core.proxy import render_proxy_config
+from tfsdeploy.core.render import HostRender
+from tfsdeploy.core.target import Target, render_release
 
 
 def render_and_validate(target: Target, version: int | str | None = None) -> list[HostRender]:

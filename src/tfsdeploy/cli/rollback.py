@@ -5,14 +5,14 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from tfsdeploy import engine
 from tfsdeploy.cli.deploy import _shared, default_playbook
-from tfsdeploy.engine import ConnectionFactory, Reporter, RunPlan, RunResult
-from tfsdeploy.gates import Clock, SystemClock
-from tfsdeploy.jobs import ClientFactory
-from tfsdeploy.plans import rollback_planner
-from tfsdeploy.remote import SshConnection
-from tfsdeploy.target import Target
+from tfsdeploy.core.gates import Clock, SystemClock
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.run import engine
+from tfsdeploy.run.engine import ConnectionFactory, Reporter, RunPlan, RunResult
+from tfsdeploy.run.jobs import ClientFactory
+from tfsdeploy.run.plans import rollback_planner
 
 
 def rollback(target: Target, *, to: str | None = None, playbook: str | None = None,

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tfsdeploy.loadtest import gates, payloads, report, stats, tfrecord
+from tfsdeploy.core import tfrecord, warmup
+from tfsdeploy.loadtest import gates, payloads, report, stats
 from tfsdeploy.loadtest.engine import DURATION_STOPS, ProcPlan
 from tfsdeploy.loadtest.schedule import KINDS, Schedule, ScheduleError
 
@@ -212,7 +213,7 @@ def load_requests(ns: argparse.Namespace) -> payloads.Payloads:
                                 version_label=ns.version_label,
                                 input_dtypes=_dtypes(ns.input_dtype))
     if ns.data_from_warmup is not None:
-        requests = payloads.requests_from_warmup(ns.data_from_warmup)
+        requests = warmup.requests_from_warmup(ns.data_from_warmup)
     elif ns.data_file is not None:
         requests = payloads.requests_from_json_file(ns.data_file, spec)
     else:
@@ -471,7 +472,7 @@ def run_namespace(ns: argparse.Namespace) -> int:
             raise UsageError("--start-at starts one run; a sweep runs several: drop one")
         bodies = load_requests(ns)
         return sweep_run(ns, bodies) if ns.sweep else single_run(ns, bodies)
-    except (UsageError, ScheduleError, payloads.PayloadError) as err:
+    except (UsageError, ScheduleError, payloads.PayloadError, warmup.WarmupError) as err:
         print(f"loadtest: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (WorkerFailed, ConnectError, OSError) as err:  # LateStart is a WorkerFailed
@@ -522,7 +523,7 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
 
     Returns ``(exit_code, text)``: 0 and the arithmetic (or JSON), or 1 and the error.
     """
-    from tfsdeploy import capacity
+    from tfsdeploy.loadtest import capacity
 
     factors = {"load_factor": load_factor, "availability_factor": availability_factor,
                "headroom": headroom, "failure_domains": failure_domains,

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from tfsdeploy import tfsapi as protos
+from tfsdeploy.core import tfsapi as protos
 
 
 @dataclass

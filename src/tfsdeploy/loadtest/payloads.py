@@ -26,12 +26,9 @@ from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
-from tfsdeploy import tfsapi as protos
-from tfsdeploy.loadtest.tfrecord import read_records
-
-WARMUP_RELATIVE = Path("assets.extra") / "tf_serving_warmup_requests"
+from tfsdeploy.core import tfsapi as protos
 
 _DTYPES = protos.NUMERIC_DTYPES
 
@@ -182,30 +179,6 @@ def requests_from_json_file(path: Path, spec: RequestSpec) -> list[Message]:
     if not items:
         raise PayloadError(f"{path}: empty list of requests")
     return [request_from_json(item, spec.input_dtypes) for item in items]
-
-
-def warmup_file(path: Path) -> Path:
-    """The warmup TFRecord of a SavedModel directory, or ``path`` itself if it is a file."""
-    return path if path.is_file() else path / WARMUP_RELATIVE
-
-
-def requests_from_warmup(path: Path) -> list[Message]:
-    """The Predict requests recorded in a SavedModel's warmup file (other kinds skipped)."""
-    file = warmup_file(path)
-    if not file.is_file():
-        raise PayloadError(f"no warmup records at {file}")
-    log_class = protos.message_class(protos.PREDICTION_LOG)
-    requests = []
-    try:
-        for record in read_records(file):
-            log: Any = log_class.FromString(record)
-            if log.HasField("predict_log"):
-                requests.append(log.predict_log.request)
-    except (ValueError, DecodeError) as err:
-        raise PayloadError(f"{file}: {err}") from err
-    if not requests:
-        raise PayloadError(f"{file}: no Predict requests among the warmup records")
-    return requests
 
 
 def apply_spec(request: Any, spec: RequestSpec) -> None:
