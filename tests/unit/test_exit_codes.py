@@ -21,7 +21,7 @@ from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.layout import PROXY_ADMIN_MOUNT
 from tfsdeploy.hosts.commands.containers import proxy_spec
 from tfsdeploy.hosts.ssh import SshConnection
-from tfsdeploy.run import engine
+from tfsdeploy.run import engine, plans
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations import OPERATIONS, Ops
 
@@ -120,7 +120,7 @@ def test_a_defect_before_any_host_exits_1_with_the_json_file(
     def plan_with_a_defect(*args: Any, **kwargs: Any) -> Any:
         raise ZeroDivisionError("defect in planning")
 
-    monkeypatch.setattr(cli_deploy, "deploy_plan", plan_with_a_defect)
+    monkeypatch.setattr(plans, "deploy_plan", plan_with_a_defect)
     code, written = fab("deploy", version="1")
     assert code == ExitCode.INVALID and written["exit_code"] == 1
     assert "ZeroDivisionError" in _no_traceback(capsys)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tfsdeploy.cli import deploy as cli_deploy
-from tfsdeploy.cli.deploy import summary_rows
 from tfsdeploy.cli.main import main
+from tfsdeploy.cli.output import summary_rows
 from tfsdeploy.core.errors import ExitCode
 
 from .fakes import FakeFleet, FakeSlot, FrozenClock

@@ -211,8 +211,7 @@ def _results(gen: GeneratorHost) -> tuple[list[stats.ProcResult], Any]:
 def _lost_reason(gen: GeneratorHost, err: Exception) -> str:
     """After the run's connection died: is the host still there (the process died), or not?"""
     try:
-        alive = gen.runner.run(["sh", "-c", 'kill -0 "$(cat "$1")" 2>/dev/null', "sh",
-                                gen.files.pid], timeout=20)
+        alive = gen.runner.run(commands.alive(gen.files.pid), timeout=20)
     except Exception as again:
         return f"host unreachable ({again})"
     if alive.ok:  # we no longer wait for it: end its window, it must not run on unwatched

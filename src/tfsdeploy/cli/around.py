@@ -23,8 +23,9 @@ from tfsdeploy.hosts.lock import current_user
 from tfsdeploy.runbook import hooks, notify
 
 if TYPE_CHECKING:
-    from tfsdeploy.run.engine import RunPlan, RunResult
+    from tfsdeploy.run.engine import RunResult
     from tfsdeploy.run.jobs import RunContext
+    from tfsdeploy.run.plans import RunPlan
 
 NOTIFY_CLOSE_S = 0.8  # the most a dead receiver may add to a run at its end
 # A host in any other state failed. A paused run's hosts are paused (the canary hosts) or
@@ -142,9 +143,10 @@ def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
 
     def abort() -> RunResult:
         from tfsdeploy.cli import canary as cli_canary
+        from tfsdeploy.run.jobs import Verb
 
         return act("abort", lambda before_run: cli_canary.finish_canary(
-            "abort", target, lock_wait=lock_wait, reporter=shown, before=before_run))
+            Verb.ABORT, target, lock_wait=lock_wait, reporter=shown, before=before_run))
 
     return rollback, abort
 

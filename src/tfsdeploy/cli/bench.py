@@ -16,7 +16,8 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.core.versions import available_versions, choose_version
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.ssh import Connection, SshConnection
-from tfsdeploy.run.engine import ConnectionFactory
+from tfsdeploy.run import survey
+from tfsdeploy.run.survey import ConnectionFactory
 
 PATHS = ("report", "sweep_plot")
 PASSED_WHEN_GIVEN = ("rps", "procs", "min_qps", *PATHS)
@@ -59,7 +60,6 @@ def data_version(target: Target, requested: Any, *,
                  connect: ConnectionFactory = SshConnection) -> tuple[int, str]:
     """``--version`` when given, else the version the selected hosts serve (see
     pick_data_version); with the line that says which."""
-    from tfsdeploy.cli.fleet import each_host
     from tfsdeploy.core.errors import ConfigError, Problem
 
     model = target.model
@@ -71,7 +71,7 @@ def data_version(target: Target, requested: Any, *,
              ) -> dict[str, Any]:
         return {"version": live_version(facts)}
 
-    rows = each_host(target, look, connect=connect)
+    rows = survey.each_host(target, look, connect=connect)
     live = {r["host"]: r.get("version") for r in rows}
     found, line = pick_data_version(live, available_versions(model.source))
     if found is None:

@@ -30,6 +30,8 @@ from tfsdeploy.core.gpu import instance_gpus
 from tfsdeploy.core.guard import Breach, Scrape, Window, bucket_deltas, merge, parse_metrics, window
 from tfsdeploy.core.layout import model_ports, other_slot
 from tfsdeploy.core.target import Target
+from tfsdeploy.hosts import probes
+from tfsdeploy.run import survey
 from tfsdeploy.run.engine import Reporter, RunResult, emit
 
 
@@ -61,11 +63,7 @@ class PausedCanary:
 
 def scrape(address: str, port: int, path: str, model: str) -> Scrape:
     """One read of one server process's metrics (its slot's REST port)."""
-    import httpx
-
-    reply = httpx.get(f"http://{address}:{port}{path}", timeout=5)
-    reply.raise_for_status()
-    return parse_metrics(reply.text, model)
+    return parse_metrics(probes.metrics(address, port, path), model)
 
 
 Scraper = Callable[[str, int, str, str], Scrape]
@@ -141,14 +139,13 @@ def canary_verdict(first: Readings, last: Readings, new_slot: str, policy: Canar
 
 def find_paused(target: Target) -> PausedCanary | None:
     """The model's paused canary, read from the hosts' release records (None: none)."""
-    from tfsdeploy.cli.fleet import each_host
     from tfsdeploy.core.canary import CanaryState
     from tfsdeploy.run.plans import paused_canary
 
     def look(target: Target, host: ResolvedHost, conn: Any, facts: Any) -> dict[str, Any]:
         return {"facts": facts}
 
-    rows = each_host(target, look)
+    rows = survey.each_host(target, look)
     facts = {r["host"]: r["facts"] for r in rows if r["reachable"]}
     record, state = paused_canary(facts)
     if record is None or state is not CanaryState.PAUSED:
@@ -261,8 +258,9 @@ def _act(target: Target, policy: GuardPolicy, host: str, why: str, reporter: Rep
 
 def _abort(target: Target, policy: GuardPolicy, reporter: Reporter) -> RunResult:
     from tfsdeploy.cli.canary import finish_canary
+    from tfsdeploy.run.jobs import Verb
 
-    return finish_canary("abort", target, lock_wait=policy.lock_wait, reporter=reporter)
+    return finish_canary(Verb.ABORT, target, lock_wait=policy.lock_wait, reporter=reporter)
 
 
 def _roll_back(target: Target, policy: GuardPolicy, host: str, why: str, reporter: Reporter,

@@ -1,4 +1,5 @@
-"""Times given as text on the command line: `fab logs --since`. Pure; no I/O."""
+"""Times given as text on the command line: `fab logs --since`, and durations (`fab bench
+--duration`, the load generator's options). Pure; no I/O."""
 
 from __future__ import annotations
 
@@ -7,6 +8,17 @@ import re
 _SPAN = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
 _DATE_TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt ][0-9]{2}:[0-9]{2}")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s|m|h)?\s*$")
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration_seconds(text: str) -> float:
+    """``10s``, ``500ms``, ``2m``, ``1.5h`` or a bare number of seconds, to seconds; raises
+    ValueError naming the text otherwise."""
+    match = _DURATION.match(text)
+    if not match:
+        raise ValueError(f"bad duration {text!r} (e.g. 30s, 500ms, 2m)")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
 def since_seconds(text: str, now: float) -> float:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
+from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.layout import HostPaths
 from tfsdeploy.core.proxy import ServerState, parse_stat
 from tfsdeploy.core.records import (
@@ -24,7 +25,9 @@ from tfsdeploy.core.records import (
     parse_lock,
     parse_release,
 )
+from tfsdeploy.core.render import FILE_NAMES
 from tfsdeploy.hosts.commands.facts import MARK, read_facts
+from tfsdeploy.hosts.commands.files import read_files
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.ssh import Connection
 
@@ -265,3 +268,21 @@ def gather(conn: Connection, model: str, paths: HostPaths, *,
     facts = parse_facts(conn.host.name, result.stdout, containers, images=present,
                         docker_version=version)
     return replace(facts, seconds=time.monotonic() - started)
+
+
+def read_release_files(conn: Connection, paths: HostPaths, release_id: str) -> dict[str, str]:
+    """The rendered files a host keeps of a retained release."""
+    directory = paths.release_dir(release_id)
+    result = conn.run(read_files(directory, FILE_NAMES))
+    texts = split_files(result.stdout) if result.ok else {}
+    missing = [n for n in FILE_NAMES if n not in texts]
+    if missing:
+        raise ConfigError(Problem(f"release {release_id} on {conn.host.name} lacks "
+                                  f"{', '.join(missing)}", fix="pick another release "
+                                  "(`fab history`)", host=conn.host.name, file=directory))
+    return texts
+
+
+def split_files(text: str) -> dict[str, str]:
+    """``read_files`` output -> file name -> content."""
+    return {argument: body + "\n" for argument, body in parse_sections(text).get("file", [])}

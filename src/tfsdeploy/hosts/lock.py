@@ -159,7 +159,7 @@ def read(site: LockSite) -> tuple[LockRecord | None, bool]:
     if result.ok:
         record = parse_lock(result.stdout)
         return record, True
-    exists = site.conn.run(["test", "-d", site.paths.lock_dir]).ok
+    exists = site.conn.run(lock_commands.exists(site.paths)).ok
     return None, exists
 
 

@@ -1,4 +1,5 @@
-"""gRPC probes of one TFServing slot: version status, signature, predict (effects).
+"""Probes of one TFServing server: gRPC version status, signature and predict; over HTTP its REST
+status and its metrics.
 
 Messages come from ``tfsapi`` (TFServing's descriptors, read without importing TensorFlow),
 so probing costs no TensorFlow start-up.
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import httpx
 import numpy as np
 
 from tfsdeploy.core import tfsapi
@@ -120,13 +122,18 @@ def _dtype_of(array: np.ndarray) -> str:
 METRIC_PREFIX = ":tensorflow:"
 
 
+def metrics(address: str, port: int, path: str, *, timeout_s: float = 5.0) -> str:
+    """One read of a server process's metrics (Prometheus text) on its REST port."""
+    reply = httpx.get(f"http://{address}:{port}{path}", timeout=timeout_s)
+    reply.raise_for_status()
+    return reply.text
+
+
 def rest_problems(address: str, port: int, model: str, version: int, *,
                   metrics_path: str | None, timeout_s: float = 3.0) -> list[str]:
     """What is wrong with a server's REST side (empty when nothing is): the model's version
     status must say AVAILABLE, and the metrics path (when given) must serve TFServing's
     metric names."""
-    import httpx
-
     problems = []
     base = f"http://{address}:{port}"
     try:

@@ -11,7 +11,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tfsdeploy.core import tfrecord, warmup
+from tfsdeploy.core.timetext import duration_seconds
 from tfsdeploy.loadtest import gates, payloads, report, stats
 from tfsdeploy.loadtest.engine import DURATION_STOPS, ProcPlan
 from tfsdeploy.loadtest.schedule import KINDS, Schedule, ScheduleError
@@ -30,8 +30,6 @@ EXIT_INTERRUPTED = 130
 DEFAULT_TOTAL = 200  # ghz's default when neither -n nor -z is given
 DEFAULT_SWEEP_DURATION_S = 10.0
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s|m|h)?\s*$")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class UsageError(ValueError):
@@ -39,11 +37,12 @@ class UsageError(ValueError):
 
 
 def parse_duration(text: str) -> float:
-    """``10s``, ``500ms``, ``2m``, ``1.5h`` or a bare number of seconds, to seconds."""
-    match = _DURATION.match(str(text))
-    if not match:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r} (e.g. 30s, 500ms, 2m)")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    """``10s``, ``500ms``, ``2m``, ``1.5h`` or a bare number of seconds, to seconds (an
+    argparse type: a bad one is a usage error)."""
+    try:
+        return duration_seconds(str(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,5 +1,7 @@
-"""The engine owns a run: the hosts' connections, the fleet lock, Ctrl-C/SIGTERM/SIGHUP, the
-facts read once, the playbook's phases, batches, rescue and the exit code.
+"""The engine owns a run, whatever its verb: the hosts' connections, the run's clock and its
+cancellation (Ctrl-C/SIGTERM/SIGHUP), the fleet lock, the facts read once, the playbook's
+phases, batches, rescue and the exit code. ``run`` is the one way a verb's run plan
+(``plans``) is run; ``check`` plans it without changing anything.
 
 The loop is explicit: every host's facts are read under the lock, the verb's planner turns them
 into one job per host, then each phase runs its task list, on every host at once or batch by
@@ -14,7 +16,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,17 +26,19 @@ from typing import TYPE_CHECKING, Any, Protocol
 from tfsdeploy.core.batches import plan_batches, threshold_exceeded
 from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
 from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.gates import Clock, GateFailed
+from tfsdeploy.core.gates import Clock, GateFailed, SystemClock
 from tfsdeploy.core.layout import host_paths
-from tfsdeploy.core.records import StepRecord
+from tfsdeploy.core.records import LockRecord, StepRecord
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import HostFacts, gather
-from tfsdeploy.hosts.ssh import Connection
+from tfsdeploy.hosts.ssh import Connection, SshConnection
 from tfsdeploy.run.changes import Change
 from tfsdeploy.run.executor import run_step
-from tfsdeploy.run.jobs import HostJob, Planner, RunContext
+from tfsdeploy.run.jobs import ClientFactory, Facts, HostJob, RunContext, Session, Verb
 from tfsdeploy.run.operations import registry
+from tfsdeploy.run.operations.canary import CanaryPaused
+from tfsdeploy.run.plans import RunPlan
 from tfsdeploy.run.playbook import Phase, Playbook, Task
 
 
@@ -107,11 +111,8 @@ class RunResult:
                 "hosts": {n: o.__dict__ for n, o in self.hosts.items()}}
 
 
-DeployResult = RunResult
-
-
 @dataclass
-class Roll:
+class RunState:
     """Everything the phases of one run share."""
 
     playbook: Playbook
@@ -156,34 +157,34 @@ def emit(reporter: Reporter, kind: str, **data: Any) -> None:
             return
 
 
-def run_tasks(roll: Roll, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
+def run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
     """Run a task list on one host, recording each step; raise on the first failure."""
     operations = registry()
     if job.unreachable is not None:
         raise job.unreachable
     for task in tasks:
-        if roll.cancel.is_set():
+        if state.cancel.is_set():
             raise Interrupted()
         started = time.monotonic()
         try:
             outcome = run_step(job, task.action, operations[task.action], task.params,
-                               check=False, on_progress=roll.progress)
+                               check=False, on_progress=state.progress)
         except BaseException as error:
             seconds = time.monotonic() - started
             pause = is_pause(error)  # the canary holds its last weight: not a failure
-            detail = pause_detail(roll, error) if pause else describe(error)
+            detail = pause_detail(state, error) if pause else describe(error)
             _record_step(job, phase, task.action, pause, seconds, detail)
-            roll.reporter.step(job.name, phase, task.action, "paused" if pause else "failed",
+            state.reporter.step(job.name, phase, task.action, "paused" if pause else "failed",
                                seconds, detail)
             if not pause and is_gate(task.action):
-                roll.event("gate_failed", host=job.name, gate=task.action, message=detail)
+                state.event("gate_failed", host=job.name, gate=task.action, message=detail)
             raise
         finally:
             if job.touched:
-                roll.touched.add(job.name)
+                state.touched.add(job.name)
         seconds = time.monotonic() - started
         _record_step(job, phase, task.action, True, seconds, outcome.detail)
-        roll.reporter.step(job.name, phase, task.action, "ok", seconds, outcome.detail)
+        state.reporter.step(job.name, phase, task.action, "ok", seconds, outcome.detail)
 
 
 def is_gate(step: str) -> bool:
@@ -192,9 +193,9 @@ def is_gate(step: str) -> bool:
     return step.startswith("gate_") or step == "canary_steps"
 
 
-def pause_detail(roll: Roll, pause: BaseException) -> str:
+def pause_detail(state: RunState, pause: BaseException) -> str:
     """A paused canary's progress line: the weight it holds, and how to finish it."""
-    model = roll.context.model.name
+    model = state.context.model.name
     return (f"{pause}: `fab promote --model {model}` finishes the roll, "
             f"`fab abort --model {model}` returns it to the old release")
 
@@ -213,15 +214,15 @@ def _record_step(job: HostJob, phase: str, step: str, ok: bool, seconds: float,
                                 detail=detail[:2000]))
 
 
-def roll_host(roll: Roll, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
+def roll_host(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
     """Run a batch phase's tasks on one host, instance by instance (the host's other
     instances keep serving meanwhile); raise on the first failure, with ``job.inst`` the
     instance that failed."""
     for instance in job.instances:
-        run_tasks(roll, job.on(instance), phase, tasks)
+        run_tasks(state, job.on(instance), phase, tasks)
 
 
-def run_parallel(roll: Roll, phase: Phase, jobs: list[HostJob], tasks: Sequence[Task]
+def run_parallel(state: RunState, phase: Phase, jobs: list[HostJob], tasks: Sequence[Task]
                  ) -> dict[str, BaseException | None]:
     """Run ``tasks`` on ``jobs`` at once (at most ``forks``), per instance in a batch phase;
     Ctrl-C cancels cleanly."""
@@ -229,9 +230,9 @@ def run_parallel(roll: Roll, phase: Phase, jobs: list[HostJob], tasks: Sequence[
     if not jobs:
         return errors
     body = roll_host if phase.mode == "batches" else run_tasks
-    with ThreadPoolExecutor(max_workers=max(1, min(roll.playbook.forks, len(jobs)))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(state.playbook.forks, len(jobs)))) as pool:
         futures: dict[Future[None], HostJob] = {
-            pool.submit(body, roll, job, phase.name, tasks): job for job in jobs}
+            pool.submit(body, state, job, phase.name, tasks): job for job in jobs}
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -240,85 +241,85 @@ def run_parallel(roll: Roll, phase: Phase, jobs: list[HostJob], tasks: Sequence[
     return errors
 
 
-def run_phases(roll: Roll) -> RunResult:
+def run_phases(state: RunState) -> RunResult:
     """Run the playbook's phases; the exit code follows the README's table."""
-    active = list(roll.jobs)
-    for phase in roll.playbook.phases:
+    active = list(state.jobs)
+    for phase in state.playbook.phases:
         if phase.mode == "batches":
             for job in active:
                 if job.unchanged:
-                    roll.outcome(job).status = "unchanged"
-            if not roll_batches(roll, phase, [j for j in active if not j.unchanged]):
-                return roll.result
+                    state.outcome(job).status = "unchanged"
+            if not roll_batches(state, phase, [j for j in active if not j.unchanged]):
+                return state.result
             # unchanged hosts go on too: a later phase retires what a killed run left behind
-            active = [j for j in active if j.name not in roll.failed]
+            active = [j for j in active if j.name not in state.failed]
             continue
-        passed = run_fleet_phase(roll, phase, active)
+        passed = run_fleet_phase(state, phase, active)
         if passed is None:
-            return roll.result
+            return state.result
         active = passed
     for job in active:
-        if roll.outcome(job).status == "pending":
-            roll.outcome(job).status = "rolled"
-    if roll.failed:
-        finish(roll, ExitCode.INCONSISTENT,
-               f"{len(roll.failed)} host(s) failed within the allowed threshold and still "
-               f"serve their previous release: {', '.join(sorted(roll.failed))}")
-    elif roll.context.verb == "abort":  # the release in the context is the one aborted
-        finish(roll, ExitCode.OK, f"canary {roll.context.release_id} aborted: every host "
+        if state.outcome(job).status == "pending":
+            state.outcome(job).status = "rolled"
+    if state.failed:
+        finish(state, ExitCode.INCONSISTENT,
+               f"{len(state.failed)} host(s) failed within the allowed threshold and still "
+               f"serve their previous release: {', '.join(sorted(state.failed))}")
+    elif state.context.verb is Verb.ABORT:  # the release in the context is the one aborted
+        finish(state, ExitCode.OK, f"canary {state.context.release_id} aborted: every host "
                "serves the release it served before the canary")
     else:
-        finish(roll, ExitCode.OK, f"every host serves {roll.context.release_id}")
-    return roll.result
+        finish(state, ExitCode.OK, f"every host serves {state.context.release_id}")
+    return state.result
 
 
-def _stopped_code(roll: Roll) -> ExitCode:
+def _stopped_code(state: RunState) -> ExitCode:
     """A stop before anything serving changed is 'nothing changed' (1), after it 3."""
-    return ExitCode.INCONSISTENT if roll.touched else ExitCode.INVALID
+    return ExitCode.INCONSISTENT if state.touched else ExitCode.INVALID
 
 
-def run_fleet_phase(roll: Roll, phase: Phase, jobs: list[HostJob]) -> list[HostJob] | None:
+def run_fleet_phase(state: RunState, phase: Phase, jobs: list[HostJob]) -> list[HostJob] | None:
     """A parallel phase; returns the hosts that passed, or None when the run must stop."""
-    errors = run_parallel(roll, phase, jobs, phase.tasks)
+    errors = run_parallel(state, phase, jobs, phase.tasks)
     failed = [j for j in jobs if errors.get(j.name)]
     for job in failed:
         error = errors[job.name]
-        roll.outcome(job).status = "unreachable" if isinstance(error, HostUnreachable) \
+        state.outcome(job).status = "unreachable" if isinstance(error, HostUnreachable) \
             else "failed"
-        roll.outcome(job).error = describe(error) if error else ""
-        roll.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
-        roll.failed.add(job.name)
-    if roll.cancel.is_set():
-        code = _stopped_code(roll)
-        finish(roll, code, f"interrupted during {phase.name}; "
+        state.outcome(job).error = describe(error) if error else ""
+        state.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
+        state.failed.add(job.name)
+    if state.cancel.is_set():
+        code = _stopped_code(state)
+        finish(state, code, f"interrupted during {phase.name}; "
                + ("no serving container was changed" if code == ExitCode.INVALID
                   else "the fleet may be mixed: look at the hosts"))
         return None
-    if failed and roll.touched:
-        finish(roll, ExitCode.INCONSISTENT, f"{phase.name} failed on "
+    if failed and state.touched:
+        finish(state, ExitCode.INCONSISTENT, f"{phase.name} failed on "
                + ", ".join(j.name for j in failed) + " after serving containers changed")
         return None
-    if threshold_exceeded(len(roll.failed), len(roll.jobs), roll.max_fail_percentage):
-        finish(roll, ExitCode.INVALID, f"{phase.name} failed on "
-               f"{', '.join(sorted(roll.failed))}; nothing serving was changed")
+    if threshold_exceeded(len(state.failed), len(state.jobs), state.max_fail_percentage):
+        finish(state, ExitCode.INVALID, f"{phase.name} failed on "
+               f"{', '.join(sorted(state.failed))}; nothing serving was changed")
         return None
-    return [j for j in jobs if j.name not in roll.failed]
+    return [j for j in jobs if j.name not in state.failed]
 
 
-def roll_batches(roll: Roll, phase: Phase, jobs: list[HostJob]) -> bool:
+def roll_batches(state: RunState, phase: Phase, jobs: list[HostJob]) -> bool:
     """Roll batch by batch; on a stop, rescue and apply the policy. True to go on."""
     rolled: list[HostJob] = []
-    batches = plan_batches(jobs, roll.serial)
-    roll.context.canary_hosts = frozenset(j.name for j in batches[0]) if batches else frozenset()
+    batches = plan_batches(jobs, state.serial)
+    state.context.canary_hosts = frozenset(j.name for j in batches[0]) if batches else frozenset()
     for number, batch in enumerate(batches, start=1):
-        roll.reporter.note(f"batch {number}/{len(batches)}: "
+        state.reporter.note(f"batch {number}/{len(batches)}: "
                            + ", ".join(j.name for j in batch))
-        roll.event("batch_started", batch=number, batches=len(batches),
+        state.event("batch_started", batch=number, batches=len(batches),
                    hosts=[j.name for j in batch])
-        errors = run_parallel(roll, phase, batch, phase.tasks)
+        errors = run_parallel(state, phase, batch, phase.tasks)
         paused = [j for j in batch if is_pause(errors.get(j.name))]
         for job in paused:
-            roll.outcome(job).status = "paused"
+            state.outcome(job).status = "paused"
             rolled.append(job)
         for job in batch:
             error = errors.get(job.name)
@@ -326,72 +327,70 @@ def roll_batches(roll: Roll, phase: Phase, jobs: list[HostJob]) -> bool:
                 continue
             if error is None:
                 rolled.append(job)
-                roll.outcome(job).status = "rolled"
-                roll.event("host_rolled", host=job.name, release=roll.context.release_id,
+                state.outcome(job).status = "rolled"
+                state.event("host_rolled", host=job.name, release=state.context.release_id,
                            seconds=sum(s.seconds for s in job.steps if s.phase == phase.name))
                 continue
-            roll.failed.add(job.name)
-            roll.outcome(job).error = describe(error)
-            roll.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
+            state.failed.add(job.name)
+            state.outcome(job).error = describe(error)
+            state.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
             # revert: the whole host goes back; stay: only the instance that failed
-            roll.outcome(job).status = rescue_host(roll, phase, job,
-                                                   every=roll.on_failure == "revert")
-        stop = roll.cancel.is_set() or threshold_exceeded(
-            len(roll.failed), len(roll.jobs), roll.max_fail_percentage)
+            state.outcome(job).status = rescue_host(state, phase, job,
+                                                   every=state.on_failure == "revert")
+        stop = state.cancel.is_set() or threshold_exceeded(
+            len(state.failed), len(state.jobs), state.max_fail_percentage)
         if stop:
-            stop_roll(roll, phase, rolled, batches[number:])
+            stop_roll(state, phase, rolled, batches[number:])
             return False
         if paused:
-            pause_roll(roll, paused, batches[number:])
+            pause_roll(state, paused, batches[number:])
             return False
     return True
 
 
 def is_pause(error: BaseException | None) -> bool:
     """Whether a host's roll ended holding a paused canary (not a failure)."""
-    from tfsdeploy.run.operations.canary import CanaryPaused
-
     return isinstance(error, CanaryPaused)
 
 
-def pause_roll(roll: Roll, paused: list[HostJob], untouched: list[list[HostJob]]) -> None:
+def pause_roll(state: RunState, paused: list[HostJob], untouched: list[list[HostJob]]) -> None:
     """The canary holds at its last weight: the run ends, the lock stays with the paused
     release, the hosts not reached stay ``pending`` until ``fab promote`` rolls them."""
     for batch in untouched:
         for job in batch:
-            roll.outcome(job).status = "pending"
-    policy = roll.context.canary
+            state.outcome(job).status = "pending"
+    policy = state.context.canary
     weight = policy.weights[-1] if policy else 0
-    roll.event("paused", hosts=[j.name for j in paused], weight=weight)
-    finish(roll, ExitCode.PAUSED,
+    state.event("paused", hosts=[j.name for j in paused], weight=weight)
+    finish(state, ExitCode.PAUSED,
            f"canary paused at {weight}% on {', '.join(j.name for j in paused)}: "
-           f"`fab promote --model {roll.context.model.name}` finishes the roll, "
-           f"`fab abort --model {roll.context.model.name}` returns them to the old release")
+           f"`fab promote --model {state.context.model.name}` finishes the roll, "
+           f"`fab abort --model {state.context.model.name}` returns them to the old release")
 
 
-def stop_roll(roll: Roll, phase: Phase, rolled: list[HostJob],
+def stop_roll(state: RunState, phase: Phase, rolled: list[HostJob],
               untouched: list[list[HostJob]]) -> None:
     """After a stop: revert or keep the rolled hosts, and set the exit code."""
     for batch in untouched:
         for job in batch:
-            roll.outcome(job).status = "skipped"
+            state.outcome(job).status = "skipped"
     reverted_ok = True
-    if roll.on_failure == "revert":
+    if state.on_failure == "revert":
         for job in rolled:
-            status = rescue_host(roll, phase, job, every=True)
-            roll.outcome(job).status = status
+            status = rescue_host(state, phase, job, every=True)
+            state.outcome(job).status = status
             reverted_ok &= status == "reverted"
-    restored_ok = all(roll.result.hosts[n].status in ("restored", "reverted")
-                      for n in roll.failed if n in roll.result.hosts)
-    why = "interrupted" if roll.cancel.is_set() else "a gate failed"
-    if roll.on_failure == "revert" and reverted_ok and restored_ok:
-        finish(roll, ExitCode.ROLLED_BACK, f"{why}; every host serves its previous release")
+    restored_ok = all(state.result.hosts[n].status in ("restored", "reverted")
+                      for n in state.failed if n in state.result.hosts)
+    why = "interrupted" if state.cancel.is_set() else "a gate failed"
+    if state.on_failure == "revert" and reverted_ok and restored_ok:
+        finish(state, ExitCode.ROLLED_BACK, f"{why}; every host serves its previous release")
     else:
-        finish(roll, ExitCode.INCONSISTENT,
+        finish(state, ExitCode.INCONSISTENT,
                f"{why}; the fleet is mixed or a host could not be restored: look at the hosts")
 
 
-def rescue_host(roll: Roll, phase: Phase, job: HostJob, *, every: bool = False) -> str:
+def rescue_host(state: RunState, phase: Phase, job: HostJob, *, every: bool = False) -> str:
     """Run the phase's rescue tasks for the host's current instance (the one that failed) or,
     with ``every``, for each instance the run changed, last rolled first; returns the host's
     final status."""
@@ -407,29 +406,29 @@ def rescue_host(roll: Roll, phase: Phase, job: HostJob, *, every: bool = False) 
             for task in phase.rescue:  # never cancelled: a second Ctrl-C cannot cut a restore
                 begun = time.monotonic()
                 outcome = run_step(job, task.action, registry()[task.action], task.params,
-                                   check=False, on_progress=roll.progress)
+                                   check=False, on_progress=state.progress)
                 _record_step(job, "restore", task.action, True, time.monotonic() - begun,
                              outcome.detail)
     except Exception as error:  # the host may be unreachable: a person must look
-        roll.reporter.step(job.name, "restore", "restore", "failed",
+        state.reporter.step(job.name, "restore", "restore", "failed",
                            time.monotonic() - started, describe(error))
         return "unknown"
     first = job.instances[0]
     previous = first.old.release if first.old else "no release (first deploy)"
     restored = "" if len(job.instances) == 1 else \
         f" ({len(chosen)} of {len(job.instances)} instance(s) restored)"
-    roll.reporter.step(job.name, "restore", "restore", "ok", time.monotonic() - started,
+    state.reporter.step(job.name, "restore", "restore", "ok", time.monotonic() - started,
                        f"back on {previous}{restored}")
     return "reverted" if had_traffic else "restored"
 
 
-def finish(roll: Roll, code: ExitCode, message: str) -> None:
+def finish(state: RunState, code: ExitCode, message: str) -> None:
     """Set the run's result; every host appears in it, even those never reached (a paused
     run's are still to roll: they stay ``pending``)."""
-    roll.result.exit_code = code
-    roll.result.message = message
-    for job in roll.jobs:
-        outcome = roll.outcome(job)
+    state.result.exit_code = code
+    state.result.message = message
+    for job in state.jobs:
+        outcome = state.outcome(job)
         outcome.steps = [s.model_dump() for s in job.steps]
         if outcome.status == "pending" and code != ExitCode.PAUSED:
             outcome.status = "skipped"
@@ -465,26 +464,8 @@ def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[N
 ConnectionFactory = Callable[[ResolvedHost], Connection]
 
 
-@dataclass
-class RunPlan:
-    """What a verb asks the engine to run."""
-
-    verb: str
-    target: Target
-    playbook: Playbook
-    planner: Planner  # facts of every selected host -> the run's context and jobs
-    images: Sequence[str] = ()  # images whose presence the facts must report
-    lock_wait: float = 0.0
-    version: int | None = None  # known before the run (a deploy); a rollback's is chosen later
-    release: str = ""
-    take_over: bool = False  # promote/abort: take the lock a paused canary holds
-    # sees the run's context once the planner chose the release (under the lock, before any
-    # host is changed); raising stops the run there (hooks: a pre-hook's refusal)
-    on_planned: Callable[[RunContext], None] | None = None
-
-
-def gather_facts(target: Target, conns: dict[str, Connection], images: Sequence[str],
-                 forks: int) -> dict[str, HostFacts | HostUnreachable]:
+def gather_facts(target: Target, conns: Mapping[str, Connection], images: Sequence[str],
+                 forks: int) -> Facts:
     """Every selected host's facts, read at once (an unreachable host gives its error)."""
     def one(host: ResolvedHost) -> HostFacts | HostUnreachable:
         try:
@@ -500,66 +481,101 @@ def gather_facts(target: Target, conns: dict[str, Connection], images: Sequence[
                         strict=True))
 
 
-def execute(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory,
-            clock: Clock, cancel: threading.Event) -> RunResult:
-    """Take the fleet lock, read the facts, plan the jobs, run the phases; always release the
-    lock and close the connections."""
-    target = plan.target
+def open_session(target: Target, connect: ConnectionFactory, clock: Clock,
+                 client_factory: ClientFactory | None) -> Session:
+    """One connection per host of the model (the lock spans them) and per selected host."""
     conns = {h.name: connect(h) for h in target.model_hosts}
     for host in target.hosts:
         conns.setdefault(host.name, connect(host))
-    sites = [lock.LockSite(h.name, conns[h.name], host_paths(h, target.model))
-             for h in target.model_hosts]
+    return Session(connections=conns, clock=clock, client_factory=client_factory)
+
+
+def close_session(session: Session) -> None:
+    """Close every connection of the run."""
+    for conn in session.connections.values():
+        conn.close()
+
+
+def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshConnection,
+        clock: Clock | None = None, client_factory: ClientFactory | None = None,
+        before: Callable[[RunPlan], None] | None = None) -> RunResult:
+    """Run a verb's plan: ``before`` sees it first, before any connection (a pre-hook may
+    refuse the run there); then the engine opens the connections, takes the lock, reads the
+    facts, plans the jobs and runs the phases, on ``clock`` (the system's by default) made
+    cancellable by Ctrl-C, SIGTERM and SIGHUP; the lock is released and the connections closed
+    whatever happens."""
+    if before is not None:
+        before(plan)
+    cancel = threading.Event()
+    session = open_session(plan.target, connect,
+                           CancellableClock(clock or SystemClock(), cancel), client_factory)
     started = time.monotonic()
     context: RunContext | None = None
     try:
         with interrupts_cancel(cancel, reporter):
-            record = lock.new_lock_record(f"{plan.verb} {target.model.name}")
-            try:
-                taken = (lock.take_over_paused(sites, record) if plan.take_over else []) or \
-                    lock.acquire_majority(sites, record, wait_s=plan.lock_wait, clock=clock,
-                                          model=target.model.name, on_stale=reporter.note)
-            except lock.LockQuorumLost as error:
-                if plan.verb == "rollback":  # a fleet that must be restored cannot be
-                    error.exit_code = ExitCode.INCONSISTENT
-                raise
-            except Interrupted:
-                raise TfsDeployError("interrupted while waiting for the lock; nothing was "
-                                     "changed") from None
-            outcome: RunResult | None = None
-            try:
-                facts = gather_facts(target, conns, plan.images, plan.playbook.forks)
-                context, jobs = plan.planner(facts)
-                if plan.on_planned is not None:
-                    plan.on_planned(context)
-                what = (f" version {context.version} as {context.release_id}"
-                        if context.release_id else "")
-                reporter.note(f"{plan.verb} {target.model.name}{what} on {len(jobs)} host(s); "
-                              f"lock on {', '.join(s.host for s in taken)}")
-                emit(reporter, "run_started", version=context.version,
-                     release=context.release_id)
-                for job in jobs:
-                    _facts_step(job, reporter)
-                outcome = run_roll(plan, context, jobs, reporter, cancel)
-            finally:
-                if outcome is not None and context is not None and \
-                        outcome.exit_code == ExitCode.PAUSED:  # the paused release keeps it
-                    unreleased = lock.hand_to_paused(taken, record, context.release_id)
-                else:
-                    unreleased = lock.release_sites(taken, record)
-            result = outcome
-            if unreleased:
-                result.exit_code = max(result.exit_code, ExitCode.INCONSISTENT)
-                result.message += (f"; the lock could not be released on "
-                                   f"{', '.join(unreleased)}: check with "
-                                   f"`fab lock --model {target.model.name}`")
+            context, result = _locked(plan, session, reporter, cancel)
     finally:
-        for conn in conns.values():
-            conn.close()
+        close_session(session)
         if context is not None and context.archive is not None:
             context.archive.discard()
     result.seconds = time.monotonic() - started
     return result
+
+
+def _take_lock(plan: RunPlan, session: Session, reporter: Reporter,
+               record: LockRecord) -> list[lock.LockSite]:
+    """The fleet lock on a majority of the model's hosts (a promote or abort takes the one
+    its paused canary holds)."""
+    target = plan.target
+    sites = [lock.LockSite(h.name, session.connections[h.name], host_paths(h, target.model))
+             for h in target.model_hosts]
+    try:
+        return (lock.take_over_paused(sites, record) if plan.take_over else []) or \
+            lock.acquire_majority(sites, record, wait_s=plan.lock_wait, clock=session.clock,
+                                  model=target.model.name, on_stale=reporter.note)
+    except lock.LockQuorumLost as error:
+        if plan.verb is Verb.ROLLBACK:  # a fleet that must be restored cannot be
+            error.exit_code = ExitCode.INCONSISTENT
+        raise
+    except Interrupted:
+        raise TfsDeployError("interrupted while waiting for the lock; nothing was "
+                             "changed") from None
+
+
+def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threading.Event
+            ) -> tuple[RunContext | None, RunResult]:
+    """Under the lock: the facts, the plan, the phases; the lock given back (or handed to a
+    paused canary)."""
+    target = plan.target
+    record = lock.new_lock_record(f"{plan.verb} {target.model.name}")
+    taken = _take_lock(plan, session, reporter, record)
+    outcome: RunResult | None = None
+    context: RunContext | None = None
+    try:
+        facts = gather_facts(target, session.connections, plan.images, plan.playbook.forks)
+        context, jobs = plan.planner(facts, session)
+        if plan.on_planned is not None:
+            plan.on_planned(context)
+        what = (f" version {context.version} as {context.release_id}"
+                if context.release_id else "")
+        reporter.note(f"{plan.verb} {target.model.name}{what} on {len(jobs)} host(s); "
+                      f"lock on {', '.join(s.host for s in taken)}")
+        emit(reporter, "run_started", version=context.version, release=context.release_id)
+        for job in jobs:
+            _facts_step(job, reporter)
+        outcome = run_roll(plan, context, jobs, reporter, cancel)
+    finally:
+        if outcome is not None and context is not None and \
+                outcome.exit_code == ExitCode.PAUSED:  # the paused release keeps it
+            unreleased = lock.hand_to_paused(taken, record, context.release_id)
+        else:
+            unreleased = lock.release_sites(taken, record)
+    if unreleased:
+        outcome.exit_code = max(outcome.exit_code, ExitCode.INCONSISTENT)
+        outcome.message += (f"; the lock could not be released on "
+                            f"{', '.join(unreleased)}: check with "
+                            f"`fab lock --model {target.model.name}`")
+    return context, outcome
 
 
 def _facts_step(job: HostJob, reporter: Reporter) -> None:
@@ -579,7 +595,7 @@ def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: 
              cancel: threading.Event) -> RunResult:
     """The phases over the planned jobs, under the playbook's policy (or the model's)."""
     rollout, playbook = context.model.rollout, plan.playbook
-    roll = Roll(playbook=playbook, context=context, jobs=jobs, reporter=reporter,
+    state = RunState(playbook=playbook, context=context, jobs=jobs, reporter=reporter,
                 cancel=cancel, serial=playbook.serial or rollout.serial,
                 max_fail_percentage=(playbook.max_fail_percentage
                                      if playbook.max_fail_percentage is not None
@@ -587,11 +603,11 @@ def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: 
                 on_failure=playbook.on_failure or rollout.on_failure,
                 result=RunResult(context.model.name, context.version, context.release_id))
     try:
-        return run_phases(roll)
+        return run_phases(state)
     except Exception as error:  # a defect of ours: the exit code still says where we stood
-        finish(roll, _stopped_code(roll),
+        finish(state, _stopped_code(state),
                f"unexpected {type(error).__name__}: {error} (a defect of tfsdeploy)")
-        return roll.result
+        return state.result
 
 
 # -- --check: the same operations, listed instead of applied ----------------------------
@@ -631,23 +647,36 @@ def plan_host(playbook: Playbook, job: HostJob) -> list[PlannedStep]:
     return steps
 
 
-def check(plan: RunPlan, *, connect: ConnectionFactory
+def check(plan: RunPlan, *, connect: ConnectionFactory = SshConnection, diff: bool = False
           ) -> tuple[RunContext | None, dict[str, list[PlannedStep] | HostUnreachable],
                      list[HostJob]]:
-    """``--check``: read the facts, plan the jobs, list every host's steps; no lock is taken
-    and nothing is changed."""
-    target = plan.target
-    conns = {h.name: connect(h) for h in target.hosts}
+    """``--check``: read the facts, plan the jobs, list every host's steps (with ``diff``, read
+    the live release's files of each host, kept as ``job.live_files``); no lock is taken and
+    nothing is changed."""
+    session = open_session(plan.target, connect, SystemClock(), None)
     try:
-        facts = gather_facts(target, conns, plan.images, plan.playbook.forks)
-        context, jobs = plan.planner(facts)
+        facts = gather_facts(plan.target, session.connections, plan.images,
+                             plan.playbook.forks)
+        context, jobs = plan.planner(facts, session)
         context.check = True
         plans: dict[str, list[PlannedStep] | HostUnreachable] = {}
         for job in jobs:
             seen = facts[job.name]
             plans[job.name] = seen if isinstance(seen, HostUnreachable) else \
                 plan_host(plan.playbook, job)
+            if diff and not isinstance(seen, HostUnreachable):
+                job.live_files = live_files(session, job)
         return context, plans, jobs
     finally:
-        for conn in conns.values():
-            conn.close()
+        close_session(session)
+
+
+def live_files(session: Session, job: HostJob) -> dict[str, str]:
+    """The files of the release the host serves (none on a first deploy, or when the live
+    release lacks them: every file is then new)."""
+    if not job.old:
+        return {}
+    try:
+        return session.release_files(job.host, job.model, job.old.release)
+    except (TfsDeployError, HostUnreachable):
+        return {}

@@ -1,4 +1,5 @@
-"""The data a run's operations read: the run's fleet-wide context, and each host's job.
+"""The data a run's operations read: the run's verb, its fleet-wide context, each host's job,
+and the session the engine lends a planner.
 
 ``RunContext`` holds only what is the same on every host (model, version, release id, who,
 clock, golden requests). Everything that can differ per host lives in its ``HostJob``: the
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from tfsdeploy.core.canary_policy import CanaryPolicy
@@ -33,18 +35,29 @@ from tfsdeploy.core.records import (
 from tfsdeploy.core.render import FLAGS, HostRender
 from tfsdeploy.hosts.commands.containers import GpuRequest, parse_gpus
 from tfsdeploy.hosts.dockerapi import ContainerFact
-from tfsdeploy.hosts.facts import HostFacts
+from tfsdeploy.hosts.facts import HostFacts, read_release_files
 from tfsdeploy.hosts.ssh import Connection
 
 ClientFactory = Callable[[str, int, str], Any]
 FRACTION_FLAG = "--per_process_gpu_memory_fraction"
 
 
+class Verb(StrEnum):
+    """What a run does: the command that asked for it (a promote's context says ``deploy``:
+    it rolls the paused release on as a deploy does)."""
+
+    DEPLOY = "deploy"
+    ROLLBACK = "rollback"
+    PROMOTE = "promote"
+    ABORT = "abort"
+    PRUNE = "prune"
+
+
 @dataclass
 class RunContext:
     """The fleet-wide facts of one run (the same on every host)."""
 
-    verb: str  # deploy | rollback
+    verb: Verb
     model: Model
     version: int
     release_id: str
@@ -63,7 +76,7 @@ class RunContext:
     @property
     def rollback(self) -> bool:
         """Returning to a retained release (its record stays as it is)."""
-        return self.verb == "rollback"
+        return self.verb is Verb.ROLLBACK
 
 
 @dataclass
@@ -124,6 +137,7 @@ class HostJob:
     canary_steps: list[dict[str, Any]] = field(default_factory=list)  # StepResult.as_dict()
     canary_comparison: dict[str, Any] | None = None
     diagnosis: Diagnosis | None = None  # the known failure a gate recognised (cause and fix)
+    live_files: dict[str, str] | None = None  # --check --diff: the live release's files
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")
@@ -239,6 +253,29 @@ class HostJob:
                 "comparison": self.canary_comparison}
 
 
-Planner = Callable[[dict[str, HostFacts | HostUnreachable]], tuple[RunContext, list[HostJob]]]
-"""A verb's planner: every selected host's facts (or why they could not be read) -> the
-run's context and one job per host."""
+
+Facts = dict[str, HostFacts | HostUnreachable]
+"""Every selected host's facts, or why they could not be read."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """What the engine owns for one run and lends its planner: one connection per host, the
+    run's clock (cancellable: a Ctrl-C ends its waits) and the factory of TFServing clients."""
+
+    connections: Mapping[str, Connection]
+    clock: Clock
+    client_factory: ClientFactory | None = None
+
+    def release_files(self, host: ResolvedHost, model: Model, release_id: str
+                      ) -> dict[str, str]:
+        """The rendered files ``host`` keeps of a retained release (read over its
+        connection)."""
+        return read_release_files(self.connections[host.name], host_paths(host, model),
+                                  release_id)
+
+
+Planner = Callable[[Facts, Session], tuple[RunContext, list[HostJob]]]
+"""A verb's planner: every selected host's facts and the run's session -> the run's context
+and one job per host. It reads nothing of a host itself; a rollback asks the session for the
+files of the release it chose."""

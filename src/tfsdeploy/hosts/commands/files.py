@@ -67,6 +67,11 @@ def read_files(directory: str, names: tuple[str, ...]) -> Argv:
             'cat "$d/$n" || exit 1; echo; done; echo "@@end"', "sh", directory, *names]
 
 
+def tail(path: str, lines: int) -> Argv:
+    """The last ``lines`` lines of a file (the audit log)."""
+    return ["tail", "-n", str(lines), path]
+
+
 def disk_usage(paths: list[str]) -> Argv:
     """Bytes under each path (``du -sb``; missing paths are skipped)."""
     return ["sh", "-c", 'for p in "$@"; do [ -e "$p" ] && du -sb -- "$p"; done; true', "sh",

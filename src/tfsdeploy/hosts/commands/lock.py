@@ -44,6 +44,11 @@ def read(paths: HostPaths) -> Argv:
     return ["cat", f"{paths.lock_dir}/info.json"]
 
 
+def exists(paths: HostPaths) -> Argv:
+    """Exit 0 when a lock directory exists (its record may be missing or unreadable)."""
+    return ["test", "-d", paths.lock_dir]
+
+
 # exit 0: the record was replaced; 3: the lock holds another token now (printed)
 _REPLACE = ('[ -d "$2" ] || exit 3; exec 9>>"$1" || exit 4; flock -w 10 9 || exit 4; '
             'held=$(sed -n \'s/.*"token": *"\\([0-9a-f]*\\)".*/\\1/p\' "$2/info.json" '

@@ -16,6 +16,7 @@ from tfsdeploy.core.gates import GateFailed
 from tfsdeploy.core.guard import Scrape, parse_metrics
 from tfsdeploy.core.proxy import set_state, weight_commands
 from tfsdeploy.core.records import ReleaseStatus, now_iso
+from tfsdeploy.hosts import probes
 from tfsdeploy.run.changes import Check, ProxyCommands, WriteFile
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations import Ops, operation
@@ -30,13 +31,9 @@ class CanaryPaused(Exception):
 
 def scrape_slot(job: HostJob, slot: str) -> Scrape:
     """One read of the TFServing metrics of the current instance's ``slot``."""
-    import httpx
-
     port = job.ports.slot_rest(slot, job.inst.index)
-    reply = httpx.get(f"http://{job.host.address}:{port}{job.host.vars.monitoring_path}",
-                      timeout=5)
-    reply.raise_for_status()
-    return parse_metrics(reply.text, job.model.name)
+    return parse_metrics(probes.metrics(job.host.address, port, job.host.vars.monitoring_path),
+                         job.model.name)
 
 
 def judge_step(job: HostJob, policy: CanaryPolicy, weight: int) -> str:
