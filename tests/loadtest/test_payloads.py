@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.core import tfsapi as protos
+from tfsdeploy.core import tfsapi
 from tfsdeploy.core.tfrecord import frame_record
 from tfsdeploy.core.warmup import WARMUP_RELATIVE, WarmupError, requests_from_warmup
 from tfsdeploy.loadtest import payloads
@@ -21,7 +21,7 @@ def _request(obj: dict[str, Any], **dtypes: str) -> Any:
 def test_rest_columnar_numbers_become_float_tensor() -> None:
     request = _request({"inputs": {"x": [[1.0], [2.0]]}})
     tensor = request.inputs["x"]
-    assert protos.dtype_name(tensor.dtype) == "DT_FLOAT"
+    assert tfsapi.dtype_name(tensor.dtype) == "DT_FLOAT"
     assert [d.size for d in tensor.tensor_shape.dim] == [2, 1]
     assert payloads.tensor_to_json(tensor) == [[1.0], [2.0]]
 
@@ -58,12 +58,12 @@ def test_overrides_and_rest_body() -> None:
     path, body = built.rest[0]
     assert path == "/v1/models/half_plus_two/versions/2:predict"
     assert json.loads(body) == {"inputs": {"x": [[1.5]]}, "signature_name": "serving_default"}
-    parsed: Any = protos.message_class(protos.PREDICT_REQUEST).FromString(built.grpc[0])
+    parsed: Any = tfsapi.message_class(tfsapi.PREDICT_REQUEST).FromString(built.grpc[0])
     assert parsed.model_spec.version.value == 2
 
 
 def test_warmup_records_keep_predict_requests_only(tmp_path: Path) -> None:
-    log_class = protos.message_class(protos.PREDICTION_LOG)
+    log_class = tfsapi.message_class(tfsapi.PREDICTION_LOG)
     good: Any = log_class()
     good.predict_log.request.model_spec.name = "m"
     good.predict_log.request.inputs["x"].CopyFrom(

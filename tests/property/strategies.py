@@ -347,7 +347,8 @@ GOOD_STEP_PARAMETERS: dict[str, st.SearchStrategy[Any]] = {
 
 def _taken(action: Any) -> list[str]:
     """The parameters a step takes (none for an unknown action)."""
-    from tfsdeploy.run.operations import parameters, registry
+    from tfsdeploy.run.operations import registry
+    from tfsdeploy.run.operations.step import parameters
 
     operation = registry().get(action) if isinstance(action, str) else None
     return sorted(parameters(operation)) if operation is not None else []

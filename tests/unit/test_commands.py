@@ -12,9 +12,9 @@ import pytest
 from tfsdeploy.core.batches import batch_size, plan_batches, threshold_exceeded
 from tfsdeploy.core.layout import HostPaths, Ports
 from tfsdeploy.core.proxy import parse_stat, set_state, switch_commands
-from tfsdeploy.hosts.commands.containers import Mount, sdk_arguments, server_spec
+from tfsdeploy.hosts.commands.containers import Mount, server_spec
 from tfsdeploy.hosts.commands.files import UnsafePath, append_lines, point_symlink, remove_tree
-from tfsdeploy.hosts.dockerapi import container_fact
+from tfsdeploy.hosts.dockerapi import container_fact, sdk_arguments
 from tfsdeploy.hosts.facts import ProxyFact, parse_facts
 
 PORTS = Ports(grpc=8500, rest=8501, slots={"blue": (8510, 8511), "green": (8520, 8521)})

@@ -23,7 +23,7 @@ from tfsdeploy.hosts.commands.containers import proxy_spec
 from tfsdeploy.hosts.ssh import SshConnection
 from tfsdeploy.run import engine, plans
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import OPERATIONS, Ops
+from tfsdeploy.run.operations.step import OPERATIONS, Ops
 
 from .fakes import FakeFleet, FakeSlot, FrozenClock
 from .runs import MODEL, Recorder, inventory_file, paths, run_deploy

@@ -22,9 +22,9 @@ from tfsdeploy.accept import commands
 from tfsdeploy.accept.bundle import Bundle, compatibility_problem, import_check, platform_facts
 from tfsdeploy.accept.merge import FAILED, LOST, OK, GeneratorOutcome
 from tfsdeploy.accept.plan import GeneratorSpec
-from tfsdeploy.core.errors import TfsDeployError
+from tfsdeploy.core.errors import HostUnreachable, TfsDeployError
 from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.hosts.ssh import HostUnreachable, Result, SshRunner
+from tfsdeploy.hosts.ssh import Result, SshConnection
 from tfsdeploy.loadtest import stats
 from tfsdeploy.loadtest.cli import RAW_KIND
 
@@ -37,7 +37,7 @@ class LoadgenError(TfsDeployError):
 
 
 class HostRunner(Protocol):
-    """What a generator needs of its host (remote.SshRunner has it)."""
+    """What a generator needs of its host (ssh.SshConnection has it)."""
 
     def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
         """Run ``argv`` on the host."""
@@ -156,7 +156,7 @@ def _install(runner: HostRunner, bundle: Bundle, dirs: commands.HostDirs, name: 
 
 
 def prepare_remote(spec: GeneratorSpec, bundle: Bundle, run_id: str, requests: bytes, *,
-                   runner_factory: Callable[[ResolvedHost], HostRunner] = SshRunner
+                   runner_factory: Callable[[ResolvedHost], HostRunner] = SshConnection
                    ) -> GeneratorHost:
     """Probe the host, install the environment unless cached, upload the requests."""
     assert spec.host is not None

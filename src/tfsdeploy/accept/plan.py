@@ -20,7 +20,6 @@ from tfsdeploy.core.layout import model_ports
 from tfsdeploy.core.versions import available_versions
 
 DEFAULT_TARGET_QPS = 100.0
-DEFAULT_DURATION_S = 300.0  # throughput sustained for 5 minutes
 DEFAULT_MAX_ERROR_RATE_PCT = 0.01  # below 0.01% of requests fail
 DEFAULT_RELEASE_AT = 0.25  # share of the window before the deploy starts
 DEFAULT_START_MARGIN_S = 15.0

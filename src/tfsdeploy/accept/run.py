@@ -44,10 +44,12 @@ from tfsdeploy.accept.report import (
     row_table,
 )
 from tfsdeploy.accept.rows import ReleaseOutcome
+from tfsdeploy.core import tfrecord, warmup
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.inventory import load_inventory
-from tfsdeploy.hosts.ssh import SshRunner
+from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.loadtest import payloads
 
 GRACE_S = 60.0  # beyond the window and the last request's deadline, for results to arrive
 EXIT_INTERRUPTED = 130
@@ -63,9 +65,6 @@ def say(text: str) -> None:
 def serialized_requests(plan: AcceptPlan) -> bytes:
     """The data version's warmup requests for this model, any version pin removed (the load
     must follow whatever version the fleet serves), serialized and framed as TFRecord."""
-    from tfsdeploy.core import tfrecord, warmup
-    from tfsdeploy.loadtest import payloads
-
     source = Path(plan.model.source) / str(plan.data_version)
     try:
         requests = warmup.requests_from_warmup(source)
@@ -288,7 +287,7 @@ def new_run_id() -> str:
 
 
 def run_accept(options: AcceptOptions, *, root: Path, out: Path | None = None,
-               runner_factory: RunnerFactory = SshRunner,
+               runner_factory: RunnerFactory = SshConnection,
                show_table: TablePrinter | None = None) -> int:
     """The whole acceptance run; returns the exit code. ``show_table`` prints the report's
     tables for people (the command passes its table printer; without it only the report

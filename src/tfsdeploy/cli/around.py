@@ -18,8 +18,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tfsdeploy.cli import canary as cli_canary
+from tfsdeploy.cli import rollback as cli_rollback
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.lock import current_user
+from tfsdeploy.run.jobs import Verb
 from tfsdeploy.runbook import hooks, notify
 
 if TYPE_CHECKING:
@@ -136,15 +139,10 @@ def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
         return around.outcome
 
     def rollback() -> RunResult:
-        from tfsdeploy.cli import rollback as cli_rollback
-
         return act("rollback", lambda before_run: cli_rollback.rollback(
             target, lock_wait=lock_wait, reporter=shown, by_guard=True, before=before_run))
 
     def abort() -> RunResult:
-        from tfsdeploy.cli import canary as cli_canary
-        from tfsdeploy.run.jobs import Verb
-
         return act("abort", lambda before_run: cli_canary.finish_canary(
             Verb.ABORT, target, lock_wait=lock_wait, reporter=shown, before=before_run))
 

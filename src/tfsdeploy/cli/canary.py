@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 from tfsdeploy.core.gates import Clock
 from tfsdeploy.core.target import Target
-from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
-from tfsdeploy.run.engine import ConnectionFactory, Reporter, RunResult
+from tfsdeploy.run.engine import Reporter, RunResult
 from tfsdeploy.run.jobs import ClientFactory, Verb
 from tfsdeploy.run.plans import RunPlan
 

@@ -11,9 +11,9 @@ from tfsdeploy.core.canary_policy import CanaryPolicy
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.gates import Clock
 from tfsdeploy.core.target import Target
-from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
-from tfsdeploy.run.engine import ConnectionFactory, PlannedStep, Reporter, RunResult
+from tfsdeploy.run.engine import PlannedStep, Reporter, RunResult
 from tfsdeploy.run.jobs import ClientFactory, HostJob, Verb
 from tfsdeploy.run.plans import RunPlan
 

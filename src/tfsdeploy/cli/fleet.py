@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tfsdeploy.core.canary import CanaryState
+from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
 from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.layout import host_paths, model_ports
 from tfsdeploy.core.records import parse_audit
@@ -21,14 +23,12 @@ from tfsdeploy.hosts import lock as locks
 from tfsdeploy.hosts.commands.files import tail
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts
-from tfsdeploy.hosts.ssh import Connection, SshConnection
+from tfsdeploy.hosts.probes import SlotClient
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.run import survey
-from tfsdeploy.run.survey import ConnectionFactory
 
 
 def _versions(host: ResolvedHost, model: str, port: int) -> list[dict[str, Any]]:
-    from tfsdeploy.hosts.probes import SlotClient
-
     client = SlotClient(host.address, port, model)
     try:
         return [{"version": s.version, "state": s.state, "error": s.error_message}
@@ -66,8 +66,6 @@ def traffic_shares(facts: HostFacts, instance: int = 0) -> dict[str, int]:
 def canary_on(facts: HostFacts) -> dict[str, str] | None:
     """The canary the host's records say is under way (running, paused, promoting, aborting):
     its release and state; None when there is none."""
-    from tfsdeploy.core.canary import CanaryState
-
     open_states = {CanaryState.RUNNING, CanaryState.PAUSED, CanaryState.PROMOTING,
                    CanaryState.ABORTING}
     found = [(r.id, str((r.canary or {}).get("state"))) for r in facts.releases
@@ -229,8 +227,6 @@ def _shares(taking: list[ContainerFact], weights: dict[str, int]
 
 def since_timestamp(text: str, now: float) -> float:
     """``since_seconds``, its refusal a ConfigError naming the option and the fix."""
-    from tfsdeploy.core.errors import ConfigError, Problem
-
     try:
         return since_seconds(text, now)
     except ValueError as error:
@@ -331,8 +327,6 @@ def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str]
     which share of the requests, a summary of exit codes. Refused while a run holds the
     model's lock, unless ``force`` (a paused canary is no run: its containers are there to
     be looked at)."""
-    from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
-
     if not argv:
         raise ConfigError(Problem("no command given", fix="fab exec --model M -- CMD ARG ...",
                                   field="--"))

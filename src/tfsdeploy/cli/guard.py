@@ -21,8 +21,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tfsdeploy.cli.canary import finish_canary
 from tfsdeploy.cli.rollback import rollback
-from tfsdeploy.core.canary import judge, slot_figures
+from tfsdeploy.core.canary import CanaryState, judge, slot_figures
 from tfsdeploy.core.canary_policy import CanaryPolicy, Verdict
 from tfsdeploy.core.errors import ExitCode, TfsDeployError
 from tfsdeploy.core.fleet import ResolvedHost
@@ -33,6 +34,8 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.run import survey
 from tfsdeploy.run.engine import Reporter, RunResult, emit
+from tfsdeploy.run.jobs import Verb
+from tfsdeploy.run.plans import paused_canary
 
 
 @dataclass(frozen=True)
@@ -139,9 +142,6 @@ def canary_verdict(first: Readings, last: Readings, new_slot: str, policy: Canar
 
 def find_paused(target: Target) -> PausedCanary | None:
     """The model's paused canary, read from the hosts' release records (None: none)."""
-    from tfsdeploy.core.canary import CanaryState
-    from tfsdeploy.run.plans import paused_canary
-
     def look(target: Target, host: ResolvedHost, conn: Any, facts: Any) -> dict[str, Any]:
         return {"facts": facts}
 
@@ -195,13 +195,13 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
             watch = Watch(look_for_paused(target), now)
         for host in target.hosts:
             readings = read_host(host, target, read)
-            w = host_window(last.get(host.name, {}), readings,
+            traffic = host_window(last.get(host.name, {}), readings,
                             count_client_errors=policy.count_client_errors)
             last[host.name] = readings
             history.add(host.name, now, readings)
             why = None
-            if w is not None:
-                why = breach.observe(host.name, w, now=now,
+            if traffic is not None:
+                why = breach.observe(host.name, traffic, now=now,
                                      max_error_rate=policy.max_error_rate, slo_p99_ms=slo,
                                      min_requests=policy.min_requests)
                 if why:
@@ -257,9 +257,6 @@ def _act(target: Target, policy: GuardPolicy, host: str, why: str, reporter: Rep
 
 
 def _abort(target: Target, policy: GuardPolicy, reporter: Reporter) -> RunResult:
-    from tfsdeploy.cli.canary import finish_canary
-    from tfsdeploy.run.jobs import Verb
-
     return finish_canary(Verb.ABORT, target, lock_wait=policy.lock_wait, reporter=reporter)
 
 

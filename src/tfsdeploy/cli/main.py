@@ -124,17 +124,17 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
     pre-hook once the release is known and everything is validated (it may stop the run
     before any host is changed), events during the run, the post-hooks and the delivery
     report after it."""
-    from tfsdeploy.cli import around as runbook
+    from tfsdeploy.cli import around
 
     chosen = target(args)
-    shown = runbook.EventReporter(output.reporter(args["json"], args["log_file"]))
-    before = runbook.surround(shown, command, chosen, hooks_dir=args.get("hooks"),
+    shown = around.EventReporter(output.reporter(args["json"], args["log_file"]))
+    before = around.surround(shown, command, chosen, hooks_dir=args.get("hooks"),
                               notify_urls=args.get("notify") or ())
     try:
         result = run(chosen, shown, before)
     except BaseException:
         if shown.around is not None:
-            runbook.close(shown.around)
+            around.close(shown.around)
         raise
     return finish(command, result, json=args["json"], json_file=args["json_file"],
                   metrics_file=args["metrics_file"], events=shown.events, around=shown.around)
@@ -196,7 +196,7 @@ def cmd_history(args: Options) -> int:
 def cmd_guard(args: Options) -> int:
     """`fab guard`: when it acts, the rollback (or the abort of a paused canary) runs with the
     hooks and events `fab rollback` (`fab abort`) has, after a ``guard_triggered`` event."""
-    from tfsdeploy.cli import around as runbook
+    from tfsdeploy.cli import around
     from tfsdeploy.cli.guard import GuardPolicy, guard
 
     started = time.monotonic()
@@ -205,25 +205,25 @@ def cmd_guard(args: Options) -> int:
                          duration_s=args["duration_s"], min_requests=args["min_requests"],
                          count_client_errors=bool(args.get("count_client_errors")))
     chosen = target(args)
-    shown = runbook.EventReporter(output.reporter(False, args["log_file"]))
-    around = shown.around = runbook.prepare("guard", chosen, hooks_dir=args.get("hooks"),
-                                            notify_urls=args.get("notify") or ())
-    act, abort = runbook.guard_actions(shown, chosen, lock_wait=policy.lock_wait)
+    shown = around.EventReporter(output.reporter(False, args["log_file"]))
+    hooked = shown.around = around.prepare("guard", chosen, hooks_dir=args.get("hooks"),
+                                           notify_urls=args.get("notify") or ())
+    act, abort = around.guard_actions(shown, chosen, lock_wait=policy.lock_wait)
     try:
         code, message = guard(chosen, policy, reporter=shown, act=act, abort=abort)
     except BaseException:
-        runbook.close(around)
+        around.close(hooked)
         raise
     seconds = time.monotonic() - started
-    if around.verb:  # it acted
+    if hooked.verb:  # it acted
         data = {"command": "guard", "model": chosen.model.name, "exit_code": int(code),
                 "result": ExitCode(code).name.lower(), "message": message,
-                "action": around.verb,
-                "run": around.outcome.as_dict() if around.outcome is not None else None}
-        runbook.after(around, shown, result=around.outcome, exit_code=int(code),
-                      seconds=seconds, message=message, data=data, json_file=None)
+                "action": hooked.verb,
+                "run": hooked.outcome.as_dict() if hooked.outcome is not None else None}
+        around.after(hooked, shown, result=hooked.outcome, exit_code=int(code),
+                     seconds=seconds, message=message, data=data, json_file=None)
     else:
-        runbook.close(around)
+        around.close(hooked)
     print(message)
     if args["metrics_file"]:
         update_textfile(args["metrics_file"], model=args["model"], command="guard",

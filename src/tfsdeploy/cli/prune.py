@@ -12,9 +12,9 @@ from typing import Any
 
 from tfsdeploy.cli.deploy import host_plan
 from tfsdeploy.core.target import Target
-from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
-from tfsdeploy.run.engine import ConnectionFactory, HostOutcome, Reporter, RunResult
+from tfsdeploy.run.engine import HostOutcome, Reporter, RunResult
 
 
 def prune(target: Target, *, playbook: str | None = None, lock_wait: float = 0.0,

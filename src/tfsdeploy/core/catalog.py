@@ -13,11 +13,11 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Annotated, ClassVar, Literal, get_args
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, SkipValidation, Strict
 
-from tfsdeploy.core.canary_policy import CanaryPolicy
+from tfsdeploy.core.canary_policy import CanaryPolicy, validate_canary
 from tfsdeploy.core.errors import Problem
 from tfsdeploy.core.schema import (
     INT32_MAX,
@@ -42,7 +42,6 @@ DType = Literal[
     "DT_FLOAT", "DT_DOUBLE", "DT_INT32", "DT_INT64", "DT_UINT8", "DT_INT8", "DT_INT16",
     "DT_STRING", "DT_BOOL", "DT_HALF", "DT_BFLOAT16",
 ]
-DTYPES = frozenset(get_args(DType))
 
 # Values are checked after construction (see the module docstring): revalidate instances.
 CHECKED = ConfigDict(revalidate_instances="always", extra="forbid")
@@ -248,8 +247,6 @@ def model_field(raw: object, index: int) -> str:
 
 def model_rules(model: Model, file: str) -> list[Problem]:
     """Rules between the fields of one valid model."""
-    from tfsdeploy.core.canary_policy import validate_canary
-
     canary = model.rollout.canary
     if canary is not None and not isinstance(canary, CanaryPolicy):
         return [Problem(f"rollout.canary {canary!r} is not a CanaryPolicy",

@@ -145,12 +145,6 @@ def _plan_on(host: ResolvedHost, model: Model, memory: int, others: Sequence[Mod
                    where=where)
 
 
-def plan_gpu(host: ResolvedHost, model: Model, co_located: Sequence[Model] = ()
-             ) -> GpuPlan | None:
-    """The GPU plan of ``model``'s first instance on ``host``; None when it has no GPU."""
-    return plan_instances(host, model, co_located)[0].plan
-
-
 def check_gpu_plan(plan: GpuPlan, file: str) -> list[Problem]:
     """Refuse plans that cannot hold the window's processes, naming the numbers."""
     alone = plan.fraction + plan.context_mib / plan.gpu_memory_mib

@@ -26,7 +26,6 @@ from tfsdeploy.core.layout import (
 from tfsdeploy.core.render import _environment, templates_dir
 
 BACKENDS = ("grpc", "rest")
-MAX_WEIGHT = 256
 FULL_WEIGHT = 100  # every server's weight in the config: a canary step of w % sets w / 100-w
 
 

@@ -38,7 +38,6 @@ Port = Annotated[int, Strict(), Field(ge=1, le=65535)]
 NonNegativeInt32 = Annotated[int, Strict(), Field(ge=0, le=INT32_MAX)]
 PositiveInt32 = Annotated[int, Strict(), Field(ge=1, le=INT32_MAX)]
 NonNegativeInt64 = Annotated[int, Strict(), Field(ge=0, le=INT64_MAX)]
-PositiveInt64 = Annotated[int, Strict(), Field(ge=1, le=INT64_MAX)]
 # nan, inf and numbers too large for a float are refused by allow_inf_nan/Strict
 Seconds = Annotated[float, Strict(), Field(ge=0, le=ONE_DAY_S, allow_inf_nan=False)]
 PositiveSeconds = Annotated[float, Strict(), Field(gt=0, le=ONE_DAY_S, allow_inf_nan=False)]

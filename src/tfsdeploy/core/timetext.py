@@ -25,6 +25,8 @@ def since_seconds(text: str, now: float) -> float:
     """``--since``: a span back from ``now`` (``30s``, ``10m``, ``2h``, ``1h30m``, ``1d``) or
     an RFC 3339 time (``2026-11-30T23:28:00Z``), as the Unix time the Docker Engine takes.
     Raises ValueError saying why ``text`` is neither (see SINCE_FIX)."""
+    # pydantic only here: the load generator reads its durations through this module, and its
+    # start-up (on every generator host and worker process) does without pydantic
     from pydantic import AwareDatetime, TypeAdapter, ValidationError
 
     cleaned = text.strip()

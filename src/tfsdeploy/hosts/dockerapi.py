@@ -1,7 +1,8 @@
 """The Docker Engine calls the toolkit makes on a host, behind one small interface.
 
-``SdkDocker`` makes them with the docker SDK over the host's SSH connection (``dockerssh``);
-the unit tests pass a recording fake. Engine errors are translated here, in one place: a
+``SdkDocker`` makes them with the docker SDK over the host's SSH connection (``dockerssh``;
+a ``ContainerSpec`` reaches the SDK as ``sdk_arguments``); the unit tests pass a recording
+fake. Engine errors are translated here, in one place: a
 vanished connection becomes ``HostUnreachable``, anything else ``DockerFailed``.
 """
 
@@ -10,14 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
+
+import docker.errors
+import requests.exceptions
+from docker.types import DeviceRequest
+from docker.types import Mount as SdkMount
 
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.layout import LABEL_PREFIX
-from tfsdeploy.hosts.commands.containers import ContainerSpec, sdk_arguments
-
-if TYPE_CHECKING:
-    from tfsdeploy.hosts.dockerssh import PullProgress
+from tfsdeploy.hosts.commands.containers import ContainerSpec
+from tfsdeploy.hosts.dockerssh import PullFailed, PullProgress, pull_with_progress
 
 
 class DockerFailed(Exception):
@@ -115,6 +119,28 @@ def container_fact(attrs: dict[str, Any]) -> ContainerFact | None:
                          image=str(attrs.get("Image", "")))
 
 
+def sdk_arguments(spec: ContainerSpec) -> dict[str, Any]:
+    """The docker SDK's ``containers.run`` keyword arguments for ``spec`` (detached)."""
+    arguments: dict[str, Any] = {
+        "image": spec.image, "name": spec.name, "command": list(spec.command),
+        "detach": True, "network_mode": "host", "labels": dict(spec.labels),
+        "restart_policy": {"Name": "unless-stopped"},
+        "mounts": [SdkMount(target=m.target, source=m.source, type="bind",
+                            read_only=m.read_only) for m in spec.mounts],
+        "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "read_only": True,
+        "tmpfs": {path: "rw,nosuid,nodev" for path in spec.tmpfs},
+    }
+    if spec.entrypoint is not None:
+        arguments["entrypoint"] = list(spec.entrypoint)
+    if spec.user is not None:
+        arguments["user"] = spec.user
+    if spec.gpus is not None:
+        arguments["device_requests"] = [DeviceRequest(
+            count=spec.gpus.count if not spec.gpus.device_ids else None,
+            device_ids=list(spec.gpus.device_ids) or None, capabilities=[["gpu"]])]
+    return arguments
+
+
 class SdkDocker:
     """``Docker`` through a docker SDK client (``docker.DockerClient``)."""
 
@@ -124,9 +150,6 @@ class SdkDocker:
 
     @contextmanager
     def _calls(self, what: str) -> Iterator[None]:
-        import docker.errors
-        import requests.exceptions
-
         try:
             yield
         except docker.errors.NotFound:
@@ -159,8 +182,6 @@ class SdkDocker:
 
     def start(self, name: str) -> None:
         """Start."""
-        import docker.errors
-
         try:
             with self._calls(f"start {name}"):
                 self._client.api.start(name)
@@ -169,8 +190,6 @@ class SdkDocker:
 
     def stop(self, name: str) -> None:
         """Stop at once."""
-        import docker.errors
-
         try:
             with self._calls(f"stop {name}"):
                 self._client.api.stop(name, timeout=0)
@@ -179,8 +198,6 @@ class SdkDocker:
 
     def remove(self, name: str) -> None:
         """Remove, forced; absent is fine."""
-        import docker.errors
-
         try:
             with self._calls(f"remove {name}"):
                 self._client.api.remove_container(name, force=True)
@@ -189,8 +206,6 @@ class SdkDocker:
 
     def state(self, name: str) -> ContainerState | None:
         """Inspect."""
-        import docker.errors
-
         try:
             with self._calls(f"inspect {name}"):
                 attrs = self._client.api.inspect_container(name)
@@ -203,8 +218,6 @@ class SdkDocker:
 
     def logs(self, name: str, lines: int) -> str:
         """Log tail (stdout and stderr)."""
-        import docker.errors
-
         try:
             with self._calls(f"logs {name}"):
                 data = self._client.api.logs(name, tail=lines)
@@ -240,8 +253,6 @@ class SdkDocker:
 
     def remove_image(self, image: str) -> int:
         """Remove an unused image (never forced: an image in use stays)."""
-        import docker.errors
-
         try:
             with self._calls(f"inspect image {image}"):
                 size = int(self._client.api.inspect_image(image).get("Size") or 0)
@@ -254,8 +265,6 @@ class SdkDocker:
 
     def image_present(self, image: str) -> bool:
         """Inspect the image."""
-        import docker.errors
-
         try:
             with self._calls(f"inspect image {image}"):
                 self._client.api.inspect_image(image)
@@ -265,8 +274,6 @@ class SdkDocker:
 
     def pull(self, image: str, on_progress: Callable[[PullProgress], None]) -> None:
         """Pull, streaming per-layer progress."""
-        from tfsdeploy.hosts.dockerssh import PullFailed, pull_with_progress
-
         try:
             with self._calls(f"pull {image}"):
                 pull_with_progress(self._client, image, on_progress)

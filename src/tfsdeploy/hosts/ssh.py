@@ -12,23 +12,24 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import select
 import shlex
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
+
+from fabric import Connection as FabricConnection
+from paramiko import RejectPolicy
 
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.fleet import ResolvedHost
-
-if TYPE_CHECKING:
-    from tfsdeploy.hosts.dockerapi import Docker
-
-__all__ = ["COMMAND_TIMEOUT_S", "Connection", "HostUnreachable", "Result", "Runner",
-           "SshConnection", "SshRunner"]
+from tfsdeploy.hosts.dockerapi import Docker, SdkDocker
+from tfsdeploy.hosts.dockerssh import docker_client
 
 
 @dataclass(frozen=True)
@@ -79,20 +80,13 @@ class Connection(Protocol):
         """Close the connection."""
 
 
-Runner = Connection  # the name the load generators know
-
-
 def quiet_paramiko() -> None:
     """paramiko logs every refused channel; the gates report what matters instead."""
-    import logging
-
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
 def _strict(client: Any, known_hosts: str | None) -> None:
     """Refuse unknown and changed host keys on ``client``."""
-    from paramiko import RejectPolicy
-
     if known_hosts:
         client.load_host_keys(known_hosts)
     else:
@@ -100,13 +94,15 @@ def _strict(client: Any, known_hosts: str | None) -> None:
     client.set_missing_host_key_policy(RejectPolicy())
 
 
+ConnectionFactory = Callable[[ResolvedHost], Connection]
+"""How a run gets a host's connection (``SshConnection``; the unit tests pass a fake's)."""
+
+
 class SshConnection:
     """A host's connection: one Fabric/paramiko transport, opened lazily, reused for every
     command, file and Docker call of the run."""
 
     def __init__(self, host: ResolvedHost, *, connect_timeout: float = 10.0) -> None:
-        from fabric import Connection as FabricConnection
-
         quiet_paramiko()
         self.host = host
         v = host.vars
@@ -232,9 +228,6 @@ class SshConnection:
     def docker(self) -> Docker:
         """The host's Docker Engine through ``docker system dial-stdio`` on this connection."""
         if self._docker is None:
-            from tfsdeploy.hosts.dockerapi import SdkDocker
-            from tfsdeploy.hosts.dockerssh import docker_client
-
             self._docker = SdkDocker(docker_client(self._transport()), self.host.name)
         return self._docker
 
@@ -246,9 +239,6 @@ class SshConnection:
         self._sftp = None
         self._docker = None
         self._conn.close()
-
-
-SshRunner = SshConnection  # the name the load generators know
 
 
 def _drain(channel: Any, deadline: float) -> tuple[bytes, bytes]:

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +20,12 @@ from typing import Any, NoReturn
 
 from tfsdeploy.core import tfrecord, warmup
 from tfsdeploy.core.timetext import duration_seconds
-from tfsdeploy.loadtest import gates, payloads, report, stats
+from tfsdeploy.loadtest import capacity, gates, payloads, report, stats, sweep
 from tfsdeploy.loadtest.engine import DURATION_STOPS, ProcPlan
+from tfsdeploy.loadtest.hostcpu import HostCpuMeter
+from tfsdeploy.loadtest.parallel import WorkerFailed, run_processes
 from tfsdeploy.loadtest.schedule import KINDS, Schedule, ScheduleError
+from tfsdeploy.loadtest.transport import ConnectError
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 1
@@ -343,11 +347,6 @@ def _start_at_ns(ns: argparse.Namespace) -> int | None:
 
 def execute(run: Run, ns: argparse.Namespace) -> dict[str, Any]:
     """Run the load and build the report (gates not yet applied)."""
-    import time
-
-    from tfsdeploy.loadtest.hostcpu import HostCpuMeter
-    from tfsdeploy.loadtest.parallel import run_processes
-
     meter = HostCpuMeter()
     meter.start_at(_start_at_ns(ns))
     results = run_processes(run.plan, run.procs, _start_at_ns(ns))
@@ -424,8 +423,6 @@ def single_run(ns: argparse.Namespace, bodies: payloads.Payloads) -> int:
 
 def sweep_run(ns: argparse.Namespace, bodies: payloads.Payloads) -> int:
     """The concurrency sweep; exit 2 when no point met the SLO."""
-    from tfsdeploy.loadtest import sweep
-
     if not ns.duration and ns.total is None:
         ns.duration = DEFAULT_SWEEP_DURATION_S
     limits = sweep.SweepLimits(slo_p99_ms=ns.slo_p99, max_error_rate_pct=ns.max_error_rate,
@@ -462,9 +459,6 @@ def _print_sweep_end(data: Mapping[str, Any], ns: argparse.Namespace) -> None:
 
 def run_namespace(ns: argparse.Namespace) -> int:
     """Validate, then run once or sweep; map failures to exit codes."""
-    from tfsdeploy.loadtest.parallel import WorkerFailed
-    from tfsdeploy.loadtest.transport import ConnectError
-
     try:
         _targets(ns.targets)
         if ns.sweep and ns.start_at is not None:
@@ -522,8 +516,6 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
 
     Returns ``(exit_code, text)``: 0 and the arithmetic (or JSON), or 1 and the error.
     """
-    from tfsdeploy.loadtest import capacity
-
     factors = {"load_factor": load_factor, "availability_factor": availability_factor,
                "headroom": headroom, "failure_domains": failure_domains,
                "instances_per_host": instances_per_host}

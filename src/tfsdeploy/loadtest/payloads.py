@@ -28,9 +28,9 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from tfsdeploy.core import tfsapi as protos
+from tfsdeploy.core import tfsapi
 
-_DTYPES = protos.NUMERIC_DTYPES
+_DTYPES = tfsapi.NUMERIC_DTYPES
 
 
 class PayloadError(ValueError):
@@ -59,8 +59,8 @@ class Payloads:
 
 def _tensor_from_array(array: np.ndarray[Any, Any], dtype: str) -> Message:
     """A TensorProto holding ``array`` (tensor_content for numbers, string_val for text)."""
-    tensor = protos.new_message(protos.TENSOR_PROTO)
-    tensor.dtype = protos.dtype_value(dtype)
+    tensor = tfsapi.new_message(tfsapi.TENSOR_PROTO)
+    tensor.dtype = tfsapi.dtype_value(dtype)
     for size in array.shape:
         tensor.tensor_shape.dim.add(size=int(size))
     if dtype == "DT_STRING":
@@ -68,7 +68,7 @@ def _tensor_from_array(array: np.ndarray[Any, Any], dtype: str) -> Message:
         return tensor
     if dtype not in _DTYPES:
         raise PayloadError(f"unsupported dtype {dtype} (use one of {sorted(_DTYPES)} or DT_STRING)")
-    return protos.tensor_from_array(array, dtype)
+    return tfsapi.tensor_from_array(array, dtype)
 
 
 def _to_bytes(value: Any) -> bytes:
@@ -106,13 +106,13 @@ def tensor_from_json(name: str, values: Any, dtypes: Mapping[str, str]) -> Messa
 def tensor_to_json(tensor: Any) -> Any:
     """Nested lists (TFServing REST columnar form) from a TensorProto."""
     shape = [int(d.size) for d in tensor.tensor_shape.dim]
-    dtype = protos.dtype_name(int(tensor.dtype))
+    dtype = tfsapi.dtype_name(int(tensor.dtype))
     if dtype == "DT_STRING":
         flat: list[Any] = [_text_or_b64(v) for v in tensor.string_val]
         return np.array(flat, dtype=object).reshape(shape).tolist() if shape else flat[0]
     if dtype not in _DTYPES:
         raise PayloadError(f"cannot convert {dtype} to JSON")
-    return protos.array_from_tensor(tensor).tolist()
+    return tfsapi.array_from_tensor(tensor).tolist()
 
 
 def _text_or_b64(value: bytes) -> Any:
@@ -145,7 +145,7 @@ def _rows_to_columns(instances: Sequence[Any]) -> dict[str, Any]:
 
 def request_from_json(obj: Any, dtypes: Mapping[str, str]) -> Message:
     """One PredictRequest from one JSON object in either accepted style."""
-    request = protos.new_message(protos.PREDICT_REQUEST)
+    request = tfsapi.new_message(tfsapi.PREDICT_REQUEST)
     if not isinstance(obj, dict):
         raise PayloadError("each request must be a JSON object")
     if _is_proto_json(obj):

@@ -32,7 +32,7 @@ from tfsdeploy.core.records import LockRecord, StepRecord
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import HostFacts, gather
-from tfsdeploy.hosts.ssh import Connection, SshConnection
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.run.changes import Change
 from tfsdeploy.run.executor import run_step
 from tfsdeploy.run.jobs import ClientFactory, Facts, HostJob, RunContext, Session, Verb
@@ -175,7 +175,7 @@ def run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) 
             detail = pause_detail(state, error) if pause else describe(error)
             _record_step(job, phase, task.action, pause, seconds, detail)
             state.reporter.step(job.name, phase, task.action, "paused" if pause else "failed",
-                               seconds, detail)
+                                seconds, detail)
             if not pause and is_gate(task.action):
                 state.event("gate_failed", host=job.name, gate=task.action, message=detail)
             raise
@@ -216,7 +216,7 @@ def _record_step(job: HostJob, phase: str, step: str, ok: bool, seconds: float,
 
 def roll_host(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
     """Run a batch phase's tasks on one host, instance by instance (the host's other
-    instances keep serving meanwhile); raise on the first failure, with ``job.inst`` the
+    instances keep serving meanwhile); raise on the first failure, with ``job.instance`` the
     instance that failed."""
     for instance in job.instances:
         run_tasks(state, job.on(instance), phase, tasks)
@@ -315,7 +315,7 @@ def roll_batches(state: RunState, phase: Phase, jobs: list[HostJob]) -> bool:
         state.reporter.note(f"batch {number}/{len(batches)}: "
                            + ", ".join(j.name for j in batch))
         state.event("batch_started", batch=number, batches=len(batches),
-                   hosts=[j.name for j in batch])
+                    hosts=[j.name for j in batch])
         errors = run_parallel(state, phase, batch, phase.tasks)
         paused = [j for j in batch if is_pause(errors.get(j.name))]
         for job in paused:
@@ -329,14 +329,14 @@ def roll_batches(state: RunState, phase: Phase, jobs: list[HostJob]) -> bool:
                 rolled.append(job)
                 state.outcome(job).status = "rolled"
                 state.event("host_rolled", host=job.name, release=state.context.release_id,
-                           seconds=sum(s.seconds for s in job.steps if s.phase == phase.name))
+                            seconds=sum(s.seconds for s in job.steps if s.phase == phase.name))
                 continue
             state.failed.add(job.name)
             state.outcome(job).error = describe(error)
             state.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
             # revert: the whole host goes back; stay: only the instance that failed
             state.outcome(job).status = rescue_host(state, phase, job,
-                                                   every=state.on_failure == "revert")
+                                                    every=state.on_failure == "revert")
         stop = state.cancel.is_set() or threshold_exceeded(
             len(state.failed), len(state.jobs), state.max_fail_percentage)
         if stop:
@@ -398,8 +398,8 @@ def rescue_host(state: RunState, phase: Phase, job: HostJob, *, every: bool = Fa
         return "failed"
     started = time.monotonic()
     had_traffic = job.took_any_traffic
-    chosen = [job.inst] + ([i for i in reversed(job.instances)
-                            if i is not job.inst and i.touched] if every else [])
+    chosen = [job.instance] + ([i for i in reversed(job.instances)
+                            if i is not job.instance and i.touched] if every else [])
     try:
         for instance in chosen:
             job.on(instance)
@@ -411,14 +411,14 @@ def rescue_host(state: RunState, phase: Phase, job: HostJob, *, every: bool = Fa
                              outcome.detail)
     except Exception as error:  # the host may be unreachable: a person must look
         state.reporter.step(job.name, "restore", "restore", "failed",
-                           time.monotonic() - started, describe(error))
+                            time.monotonic() - started, describe(error))
         return "unknown"
     first = job.instances[0]
     previous = first.old.release if first.old else "no release (first deploy)"
     restored = "" if len(job.instances) == 1 else \
         f" ({len(chosen)} of {len(job.instances)} instance(s) restored)"
     state.reporter.step(job.name, "restore", "restore", "ok", time.monotonic() - started,
-                       f"back on {previous}{restored}")
+                        f"back on {previous}{restored}")
     return "reverted" if had_traffic else "restored"
 
 
@@ -459,9 +459,6 @@ def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[N
     finally:
         for number, old in previous.items():
             signal.signal(number, old)
-
-
-ConnectionFactory = Callable[[ResolvedHost], Connection]
 
 
 def gather_facts(target: Target, conns: Mapping[str, Connection], images: Sequence[str],
@@ -510,14 +507,11 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
     session = open_session(plan.target, connect,
                            CancellableClock(clock or SystemClock(), cancel), client_factory)
     started = time.monotonic()
-    context: RunContext | None = None
     try:
         with interrupts_cancel(cancel, reporter):
-            context, result = _locked(plan, session, reporter, cancel)
+            result = _locked(plan, session, reporter, cancel)
     finally:
         close_session(session)
-        if context is not None and context.archive is not None:
-            context.archive.discard()
     result.seconds = time.monotonic() - started
     return result
 
@@ -543,9 +537,9 @@ def _take_lock(plan: RunPlan, session: Session, reporter: Reporter,
 
 
 def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threading.Event
-            ) -> tuple[RunContext | None, RunResult]:
+            ) -> RunResult:
     """Under the lock: the facts, the plan, the phases; the lock given back (or handed to a
-    paused canary)."""
+    paused canary) and the version archive removed, whatever happens."""
     target = plan.target
     record = lock.new_lock_record(f"{plan.verb} {target.model.name}")
     taken = _take_lock(plan, session, reporter, record)
@@ -570,12 +564,14 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
             unreleased = lock.hand_to_paused(taken, record, context.release_id)
         else:
             unreleased = lock.release_sites(taken, record)
+        if context is not None and context.archive is not None:
+            context.archive.discard()
     if unreleased:
         outcome.exit_code = max(outcome.exit_code, ExitCode.INCONSISTENT)
         outcome.message += (f"; the lock could not be released on "
                             f"{', '.join(unreleased)}: check with "
                             f"`fab lock --model {target.model.name}`")
-    return context, outcome
+    return outcome
 
 
 def _facts_step(job: HostJob, reporter: Reporter) -> None:
@@ -596,12 +592,12 @@ def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: 
     """The phases over the planned jobs, under the playbook's policy (or the model's)."""
     rollout, playbook = context.model.rollout, plan.playbook
     state = RunState(playbook=playbook, context=context, jobs=jobs, reporter=reporter,
-                cancel=cancel, serial=playbook.serial or rollout.serial,
-                max_fail_percentage=(playbook.max_fail_percentage
-                                     if playbook.max_fail_percentage is not None
-                                     else rollout.max_fail_percentage),
-                on_failure=playbook.on_failure or rollout.on_failure,
-                result=RunResult(context.model.name, context.version, context.release_id))
+                     cancel=cancel, serial=playbook.serial or rollout.serial,
+                     max_fail_percentage=(playbook.max_fail_percentage
+                                          if playbook.max_fail_percentage is not None
+                                          else rollout.max_fail_percentage),
+                     on_failure=playbook.on_failure or rollout.on_failure,
+                     result=RunResult(context.model.name, context.version, context.release_id))
     try:
         return run_phases(state)
     except Exception as error:  # a defect of ours: the exit code still says where we stood
@@ -632,7 +628,7 @@ def plan_host(playbook: Playbook, job: HostJob) -> list[PlannedStep]:
         if phase.mode == "batches" and job.unchanged:
             continue
         # a batch phase runs instance by instance, as the roll does
-        for instance in job.instances if phase.mode == "batches" else [job.inst]:
+        for instance in job.instances if phase.mode == "batches" else [job.instance]:
             job.on(instance)
             for task in phase.tasks:
                 try:

@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -30,7 +33,7 @@ from tfsdeploy.run.changes import (
     WriteFile,
 )
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import Operation
+from tfsdeploy.run.operations.step import Operation
 
 if TYPE_CHECKING:
     from tfsdeploy.hosts.dockerssh import PullProgress
@@ -90,10 +93,6 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
 
 def run_local(change: LocalCommand, step: str) -> str:
     """Run a local command (stdin closed, its own process group, killed at the timeout)."""
-    import os
-    import signal
-    import subprocess
-
     env = {**os.environ, **dict(change.env)}
     try:
         process = subprocess.Popen(list(change.argv), stdin=subprocess.DEVNULL,

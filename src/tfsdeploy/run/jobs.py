@@ -104,8 +104,8 @@ class InstanceJob:
 
 def _delegated(name: str) -> property:
     """A HostJob attribute that is the current instance's."""
-    return property(lambda job: getattr(job.inst, name),
-                    lambda job, value: setattr(job.inst, name, value),
+    return property(lambda job: getattr(job.instance, name),
+                    lambda job, value: setattr(job.instance, name, value),
                     doc=f"The current instance's ``{name}``.")
 
 
@@ -113,7 +113,7 @@ def _delegated(name: str) -> property:
 class HostJob:
     """One host's part of a run: what it runs, what was read of it, what was done.
 
-    The roll goes instance by instance: ``inst`` is the instance being rolled, and the
+    The roll goes instance by instance: ``instance`` is the one being rolled, and the
     per-instance attributes (``new_slot``, ``old``, ``started``, ...) are its.
     """
 
@@ -124,7 +124,7 @@ class HostJob:
     image: str
     facts: HostFacts = field(default_factory=lambda: HostFacts(host=""))
     instances: list[InstanceJob] = field(default_factory=list)
-    inst: InstanceJob = field(default_factory=lambda: InstanceJob(0, (), None))
+    instance: InstanceJob = field(default_factory=lambda: InstanceJob(0, (), None))
     unchanged: bool = False
     recorded: bool = False  # `current` points at the new release
     proxy_started: bool = False  # this run started the model's proxy on the host
@@ -152,17 +152,17 @@ class HostJob:
         if not self.instances:
             self.instances = [InstanceJob(i.index, i.gpus, i.plan.fraction if i.plan else None)
                               for i in self.render.instances]
-        self.inst = self.instances[0]
+        self.instance = self.instances[0]
 
     def on(self, instance: InstanceJob) -> HostJob:
         """Make ``instance`` the one the next steps act on."""
-        self.inst = instance
+        self.instance = instance
         return self
 
     @property
     def last_instance(self) -> bool:
         """Whether the current instance is the host's last to roll."""
-        return self.inst is self.instances[-1]
+        return self.instance is self.instances[-1]
 
     @property
     def took_any_traffic(self) -> bool:
@@ -192,16 +192,16 @@ class HostJob:
     @property
     def container(self) -> str:
         """The new release's container of the current instance."""
-        return container_name(self.run.model.name, self.run.release_id, self.inst.index)
+        return container_name(self.run.model.name, self.run.release_id, self.instance.index)
 
     @property
     def gpus(self) -> GpuRequest | None:
         """Docker's GPU request for the current instance: its own GPUs when the host asks
         for GPUs at all (``docker_gpus``) and the instance has some."""
         request = parse_gpus(self.host.vars.docker_gpus)
-        if request is None or not self.inst.gpus:
+        if request is None or not self.instance.gpus:
             return request
-        return GpuRequest(device_ids=tuple(str(g) for g in self.inst.gpus))
+        return GpuRequest(device_ids=tuple(str(g) for g in self.instance.gpus))
 
     @property
     def target_running(self) -> bool:
@@ -211,7 +211,7 @@ class HostJob:
     def flag_lines(self, instance: InstanceJob | None = None) -> list[str]:
         """The server flags of the release for an instance (the current one by default: its
         own GPU fraction), without comments."""
-        chosen = instance or self.inst
+        chosen = instance or self.instance
         lines = [line.strip() for line in self.render.file(FLAGS).text.splitlines()
                  if line.strip().startswith("--")]
         if chosen.fraction is None:

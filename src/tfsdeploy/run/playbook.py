@@ -10,13 +10,14 @@ wrong types and values, unknown steps, parameters a step does not take.
 from __future__ import annotations
 
 import reprlib
+import typing
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.schema import (
@@ -26,6 +27,8 @@ from tfsdeploy.core.schema import (
     Seconds,
     serial_step_problem,
 )
+from tfsdeploy.run.operations import registry
+from tfsdeploy.run.operations.step import parameters
 
 PHASE_MODES = ("parallel", "batches")
 
@@ -167,8 +170,6 @@ def _task_list(tasks_dir: Path, name: str, playbook: Path, field: str) -> tuple[
 
 def load_tasks(path: Path) -> tuple[Task, ...]:
     """Read a task list; every step must exist and accept the given parameters."""
-    from tfsdeploy.run.operations import parameters, registry
-
     operations = registry()
     data = _yaml(path)
     if not isinstance(data, list):
@@ -212,10 +213,6 @@ def _parameter_problems(operation: Any, params: dict[str, Any], file: str, index
                         ) -> list[Problem]:
     """Each parameter checked against the type the step declares for it, then a number
     against the range a run can use."""
-    import typing
-
-    from pydantic import TypeAdapter
-
     hints = typing.get_type_hints(operation)
     problems = []
     for key, value in params.items():

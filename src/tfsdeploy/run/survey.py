@@ -13,10 +13,9 @@ from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.layout import host_paths
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.facts import HostFacts, gather
-from tfsdeploy.hosts.ssh import Connection, SshConnection
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 
 Look = Callable[[Target, ResolvedHost, Connection, HostFacts], dict[str, Any]]
-ConnectionFactory = Callable[[ResolvedHost], Connection]
 MAX_AT_ONCE = 16
 
 

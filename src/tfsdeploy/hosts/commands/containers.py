@@ -1,16 +1,15 @@
 """What the toolkit asks the Docker Engine to run: container specs (pure).
 
-A spec is plain data; ``sdk_arguments`` turns it into the docker SDK's ``containers.run``
-keyword arguments. Serving containers and the proxy are hardened as far as they allow: no
-capabilities, ``no-new-privileges``, a read-only root file system with a tmpfs for /tmp, the
-model and release files mounted read-only.
+A spec is plain data; ``dockerapi.sdk_arguments`` turns it into the docker SDK's
+``containers.run`` keyword arguments. Serving containers and the proxy are hardened as far as
+they allow: no capabilities, ``no-new-privileges``, a read-only root file system with a tmpfs
+for /tmp, the model and release files mounted read-only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tfsdeploy.core.layout import (
     LABEL_PREFIX,
@@ -108,28 +107,3 @@ def proxy_spec(*, model: str, image: str, paths: HostPaths) -> ContainerSpec:
               Mount(paths.admin_dir, PROXY_ADMIN_MOUNT, read_only=False))
     return ContainerSpec(name=proxy_name(model), image=image, labels=labels, mounts=mounts,
                          user="0", tmpfs=("/tmp", "/run"))
-
-
-def sdk_arguments(spec: ContainerSpec) -> dict[str, Any]:
-    """The docker SDK's ``containers.run`` keyword arguments for ``spec`` (detached)."""
-    from docker.types import DeviceRequest
-    from docker.types import Mount as SdkMount
-
-    arguments: dict[str, Any] = {
-        "image": spec.image, "name": spec.name, "command": list(spec.command),
-        "detach": True, "network_mode": "host", "labels": dict(spec.labels),
-        "restart_policy": {"Name": "unless-stopped"},
-        "mounts": [SdkMount(target=m.target, source=m.source, type="bind",
-                            read_only=m.read_only) for m in spec.mounts],
-        "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "read_only": True,
-        "tmpfs": {path: "rw,nosuid,nodev" for path in spec.tmpfs},
-    }
-    if spec.entrypoint is not None:
-        arguments["entrypoint"] = list(spec.entrypoint)
-    if spec.user is not None:
-        arguments["user"] = spec.user
-    if spec.gpus is not None:
-        arguments["device_requests"] = [DeviceRequest(
-            count=spec.gpus.count if not spec.gpus.device_ids else None,
-            device_ids=list(spec.gpus.device_ids) or None, capabilities=[["gpu"]])]
-    return arguments

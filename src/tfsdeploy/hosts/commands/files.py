@@ -49,17 +49,6 @@ def append_lines(path: str, lines: list[str]) -> Argv:
             "sh", path, *lines]
 
 
-def rename(source: str, target: str) -> Argv:
-    """Rename ``source`` over ``target`` in one step (both on one file system)."""
-    return ["mv", "-f", "-T", "--", source, target]
-
-
-def free_disk_mib(path: str) -> Argv:
-    """Free space under ``path`` (its nearest existing parent), in MiB."""
-    return ["sh", "-c", 'p="$1"; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; '
-            'df -Pm "$p" | tail -n 1', "sh", path]
-
-
 def read_files(directory: str, names: tuple[str, ...]) -> Argv:
     """Print each named file of ``directory`` after a ``@@file <name>`` line (exit 1 when one
     is missing)."""

@@ -12,6 +12,7 @@ from typing import Any
 
 from tfsdeploy.core.canary import Action, CanaryRecord, CanaryState, decide, step_analysis
 from tfsdeploy.core.canary_policy import CanaryPolicy, Verdict, weights_for
+from tfsdeploy.core.compare import compare, golden_corpus, load_corpus, sample_corpus
 from tfsdeploy.core.gates import GateFailed
 from tfsdeploy.core.guard import Scrape, parse_metrics
 from tfsdeploy.core.proxy import set_state, weight_commands
@@ -19,8 +20,8 @@ from tfsdeploy.core.records import ReleaseStatus, now_iso
 from tfsdeploy.hosts import probes
 from tfsdeploy.run.changes import Check, ProxyCommands, WriteFile
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import Ops, operation
 from tfsdeploy.run.operations.gates import grpc_client
+from tfsdeploy.run.operations.step import Ops, operation
 
 
 class CanaryPaused(Exception):
@@ -31,7 +32,7 @@ class CanaryPaused(Exception):
 
 def scrape_slot(job: HostJob, slot: str) -> Scrape:
     """One read of the TFServing metrics of the current instance's ``slot``."""
-    port = job.ports.slot_rest(slot, job.inst.index)
+    port = job.ports.slot_rest(slot, job.instance.index)
     return parse_metrics(probes.metrics(job.host.address, port, job.host.vars.monitoring_path),
                          job.model.name)
 
@@ -61,8 +62,6 @@ def judge_step(job: HostJob, policy: CanaryPolicy, weight: int) -> str:
 def compare_predictions(job: HostJob, policy: CanaryPolicy) -> str:
     """Send the sample of requests to both slots (and to the old one twice, for the noise
     floor) and compare the answers; raise GateFailed with the worst examples."""
-    from tfsdeploy.core.compare import compare, golden_corpus, load_corpus, sample_corpus
-
     rules = policy.comparison
     corpus = load_corpus(rules.corpus) if rules.corpus else []
     requests = sample_corpus(golden_corpus(job.run.golden), corpus, limit=rules.samples,
@@ -70,7 +69,7 @@ def compare_predictions(job: HostJob, policy: CanaryPolicy) -> str:
     assert job.old is not None
     answers: dict[str, list[Any]] = {}
     for name, slot in (("old", job.old.slot), ("new", job.new_slot), ("noise", job.old.slot)):
-        client = grpc_client(job, job.ports.slot_grpc(slot, job.inst.index))
+        client = grpc_client(job, job.ports.slot_grpc(slot, job.instance.index))
         try:
             answers[name] = [client.predict(r.inputs, signature=r.signature)[0]
                              for r in requests]
@@ -103,7 +102,7 @@ def canary_steps(job: HostJob) -> Ops:
         return "no canary steps here"
     if job.old is None:
         return "nothing served here before: no canary to compare against"
-    index, old, new = job.inst.index, job.old.slot, job.new_slot
+    index, old, new = job.instance.index, job.old.slot, job.new_slot
     for weight in policy.weights:
         old_weight, new_weight = weights_for(weight)
         yield ProxyCommands(tuple(weight_commands(index, new, new_weight)

@@ -15,7 +15,7 @@ from typing import Any
 
 from tfsdeploy.run.changes import Command, LocalCommand
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import Ops, operation
+from tfsdeploy.run.operations.step import Ops, operation
 
 
 def run_variables(job: HostJob) -> dict[str, str]:
@@ -23,9 +23,9 @@ def run_variables(job: HostJob) -> dict[str, str]:
     return {"TFSDEPLOY_HOST": job.name, "TFSDEPLOY_ADDRESS": job.host.address,
             "TFSDEPLOY_MODEL": job.model.name, "TFSDEPLOY_VERSION": str(job.run.version),
             "TFSDEPLOY_RELEASE": job.run.release_id, "TFSDEPLOY_SLOT": job.new_slot,
-            "TFSDEPLOY_INSTANCE": str(job.inst.index),
-            "TFSDEPLOY_SLOT_GRPC_PORT": str(job.ports.slot_grpc(job.new_slot, job.inst.index)),
-            "TFSDEPLOY_SLOT_REST_PORT": str(job.ports.slot_rest(job.new_slot, job.inst.index))}
+            "TFSDEPLOY_INSTANCE": str(job.instance.index),
+            "TFSDEPLOY_SLOT_GRPC_PORT": str(job.ports.slot_grpc(job.new_slot, job.instance.index)),
+            "TFSDEPLOY_SLOT_REST_PORT": str(job.ports.slot_rest(job.new_slot, job.instance.index))}
 
 
 def _codes(ignore_errors: bool) -> tuple[int, ...]:

@@ -8,7 +8,7 @@ from tfsdeploy.core.records import GOOD, ReleaseStatus
 from tfsdeploy.hosts.commands.files import point_symlink, remove_tree
 from tfsdeploy.run.changes import Command, RemoveContainer, StopContainer, WriteFile
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import Ops, operation
+from tfsdeploy.run.operations.step import Ops, operation
 
 
 @operation("retire_old")

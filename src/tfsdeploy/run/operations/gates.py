@@ -21,9 +21,10 @@ from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.gates import GateFailed, Verdict, percentile, poll
 from tfsdeploy.core.golden import GoldenExample, mismatch
 from tfsdeploy.core.records import GateRecord
+from tfsdeploy.hosts import probes
 from tfsdeploy.run.changes import Check
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import Ops, operation
+from tfsdeploy.run.operations.step import Ops, operation
 
 
 def grpc_client(job: HostJob, port: int) -> Any:
@@ -31,15 +32,8 @@ def grpc_client(job: HostJob, port: int) -> Any:
     test injects a factory)."""
     factory = job.run.client_factory
     if factory is None:
-        from tfsdeploy.hosts.probes import SlotClient
-
-        factory = SlotClient
+        factory = probes.SlotClient
     return factory(job.host.address, port, job.model.name)
-
-
-def slot_client(job: HostJob) -> Any:
-    """A gRPC client of the new slot."""
-    return grpc_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index))
 
 
 def container_problem(job: HostJob) -> str | None:
@@ -74,9 +68,9 @@ def last_lines(text: str, count: int) -> str:
 def server_facts(job: HostJob) -> ServerFacts:
     """What a diagnosis may name of the release's server: image, release, GPU share."""
     gpus = {gpu.index: gpu.memory_mib for gpu in job.host.gpus}
-    first = job.inst.gpus[0] if job.inst.gpus else None
+    first = job.instance.gpus[0] if job.instance.gpus else None
     return ServerFacts(image=job.image, tfserving_version=job.host.vars.tfserving_version,
-                       gpu_fraction=job.inst.fraction, gpu_mib=gpus.get(first or 0),
+                       gpu_fraction=job.instance.fraction, gpu_mib=gpus.get(first or 0),
                        memory_mib=job.model.memory_mib)
 
 
@@ -165,7 +159,7 @@ def gate_available(job: HostJob, timeout_s: float | None = None) -> Ops:
 
     def run() -> str:
         started = time.monotonic()
-        port = job.ports.slot_grpc(job.new_slot, job.inst.index)
+        port = job.ports.slot_grpc(job.new_slot, job.instance.index)
         with gate_errors(job, "available", started, step="gate_available", expected=expected):
             verdict = _with_client(job, port, lambda c: poll(
                 lambda: check(c), step="gate_available", expected=expected,
@@ -174,7 +168,7 @@ def gate_available(job: HostJob, timeout_s: float | None = None) -> Ops:
         return expected
 
     yield Check(f"wait until version {version} is AVAILABLE on "
-                f":{job.ports.slot_grpc(job.new_slot, job.inst.index)} ({deadline:g} s)", run)
+                f":{job.ports.slot_grpc(job.new_slot, job.instance.index)} ({deadline:g} s)", run)
     return ""  # the check says what it saw
 
 
@@ -213,7 +207,7 @@ def gate_signature(job: HostJob) -> Ops:
 
     def run() -> str:
         started = time.monotonic()
-        every = _with_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index),
+        every = _with_client(job, job.ports.slot_grpc(job.new_slot, job.instance.index),
                              lambda c: c.signatures(job.run.version))
         differences = signature_differences(contract, every.get(contract.name, {}))
         record_gate(job, "signature", started, not differences,
@@ -264,7 +258,7 @@ def gate_warmup(job: HostJob, rounds: int = 20, skip_if_warm: bool = False) -> O
         started = time.monotonic()
         with gate_errors(job, "warmup", started, step="gate_warmup",
                          expected="warmup requests to succeed"):
-            p99 = _with_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index), body)
+            p99 = _with_client(job, job.ports.slot_grpc(job.new_slot, job.instance.index), body)
         detail = (f"P99 {float(p99) * 1000:.1f} ms over {model.warmup.samples} requests "
                   f"(<= {threshold * 1000:.0f} ms)")
         ok = float(p99) <= threshold
@@ -312,7 +306,7 @@ def gate_health(job: HostJob, min_healthy_s: float | None = None) -> Ops:
         started = time.monotonic()
         with gate_errors(job, "health", started, step="gate_health",
                          expected="golden requests to succeed"):
-            detail = _with_client(job, job.ports.slot_grpc(job.new_slot, job.inst.index), body)
+            detail = _with_client(job, job.ports.slot_grpc(job.new_slot, job.instance.index), body)
         record_gate(job, "health", started, True, detail)
         return detail
 
@@ -325,9 +319,7 @@ def gate_rest(job: HostJob, timeout_s: float = 10.0) -> Ops:
     """The new slot's REST port answers the model's status, and its metrics endpoint serves
     TFServing's metric names (when monitoring is on): a server whose REST start failed still
     serves gRPC, and every other gate uses gRPC."""
-    from tfsdeploy.hosts.probes import rest_problems
-
-    port = job.ports.slot_rest(job.new_slot, job.inst.index)
+    port = job.ports.slot_rest(job.new_slot, job.instance.index)
     path = job.host.vars.monitoring_path
 
     def run() -> str:
@@ -335,7 +327,7 @@ def gate_rest(job: HostJob, timeout_s: float = 10.0) -> Ops:
         with gate_errors(job, "rest", started, step="gate_rest",
                          expected=f"REST status and metrics on :{port}"):
             def check() -> Verdict:
-                problems = rest_problems(job.host.address, port, job.model.name,
+                problems = probes.rest_problems(job.host.address, port, job.model.name,
                                          job.run.version, metrics_path=path, timeout_s=3)
                 return Verdict.wait("; ".join(problems)) if problems else Verdict.ok("answers")
 

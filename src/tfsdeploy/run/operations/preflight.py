@@ -12,7 +12,7 @@ from tfsdeploy.core.layout import other_slot
 from tfsdeploy.core.proxy import FULL_WEIGHT
 from tfsdeploy.run.changes import PullImage
 from tfsdeploy.run.jobs import HostJob, InstanceJob
-from tfsdeploy.run.operations import Ops, operation
+from tfsdeploy.run.operations.step import Ops, operation
 
 REQUIRED_TOOLS = ("socat", "flock", "sha256sum", "tar")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from tfsdeploy.hosts.commands.files import disk_usage, remove_tree
 from tfsdeploy.run.changes import Check, Command, RemoveImage
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import Ops, operation
 from tfsdeploy.run.operations.finalize import doomed_releases, prune_releases
+from tfsdeploy.run.operations.step import Ops, operation
 
 
 @operation("prune_releases")

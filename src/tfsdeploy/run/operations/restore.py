@@ -7,7 +7,7 @@ from __future__ import annotations
 from tfsdeploy.core.records import ReleaseStatus, now_iso
 from tfsdeploy.run.changes import RemoveContainer, StopContainer, WriteFile
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import Ops, operation
+from tfsdeploy.run.operations.step import Ops, operation
 
 
 @operation("remove_new")

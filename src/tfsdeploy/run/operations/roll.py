@@ -3,7 +3,7 @@ free slot beside the live one (or in the same slot, out of rotation, with ``recr
 switch of the stable ports, the drain of the old slot, and the record (once the host's last
 instance rolled). The gates between them are in ``operations.gates``.
 
-The engine runs the roll task list once per instance of the host (``HostJob.inst``); the
+The engine runs the roll task list once per instance of the host (``HostJob.instance``); the
 host's other instances keep serving meanwhile.
 """
 
@@ -37,13 +37,13 @@ from tfsdeploy.run.changes import (
     StopContainer,
     WriteFile,
 )
-from tfsdeploy.run.jobs import HostJob, InstanceJob
-from tfsdeploy.run.operations import Ops, operation
+from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.step import Ops, operation
 
 
 def _where(job: HostJob) -> str:
     """The current instance, for details (empty on a host with one instance)."""
-    return f"instance {job.inst.index}: " if len(job.instances) > 1 else ""
+    return f"instance {job.instance.index}: " if len(job.instances) > 1 else ""
 
 
 @operation("upload_release")
@@ -69,7 +69,7 @@ def _clear_free_slot(job: HostJob, step: str) -> Ops:
         raise GateFailed(step, "the serving container to stay untouched",
                          f"{job.container} serves traffic and would be replaced")
     keep = {job.container, job.old.name if job.old else ""}
-    for container in job.facts.in_slot(job.new_slot, job.inst.index):
+    for container in job.facts.in_slot(job.new_slot, job.instance.index):
         if container.name not in keep and (container.running or
                                            container.release == job.run.release_id):
             yield RemoveContainer(container.name)
@@ -79,7 +79,7 @@ def _clear_free_slot(job: HostJob, step: str) -> Ops:
 
 
 def _run_new_container(job: HostJob) -> Ops:
-    index = job.inst.index
+    index = job.instance.index
     spec = server_spec(model=job.model.name, release_id=job.run.release_id, slot=job.new_slot,
                        version=job.run.version, image=job.image, paths=job.paths,
                        ports=job.ports, flags=job.flag_lines(), gpus=job.gpus, instance=index)
@@ -93,7 +93,7 @@ def _run_new_container(job: HostJob) -> Ops:
 def start_slot(job: HostJob) -> Ops:
     """Start the instance's new release in its free slot beside the old one (a paused
     canary's container, already running there, is kept: warm)."""
-    running = [c for c in job.facts.in_slot(job.new_slot, job.inst.index)
+    running = [c for c in job.facts.in_slot(job.new_slot, job.instance.index)
                if c.running and c.release == job.run.release_id]
     if running and job.old and running[0].name != job.old.name:
         # it already shares the traffic; a failed promote removes it like a new container
@@ -108,7 +108,7 @@ def resume_release(job: HostJob) -> Ops:
     """Bring a retained release back in the free slot: already running (warm), started
     again (stopped, same slot), or re-created from its record (its files are on the host)."""
     retained = [c for c in job.facts.of_release(job.run.release_id)
-                if c.instance == job.inst.index]
+                if c.instance == job.instance.index]
     if retained and retained[0].slot == job.new_slot:
         if retained[0].running:
             job.warm = True
@@ -165,7 +165,7 @@ def switch_traffic(job: HostJob, to: Literal["new", "old"] = "new") -> Ops:
     if not proxy_running(job):
         return (yield from _start_proxy(job))
     old = job.old.slot if job.old else None
-    yield ProxyCommands(tuple(_full_weights(job) + switch_commands(job.inst.index,
+    yield ProxyCommands(tuple(_full_weights(job) + switch_commands(job.instance.index,
                                                                    job.new_slot, old)),
                         f"proxy: {_where(job)}new requests to {job.new_slot}"
                         + (f", drain {old}" if old else ""))
@@ -196,12 +196,12 @@ def _full_weights(job: HostJob) -> list[str]:
     if not job.weighted:
         return []
     job.weighted = False
-    return [*weight_commands(job.inst.index, job.new_slot, FULL_WEIGHT),
-            *(weight_commands(job.inst.index, job.old.slot, FULL_WEIGHT) if job.old else [])]
+    return [*weight_commands(job.instance.index, job.new_slot, FULL_WEIGHT),
+            *(weight_commands(job.instance.index, job.old.slot, FULL_WEIGHT) if job.old else [])]
 
 
 def _switch_back(job: HostJob) -> Ops:
-    if job.inst.out_of_rotation:  # recreate: its old release comes back in the same slot
+    if job.instance.out_of_rotation:  # recreate: its old release comes back in the same slot
         return (yield from _back_in_rotation(job))
     if not job.switched:
         return "traffic never moved"
@@ -216,8 +216,8 @@ def _switch_back(job: HostJob) -> Ops:
         job.switched = job.recorded = False
         return "proxy removed (nothing served here before)"
     new, old = job.new_slot, job.old.slot if job.old else None
-    commands = _full_weights(job) + (switch_commands(job.inst.index, old, new) if old
-                                     else set_state(job.inst.index, new, "maint"))
+    commands = _full_weights(job) + (switch_commands(job.instance.index, old, new) if old
+                                     else set_state(job.instance.index, new, "maint"))
     yield ProxyCommands(tuple(commands), f"proxy: {_where(job)}new requests back to {old}, "
                         f"drain {new}" if old else f"proxy: {_where(job)}{new} out")
     job.switched = False
@@ -228,7 +228,7 @@ def _switch_back(job: HostJob) -> Ops:
         job.recorded = False
     if old:
         yield drain_check(job, new, job.model.rollout.drain_timeout_s, fail=False)
-        yield ProxyCommands(tuple(set_state(job.inst.index, new, "maint")),
+        yield ProxyCommands(tuple(set_state(job.instance.index, new, "maint")),
                             f"proxy: {_where(job)}{new} in maintenance")
     return f"{_where(job)}traffic back on {old}"
 
@@ -236,7 +236,7 @@ def _switch_back(job: HostJob) -> Ops:
 def drain_check(job: HostJob, slot: str, timeout_s: float, *, fail: bool = True) -> Check:
     """A check that the instance's ``slot`` has no request in flight (bounded by
     ``timeout_s``); with ``fail=False`` a slot still busy at the deadline is reported."""
-    index = job.inst.index
+    index = job.instance.index
 
     def run() -> str:
         started = time.monotonic()
@@ -268,7 +268,7 @@ def drain_old(job: HostJob, timeout_s: float | None = None) -> Ops:
         return "nothing to drain"
     slot = job.old.slot
     yield drain_check(job, slot, timeout_s or job.model.rollout.drain_timeout_s)
-    yield ProxyCommands(tuple(set_state(job.inst.index, slot, "maint")),
+    yield ProxyCommands(tuple(set_state(job.instance.index, slot, "maint")),
                         f"proxy: {_where(job)}{slot} in maintenance")
     return "in maintenance"
 
@@ -282,12 +282,12 @@ def take_out_of_rotation(job: HostJob, timeout_s: float | None = None) -> Ops:
     if not job.old:
         return "nothing serving this instance"
     slot = job.old.slot
-    job.inst.out_of_rotation = True
+    job.instance.out_of_rotation = True
     keeps = f"the host keeps {len(job.instances) - 1} of {len(job.instances)} instance(s) serving"
-    yield ProxyCommands(tuple(set_state(job.inst.index, slot, "drain")),
+    yield ProxyCommands(tuple(set_state(job.instance.index, slot, "drain")),
                         f"proxy: {_where(job)}{slot} drains")
     yield drain_check(job, slot, timeout_s or job.model.rollout.drain_timeout_s)
-    yield ProxyCommands(tuple(set_state(job.inst.index, slot, "maint")),
+    yield ProxyCommands(tuple(set_state(job.instance.index, slot, "maint")),
                         f"proxy: {_where(job)}{slot} out of rotation ({keeps})")
     return keeps
 
@@ -306,10 +306,10 @@ def put_in_rotation(job: HostJob) -> Ops:
     """Put the instance back in rotation, now served by its new release."""
     if not proxy_running(job):
         return (yield from _start_proxy(job))
-    yield ProxyCommands(tuple(set_state(job.inst.index, job.new_slot, "ready")),
+    yield ProxyCommands(tuple(set_state(job.instance.index, job.new_slot, "ready")),
                         f"proxy: {_where(job)}{job.new_slot} back in rotation")
     job.switched = job.took_traffic = True
-    job.inst.out_of_rotation = False
+    job.instance.out_of_rotation = False
     yield proxy_config(job)
     return f"{_where(job)}{job.new_slot} serves again"
 
@@ -318,9 +318,9 @@ def _back_in_rotation(job: HostJob) -> Ops:
     """Restore of a recreated instance: its old release started again, back in rotation."""
     if job.old:
         yield StartContainer(job.old.name)
-        yield ProxyCommands(tuple(set_state(job.inst.index, job.old.slot, "ready")),
+        yield ProxyCommands(tuple(set_state(job.instance.index, job.old.slot, "ready")),
                             f"proxy: {_where(job)}{job.old.slot} back in rotation")
-    job.inst.out_of_rotation = job.switched = False
+    job.instance.out_of_rotation = job.switched = False
     yield proxy_config(job)
     return f"{_where(job)}old release serving again"
 
@@ -343,5 +343,3 @@ def record_release(job: HostJob) -> Ops:
                         previous.with_status(ReleaseStatus.ROLLED_BACK).to_json())
     return f"current -> {job.run.release_id}"
 
-
-__all__ = ["InstanceJob", "drain_check", "proxy_config", "serving_slots", "wait_for_proxy"]

@@ -26,7 +26,7 @@ from tfsdeploy.hosts.commands import stage as stage_commands
 from tfsdeploy.hosts.commands.files import mkdir
 from tfsdeploy.run.changes import Command, Upload, WriteFile
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations import Ops, operation
+from tfsdeploy.run.operations.step import Ops, operation
 
 CHUNK = 1 << 20
 
