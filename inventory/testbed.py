@@ -1,8 +1,9 @@
 """The local test fleet started by `scripts/testbed up` (the default inventory).
 
 Hosts come from the testbed's hosts.json when it exists (so `up --hosts 5` gives 5 hosts, and
-`up --gpus 2` two GPUs per host); otherwise the default three hosts tb1..tb3 with one GPU each
-are declared, which is enough to render files.
+`up --gpus 2` two GPUs per host), except the hosts `up --reserve` keeps for the test suite's own
+models; otherwise the default three hosts tb1..tb3 with one GPU each are declared, which is
+enough to render files.
 
 The testbed's engines hand out GPUs as a host with the NVIDIA Container Toolkit does: only to a
 container that asks (docs/testbed.md), so the servers ask for every GPU of their host
@@ -24,7 +25,8 @@ REGISTRY = "10.87.0.1:5000"
 def _hosts() -> list[Host]:
     state_file = STATE / "hosts.json"
     if state_file.is_file():
-        entries = json.loads(state_file.read_text())["hosts"]
+        entries = [e for e in json.loads(state_file.read_text())["hosts"]
+                   if not e.get("reserved")]
     else:
         entries = [{"name": f"tb{i}", "address": f"10.87.0.{10 + i}",
                     "gpus": [{"index": 0, "memory_mib": 16384, "name": "Simulated Tesla T4"}]}

@@ -101,19 +101,24 @@ def _gpu_sizes(value: str) -> list[int]:
     return mibs
 
 
-def parse_gpu_specs(sizes: list[str], count: int, gpus: list[str] | None = None
-                    ) -> dict[str, list[int]]:
+def parse_gpu_specs(sizes: list[str], count: int, gpus: list[str] | None = None,
+                    current: dict[str, list[int]] | None = None) -> dict[str, list[int]]:
     """`--gpus` and `--gpu-mib` values -> the memory of each GPU of each of ``count`` hosts.
 
     `--gpus 2` gives every host two GPUs, `--gpus tb3=4` one host four (default: 1). A single
     `--gpu-mib` size (`16384`, `tb3=8192`) is the size of each of the host's GPUs; a list
     (`tb2=16384,8192`) sizes them one by one and, without `--gpus`, sets how many; `tb2=0`: no
-    GPU.
+    GPU. A host that neither option names keeps its ``current`` GPUs (what hosts.json says),
+    so a plain `up` repairs the fleet without reshaping it.
     """
     counts = _per_host("--gpus", gpus or [], _gpu_count)
     mibs = _per_host("--gpu-mib", sizes, _gpu_sizes)
     layout: dict[str, list[int]] = {}
     for name in (host_name(i) for i in range(1, count + 1)):
+        named = name in mibs or name in counts or "" in mibs or "" in counts
+        if not named and current is not None and name in current:
+            layout[name] = list(current[name])
+            continue
         size = mibs.get(name, mibs.get("", [DEFAULT_GPU_MIB]))
         wanted = counts.get(name, counts.get(""))
         if not size:
@@ -254,7 +259,30 @@ def remove_user_ssh() -> None:
             path.write_text(strip_user_entries(path.read_text()))
 
 
-def write_hosts_json(places: Places, gpus: dict[str, list[int]]) -> None:
+def current_shape(places: Places) -> tuple[dict[str, list[int]], set[str]]:
+    """Each host's GPU sizes and the reserved hosts, as the last `up` wrote them (none yet:
+    empty)."""
+    try:
+        hosts = json.loads(places.hosts_json.read_text())["hosts"]
+        gpus = {h["name"]: [int(g["memory_mib"]) for g in h["gpus"]] for h in hosts}
+        return gpus, {h["name"] for h in hosts if h.get("reserved")}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}, set()
+
+
+def parse_reserve(value: str | None, count: int, current: set[str]) -> set[str]:
+    """`--reserve tb4,tb5` (none: ``''``; not given: the current reservations)."""
+    if value is None:
+        return {name for name in current if int(name[2:]) <= count}
+    names = {v.strip() for v in value.split(",") if v.strip()}
+    unknown = sorted(n for n in names if n not in {host_name(i) for i in range(1, count + 1)})
+    if unknown:
+        raise TestbedError(f"--reserve {value!r}: {', '.join(unknown)} not among tb1..tb{count}")
+    return names
+
+
+def write_hosts_json(places: Places, gpus: dict[str, list[int]],
+                     reserved: set[str] | None = None) -> None:
     hosts = []
     for name, mibs in gpus.items():
         doc = gpu_document(name, mibs) or {"gpus": []}
@@ -262,6 +290,8 @@ def write_hosts_json(places: Places, gpus: dict[str, list[int]]) -> None:
             {
                 "name": name,
                 "address": host_address(int(name[2:])),
+                # left out of inventory/testbed.py: hosts the test suite keeps to itself
+                "reserved": name in (reserved or set()),
                 "gpus": [
                     {
                         "index": g["index"],
@@ -358,9 +388,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     preflight()
     places = Places.from_env()
     timer = Timer()
+    shape, reserved_now = current_shape(places)
+    if args.hosts is None:  # as many as there are, at least the default
+        args.hosts = max(DEFAULT_HOSTS, len(shape))
     if not 1 <= args.hosts <= MAX_HOSTS:
         raise TestbedError(f"--hosts {args.hosts}: choose 1..{MAX_HOSTS}")
-    gpus = parse_gpu_specs(args.gpu_mib, args.hosts, args.gpus)
+    gpus = parse_gpu_specs(args.gpu_mib, args.hosts, args.gpus, current=shape)
+    reserved = parse_reserve(args.reserve, args.hosts, reserved_now)
     for sub in ("logs", "bin", "hosts", "registry"):
         (places.state / sub).mkdir(parents=True, exist_ok=True)
     if args.ssh_forwarding is not None:
@@ -380,7 +414,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     states = bring_up_hosts(places, gpus, runtime)
     (places.ssh / "known_hosts").write_text("\n".join(known_hosts_lines(places, args.hosts)) + "\n")
     places.ssh_config.write_text(ssh_config_text(places))
-    write_hosts_json(places, gpus)
+    write_hosts_json(places, gpus, reserved)
     if not args.no_user_ssh:
         install_user_ssh(places, args.hosts)
     check_ssh(places, args.hosts)
@@ -552,21 +586,27 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="scripts/testbed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start (or repair) the local fleet; idempotent")
-    up.add_argument("--hosts", type=int, default=DEFAULT_HOSTS, help="number of hosts, 1..10")
+    up.add_argument("--hosts", type=int, default=None,
+                    help=f"number of hosts, 1..10 (default: as many as now, at least "
+                    f"{DEFAULT_HOSTS})")
+    up.add_argument("--reserve", default=None, metavar="tbN[,tbN]",
+                    help="hosts left out of inventory/testbed.py, kept for the test suite's own "
+                    "models ('' for none; default: as now)")
     up.add_argument(
         "--gpus",
         action="append",
         default=[],
         metavar="[tbN=]N",
-        help=f"simulated GPUs per host (default {DEFAULT_GPUS}): for all hosts, or one host",
+        help=f"simulated GPUs per host (default: as now; {DEFAULT_GPUS} on a new host): for all "
+        "hosts, or one host",
     )
     up.add_argument(
         "--gpu-mib",
         action="append",
         default=[],
         metavar="[tbN=]MIB[,MIB]",
-        help=f"memory of each simulated GPU (default {DEFAULT_GPU_MIB}): for all hosts, or one "
-        "host; a list sizes the GPUs one by one; 0 = no GPU",
+        help=f"memory of each simulated GPU (default: as now; {DEFAULT_GPU_MIB} on a new host): "
+        "for all hosts, or one host; a list sizes the GPUs one by one; 0 = no GPU",
     )
     up.add_argument("--no-images", action="store_true", help="skip building/pushing/pulling images")
     up.add_argument(

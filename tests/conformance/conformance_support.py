@@ -5,15 +5,17 @@ Where things come from (environment variables, with their defaults):
   and testdata/), default ``shared/tfserving-testdata`` in the nearest directory above the
   repository that has one (``<repository>/../shared/tfserving-testdata`` for a checkout beside
   ``shared/``, a level or more further up for one in a subdirectory). The suite is skipped,
-  saying so, when it is absent. It must be readable by the testbed hosts' Docker engines (not
-  under /tmp, /run, /srv/tfsdeploy or /var/lib/docker, which are private to each host).
+  saying so, when it is absent. Its testdata/ is copied into the run's scratch directory and
+  mounted from there, so it may live anywhere on this machine, even under a directory that is
+  private to each testbed host (/tmp, /root, /run, /srv/tfsdeploy, /var/lib/docker).
 - TFSDEPLOY_CONFORMANCE_IMAGE: the image under test, default
   ``10.87.0.1:5000/tfserving-emulator:2.21.0`` (what ``scripts/testbed up`` builds from this
   checkout).
 - TFSDEPLOY_CONFORMANCE_HOST: the testbed host whose Docker engine runs the containers,
   default tb3. Containers are named ``tfsconf-*`` and use host ports 9740-9759.
-- TFSDEPLOY_CACHE: scratch files (configs, exported models, a gRPC socket) go to
-  ``$TFSDEPLOY_CACHE/conformance/<run>/`` (default /var/cache/tfsdeploy), visible to the host.
+- TFSDEPLOY_CACHE: scratch files (the test data's copy, configs, exported models, a gRPC
+  socket) go to ``$TFSDEPLOY_CACHE/conformance/<run>/`` (default /var/cache/tfsdeploy),
+  visible to the host; everything a container mounts comes from there.
 
 Every container is started as ``tensorflow/serving`` is: ``docker run [-v ...] [-e ...]
 IMAGE [flags...]``, the flags appended to the image's entrypoint. Tests talk to it with the
@@ -66,6 +68,10 @@ ADDRESS = HOSTS.get(HOST, HOST)
 STATE = pathlib.Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
 CACHE = pathlib.Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy"))
 RPC_TIMEOUT = 20.0
+# Every module that uses the containers runs in one pytest-xdist worker (scripts/test runs
+# the tiers with --dist loadgroup, a group per module unless it names one): the containers
+# are a session fixture, and a second worker's would take the same names and ports.
+SHARED_CONTAINERS = pytest.mark.xdist_group("conformance")
 
 
 def skip_reason() -> str | None:
@@ -229,6 +235,14 @@ def scratch() -> Iterator[pathlib.Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def stage_testdata(root: pathlib.Path) -> pathlib.Path:
+    """Copy TFServing's testdata/ (about 440 KB) to ``root/testdata``, where the host's Docker
+    engine can mount it whatever the checkout's location; return the copy."""
+    target = root / "testdata"
+    shutil.copytree(TESTDATA, target)
+    return target
 
 
 def http(method: str, url: str, body: bytes | None = None,

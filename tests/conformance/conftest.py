@@ -11,6 +11,12 @@
   ``--version``; they exit.
 - stopper, stopper_pid1: a base path without versions (they wait forever), with the standard
   entrypoint and with ``--entrypoint tensorflow_model_server``: for docker stop.
+- exports: the SavedModels of export_styles.py (every way TF 2.21 users export one), load
+  retries off; for test_export_styles.py.
+
+Containers mount TFServing's test data from the run's scratch directory (a copy made by
+``stage_testdata``), never from beside the checkout, which may be under a directory private
+to each host (/tmp, /root).
 """
 
 from __future__ import annotations
@@ -18,10 +24,10 @@ from __future__ import annotations
 import pathlib
 from collections.abc import Iterator
 
+import export_styles
 import pytest
 from conformance_support import (
     RPC_TIMEOUT,
-    TESTDATA,
     Container,
     Spec,
     main_config,
@@ -29,13 +35,16 @@ from conformance_support import (
     scratch,
     single_config,
     skip_reason,
+    stage_testdata,
     start_all,
 )
 
 __all__ = ["scratch"]
 
 PORTS = {"main": (9740, 9741), "tutorial": (9742, 9743), "core": (9744, 9745),
-         "poll": (9746, 9747)}
+         "poll": (9746, 9747), "exports": (9754, 9755)}
+
+
 def export_tf2_models(root: pathlib.Path) -> None:
     """tensorflow_model_server_test.py's test_tf_saved_model_save and
     test_tf_saved_model_save_multiple_signatures exports (version 00000123)."""
@@ -56,7 +65,8 @@ def export_tf2_models(root: pathlib.Path) -> None:
 
 def specs(root: pathlib.Path) -> list[Spec]:
     """Every container of the tier."""
-    data = (TESTDATA, "/testdata:ro")
+    testdata = root / "testdata"  # stage_testdata's copy, visible to the host
+    data = (testdata, "/testdata:ro")
     conf = (root, "/conf")
 
     def ports(key: str, rest: bool = True) -> dict[str, int | None]:
@@ -72,7 +82,7 @@ def specs(root: pathlib.Path) -> list[Spec]:
             "--grpc_channel_arguments=grpc.max_connection_age_ms=2000,"
             "grpc.lb_policy_name=grpclb")),
         Spec("tutorial", **ports("tutorial"),
-             volumes=((TESTDATA / "saved_model_half_plus_two_cpu", "/models/half_plus_two"),),
+             volumes=((testdata / "saved_model_half_plus_two_cpu", "/models/half_plus_two"),),
              env=(("MODEL_NAME", "half_plus_two"),),
              flags=("--port=9742", "--rest_api_port=9743")),
         Spec("poll", volumes=(data, conf), **ports("poll"), flags=(
@@ -86,7 +96,7 @@ def specs(root: pathlib.Path) -> list[Spec]:
         Spec("badconfig", volumes=(data,), exits=True, flags=(
             "--port=9748", "--model_config_file=/testdata/bad_model_config.txt")),
         Spec("badmodel", exits=True,
-             volumes=((TESTDATA / "bad_half_plus_two", "/models/bad_half_plus_two"),),
+             volumes=((testdata / "bad_half_plus_two", "/models/bad_half_plus_two"),),
              env=(("MODEL_NAME", "bad_half_plus_two"),),
              flags=("--port=9749", "--rest_api_port=9753", "--max_num_load_retries=0")),
         Spec("version", exits=True, flags=("--version",)),
@@ -96,6 +106,9 @@ def specs(root: pathlib.Path) -> list[Spec]:
         Spec("stopper_pid1", volumes=((root / "empty", "/models/empty"),),
              entrypoint="tensorflow_model_server", ready_log=waiting,
              flags=("--port=9752", "--model_name=empty", "--model_base_path=/models/empty")),
+        Spec("exports", volumes=(conf,), **ports("exports"), flags=(
+            "--port=9754", "--rest_api_port=9755", "--model_config_file=/conf/exports.config",
+            "--max_num_load_retries=0")),
     ]
 
 
@@ -119,7 +132,10 @@ def servers(scratch: pathlib.Path) -> Iterator[dict[str, Container]]:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
+    stage_testdata(scratch)
     export_tf2_models(scratch)
+    export_styles.export_all(scratch / "exports")
+    (scratch / "exports.config").write_text(export_styles.config_text(export_styles.SERVED))
     (scratch / "empty").mkdir()
     (scratch / "main.config").write_text(main_config(label=False))
     (scratch / "poll.config").write_text(

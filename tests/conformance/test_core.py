@@ -13,7 +13,14 @@ from typing import Any
 
 import grpc
 import pytest
-from conformance_support import RPC_TIMEOUT, Container, main_config, port_open, wait_until
+from conformance_support import (
+    RPC_TIMEOUT,
+    SHARED_CONTAINERS,
+    Container,
+    main_config,
+    port_open,
+    wait_until,
+)
 from google.protobuf import text_format
 from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import (
@@ -22,6 +29,8 @@ from tensorflow_serving.apis import (
     predict_pb2,
 )
 from tensorflow_serving.config import model_server_config_pb2
+
+pytestmark = SHARED_CONTAINERS
 
 TWO_VERSIONS = "/testdata/saved_model_half_plus_two_2_versions"
 

@@ -14,6 +14,7 @@ import grpc
 import pytest
 from conformance_support import (
     RPC_TIMEOUT,
+    SHARED_CONTAINERS,
     TESTDATA,
     Container,
     http,
@@ -32,6 +33,8 @@ from tensorflow_serving.apis import (
     predict_pb2,
     regression_pb2,
 )
+
+pytestmark = SHARED_CONTAINERS
 
 VERSION = 123  # every shared model's version directory is 00000123
 

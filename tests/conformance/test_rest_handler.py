@@ -11,7 +11,9 @@ import json
 import math
 
 import pytest
-from conformance_support import TESTDATA, Container, http, post_json
+from conformance_support import SHARED_CONTAINERS, TESTDATA, Container, http, post_json
+
+pytestmark = SHARED_CONTAINERS
 
 MODEL = "saved_model_half_plus_two_2_versions"
 LABEL = "Version_Label"

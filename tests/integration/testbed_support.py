@@ -51,10 +51,12 @@ ADDRESSES = {f"tb{n}": f"10.87.0.{10 + n}" for n in range(1, 11)}
 # the hosts of a test module's model unless it names others
 HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2", "tb3")}
 # The suite's fleet (scripts/test brings it up so): tb1..tb3 as the demo's, plus tb4 with two
-# GPUs, which only the modules of the xdist group "gpu-host" use (one at a time): the per-GPU
-# tests and the GPU filler, whose GPU use would starve other modules' deploys on a shared host.
+# GPUs, reserved (left out of inventory/testbed.py), which only the modules of the xdist group
+# "gpu-host" use (one at a time): the per-GPU tests and the GPU filler, whose GPU use would
+# starve other modules' deploys on a shared host.
 GPU_HOST = "tb4"
-SUITE_FLEET = ("--hosts", "4", "--gpus", f"{GPU_HOST}=2")
+SUITE_FLEET = ("--hosts", "4", "--reserve", GPU_HOST, "--gpus", f"{GPU_HOST}=2", "--gpu-mib",
+               f"{GPU_HOST}=16384")
 # the second port of every host's sshd (docs/testbed-contract.md): a test that cuts one run's
 # SSH off drops only this port, so the other modules' runs on the fleet keep theirs
 ALT_SSH_PORT = 2222

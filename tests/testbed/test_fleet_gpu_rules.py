@@ -43,6 +43,28 @@ def test_gpus_and_gpu_mib_give_each_host_its_gpus(sizes: list[str], counts: list
     assert cli.parse_gpu_specs(sizes, 2, counts) == expected
 
 
+CURRENT = {"tb1": [16384], "tb2": [8192, 8192]}
+
+
+@pytest.mark.parametrize(("sizes", "counts", "expected"), [
+    ([], [], {"tb1": [16384], "tb2": [8192, 8192], "tb3": [16384]}),  # a new host: default
+    ([], ["tb1=2"], {"tb1": [16384, 16384], "tb2": [8192, 8192], "tb3": [16384]}),
+    (["4096"], [], {"tb1": [4096], "tb2": [4096], "tb3": [4096]}),  # every host named
+])
+def test_a_host_no_option_names_keeps_its_gpus(sizes: list[str], counts: list[str],
+                                               expected: dict[str, list[int]]) -> None:
+    assert cli.parse_gpu_specs(sizes, 3, counts, current=CURRENT) == expected
+
+
+def test_reservations_stay_until_changed_and_name_existing_hosts() -> None:
+    assert cli.parse_reserve(None, 4, {"tb4"}) == {"tb4"}
+    assert cli.parse_reserve(None, 3, {"tb4"}) == set()  # tb4 is gone
+    assert cli.parse_reserve("", 4, {"tb4"}) == set()
+    assert cli.parse_reserve("tb3,tb4", 4, set()) == {"tb3", "tb4"}
+    with pytest.raises(cli.TestbedError, match=r"tb7 not among tb1\.\.tb4"):
+        cli.parse_reserve("tb7", 4, set())
+
+
 @pytest.mark.parametrize(("sizes", "counts", "message"), [
     (["tb1=16384,8192,8192"], ["2"], "tb1: --gpu-mib lists 3 GPU sizes but --gpus asks for 2"),
     ([], ["17"], "--gpus '17': give a number of GPUs per host, 0..16"),

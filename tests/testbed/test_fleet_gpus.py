@@ -23,7 +23,8 @@ from fleet_helpers import STATE, Testbed, TestbedHost, load_testbed, run_testbed
 
 from tfsdeploy.core.inventory import load_inventory
 
-pytestmark = pytest.mark.testbed
+# it gives every host two GPUs for the module (`up --gpus 2`): nothing else may run meanwhile
+pytestmark = [pytest.mark.testbed, pytest.mark.fleet_exclusive]
 
 GPU1_MIB = 24576
 SMI_GPUS = "--query-gpu=index,minor_number,uuid,memory.total --format=csv,noheader"
@@ -35,8 +36,9 @@ def up(*args: str) -> None:
 
 
 def shape_args(hosts: list[dict[str, Any]]) -> list[str]:
-    """`up` options that give each host of a hosts.json its GPUs again."""
-    args = ["--hosts", str(len(hosts))]
+    """`up` options that give each host of a hosts.json its GPUs and reservation again."""
+    args = ["--hosts", str(len(hosts)),
+            "--reserve", ",".join(h["name"] for h in hosts if h.get("reserved"))]
     for host in hosts:
         sizes = ",".join(str(g["memory_mib"]) for g in host["gpus"]) or "0"
         args += ["--gpu-mib", f"{host['name']}={sizes}"]
@@ -48,10 +50,13 @@ def fleet(testbed: Testbed) -> Iterator[Testbed]:
     """The fleet with a host of 2 GPUs (the last one), GPU 1 of them bigger than GPU 0."""
     before = json.loads((STATE / "hosts.json").read_text())["hosts"]
     last = before[-1]
-    if len(last["gpus"]) == 2 and last["gpus"][1]["memory_mib"] == GPU1_MIB:
+    if (len(last["gpus"]) == 2 and last["gpus"][1]["memory_mib"] == GPU1_MIB
+            and not any(h.get("reserved") for h in before)):
         yield testbed
         return
-    up("--hosts", str(len(before)), "--gpus", "2", "--gpu-mib", f"{last['name']}=16384,{GPU1_MIB}")
+    # every host in inventory/testbed.py for the module (none reserved)
+    up("--hosts", str(len(before)), "--reserve", "", "--gpus", "2", "--gpu-mib",
+       f"{last['name']}=16384,{GPU1_MIB}")
     try:
         yield load_testbed(testbed.started_here)
     finally:

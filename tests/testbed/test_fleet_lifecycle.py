@@ -104,8 +104,9 @@ def test_gpu_memory_can_be_set_per_host(destructive: Testbed) -> None:
         up("--hosts", n, "--no-images", "--gpu-mib", "tb2=0")
         proc = fleet.ssh(fleet.hosts[1], query, check=False)
         assert proc.returncode != 0 and "couldn't communicate with the NVIDIA driver" in proc.stdout
-    finally:
-        up("--hosts", n, "--no-images")
+    finally:  # tb1 and tb2 as a new host has them (a plain `up` keeps a host's GPUs)
+        up("--hosts", n, "--no-images", "--gpus", "tb1=1", "--gpu-mib", "tb1=16384",
+           "--gpu-mib", "tb2=16384")
 
 
 def test_down_leaves_nothing_behind_and_up_keeps_images(destructive: Testbed) -> None:
