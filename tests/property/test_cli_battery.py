@@ -35,7 +35,7 @@ from invoke.parser import Parser
 import tasks as fab
 from tfsdeploy.core.errors import ExitCode, HostUnreachable
 from tfsdeploy.core.inventory import load_inventory
-from tfsdeploy.core.records import RELEASE_ID
+from tfsdeploy.core.layout import RELEASE_ID
 
 from .budget import examples
 from .strategies import FLAGS, TMP, CliCase, cli_cases

@@ -11,7 +11,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfsdeploy.core.records import is_release_id, parse_audit, parse_lock
+from tfsdeploy.core.layout import is_release_id
+from tfsdeploy.core.records import parse_audit, parse_lock
 from tfsdeploy.hosts.commands.files import UnsafePath, remove_tree
 from tfsdeploy.hosts.dockerapi import container_fact
 from tfsdeploy.hosts.facts import parse_facts

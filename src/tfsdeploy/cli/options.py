@@ -17,7 +17,7 @@ from pydantic_core import PydanticCustomError
 
 from tfsdeploy.core.canary_policy import parse_weights
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.records import RELEASE_ID
+from tfsdeploy.core.layout import RELEASE_ID
 from tfsdeploy.core.timetext import SINCE_FIX, duration_seconds, since_seconds
 
 Options = dict[str, Any]

@@ -141,11 +141,19 @@ def host_paths(host: ResolvedHost, model: Model) -> HostPaths:
     return HostPaths(root=host.vars.data_root.rstrip("/"), model=model.name)
 
 
+RELEASE_ID = re.compile(r"^r\d{8}-\d{9}-v[1-9]\d{0,18}$")  # what new_release_id makes
+
+
 def new_release_id(version: int, now: datetime | None = None) -> str:
     """``r<YYYYmmdd>-<HHMMSSmmm>-v<version>``: sortable by time (to the millisecond, so two
     deploys started in the same second differ), names the version."""
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     return f"r{moment:%Y%m%d-%H%M%S}{moment.microsecond // 1000:03d}-v{version}"
+
+
+def is_release_id(value: object) -> bool:
+    """Whether ``value`` is a release id this toolkit makes (and so safe in paths)."""
+    return isinstance(value, str) and RELEASE_ID.match(value) is not None
 
 
 def container_name(model: str, release_id: str, instance: int = 0) -> str:

@@ -3,20 +3,20 @@
 Records are written from Python as JSON (atomically: temp file + rename, see ``changes``) and
 read back through these models, so that anything a host returns is validated before it is
 used: a release id read from a host reaches paths and container names only after it matched
-``RELEASE_ID``.
+``layout.RELEASE_ID``.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-RELEASE_ID = re.compile(r"^r\d{8}-\d{9}-v[1-9]\d{0,18}$")
+from tfsdeploy.core.layout import RELEASE_ID
+
 ReleaseId = Annotated[str, Field(pattern=RELEASE_ID.pattern)]
 
 
@@ -39,11 +39,6 @@ pruning keeps."""
 def now_iso() -> str:
     """UTC time, to the second, as records carry it."""
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def is_release_id(value: object) -> bool:
-    """Whether ``value`` is a release id this toolkit makes (and so safe in paths)."""
-    return isinstance(value, str) and RELEASE_ID.match(value) is not None
 
 
 class _Record(BaseModel):

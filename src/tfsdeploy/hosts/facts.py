@@ -15,13 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.layout import HostPaths, is_release_id
 from tfsdeploy.core.proxy import ServerState, parse_stat
 from tfsdeploy.core.records import (
     BrokenRecord,
     LockRecord,
     ReleaseRecord,
-    is_release_id,
     parse_lock,
     parse_release,
 )
