@@ -101,9 +101,12 @@ class Rotation:
         self.samples: list[int] = []
 
     def __enter__(self) -> Rotation:
-        script = ("while :; do echo 'show stat' | socat -t 2 - UNIX-CONNECT:" + self.socket
+        # the loop ends when its output has nowhere to go (this ssh client gone: sshd does not
+        # stop a command without a terminal) and after 15 minutes whatever happens
+        script = ("end=$((SECONDS + 900)); while [ $SECONDS -lt $end ]; do echo 'show stat' "
+                  "| socat -t 2 - UNIX-CONNECT:" + self.socket
                   + " | awk -F, '$1 == \"grpc\" && $2 !~ /END$/ && $18 !~ /^(MAINT|DRAIN)/"
-                  " && $19 > 0 {n++} END {print n + 0}'; sleep 0.2; done")
+                  " && $19 > 0 {n++} END {print n + 0; fflush()}' || break; sleep 0.2; done")
         self._proc = subprocess.Popen(ssh_argv(ADDRESSES[WIDE], script), stdout=subprocess.PIPE,
                                       text=True)
         return self
