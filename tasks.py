@@ -71,7 +71,7 @@ def command(**options: Any) -> Callable[[Callable[..., None]], Task]:
 def _refuse_missing(task: str, missing: list[str]) -> NoReturn:
     """Exit 1 naming each required option left out, as cli.main names a bad one."""
     from tfsdeploy.cli.output import print_error
-    from tfsdeploy.errors import ConfigError, Problem
+    from tfsdeploy.core.errors import ConfigError, Problem
 
     problems = []
     for option in missing:

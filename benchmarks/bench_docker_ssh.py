@@ -1,12 +1,12 @@
 """Per-call latency of the Docker Engine calls a deploy makes, over one host's SSH connection:
-the docker SDK through tfsdeploy.dockerssh (HTTP over a pooled `docker system dial-stdio`
-channel) against the `docker` CLI run over the same connection (SshRunner.run, the argv of
-tfsdeploy.commands).
+the docker SDK through tfsdeploy.hosts.dockerssh (HTTP over a pooled `docker system dial-stdio`
+channel) against the `docker` CLI run over the same connection (SshConnection.run, the argv of
+tfsdeploy.hosts.commands).
 
     python benchmarks/bench_docker_ssh.py [--host tb1] [--calls 50]
 
 Prints the median and 90th percentile (ms) of each call three ways: the CLI on the connection
-as SshRunner leaves it, the CLI after docker_client has set TCP_NODELAY on that connection, and
+as SshConnection leaves it, the CLI after docker_client has set TCP_NODELAY on that connection, and
 the SDK (interleaved with the second); then the cost of making a client (the /_ping probe that
 picks the API version, and the first channel). Needs the fleet up (``scripts/testbed up``) and
 root; talks only to 10.87.0.x. A container ``dockerssh-bench`` of the proxy image is created on
@@ -33,25 +33,25 @@ import docker.errors  # noqa: E402
 import paramiko  # noqa: E402
 from testbed_support import HOSTS, KNOWN_HOSTS, REGISTRY, SSH_KEY, ensure_fleet  # noqa: E402
 
-from tfsdeploy import commands  # noqa: E402
-from tfsdeploy.dockerssh import docker_client  # noqa: E402
-from tfsdeploy.inventory import HostVars, ResolvedHost  # noqa: E402
-from tfsdeploy.remote import SshRunner  # noqa: E402
+from tfsdeploy.core.fleet import HostVars, ResolvedHost  # noqa: E402
+from tfsdeploy.hosts import commands  # noqa: E402
+from tfsdeploy.hosts.dockerssh import docker_client  # noqa: E402
+from tfsdeploy.hosts.ssh import SshConnection  # noqa: E402
 
 NAME = MODEL = "dockerssh-bench"
 IMAGE = f"{REGISTRY}/tfsdeploy-proxy:2.6"
 WARMUP = 3
 
 
-def connect(host: str) -> SshRunner:
+def connect(host: str) -> SshConnection:
     """The toolkit's runner for ``host``, connected."""
     vars_ = HostVars(ssh_key=str(SSH_KEY), ssh_known_hosts=str(KNOWN_HOSTS))
-    runner = SshRunner(ResolvedHost(host, HOSTS[host], (), (), vars_))
+    runner = SshConnection(ResolvedHost(host, HOSTS[host], (), (), vars_))
     runner.run(["true"])
     return runner
 
 
-def cli(runner: SshRunner, argv: list[str]) -> Callable[[], object]:
+def cli(runner: SshConnection, argv: list[str]) -> Callable[[], object]:
     def call() -> object:
         result = runner.run(argv)
         if not result.ok:
@@ -60,7 +60,7 @@ def cli(runner: SshRunner, argv: list[str]) -> Callable[[], object]:
     return call
 
 
-def cli_calls(runner: SshRunner) -> list[tuple[str, Callable[[], object]]]:
+def cli_calls(runner: SshConnection) -> list[tuple[str, Callable[[], object]]]:
     """(what, the CLI call) for each measured call, as the toolkit runs it today."""
     return [
         ("list containers (label filter)", cli(runner, commands.list_containers(MODEL))),
@@ -106,20 +106,20 @@ def sample(calls: list[Callable[[], object]], n: int) -> list[list[float]]:
     return found
 
 
-def no_delay(runner: SshRunner) -> bool:
+def no_delay(runner: SshConnection) -> bool:
     sock = transport_of(runner).sock
     return isinstance(sock, socket.socket) and bool(
         sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
 
 
-def transport_of(runner: SshRunner) -> paramiko.Transport:
+def transport_of(runner: SshConnection) -> paramiko.Transport:
     transport: paramiko.Transport | None = runner.transport()
     assert transport is not None
     return transport
 
 
-def measure(runner: SshRunner, calls: int) -> None:
-    """CLI on the connection as SshRunner leaves it; then a client (which sets TCP_NODELAY on
+def measure(runner: SshConnection, calls: int) -> None:
+    """CLI on the connection as SshConnection leaves it; then a client (which sets TCP_NODELAY on
     the connection) and CLI and SDK interleaved."""
     named = cli_calls(runner)
     before_label = "CLI (TCP_NODELAY)" if no_delay(runner) else "CLI (Nagle on)"
@@ -138,7 +138,7 @@ def measure(runner: SshRunner, calls: int) -> None:
     client.close()
 
 
-def measure_setup(runner: SshRunner, calls: int) -> None:
+def measure_setup(runner: SshConnection, calls: int) -> None:
     made = []
     for _ in range(max(5, calls // 5)):
         started = time.perf_counter()
@@ -157,7 +157,7 @@ def main() -> int:
     args = parser.parse_args()
     ensure_fleet()
     # the bench container, made over a connection of its own so that the measured one starts
-    # as SshRunner leaves it
+    # as SshConnection leaves it
     setup = connect(args.host)
     maker = docker_client(transport_of(setup), host=args.host)
     with suppress(docker.errors.NotFound):  # left by an interrupted run

@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO / "src"))
 from test_notify import FACTS  # noqa: E402
 from test_notify import _a_run as a_run  # noqa: E402
 
-from tfsdeploy.notify import Notifier  # noqa: E402
+from tfsdeploy.runbook.notify import Notifier  # noqa: E402
 
 TARGET_S = 1.0
 

@@ -8,8 +8,8 @@ built-in defaults < `defaults` < groups (in the order declared here) < host vars
 - gpu_c: 8 hosts with two 40 GiB GPUs, serving both models.
 """
 
-from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
-from tfsdeploy.inventory import Gpu, Group, Host
+from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
+from tfsdeploy.core.fleet import Gpu, Group, Host
 
 REGISTRY = "registry.internal.example:5000"
 

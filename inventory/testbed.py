@@ -14,8 +14,8 @@ import json
 import os
 from pathlib import Path
 
-from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
-from tfsdeploy.inventory import Gpu, Group, Host
+from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
+from tfsdeploy.core.fleet import Gpu, Group, Host
 
 STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
 MODELS = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy")) / "models"

@@ -14,7 +14,7 @@ from tfsdeploy.accept.plan import (
     generator_procs,
     generator_workers,
 )
-from tfsdeploy.errors import ConfigError
+from tfsdeploy.core.errors import ConfigError
 
 from .support import inventory, model_source, plan
 

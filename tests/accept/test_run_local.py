@@ -20,14 +20,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tfsdeploy import tfsapi
 from tfsdeploy.accept import rows
 from tfsdeploy.accept.loadgen import LocalRunner
 from tfsdeploy.accept.plan import AcceptOptions
 from tfsdeploy.accept.run import run_accept
-from tfsdeploy.errors import ConfigError
-from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.loadtest import tfrecord
+from tfsdeploy.core import tfrecord, tfsapi
+from tfsdeploy.core.errors import ConfigError
+from tfsdeploy.core.fleet import ResolvedHost
 
 from .conftest import REPO, FakeServer
 from .plotcheck import shaded_columns
@@ -37,8 +36,8 @@ from .plotcheck import shaded_columns
 pytestmark = pytest.mark.quiet
 
 INVENTORY = '''
-from tfsdeploy.catalog import Model, Signature, TensorSpec
-from tfsdeploy.inventory import Group, Host
+from tfsdeploy.core.catalog import Model, Signature, TensorSpec
+from tfsdeploy.core.fleet import Group, Host
 hosts = [Host("srv", "127.0.0.1", vars={{"grpc_port": {port}}}),
          Host("g1", "127.0.0.2", vars={{"data_root": {root1!r}}}),
          Host("g2", "127.0.0.3", vars={{"data_root": {root2!r}}})]

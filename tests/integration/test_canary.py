@@ -42,9 +42,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             "x": {"dtype": "DT_FLOAT", "shape": [1, 1], "values": [[float(x)]]}}}) + "\n"
             for x in (1, 50, 150, 250, 400, 900)))
         text = made.inventory.read_text().replace(
-            "from tfsdeploy.catalog import",
-            "from tfsdeploy.canary_policy import CanaryPolicy, ComparisonPolicy\n"
-            "from tfsdeploy.catalog import").replace(
+            "from tfsdeploy.core.catalog import",
+            "from tfsdeploy.core.canary_policy import CanaryPolicy, ComparisonPolicy\n"
+            "from tfsdeploy.core.catalog import").replace(
             "Rollout(", "Rollout(canary=" + CANARY.format(corpus=str(corpus)) + ", ", 1)
         made.inventory.write_text(text)
         yield made

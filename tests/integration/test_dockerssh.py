@@ -1,5 +1,5 @@
-"""The docker SDK over a host's existing SSH connection (tfsdeploy.dockerssh), on the real fleet:
-real sshd, real dockerd, the testbed registry.
+"""The docker SDK over a host's existing SSH connection (tfsdeploy.hosts.dockerssh), on the real
+fleet: real sshd, real dockerd, the testbed registry.
 
 Every container is named ``dockerssh-test-...`` and removed again; no port is bound (the
 containers run on the engine's default network, none). The pull tests use a two-layer image
@@ -41,7 +41,9 @@ from testbed_support import (
     ssh,
 )
 
-from tfsdeploy.dockerssh import (
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.fleet import HostVars, ResolvedHost
+from tfsdeploy.hosts.dockerssh import (
     DIAL_STDIO,
     DialStdioSocket,
     EngineUnreachable,
@@ -51,8 +53,7 @@ from tfsdeploy.dockerssh import (
     engine_adapter,
     pull_with_progress,
 )
-from tfsdeploy.inventory import HostVars, ResolvedHost
-from tfsdeploy.remote import HostUnreachable, SshRunner
+from tfsdeploy.hosts.ssh import SshConnection
 
 pytestmark = pytest.mark.testbed
 
@@ -97,15 +98,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelFleet]:
 
 # -- the toolkit's SSH connection to a host --------------------------------------------------
 
-def connect(host: str) -> SshRunner:
+def connect(host: str) -> SshConnection:
     """The toolkit's runner for ``host`` (strict host keys), connected."""
     vars_ = HostVars(ssh_key=str(SSH_KEY), ssh_known_hosts=str(KNOWN_HOSTS))
-    runner = SshRunner(ResolvedHost(host, HOSTS[host], (), (), vars_))
+    runner = SshConnection(ResolvedHost(host, HOSTS[host], (), (), vars_))
     runner.run(["true"])
     return runner
 
 
-def transport_of(runner: SshRunner) -> paramiko.Transport:
+def transport_of(runner: SshConnection) -> paramiko.Transport:
     """The runner's paramiko Transport."""
     transport: paramiko.Transport | None = runner.transport()
     assert transport is not None and transport.is_active()
@@ -119,7 +120,7 @@ def tcp_socket(transport: paramiko.Transport) -> socket.socket:
 
 
 @pytest.fixture
-def tb1() -> Iterator[SshRunner]:
+def tb1() -> Iterator[SshConnection]:
     runner = connect("tb1")
     yield runner
     runner.close()
@@ -184,7 +185,7 @@ def run_chatty(client: docker.DockerClient, name: str, *, lines: int = 1000,
         name=PREFIX + name, labels={LABEL: name}, detach=True, **kwargs)
 
 
-def test_every_call_goes_over_the_existing_connection(tb1: SshRunner) -> None:
+def test_every_call_goes_over_the_existing_connection(tb1: SshConnection) -> None:
     """List, run, inspect, logs, a log stream, stop and remove: no new connection, no process
     started here (so no second login), and every call answered by a dial-stdio run by the
     sshd process of the toolkit's own connection."""
@@ -214,7 +215,7 @@ def test_every_call_goes_over_the_existing_connection(tb1: SshRunner) -> None:
                for seen in control.seen), control.seen
 
 
-def test_sequential_calls_share_one_channel(tb1: SshRunner) -> None:
+def test_sequential_calls_share_one_channel(tb1: SshConnection) -> None:
     transport = transport_of(tb1)
     client = docker_client(transport, host="tb1")
     sshd = session_pid("tb1", transport)
@@ -234,7 +235,7 @@ def test_sequential_calls_share_one_channel(tb1: SshRunner) -> None:
     assert dial_stdio_pids(sshd) == []  # closing the client ends its channels on the host
 
 
-def test_run_inspect_stop_remove_a_proxy_container(tb1: SshRunner) -> None:
+def test_run_inspect_stop_remove_a_proxy_container(tb1: SshConnection) -> None:
     client = docker_client(transport_of(tb1), host="tb1")
     box = run_chatty(client, "run", lines=3)
     found = client.containers.list(all=True, filters={"label": f"{LABEL}=run"})
@@ -260,7 +261,7 @@ def test_run_inspect_stop_remove_a_proxy_container(tb1: SshRunner) -> None:
     client.close()
 
 
-def test_logs_follow_yields_lines_as_they_are_written(tb1: SshRunner) -> None:
+def test_logs_follow_yields_lines_as_they_are_written(tb1: SshConnection) -> None:
     client = docker_client(transport_of(tb1), host="tb1")
     box = run_chatty(client, "follow", lines=10)
     started = time.monotonic()
@@ -287,7 +288,7 @@ def test_logs_follow_yields_lines_as_they_are_written(tb1: SshRunner) -> None:
     client.close()
 
 
-def test_attach_carries_stdin_and_stdout(tb1: SshRunner) -> None:
+def test_attach_carries_stdin_and_stdout(tb1: SshConnection) -> None:
     client = docker_client(transport_of(tb1), host="tb1")
     box = client.containers.run(PROXY_IMAGE, ["cat"], entrypoint=[], name=PREFIX + "attach",
                                 labels={LABEL: "attach"}, stdin_open=True, detach=True)

@@ -184,8 +184,8 @@ def copy_version(origin: Path, source: Path, number: int) -> None:
 # -- a test inventory ------------------------------------------------------------------------
 
 INVENTORY = '''"""Inventory of {title}: model {model!r} on tb1..tb3 (generated)."""
-from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
-from tfsdeploy.inventory import Gpu, Group, Host
+from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
+from tfsdeploy.core.fleet import Gpu, Group, Host
 
 hosts = [Host(name, address,
               gpus=[Gpu(i, {gpu_mib!r}, "Simulated Tesla T4") for i in range({gpus})])

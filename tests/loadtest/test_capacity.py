@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tfsdeploy import capacity
+from tfsdeploy.loadtest import capacity
 from tfsdeploy.loadtest.cli import plan_capacity
 
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy import tfsapi as protos
+from tfsdeploy.core import tfsapi
+from tfsdeploy.core.tfrecord import frame_record
+from tfsdeploy.core.warmup import WARMUP_RELATIVE, WarmupError, requests_from_warmup
 from tfsdeploy.loadtest import payloads
-from tfsdeploy.loadtest.tfrecord import frame_record
 
 
 def _request(obj: dict[str, Any], **dtypes: str) -> Any:
@@ -20,7 +21,7 @@ def _request(obj: dict[str, Any], **dtypes: str) -> Any:
 def test_rest_columnar_numbers_become_float_tensor() -> None:
     request = _request({"inputs": {"x": [[1.0], [2.0]]}})
     tensor = request.inputs["x"]
-    assert protos.dtype_name(tensor.dtype) == "DT_FLOAT"
+    assert tfsapi.dtype_name(tensor.dtype) == "DT_FLOAT"
     assert [d.size for d in tensor.tensor_shape.dim] == [2, 1]
     assert payloads.tensor_to_json(tensor) == [[1.0], [2.0]]
 
@@ -57,25 +58,25 @@ def test_overrides_and_rest_body() -> None:
     path, body = built.rest[0]
     assert path == "/v1/models/half_plus_two/versions/2:predict"
     assert json.loads(body) == {"inputs": {"x": [[1.5]]}, "signature_name": "serving_default"}
-    parsed: Any = protos.message_class(protos.PREDICT_REQUEST).FromString(built.grpc[0])
+    parsed: Any = tfsapi.message_class(tfsapi.PREDICT_REQUEST).FromString(built.grpc[0])
     assert parsed.model_spec.version.value == 2
 
 
 def test_warmup_records_keep_predict_requests_only(tmp_path: Path) -> None:
-    log_class = protos.message_class(protos.PREDICTION_LOG)
+    log_class = tfsapi.message_class(tfsapi.PREDICTION_LOG)
     good: Any = log_class()
     good.predict_log.request.model_spec.name = "m"
     good.predict_log.request.inputs["x"].CopyFrom(
         payloads.tensor_from_json("x", [[1.0]], {}))
     other = b"\x12\x00"  # field 2 (classify_log), empty: not a Predict request
-    warmup = tmp_path / "1" / payloads.WARMUP_RELATIVE
+    warmup = tmp_path / "1" / WARMUP_RELATIVE
     warmup.parent.mkdir(parents=True)
     warmup.write_bytes(frame_record(good.SerializeToString()) + frame_record(other))
-    requests: list[Any] = payloads.requests_from_warmup(tmp_path / "1")
+    requests: list[Any] = requests_from_warmup(tmp_path / "1")
     assert len(requests) == 1
     assert requests[0].model_spec.name == "m"
 
 
 def test_missing_warmup_is_an_error(tmp_path: Path) -> None:
-    with pytest.raises(payloads.PayloadError, match="no warmup records"):
-        payloads.requests_from_warmup(tmp_path)
+    with pytest.raises(WarmupError, match="no warmup records"):
+        requests_from_warmup(tmp_path)

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from typing import Any
 
-from tfsdeploy import tfsapi as protos
+from tfsdeploy.core import tfsapi
 from tfsdeploy.loadtest import payloads
 
 
@@ -59,8 +59,8 @@ def test_bytes_identical_to_official_predict_request() -> None:
 
 
 def test_dtype_names_round_trip() -> None:
-    assert protos.dtype_value("DT_FLOAT") == 1
-    assert protos.dtype_name(protos.dtype_value("DT_STRING")) == "DT_STRING"
+    assert tfsapi.dtype_value("DT_FLOAT") == 1
+    assert tfsapi.dtype_name(tfsapi.dtype_value("DT_STRING")) == "DT_STRING"
 
 
 def test_lite_prediction_log_reads_official_predict_logs() -> None:
@@ -72,6 +72,6 @@ def test_lite_prediction_log_reads_official_predict_logs() -> None:
         log.predict_log.response.outputs["y"].float_val.append(4.0)
         print(log.SerializeToString().hex())
     """)
-    log: Any = protos.message_class(protos.PREDICTION_LOG).FromString(bytes.fromhex(blob_hex))
+    log: Any = tfsapi.message_class(tfsapi.PREDICTION_LOG).FromString(bytes.fromhex(blob_hex))
     assert log.predict_log.request.model_spec.name == "m"
     assert list(log.predict_log.request.inputs["x"].float_val) == [4.0]

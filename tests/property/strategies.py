@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
-from tfsdeploy.catalog import (
+from tfsdeploy.core.catalog import (
     Batching,
     Model,
     Rollout,
@@ -31,7 +31,7 @@ from tfsdeploy.catalog import (
     Threads,
     Warmup,
 )
-from tfsdeploy.inventory import Gpu, Group, Host
+from tfsdeploy.core.fleet import Gpu, Group, Host
 
 HOSTILE_STRINGS = (
     "", " ", "-", "-rf", "--privileged", "-oProxyCommand=touch /tmp/x", ".", "..", "../etc",
@@ -321,7 +321,7 @@ STEP_PARAMETERS: dict[str, st.SearchStrategy[Any]] = {
 
 
 def _actions() -> list[str]:
-    from tfsdeploy.operations import registry
+    from tfsdeploy.run.operations import registry
 
     return sorted(registry())
 
@@ -347,7 +347,8 @@ GOOD_STEP_PARAMETERS: dict[str, st.SearchStrategy[Any]] = {
 
 def _taken(action: Any) -> list[str]:
     """The parameters a step takes (none for an unknown action)."""
-    from tfsdeploy.operations import parameters, registry
+    from tfsdeploy.run.operations import registry
+    from tfsdeploy.run.operations.step import parameters
 
     operation = registry().get(action) if isinstance(action, str) else None
     return sorted(parameters(operation)) if operation is not None else []

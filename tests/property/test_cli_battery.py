@@ -33,9 +33,9 @@ from invoke.exceptions import Exit, ParseError
 from invoke.parser import Parser
 
 import tasks as fab
-from tfsdeploy.errors import ExitCode, HostUnreachable
-from tfsdeploy.inventory import load_inventory
-from tfsdeploy.records import RELEASE_ID
+from tfsdeploy.core.errors import ExitCode, HostUnreachable
+from tfsdeploy.core.inventory import load_inventory
+from tfsdeploy.core.layout import RELEASE_ID
 
 from .budget import examples
 from .strategies import FLAGS, TMP, CliCase, cli_cases
@@ -71,9 +71,9 @@ def no_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Attem
     relative --out would write), with the testbed inventory named absolutely."""
     from tfsdeploy.accept import run as accept_run
     from tfsdeploy.cli import guard as cli_guard
+    from tfsdeploy.hosts.ssh import SshConnection
     from tfsdeploy.loadtest import cli as loadtest_cli
     from tfsdeploy.loadtest.transport import ConnectError
-    from tfsdeploy.remote import SshConnection
 
     attempts = Attempts()
     tmp = tmp_path_factory.mktemp("cli")

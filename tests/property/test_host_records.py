@@ -11,10 +11,11 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfsdeploy.commands.files import UnsafePath, remove_tree
-from tfsdeploy.dockerapi import container_fact
-from tfsdeploy.facts import parse_facts
-from tfsdeploy.records import is_release_id, parse_audit, parse_lock
+from tfsdeploy.core.layout import is_release_id
+from tfsdeploy.core.records import parse_audit, parse_lock
+from tfsdeploy.hosts.commands.files import UnsafePath, remove_tree
+from tfsdeploy.hosts.dockerapi import container_fact
+from tfsdeploy.hosts.facts import parse_facts
 
 GOOD_ID = st.builds(lambda d, t, v: f"r{d:08d}-{t:09d}-v{v}",
                     st.integers(20200101, 20991231), st.integers(0, 235959999),
@@ -86,7 +87,7 @@ def containers(draw: Any) -> list[Any]:
                   "tfsdeploy.version": draw(st.sampled_from(["1", "x", "", "-1"])),
                   "tfsdeploy.instance": draw(st.sampled_from(["0", "1", "x"]))}
         if draw(st.booleans()):
-            labels = {"tfsdeploy.proxy": "m", "tfsdeploy.role": "proxy"}
+            labels = {"tfsdeploy.core.proxy": "m", "tfsdeploy.role": "proxy"}
         fact = container_fact({"Names": [f"/c{len(found)}"], "Labels": labels,
                                "State": draw(st.sampled_from(["running", "exited", ""])),
                                "Status": "Up", "Image": "img"})

@@ -12,12 +12,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfsdeploy.catalog import Model, Signature, TensorSpec
-from tfsdeploy.errors import ConfigError, Problem
-from tfsdeploy.inventory import build_inventory, load_inventory
-from tfsdeploy.render import render_fleet
-from tfsdeploy.validate import check_port_clashes, validate_model, validate_render
-from tfsdeploy.versions import choose_version
+from tfsdeploy.core.catalog import Model, Signature, TensorSpec
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.inventory import build_inventory, load_inventory
+from tfsdeploy.core.render import render_fleet
+from tfsdeploy.core.validate import check_port_clashes, validate_model, validate_render
+from tfsdeploy.core.versions import choose_version
 
 from .budget import examples
 from .strategies import (
@@ -130,7 +130,8 @@ PYTHON_ENDINGS = st.sampled_from([
 @given(PYTHON_ENDINGS, st.sampled_from(["", "hosts = [Host('a', '10.0.0.1')]\n"]))
 def test_inventory_files_that_misbehave(tmp_path_factory: Any, ending: str, start: str) -> None:
     path = Path(tmp_path_factory.mktemp("inv")) / "inv.py"
-    path.write_text("import sys\nfrom tfsdeploy.inventory import Host\n" + start + ending + "\n")
+    path.write_text("import sys\nfrom tfsdeploy.core.fleet import Host\n"
+                    + start + ending + "\n")
     try:
         load_inventory(str(path))
     except ConfigError as error:

@@ -30,10 +30,10 @@ import pytest
 import yaml
 from hypothesis import given
 
-from tfsdeploy.errors import ConfigError, Problem
-from tfsdeploy.operations import registry
-from tfsdeploy.playbook import PHASE_MODES, Playbook, Task, load_playbook, load_tasks
-from tfsdeploy.schema import ONE_DAY_S, serial_step_problem
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.schema import ONE_DAY_S, serial_step_problem
+from tfsdeploy.run.operations import registry
+from tfsdeploy.run.playbook import PHASE_MODES, Playbook, Task, load_playbook, load_tasks
 
 from .budget import examples
 from .strategies import PlaybookCase, mutated_task_lists, playbook_cases
@@ -198,7 +198,7 @@ def fake_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     world = {"tmp": tmp, "source": source, "golden": tmp / "golden.json", "fleet": fleet,
              "connections": connections}
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tfsdeploy.probes.rest_problems", partial(rest_problems, fleet))
+        patch.setattr("tfsdeploy.hosts.probes.rest_problems", partial(rest_problems, fleet))
         patch.setattr(FakeSlot, "behaviour", {})
         patch.setattr(FakeSlot, "fleet", fleet, raising=False)
         patch.setattr(cli_deploy, "check", partial(cli_deploy.check, connect=connect))

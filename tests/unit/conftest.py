@@ -17,7 +17,7 @@ from .fakes import FakeFleet, FakeSlot, rest_problems
 def fake_rest(monkeypatch: pytest.MonkeyPatch) -> FakeFleet:
     """The REST gate's probe answers from the fake hosts' containers."""
     fleet = FakeFleet()
-    monkeypatch.setattr("tfsdeploy.probes.rest_problems", partial(rest_problems, fleet))
+    monkeypatch.setattr("tfsdeploy.hosts.probes.rest_problems", partial(rest_problems, fleet))
     return fleet
 
 

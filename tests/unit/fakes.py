@@ -38,13 +38,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tfsdeploy.commands.containers import PROXY_CONFIG_DIR, ContainerSpec
-from tfsdeploy.dockerapi import ContainerFact, ContainerState, DockerFailed, container_fact
-from tfsdeploy.errors import HostUnreachable
-from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.layout import ADMIN_SOCKET_NAME, LABEL_PREFIX, PROXY_ADMIN_MOUNT
-from tfsdeploy.probes import VersionStatus
-from tfsdeploy.remote import Result
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.layout import ADMIN_SOCKET_NAME, LABEL_PREFIX, PROXY_ADMIN_MOUNT
+from tfsdeploy.hosts.commands.containers import PROXY_CONFIG_DIR, ContainerSpec
+from tfsdeploy.hosts.dockerapi import ContainerFact, ContainerState, DockerFailed, container_fact
+from tfsdeploy.hosts.probes import VersionStatus
+from tfsdeploy.hosts.ssh import Result
 
 
 class FrozenClock:

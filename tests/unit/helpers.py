@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tfsdeploy.catalog import Batching, Model, Signature, TensorSpec
-from tfsdeploy.inventory import Gpu, Group, Host, Inventory, build_inventory
+from tfsdeploy.core.catalog import Batching, Model, Signature, TensorSpec
+from tfsdeploy.core.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory import Inventory, build_inventory
 
 SIGNATURE = Signature(inputs={"x": TensorSpec("DT_FLOAT", (-1, 1))},
                       outputs={"y": TensorSpec("DT_FLOAT", (-1, 1))})

@@ -9,16 +9,16 @@ from typing import Any
 
 from tfsdeploy.cli.deploy import deploy
 from tfsdeploy.cli.rollback import rollback
-from tfsdeploy.engine import RunResult
-from tfsdeploy.layout import HostPaths
-from tfsdeploy.target import Target, load_target
+from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.target import Target, load_target
+from tfsdeploy.run.engine import RunResult
 
 from .fakes import FakeFleet, FakeHost, FakeSlot, FrozenClock
 
 MODEL = "hp2"
 INVENTORY = '''
-from tfsdeploy.catalog import Batching, Model, Rollout, Signature, TensorSpec
-from tfsdeploy.inventory import Gpu, Host
+from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec
+from tfsdeploy.core.fleet import Gpu, Host
 
 host_vars = {host_vars!r}
 hosts = [Host(f"h{{i}}", f"10.9.0.{{i}}", gpus=[Gpu(g, 16384) for g in range({gpus})],

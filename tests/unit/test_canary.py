@@ -12,30 +12,33 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfsdeploy import guard
-from tfsdeploy.canary import (
+from tfsdeploy.core import guard
+from tfsdeploy.core.canary import (
     TRANSITIONS,
     Action,
-    CanaryPolicy,
     CanaryRecord,
     CanaryState,
     PlanAction,
     SlotFigures,
-    Verdict,
     decide,
     fleet_state,
     judge,
-    parse_weights,
     plan_abort,
     plan_promote,
     slot_figures,
     step_analysis,
     transition_problem,
+)
+from tfsdeploy.core.canary_policy import (
+    CanaryPolicy,
+    ComparisonPolicy,
+    OutputRule,
+    Verdict,
+    parse_weights,
     validate_canary,
     weights_for,
 )
-from tfsdeploy.compare import ComparisonPolicy, OutputRule
-from tfsdeploy.errors import ConfigError
+from tfsdeploy.core.errors import ConfigError
 
 # TFServing's request_latency buckets: Buckets::Exponential(10, 1.8, 33), microseconds
 # (tensorflow_serving/servables/tensorflow/util.cc)

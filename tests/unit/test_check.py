@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy import engine
 from tfsdeploy.cli.deploy import check
-from tfsdeploy.engine import PlannedStep
-from tfsdeploy.errors import ExitCode
-from tfsdeploy.records import parse_audit
+from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.core.records import parse_audit
+from tfsdeploy.run import engine
+from tfsdeploy.run.engine import PlannedStep
 
 from . import runs
 from .fakes import FakeFleet, FakeHost

@@ -80,9 +80,8 @@ def test_fab_render_unknown_model_and_bad_version(tmp_path: Path) -> None:
 def test_render_path_never_imports_tensorflow(tmp_path: Path) -> None:
     code = (
         "import sys\n"
-        "from tfsdeploy.cli.render import render_and_validate\n"
-        "from tfsdeploy.target import load_target\n"
-        "render_and_validate(load_target('resnet50'), 1)\n"
+        "from tfsdeploy.core.target import load_target, render_release\n"
+        "render_release(load_target('resnet50'), 1)\n"
         "import tasks\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'tensorflow'))\n"
     )
@@ -103,7 +102,7 @@ def test_fab_plan_capacity_shows_the_arithmetic(tmp_path: Path) -> None:
 
 
 def test_status_row_names_each_instance_when_a_host_runs_several() -> None:
-    from tfsdeploy.cli.main import _status_row
+    from tfsdeploy.cli.output import status_row
 
     def slots(release: str) -> dict[str, list[dict[str, object]]]:
         return {"blue": [{"release": release, "running": True,
@@ -115,11 +114,11 @@ def test_status_row_names_each_instance_when_a_host_runs_several() -> None:
                           "slots": slots("r1")},
                          {"instance": 1, "gpus": [1], "traffic_slot": None,
                           "slots": slots("r1")}]}
-    cells = _status_row(row)
+    cells = status_row(row)
     assert cells[3] == "i0 blue, i1 -"
     assert cells[4] == ("i0 blue: r1 running [2 AVAILABLE]; i1 blue: r1 running [2 AVAILABLE]")
     one = dict(row, instances=row["instances"][:1])  # type: ignore[index]
-    assert _status_row(one)[3:5] == ("blue", "blue: r1 running [2 AVAILABLE]")
+    assert status_row(one)[3:5] == ("blue", "blue: r1 running [2 AVAILABLE]")
 
 
 def test_fab_hosts_shows_one_instance_per_gpu(tmp_path: Path) -> None:
@@ -153,7 +152,7 @@ def test_every_option_of_every_command_shows_as_name_and_value() -> None:
 
 
 def test_every_number_option_is_typed_and_range_checked() -> None:
-    from tfsdeploy.cli.main import OPTION_TYPES
+    from tfsdeploy.cli.options import OPTION_TYPES
 
     tasks = _tasks_module()
     for name in tasks.ns.task_names:

@@ -13,10 +13,10 @@ from invoke.parser import Parser
 
 import tasks
 from tfsdeploy.accept import run as accept_run
-from tfsdeploy.cli.main import options
-from tfsdeploy.errors import HostUnreachable
+from tfsdeploy.cli.options import options
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.hosts.ssh import SshConnection
 from tfsdeploy.loadtest import cli as loadtest_cli
-from tfsdeploy.remote import SshConnection
 
 CONNECTIONS: list[str] = []
 

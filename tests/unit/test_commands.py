@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tfsdeploy.batches import batch_size, plan_batches, threshold_exceeded
-from tfsdeploy.commands.containers import Mount, sdk_arguments, server_spec
-from tfsdeploy.commands.files import UnsafePath, append_lines, point_symlink, remove_tree
-from tfsdeploy.dockerapi import container_fact
-from tfsdeploy.facts import ProxyFact, parse_facts
-from tfsdeploy.layout import HostPaths, Ports
-from tfsdeploy.proxy import parse_stat, set_state, switch_commands
+from tfsdeploy.core.batches import batch_size, plan_batches, threshold_exceeded
+from tfsdeploy.core.layout import HostPaths, Ports
+from tfsdeploy.core.proxy import parse_stat, set_state, switch_commands
+from tfsdeploy.hosts.commands.containers import Mount, server_spec
+from tfsdeploy.hosts.commands.files import UnsafePath, append_lines, point_symlink, remove_tree
+from tfsdeploy.hosts.dockerapi import container_fact, sdk_arguments
+from tfsdeploy.hosts.facts import ProxyFact, parse_facts
 
 PORTS = Ports(grpc=8500, rest=8501, slots={"blue": (8510, 8511), "green": (8520, 8521)})
 RELEASE = "r20261130-100000000-v3"
@@ -123,7 +123,7 @@ def test_containers_from_the_engines_list() -> None:
                          "tfsdeploy.release": RELEASE, "tfsdeploy.slot": "blue",
                          "tfsdeploy.version": "4"}}
     proxy = {"Names": ["/tfs-proxy-m"], "State": "running",
-             "Labels": {"tfsdeploy.model": "m", "tfsdeploy.proxy": "m"}}
+             "Labels": {"tfsdeploy.model": "m", "tfsdeploy.core.proxy": "m"}}
     facts = [container_fact(server), container_fact(proxy)]
     assert all(f is not None for f in facts)
     only, = parse_facts("h", "@@end\n", [f for f in facts if f]).servers

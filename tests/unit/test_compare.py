@@ -12,23 +12,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfsdeploy import tfsapi
-from tfsdeploy.compare import (
-    ComparisonPolicy,
+from tfsdeploy.core import tfsapi
+from tfsdeploy.core.canary_policy import ComparisonPolicy, OutputRule, Verdict, validate_comparison
+from tfsdeploy.core.compare import (
     CorpusRequest,
-    OutputRule,
-    Verdict,
     compare,
     golden_corpus,
     infer_kind,
     load_corpus,
     sample_corpus,
-    validate_comparison,
 )
-from tfsdeploy.errors import ConfigError
-from tfsdeploy.golden import GoldenExample
-from tfsdeploy.loadtest.payloads import WARMUP_RELATIVE, tensor_from_json
-from tfsdeploy.loadtest.tfrecord import frame_record
+from tfsdeploy.core.errors import ConfigError
+from tfsdeploy.core.golden import GoldenExample
+from tfsdeploy.core.tfrecord import frame_record
+from tfsdeploy.core.warmup import WARMUP_RELATIVE
+from tfsdeploy.loadtest.payloads import tensor_from_json
 
 DEFAULT = ComparisonPolicy()
 X = [np.arange(8, dtype=np.float32).reshape(4, 2) + i for i in range(10)]

@@ -1,4 +1,4 @@
-"""Pull progress folded from the engine's pull stream (tfsdeploy.dockerssh.advance): tables of
+"""Pull progress folded from the engine's pull stream (tfsdeploy.hosts.dockerssh.advance): tables of
 real event streams, and the properties every stream keeps."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfsdeploy.dockerssh import LayerPhase, PullProgress, PullState, advance
+from tfsdeploy.hosts.dockerssh import LayerPhase, PullProgress, PullState, advance
 
 IMAGE = "10.87.0.1:5000/dockerssh-test-pull:1"
 SMALL, BIG = 2097938, 6293523

@@ -14,16 +14,16 @@ from typing import Any, Literal
 
 import pytest
 
-from tfsdeploy import engine
 from tfsdeploy.cli import deploy as cli_deploy
 from tfsdeploy.cli import rollback as cli_rollback
 from tfsdeploy.cli.main import main
-from tfsdeploy.commands.containers import proxy_spec
-from tfsdeploy.errors import ExitCode
-from tfsdeploy.jobs import HostJob
-from tfsdeploy.layout import PROXY_ADMIN_MOUNT
-from tfsdeploy.operations import OPERATIONS, Ops
-from tfsdeploy.remote import SshConnection
+from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.core.layout import PROXY_ADMIN_MOUNT
+from tfsdeploy.hosts.commands.containers import proxy_spec
+from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.run import engine, plans
+from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.step import OPERATIONS, Ops
 
 from .fakes import FakeFleet, FakeSlot, FrozenClock
 from .runs import MODEL, Recorder, inventory_file, paths, run_deploy
@@ -120,7 +120,7 @@ def test_a_defect_before_any_host_exits_1_with_the_json_file(
     def plan_with_a_defect(*args: Any, **kwargs: Any) -> Any:
         raise ZeroDivisionError("defect in planning")
 
-    monkeypatch.setattr(cli_deploy, "deploy_plan", plan_with_a_defect)
+    monkeypatch.setattr(plans, "deploy_plan", plan_with_a_defect)
     code, written = fab("deploy", version="1")
     assert code == ExitCode.INVALID and written["exit_code"] == 1
     assert "ZeroDivisionError" in _no_traceback(capsys)

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy import proxyadmin
-from tfsdeploy.errors import HostUnreachable
-from tfsdeploy.facts import gather
-from tfsdeploy.layout import model_ports
-from tfsdeploy.proxy import parse_stat, render_proxy_config, switch_commands, weight_commands
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.layout import model_ports
+from tfsdeploy.core.proxy import parse_stat, render_proxy_config, switch_commands, weight_commands
+from tfsdeploy.hosts import proxyadmin
+from tfsdeploy.hosts.facts import gather
 
 from .fakes import FakeFleet, LocalConnection
 from .runs import MODEL, paths, target

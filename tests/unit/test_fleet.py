@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli import fleet
-from tfsdeploy.dockerapi import ContainerFact
-from tfsdeploy.errors import ConfigError
-from tfsdeploy.facts import HostFacts, ProxyFact
-from tfsdeploy.layout import LABEL_PREFIX
-from tfsdeploy.proxy import ServerState
-from tfsdeploy.records import ReleaseRecord, ReleaseStatus
+from tfsdeploy.cli import fleet, output
+from tfsdeploy.core.errors import ConfigError
+from tfsdeploy.core.layout import LABEL_PREFIX
+from tfsdeploy.core.proxy import ServerState
+from tfsdeploy.core.records import ReleaseRecord, ReleaseStatus
+from tfsdeploy.hosts.dockerapi import ContainerFact
+from tfsdeploy.hosts.facts import HostFacts, ProxyFact
 
 from . import runs
 from .fakes import READY, FakeDocker, FakeFleet, FakeHost
@@ -158,7 +158,7 @@ def test_status_shows_a_canary_s_shares_and_that_it_is_paused() -> None:
                 "traffic": fleet.traffic_shares(facts, 0)}
     assert instance["traffic"] == {"blue": 75, "green": 25}
     assert fleet.canary_on(facts) == {"release": NEW, "state": "paused"}
-    assert fleet.traffic_cell([instance], fleet.canary_on(facts)) == (
+    assert output.traffic_cell([instance], fleet.canary_on(facts)) == (
         f"blue 75 / green 25; paused canary {NEW}")
 
 
@@ -167,13 +167,12 @@ def test_status_outside_a_canary_names_the_serving_slot() -> None:
                    releases=(_record(OLD, {"state": "done"}),))
     one = {"instance": 0, "traffic_slot": "blue", "traffic": fleet.traffic_shares(facts)}
     assert fleet.canary_on(facts) is None
-    assert fleet.traffic_cell([one], None) == "blue"
+    assert output.traffic_cell([one], None) == "blue"
     two = [dict(one), {"instance": 1, "traffic_slot": None, "traffic": {}}]
-    assert fleet.traffic_cell(two, None) == "i0 blue, i1 -"
+    assert output.traffic_cell(two, None) == "i0 blue, i1 -"
 
 
 def test_the_status_table_shows_the_shares() -> None:
-    from tfsdeploy.cli.main import _status_row
 
     slots = {"blue": [{"release": OLD, "running": True, "versions": []}],
              "green": [{"release": NEW, "running": True, "versions": []}]}
@@ -182,7 +181,7 @@ def test_the_status_table_shows_the_shares() -> None:
            "canary": {"release": NEW, "state": "paused"},
            "instances": [{"instance": 0, "gpus": [0], "traffic_slot": None,
                           "traffic": {"blue": 75, "green": 25}, "slots": slots}]}
-    assert _status_row(row)[3] == f"blue 75 / green 25; paused canary {NEW}"
+    assert output.status_row(row)[3] == f"blue 75 / green 25; paused canary {NEW}"
 
 
 # -- the commands over fake hosts -------------------------------------------------------------

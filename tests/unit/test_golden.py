@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tfsdeploy.cli.render import render_and_validate
-from tfsdeploy.target import load_target
+from tfsdeploy.core.target import load_target, render_release
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 CASES = [
@@ -29,7 +28,7 @@ def test_rendered_files_match_golden(name: str, inventory: str, model: str, vers
                                      tmp_path: Path) -> None:
     # the testbed inventory reads the live testbed's hosts.json; golden files use the defaults
     monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", str(tmp_path / "no-testbed"))
-    renders = render_and_validate(load_target(model, inventory=inventory, hosts=hosts), version)
+    renders = render_release(load_target(model, inventory=inventory, hosts=hosts), version)
     assert renders, "nothing rendered"
     for render in renders:
         for rendered in render.files:

@@ -7,11 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.cli.unattended import read_samples, update_textfile
-from tfsdeploy.facts import HostFacts, parse_facts
-from tfsdeploy.guard import Breach, parse_metrics, window
-from tfsdeploy.plans import choose_rollback
-from tfsdeploy.records import ReleaseRecord
-from tfsdeploy.target import Target
+from tfsdeploy.core.guard import Breach, parse_metrics, window
+from tfsdeploy.core.records import ReleaseRecord
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.facts import HostFacts, parse_facts
+from tfsdeploy.run.plans import choose_rollback
 
 from .helpers import inventory
 
@@ -175,9 +175,9 @@ class FakeFleet:
 
 
 def _guard(slow_slot: str | None, paused: bool, **policy: Any) -> tuple[Any, Any, list[str]]:
-    from tfsdeploy.canary_policy import CanaryPolicy
     from tfsdeploy.cli.guard import GuardPolicy, PausedCanary, guard
-    from tfsdeploy.engine import RunResult
+    from tfsdeploy.core.canary_policy import CanaryPolicy
+    from tfsdeploy.run.engine import RunResult
 
     from .helpers import model
     from .runs import Recorder
@@ -230,7 +230,8 @@ def test_without_a_paused_canary_a_breach_rolls_back() -> None:
 
 def test_the_guard_reads_every_instance_of_a_host_with_one_server_per_gpu() -> None:
     from tfsdeploy.cli.guard import processes
-    from tfsdeploy.inventory import Gpu, Group, Host, build_inventory
+    from tfsdeploy.core.fleet import Gpu, Group, Host
+    from tfsdeploy.core.inventory import build_inventory
 
     from .helpers import model
 
@@ -243,8 +244,8 @@ def test_the_guard_reads_every_instance_of_a_host_with_one_server_per_gpu() -> N
 
 
 def test_the_newest_canary_decides_what_promote_and_abort_see() -> None:
-    from tfsdeploy.canary import CanaryState
-    from tfsdeploy.plans import paused_canary
+    from tfsdeploy.core.canary import CanaryState
+    from tfsdeploy.run.plans import paused_canary
 
     def canary(n: int, state: str) -> ReleaseRecord:
         return _release(n).model_copy(update={"canary": {"state": state}})

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.errors import ConfigError, ExitCode
-from tfsdeploy.hooks import (
+from tfsdeploy.core.errors import ConfigError, ExitCode
+from tfsdeploy.runbook.hooks import (
     HOOK_VARIABLES,
     POST_VARIABLES,
     Hooks,
@@ -312,6 +312,7 @@ def test_hook_output_is_printed_line_by_line_as_it_comes(
 
     from tfsdeploy.cli import deploy as cli_deploy
     from tfsdeploy.cli import main as cli_main
+    from tfsdeploy.cli import output as cli_output
 
     from .fakes import FakeSlot, FrozenClock
     from .runs import MODEL, inventory_file
@@ -320,7 +321,7 @@ def test_hook_output_is_printed_line_by_line_as_it_comes(
         cli_deploy.deploy, connect=world["fleet"].connect, clock=FrozenClock(),
         client_factory=FakeSlot))
     notes = Notes()
-    monkeypatch.setattr(cli_main, "reporter", lambda json, log_file: notes)
+    monkeypatch.setattr(cli_output, "reporter", lambda json, log_file: notes)
     hooks = world["tmp"] / "hooks"
     _hook(hooks, "pre-deploy", "echo 'checking the change ticket'\nsleep 1\n"
                                "echo 'ticket CHG1 approved' >&2\n")

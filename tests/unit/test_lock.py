@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy import lock
 from tfsdeploy.cli.fleet import lock_state
-from tfsdeploy.commands import lock as lock_commands
-from tfsdeploy.errors import ExitCode
-from tfsdeploy.inventory import HostVars, ResolvedHost
-from tfsdeploy.layout import HostPaths
-from tfsdeploy.records import LockRecord
+from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.core.fleet import HostVars, ResolvedHost
+from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.records import LockRecord
+from tfsdeploy.hosts import lock
+from tfsdeploy.hosts.commands import lock as lock_commands
 
 from . import runs
 from .fakes import FakeFleet, FrozenClock, LocalConnection

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy import notify
-from tfsdeploy.errors import ConfigError
-from tfsdeploy.hooks import RunFacts
-from tfsdeploy.notify import DeliveryPolicy, Event, EventKind, Notifier
+from tfsdeploy.core.errors import ConfigError
+from tfsdeploy.runbook import notify
+from tfsdeploy.runbook.hooks import RunFacts
+from tfsdeploy.runbook.notify import DeliveryPolicy, Event, EventKind, Notifier
 
 FACTS = RunFacts(command="deploy", model="resnet50", version=2, release="r20260509-073525123-v2",
                  hosts=("tb1", "tb2", "tb3"), who="alice@deploybox", run_id="c0ffee")
@@ -434,7 +434,7 @@ def runbook(world: dict[str, Any], receivers: list[Receiver],
     from tfsdeploy.cli import deploy as cli_deploy
     from tfsdeploy.cli import prune as cli_prune
     from tfsdeploy.cli import rollback as cli_rollback
-    from tfsdeploy.operations import canary as canary_ops
+    from tfsdeploy.run.operations import canary as canary_ops
 
     from .fakes import FakeSlot, FrozenClock
 
@@ -551,8 +551,8 @@ def test_rollback_names_the_release_it_returns_to(runbook: Runbook) -> None:
 
 def test_a_failed_canary_step_sends_gate_failed(runbook: Runbook,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfsdeploy.gates import GateFailed
-    from tfsdeploy.operations import canary as canary_ops
+    from tfsdeploy.core.gates import GateFailed
+    from tfsdeploy.run.operations import canary as canary_ops
 
     def slower(job: Any, policy: Any, weight: int) -> str:
         raise GateFailed("canary_steps", f"the new slot as good as the old at {weight}%",
@@ -576,7 +576,7 @@ class SlowFleet:
         self.now = 0.0
 
     def read(self, address: str, port: int, path: str, model: str) -> Any:
-        from tfsdeploy.guard import parse_metrics
+        from tfsdeploy.core.guard import parse_metrics
 
         count = self.counts[(address, port)] = self.counts.get((address, port), 0) + 100
 

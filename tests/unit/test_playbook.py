@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.errors import ConfigError, ExitCode
+from tfsdeploy.core.errors import ConfigError, ExitCode
 
 from . import runs
 from .fakes import FakeFleet, FakeSlot, read_json

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tfsdeploy.errors import ConfigError, Problem
-from tfsdeploy.playbook import load_playbook
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.run.playbook import load_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = (ROOT / "playbooks" / "deploy.yml").read_text()

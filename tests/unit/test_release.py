@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from tfsdeploy.cli.fleet import history
-from tfsdeploy.errors import ConfigError, ExitCode
-from tfsdeploy.facts import gather
-from tfsdeploy.operations.stage import VersionArchive
+from tfsdeploy.core.errors import ConfigError, ExitCode
+from tfsdeploy.hosts.facts import gather
+from tfsdeploy.run.operations.stage import VersionArchive
 
 from . import runs
 from .fakes import FakeFleet, FakeHost, LocalConnection, read_json

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tfsdeploy.errors import ExitCode
+from tfsdeploy.core.errors import ExitCode
 
 from .fakes import FakeFleet, FakeHost, read_json
 from .runs import current, manifest, paths, run_deploy, run_rollback, serving

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.errors import ExitCode
-from tfsdeploy.lock import LockHeld, LockQuorumLost
-from tfsdeploy.records import parse_audit
+from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.core.records import parse_audit
+from tfsdeploy.hosts.lock import LockHeld, LockQuorumLost
 
 from .fakes import FakeFleet, FakeHost, FakeSlot, read_json
 from .runs import MODEL, Recorder, current, manifest, paths, run_deploy, serving

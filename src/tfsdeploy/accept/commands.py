@@ -42,10 +42,11 @@ mv -T "$work" "$1" 2>/dev/null || rm -rf "$work"
 # $1 pid file; the rest is the command, which keeps this shell's pid (exec)
 PID_SCRIPT = 'echo $$ > "$1"; shift; exec "$@"'
 STOP_SCRIPT = 'pid=$(cat "$1" 2>/dev/null) && kill -INT "$pid" 2>/dev/null; true'
-# $1 env dir in use, $2 env root, $3 its key: keep it fresh, drop others unused for a day
-PRUNE_SCRIPT = ('touch "$1"; find "$2" -mindepth 1 -maxdepth 1 ! -name "$3" -mmin +1440 '
-                '-exec rm -rf {} + 2>/dev/null; true')
+ALIVE_SCRIPT = 'kill -0 "$(cat "$1")" 2>/dev/null'
 ENV_UNUSED_MINUTES = 1440
+# $1 env dir in use, $2 env root, $3 its key: keep it fresh, drop others unused for a day
+PRUNE_SCRIPT = ('touch "$1"; find "$2" -mindepth 1 -maxdepth 1 ! -name "$3" '
+                f'-mmin +{ENV_UNUSED_MINUTES} -exec rm -rf {{}} + 2>/dev/null; true')
 # A generator sleeps between sends and must wake on time: a higher CPU priority keeps other
 # work on its machine from delaying its sends (which open loop would count as latency).
 # Without the privilege, nice warns and runs it at the normal priority; lag is measured anyway.
@@ -146,6 +147,11 @@ def remove_tree(path: str) -> list[str]:
 def with_pid_file(pid_file: str, argv: Sequence[str]) -> list[str]:
     """``argv`` run so that its pid is in ``pid_file`` (it replaces the shell)."""
     return ["sh", "-c", PID_SCRIPT, "sh", pid_file, *argv]
+
+
+def alive(pid_file: str) -> list[str]:
+    """Exit 0 while the process the pid file names runs."""
+    return ["sh", "-c", ALIVE_SCRIPT, "sh", pid_file]
 
 
 def stop(pid_file: str) -> list[str]:

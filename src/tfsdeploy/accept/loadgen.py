@@ -22,11 +22,11 @@ from tfsdeploy.accept import commands
 from tfsdeploy.accept.bundle import Bundle, compatibility_problem, import_check, platform_facts
 from tfsdeploy.accept.merge import FAILED, LOST, OK, GeneratorOutcome
 from tfsdeploy.accept.plan import GeneratorSpec
-from tfsdeploy.errors import TfsDeployError
-from tfsdeploy.inventory import ResolvedHost
+from tfsdeploy.core.errors import HostUnreachable, TfsDeployError
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.hosts.ssh import Result, SshConnection
 from tfsdeploy.loadtest import stats
 from tfsdeploy.loadtest.cli import RAW_KIND
-from tfsdeploy.remote import HostUnreachable, Result, SshRunner
 
 SETUP_TIMEOUT_S = 300.0
 RAN_CODES = (0, 2, 130)  # the generator's own exit codes that come with results
@@ -37,7 +37,7 @@ class LoadgenError(TfsDeployError):
 
 
 class HostRunner(Protocol):
-    """What a generator needs of its host (remote.SshRunner has it)."""
+    """What a generator needs of its host (ssh.SshConnection has it)."""
 
     def run(self, argv: list[str], *, timeout: float | None = None) -> Result:
         """Run ``argv`` on the host."""
@@ -156,7 +156,7 @@ def _install(runner: HostRunner, bundle: Bundle, dirs: commands.HostDirs, name: 
 
 
 def prepare_remote(spec: GeneratorSpec, bundle: Bundle, run_id: str, requests: bytes, *,
-                   runner_factory: Callable[[ResolvedHost], HostRunner] = SshRunner
+                   runner_factory: Callable[[ResolvedHost], HostRunner] = SshConnection
                    ) -> GeneratorHost:
     """Probe the host, install the environment unless cached, upload the requests."""
     assert spec.host is not None
@@ -211,8 +211,7 @@ def _results(gen: GeneratorHost) -> tuple[list[stats.ProcResult], Any]:
 def _lost_reason(gen: GeneratorHost, err: Exception) -> str:
     """After the run's connection died: is the host still there (the process died), or not?"""
     try:
-        alive = gen.runner.run(["sh", "-c", 'kill -0 "$(cat "$1")" 2>/dev/null', "sh",
-                                gen.files.pid], timeout=20)
+        alive = gen.runner.run(commands.alive(gen.files.pid), timeout=20)
     except Exception as again:
         return f"host unreachable ({again})"
     if alive.ok:  # we no longer wait for it: end its window, it must not run on unwatched

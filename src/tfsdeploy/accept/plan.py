@@ -12,14 +12,14 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfsdeploy.catalog import Model
-from tfsdeploy.errors import ConfigError, Problem
-from tfsdeploy.inventory import Inventory, ResolvedHost
-from tfsdeploy.layout import model_ports
-from tfsdeploy.versions import available_versions
+from tfsdeploy.core.catalog import Model
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.inventory import Inventory
+from tfsdeploy.core.layout import model_ports
+from tfsdeploy.core.versions import available_versions
 
 DEFAULT_TARGET_QPS = 100.0
-DEFAULT_DURATION_S = 300.0  # throughput sustained for 5 minutes
 DEFAULT_MAX_ERROR_RATE_PCT = 0.01  # below 0.01% of requests fail
 DEFAULT_RELEASE_AT = 0.25  # share of the window before the deploy starts
 DEFAULT_START_MARGIN_S = 15.0

@@ -44,13 +44,17 @@ from tfsdeploy.accept.report import (
     row_table,
 )
 from tfsdeploy.accept.rows import ReleaseOutcome
-from tfsdeploy.errors import ConfigError, Problem
-from tfsdeploy.inventory import ResolvedHost, load_inventory
-from tfsdeploy.remote import SshRunner
+from tfsdeploy.core import tfrecord, warmup
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.inventory import load_inventory
+from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.loadtest import payloads
 
 GRACE_S = 60.0  # beyond the window and the last request's deadline, for results to arrive
 EXIT_INTERRUPTED = 130
 RunnerFactory = Callable[[ResolvedHost], HostRunner]
+TablePrinter = Callable[[str, Sequence[str], Sequence[Sequence[str]]], None]
 
 
 def say(text: str) -> None:
@@ -61,11 +65,9 @@ def say(text: str) -> None:
 def serialized_requests(plan: AcceptPlan) -> bytes:
     """The data version's warmup requests for this model, any version pin removed (the load
     must follow whatever version the fleet serves), serialized and framed as TFRecord."""
-    from tfsdeploy.loadtest import payloads, tfrecord
-
     source = Path(plan.model.source) / str(plan.data_version)
     try:
-        requests = payloads.requests_from_warmup(source)
+        requests = warmup.requests_from_warmup(source)
     except (OSError, ValueError) as err:
         raise ConfigError(Problem(
             f"no request data: {err}", field="--data-version",
@@ -241,10 +243,9 @@ def evaluate(plan: AcceptPlan, outcomes: Sequence[GeneratorOutcome],
 
 def write_report(plan: AcceptPlan, outcomes: Sequence[GeneratorOutcome],
                  release: ReleaseOutcome | None, *, start_at_s: float, out_dir: Path,
-                 cleanup_problems: Sequence[str], interrupted: bool = False) -> int:
+                 cleanup_problems: Sequence[str], interrupted: bool = False,
+                 show_table: TablePrinter | None = None) -> int:
     """Evaluate, write accept.json and accept.png, print the tables; the exit code."""
-    from tfsdeploy.cli.output import print_table
-
     merged, table, code, per_second = evaluate(plan, outcomes, release)
     if interrupted:
         code = EXIT_INTERRUPTED
@@ -262,11 +263,12 @@ def write_report(plan: AcceptPlan, outcomes: Sequence[GeneratorOutcome],
               duration_s=plan.duration_s, release=_release_mark(release),
               lost=[plot.Mark(f"{o.name} lost", o.ended_s or 0.0)
                     for o in outcomes if o.status == LOST])
-    print_table(f"accept {plan.model.name}: the acceptance table",
-                ("row", "figure", "threshold", "result", "detail", "threshold from"),
-                row_table(data))
-    print_table("load generators", ("generator", "share QPS", "status", "count", "QPS",
-                                    "P99", "late sends", "CPU"), generator_table(data))
+    if show_table is not None:
+        show_table(f"accept {plan.model.name}: the acceptance table",
+                   ("row", "figure", "threshold", "result", "detail", "threshold from"),
+                   row_table(data))
+        show_table("load generators", ("generator", "share QPS", "status", "count", "QPS",
+                                       "P99", "late sends", "CPU"), generator_table(data))
     for line in closing_lines(data, str(path)):
         print(line)
     return code
@@ -285,8 +287,11 @@ def new_run_id() -> str:
 
 
 def run_accept(options: AcceptOptions, *, root: Path, out: Path | None = None,
-               runner_factory: RunnerFactory = SshRunner) -> int:
-    """The whole acceptance run; returns the exit code."""
+               runner_factory: RunnerFactory = SshConnection,
+               show_table: TablePrinter | None = None) -> int:
+    """The whole acceptance run; returns the exit code. ``show_table`` prints the report's
+    tables for people (the command passes its table printer; without it only the report
+    files hold them)."""
     inventory = load_inventory(options.inventory)
     plan = build_plan(options, inventory)
     requests = serialized_requests(plan)
@@ -310,5 +315,6 @@ def run_accept(options: AcceptOptions, *, root: Path, out: Path | None = None,
     finally:
         problems = _cleanup_all(gens)
     return write_report(plan, outcomes, release, start_at_s=start_at, out_dir=out_dir,
-                        cleanup_problems=problems, interrupted=interrupted)
+                        cleanup_problems=problems, interrupted=interrupted,
+                        show_table=show_table)
 

@@ -1,1 +1,2 @@
-"""Command implementations behind the `fab` tasks: parse, run, print, return an exit code."""
+"""The commands behind the `fab` tasks: options typed, the run or look asked for, the result
+printed, every ending mapped to its exit code."""

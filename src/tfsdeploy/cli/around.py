@@ -18,13 +18,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tfsdeploy import hooks, notify
-from tfsdeploy.lock import current_user
-from tfsdeploy.target import Target
+from tfsdeploy.cli import canary as cli_canary
+from tfsdeploy.cli import rollback as cli_rollback
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.lock import current_user
+from tfsdeploy.run.jobs import Verb
+from tfsdeploy.runbook import hooks, notify
 
 if TYPE_CHECKING:
-    from tfsdeploy.engine import RunPlan, RunResult
-    from tfsdeploy.jobs import RunContext
+    from tfsdeploy.run.engine import RunResult
+    from tfsdeploy.run.jobs import RunContext
+    from tfsdeploy.run.plans import RunPlan
 
 NOTIFY_CLOSE_S = 0.8  # the most a dead receiver may add to a run at its end
 # A host in any other state failed. A paused run's hosts are paused (the canary hosts) or
@@ -135,16 +139,12 @@ def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
         return around.outcome
 
     def rollback() -> RunResult:
-        from tfsdeploy.cli import rollback as cli_rollback
-
         return act("rollback", lambda before_run: cli_rollback.rollback(
             target, lock_wait=lock_wait, reporter=shown, by_guard=True, before=before_run))
 
     def abort() -> RunResult:
-        from tfsdeploy.cli import canary as cli_canary
-
         return act("abort", lambda before_run: cli_canary.finish_canary(
-            "abort", target, lock_wait=lock_wait, reporter=shown, before=before_run))
+            Verb.ABORT, target, lock_wait=lock_wait, reporter=shown, before=before_run))
 
     return rollback, abort
 

@@ -9,14 +9,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tfsdeploy.engine import ConnectionFactory
-from tfsdeploy.facts import HostFacts
-from tfsdeploy.gpu import instance_gpus
-from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.layout import model_ports
-from tfsdeploy.remote import Connection, SshConnection
-from tfsdeploy.target import Target
-from tfsdeploy.versions import available_versions, choose_version
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.gpu import instance_gpus
+from tfsdeploy.core.layout import model_ports
+from tfsdeploy.core.target import Target
+from tfsdeploy.core.versions import available_versions, choose_version
+from tfsdeploy.hosts.facts import HostFacts
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.loadtest.cli import run_bench
+from tfsdeploy.run import survey
 
 PATHS = ("report", "sweep_plot")
 PASSED_WHEN_GIVEN = ("rps", "procs", "min_qps", *PATHS)
@@ -59,9 +61,6 @@ def data_version(target: Target, requested: Any, *,
                  connect: ConnectionFactory = SshConnection) -> tuple[int, str]:
     """``--version`` when given, else the version the selected hosts serve (see
     pick_data_version); with the line that says which."""
-    from tfsdeploy.cli.fleet import each_host
-    from tfsdeploy.errors import ConfigError, Problem
-
     model = target.model
     if requested is not None:
         version = choose_version(model, requested, target.inventory.path)
@@ -71,7 +70,7 @@ def data_version(target: Target, requested: Any, *,
              ) -> dict[str, Any]:
         return {"version": live_version(facts)}
 
-    rows = each_host(target, look, connect=connect)
+    rows = survey.each_host(target, look, connect=connect)
     live = {r["host"]: r.get("version") for r in rows}
     found, line = pick_data_version(live, available_versions(model.source))
     if found is None:
@@ -85,8 +84,6 @@ def data_version(target: Target, requested: Any, *,
 def bench(target: Target, args: dict[str, Any], *,
           connect: ConnectionFactory = SshConnection) -> int:
     """Run the load test with the command's (already typed) options; returns its exit code."""
-    from tfsdeploy.loadtest.cli import run_bench
-
     model = target.model
     version, line = data_version(target, args.get("version"), connect=connect)
     print(line, flush=True)

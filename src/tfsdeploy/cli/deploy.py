@@ -1,64 +1,21 @@
-"""`fab deploy` and `fab deploy --check [--diff]`: render, validate, then hand the run to the
-engine (or only plan it)."""
+"""`fab deploy` and `fab deploy --check [--diff]`: the run plan (``plans.deploy_plan``: render,
+validate) handed to the engine, or only planned by it."""
 
 from __future__ import annotations
 
 import difflib
-import threading
 from collections.abc import Callable
 from typing import Any
 
-from tfsdeploy import engine
-from tfsdeploy.canary_policy import CanaryPolicy
-from tfsdeploy.engine import ConnectionFactory, PlannedStep, Reporter, RunPlan, RunResult
-from tfsdeploy.errors import HostUnreachable
-from tfsdeploy.gates import Clock, SystemClock
-from tfsdeploy.jobs import ClientFactory, HostJob
-from tfsdeploy.plans import deploy_context, deploy_planner, render_release
-from tfsdeploy.playbook import Playbook, load_playbook, project_dir
-from tfsdeploy.remote import Connection, SshConnection
-from tfsdeploy.target import Target
-
-
-def default_playbook(name: str, given: str | None) -> Playbook:
-    """``--playbook``, or the project's ``playbooks/<name>.yml``."""
-    return load_playbook(given or project_dir() / "playbooks" / f"{name}.yml")
-
-
-def deploy_playbook(target: Target, given: str | None) -> Playbook:
-    """``--playbook``, or the project's deploy playbook for the model's strategy (dual-slot:
-    deploy.yml; recreate: deploy-recreate.yml)."""
-    recreate = target.model.rollout.strategy == "recreate"
-    return default_playbook("deploy-recreate" if recreate else "deploy", given)
-
-
-def deploy_plan(target: Target, *, version: int | str | None, playbook: Playbook,
-                clock: Clock, conns: dict[str, Connection],
-                client_factory: ClientFactory | None, lock_wait: float = 0.0,
-                canary: CanaryPolicy | None = None) -> RunPlan:
-    """Everything a deploy needs before it touches a host: renders, context, planner; the
-    canary policy is ``canary`` (the command line's) or the model's."""
-    renders = render_release(target, version)
-    context = deploy_context(target, renders[0].version, clock=clock,
-                             client_factory=client_factory)
-    context.canary = canary or target.model.rollout.canary
-    images = sorted({r.host.vars.image for r in renders}
-                    | {r.host.vars.proxy_image for r in renders})
-    return RunPlan(verb="deploy", target=target, playbook=playbook,
-                   planner=deploy_planner(target, renders, context, conns), images=images,
-                   lock_wait=lock_wait, version=context.version, release=context.release_id)
-
-
-def _shared(connect: ConnectionFactory) -> tuple[dict[str, Connection], ConnectionFactory]:
-    """One connection per host, shared by the planner and the engine."""
-    conns: dict[str, Connection] = {}
-
-    def factory(host: Any) -> Connection:
-        if host.name not in conns:
-            conns[host.name] = connect(host)
-        return conns[host.name]
-
-    return conns, factory
+from tfsdeploy.core.canary_policy import CanaryPolicy
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.gates import Clock
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
+from tfsdeploy.run import engine, plans
+from tfsdeploy.run.engine import PlannedStep, Reporter, RunResult
+from tfsdeploy.run.jobs import ClientFactory, HostJob, Verb
+from tfsdeploy.run.plans import RunPlan
 
 
 def deploy(target: Target, *, version: int | str | None = None, playbook: str | None = None,
@@ -70,16 +27,10 @@ def deploy(target: Target, *, version: int | str | None = None, playbook: str | 
     """Validate everything, take the lock, run the deploy playbook; always release the lock
     (a paused canary keeps it). ``before`` sees the plan once everything is validated, before
     any connection (a pre-hook may stop the run there)."""
-    cancel = threading.Event()
-    run_clock = engine.CancellableClock(clock or SystemClock(), cancel)
-    conns, factory = _shared(connect)
-    plan = deploy_plan(target, version=version, playbook=deploy_playbook(target, playbook),
-                       clock=run_clock, conns=conns, client_factory=client_factory,
-                       lock_wait=lock_wait, canary=canary)
-    if before is not None:
-        before(plan)
-    return engine.execute(plan, reporter=reporter, connect=factory, clock=run_clock,
-                          cancel=cancel)
+    plan = plans.deploy_plan(target, version=version, playbook=playbook, lock_wait=lock_wait,
+                             canary=canary)
+    return engine.run(plan, reporter=reporter, connect=connect, clock=clock,
+                      client_factory=client_factory, before=before)
 
 
 def check(target: Target, *, version: int | str | None = None, playbook: str | None = None,
@@ -88,17 +39,9 @@ def check(target: Target, *, version: int | str | None = None, playbook: str | N
     """``--check``: per host, every step a deploy would run and the changes it would make
     (the same operations a deploy drives), and with ``diff`` the file diffs; touches
     nothing."""
-    conns, factory = _shared(connect)
-    plan = deploy_plan(target, version=version, playbook=deploy_playbook(target, playbook),
-                       clock=SystemClock(), conns=conns, client_factory=None)
-    _, plans, jobs = engine.check(plan, connect=factory)
-    rows = []
-    for job in jobs:
-        steps = plans[job.name]
-        rows.append(host_plan(job, steps, diff=diff and not isinstance(steps, HostUnreachable)))
-    for conn in conns.values():
-        conn.close()
-    return rows
+    plan = plans.deploy_plan(target, version=version, playbook=playbook)
+    _, planned, jobs = engine.check(plan, connect=connect, diff=diff)
+    return [host_plan(job, planned[job.name], diff=diff) for job in jobs]
 
 
 def host_plan(job: HostJob, steps: list[PlannedStep] | HostUnreachable, *,
@@ -110,7 +53,7 @@ def host_plan(job: HostJob, steps: list[PlannedStep] | HostUnreachable, *,
     changes = sum(len(s.changes) for s in steps if s.phase != "preflight")
     action = ("nothing (unchanged)" if job.unchanged else
               (f"prune: {changes} change(s)" if changes else "nothing to prune")
-              if job.run.verb == "prune" else
+              if job.run.verb is Verb.PRUNE else
               f"roll {job.old.release} -> v{job.run.version} in {job.new_slot}" if job.old
               else f"first release v{job.run.version} in blue")
     failed = next((s for s in steps if s.error), None)
@@ -126,16 +69,9 @@ def host_plan(job: HostJob, steps: list[PlannedStep] | HostUnreachable, *,
 
 
 def file_diff(job: HostJob) -> str:
-    """Unified diff of every rendered file against the live release's copy."""
-    from tfsdeploy.plans import read_release_files
-
-    live_id = job.old.release if job.old else None
-    live: dict[str, str] = {}
-    if live_id:
-        try:
-            live = read_release_files(job.conn, job.paths, live_id)
-        except Exception:  # a live release without its files: everything is new
-            live = {}
+    """Unified diff of every rendered file against the live release's copy (read by the
+    engine's check)."""
+    live = job.live_files or {}
     chunks: list[str] = []
     for rendered in job.render.files:
         chunks += difflib.unified_diff(live.get(rendered.name, "").splitlines(keepends=True),
@@ -143,30 +79,3 @@ def file_diff(job: HostJob) -> str:
                                        fromfile=f"{job.name}:live/{rendered.name}",
                                        tofile=f"{job.name}:new/{rendered.name}")
     return "".join(chunks)
-
-
-def error_cell(error: str, diagnosis: dict[str, str] | None) -> str:
-    """The summary's error: its first line, then the known failure's cause and fix."""
-    first = (error.splitlines() or [""])[0][:80]
-    if not diagnosis:
-        return first
-    return f"{first}\ncause: {diagnosis['cause']}\nfix: {diagnosis['fix']}"
-
-
-def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
-    """Per host: result, time in each phase and gate, and the error (with its cause and fix
-    when it is a known failure)."""
-    rows: list[tuple[str, ...]] = []
-    for name, outcome in result.hosts.items():
-        by_phase: dict[str, float] = {}
-        for step in outcome.steps:
-            by_phase[step["phase"]] = by_phase.get(step["phase"], 0.0) + step["seconds"]
-        gates = {s["step"]: s["seconds"] for s in outcome.steps if s["step"].startswith("gate_")}
-        rows.append((name, outcome.status,
-                     " ".join(f"{p} {s:.1f}s" for p, s in by_phase.items()),
-                     " ".join(f"{g[5:]} {s:.1f}s" for g, s in gates.items()),
-                     error_cell(outcome.error, outcome.diagnosis)))
-    return rows
-
-
-__all__ = ["check", "deploy", "deploy_plan", "summary_rows"]

@@ -8,48 +8,27 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from tfsdeploy import lock as locks
-from tfsdeploy.dockerapi import ContainerFact
-from tfsdeploy.engine import ConnectionFactory
-from tfsdeploy.facts import HostFacts, gather
-from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.layout import host_paths, model_ports
-from tfsdeploy.records import parse_audit
-from tfsdeploy.remote import Connection, SshConnection
-from tfsdeploy.render import placements, render_host
-from tfsdeploy.target import Target
-from tfsdeploy.timetext import SINCE_FIX, since_seconds
-
-Look = Callable[[Target, ResolvedHost, Connection, HostFacts], dict[str, Any]]
-
-
-def each_host(target: Target, look: Look, *, hosts: tuple[ResolvedHost, ...] | None = None,
-              connect: ConnectionFactory = SshConnection) -> list[dict[str, Any]]:
-    """``look`` at every host's facts at once; an unreachable host is shown as such."""
-    def one(host: ResolvedHost) -> dict[str, Any]:
-        conn = connect(host)
-        try:
-            facts = gather(conn, target.model.name, host_paths(host, target.model))
-            return {"host": host.name, "address": host.address, "reachable": True,
-                    **look(target, host, conn, facts)}
-        except Exception as error:  # shown as such, never skipped
-            return {"host": host.name, "address": host.address, "reachable": False,
-                    "error": f"{type(error).__name__}: {error}"}
-        finally:
-            conn.close()
-
-    chosen = hosts or target.hosts
-    with ThreadPoolExecutor(max_workers=max(1, min(16, len(chosen)))) as pool:
-        return list(pool.map(one, chosen))
+from tfsdeploy.core.canary import CanaryState
+from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.layout import host_paths, model_ports
+from tfsdeploy.core.records import parse_audit
+from tfsdeploy.core.render import placements, render_host
+from tfsdeploy.core.target import Target
+from tfsdeploy.core.timetext import SINCE_FIX, since_seconds
+from tfsdeploy.hosts import lock as locks
+from tfsdeploy.hosts.commands.files import tail
+from tfsdeploy.hosts.dockerapi import ContainerFact
+from tfsdeploy.hosts.facts import HostFacts
+from tfsdeploy.hosts.probes import SlotClient
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.run import survey
 
 
 def _versions(host: ResolvedHost, model: str, port: int) -> list[dict[str, Any]]:
-    from tfsdeploy.probes import SlotClient
-
     client = SlotClient(host.address, port, model)
     try:
         return [{"version": s.version, "state": s.state, "error": s.error_message}
@@ -84,27 +63,9 @@ def traffic_shares(facts: HostFacts, instance: int = 0) -> dict[str, int]:
     return {slot: round(w * 100 / total) for slot, w in sorted(weights.items())} if total else {}
 
 
-def traffic_cell(instances: list[dict[str, Any]], canary: dict[str, str] | None) -> str:
-    """`fab status`'s traffic column: per instance the slot that takes the requests, or the
-    shares of both while a canary splits them (``blue 75 / green 25``), then the canary
-    under way (``paused canary <release>``)."""
-    several = len(instances) > 1
-
-    def one(instance: dict[str, Any]) -> str:
-        shares = instance.get("traffic") or {}
-        shown = (" / ".join(f"{slot} {share}" for slot, share in shares.items())
-                 if len(shares) > 1 else instance.get("traffic_slot") or "-")
-        return (f"i{instance['instance']} " if several else "") + shown
-
-    text = ", ".join(one(i) for i in instances)
-    return text + (f"; {canary['state']} canary {canary['release']}" if canary else "")
-
-
 def canary_on(facts: HostFacts) -> dict[str, str] | None:
     """The canary the host's records say is under way (running, paused, promoting, aborting):
     its release and state; None when there is none."""
-    from tfsdeploy.canary import CanaryState
-
     open_states = {CanaryState.RUNNING, CanaryState.PAUSED, CanaryState.PROMOTING,
                    CanaryState.ABORTING}
     found = [(r.id, str((r.canary or {}).get("state"))) for r in facts.releases
@@ -153,7 +114,7 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
 def status(target: Target, *, connect: ConnectionFactory = SshConnection
            ) -> list[dict[str, Any]]:
     """`fab status`: one entry per selected host, unreachable ones included."""
-    return each_host(target, host_status, connect=connect)
+    return survey.each_host(target, host_status, connect=connect)
 
 
 def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
@@ -165,7 +126,7 @@ def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: Ho
                  "seconds": round(sum(s.seconds for s in r.steps), 1),
                  "gates": {g.gate: g.seconds for g in r.gates},
                  "diagnosis": r.diagnosis} for r in facts.releases]
-    audit = conn.run(["tail", "-n", str(lines), host_paths(host, target.model).audit_log])
+    audit = conn.run(tail(host_paths(host, target.model).audit_log, lines))
     entries = parse_audit(audit.stdout) if audit.ok else []
     return {"releases": releases, "broken_records": [b.model_dump() for b in facts.broken],
             "audit": [e.model_dump() for e in entries]}
@@ -174,7 +135,7 @@ def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: Ho
 def history(target: Target, *, connect: ConnectionFactory = SshConnection
             ) -> list[dict[str, Any]]:
     """`fab history`: per host."""
-    return each_host(target, host_history, connect=connect)
+    return survey.each_host(target, host_history, connect=connect)
 
 
 def lock_state(target: Target, *, breaking: bool = False,
@@ -201,7 +162,7 @@ def lock_state(target: Target, *, breaking: bool = False,
                 f"NOT broken: it changed meanwhile, now {now.describe() if now else '?'}")
         return {"line": line, "held": present}
 
-    rows = each_host(target, look, hosts=target.model_hosts, connect=connect)
+    rows = survey.each_host(target, look, hosts=target.model_hosts, connect=connect)
     lines = [f"{r['host']}: {r['line']}" if r["reachable"] else
              f"{r['host']}: unreachable ({r['error']})" for r in rows]
     held = sum(1 for r in rows if r.get("held"))
@@ -266,8 +227,6 @@ def _shares(taking: list[ContainerFact], weights: dict[str, int]
 
 def since_timestamp(text: str, now: float) -> float:
     """``since_seconds``, its refusal a ConfigError naming the option and the fix."""
-    from tfsdeploy.errors import ConfigError, Problem
-
     try:
         return since_seconds(text, now)
     except ValueError as error:
@@ -287,22 +246,19 @@ def logs(target: Target, *, lines: int, since: str | None, follow: bool,
     stopping = threading.Event()
     failed: list[str] = []
 
+    def look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
+             ) -> dict[str, Any]:
+        return {"errors": _read_each(conn, serving_containers(facts), lines=lines,
+                                     since=after, follow=follow, put=found.put,
+                                     stopping=stopping)}
+
     def read(host: ResolvedHost) -> None:
-        errors: list[tuple[str, Exception]] = []
-        try:
-            conn = connect(host)
-            try:
-                facts = gather(conn, target.model.name, host_paths(host, target.model))
-                errors = _read_each(conn, serving_containers(facts), lines=lines, since=after,
-                                    follow=follow, put=found.put, stopping=stopping)
-            finally:
-                conn.close()
-        except Exception as error:
-            errors.append((host.name, error))
+        row = survey.visit(target, host, look, connect=connect)
+        errors = row["errors"] if row["reachable"] else [(host.name, row["error"])]
         if not stopping.is_set():  # after Ctrl-C, a closed stream is no failure
             for label, problem in errors:
                 failed.append(label)
-                found.put((f"~ unreachable: {type(problem).__name__}: {problem}", label))
+                found.put((f"~ unreachable: {problem}", label))
         found.put(None)
 
     # daemon threads: a followed stream never ends, and Ctrl-C must not wait for it
@@ -320,9 +276,9 @@ def logs(target: Target, *, lines: int, since: str | None, follow: bool,
 
 def _read_each(conn: Connection, chosen: list[Served], *, lines: int, since: float | None,
                follow: bool, put: Callable[[tuple[str, str]], None],
-               stopping: threading.Event) -> list[tuple[str, Exception]]:
+               stopping: threading.Event) -> list[tuple[str, str]]:
     """Read every chosen container's log at once, one thread each; the errors by label."""
-    errors: list[tuple[str, Exception]] = []
+    errors: list[tuple[str, str]] = []
 
     def one(served: Served) -> None:
         try:
@@ -332,7 +288,7 @@ def _read_each(conn: Connection, chosen: list[Served], *, lines: int, since: flo
                     return
                 put((line, served.label))
         except Exception as error:
-            errors.append((served.label, error))
+            errors.append((served.label, f"{type(error).__name__}: {error}"))
 
     threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in chosen]
     for thread in threads:
@@ -371,8 +327,6 @@ def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str]
     which share of the requests, a summary of exit codes. Refused while a run holds the
     model's lock, unless ``force`` (a paused canary is no run: its containers are there to
     be looked at)."""
-    from tfsdeploy.errors import ConfigError, ExitCode, Problem
-
     if not argv:
         raise ConfigError(Problem("no command given", fix="fab exec --model M -- CMD ARG ...",
                                   field="--"))
@@ -389,7 +343,7 @@ def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str]
             results.append({"served": served, "code": code, "output": text})
         return {"results": results}
 
-    rows = each_host(target, run, connect=connect)
+    rows = survey.each_host(target, run, connect=connect)
     codes = []
     for row in rows:
         if not row["reachable"]:

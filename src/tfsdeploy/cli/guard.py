@@ -21,16 +21,21 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfsdeploy.canary import Verdict, judge, slot_figures
-from tfsdeploy.canary_policy import CanaryPolicy
+from tfsdeploy.cli.canary import finish_canary
 from tfsdeploy.cli.rollback import rollback
-from tfsdeploy.engine import Reporter, RunResult, emit
-from tfsdeploy.errors import ExitCode, TfsDeployError
-from tfsdeploy.gpu import instance_gpus
-from tfsdeploy.guard import Breach, Scrape, Window, bucket_deltas, merge, parse_metrics, window
-from tfsdeploy.inventory import ResolvedHost
-from tfsdeploy.layout import model_ports, other_slot
-from tfsdeploy.target import Target
+from tfsdeploy.core.canary import CanaryState, judge, slot_figures
+from tfsdeploy.core.canary_policy import CanaryPolicy, Verdict
+from tfsdeploy.core.errors import ExitCode, TfsDeployError
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.gpu import instance_gpus
+from tfsdeploy.core.guard import Breach, Scrape, Window, bucket_deltas, merge, parse_metrics, window
+from tfsdeploy.core.layout import model_ports, other_slot
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts import probes
+from tfsdeploy.run import survey
+from tfsdeploy.run.engine import Reporter, RunResult, emit
+from tfsdeploy.run.jobs import Verb
+from tfsdeploy.run.plans import paused_canary
 
 
 @dataclass(frozen=True)
@@ -61,11 +66,7 @@ class PausedCanary:
 
 def scrape(address: str, port: int, path: str, model: str) -> Scrape:
     """One read of one server process's metrics (its slot's REST port)."""
-    import httpx
-
-    reply = httpx.get(f"http://{address}:{port}{path}", timeout=5)
-    reply.raise_for_status()
-    return parse_metrics(reply.text, model)
+    return parse_metrics(probes.metrics(address, port, path), model)
 
 
 Scraper = Callable[[str, int, str, str], Scrape]
@@ -141,14 +142,10 @@ def canary_verdict(first: Readings, last: Readings, new_slot: str, policy: Canar
 
 def find_paused(target: Target) -> PausedCanary | None:
     """The model's paused canary, read from the hosts' release records (None: none)."""
-    from tfsdeploy.canary import CanaryState
-    from tfsdeploy.cli.fleet import each_host
-    from tfsdeploy.plans import paused_canary
-
     def look(target: Target, host: ResolvedHost, conn: Any, facts: Any) -> dict[str, Any]:
         return {"facts": facts}
 
-    rows = each_host(target, look)
+    rows = survey.each_host(target, look)
     facts = {r["host"]: r["facts"] for r in rows if r["reachable"]}
     record, state = paused_canary(facts)
     if record is None or state is not CanaryState.PAUSED:
@@ -198,13 +195,13 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
             watch = Watch(look_for_paused(target), now)
         for host in target.hosts:
             readings = read_host(host, target, read)
-            w = host_window(last.get(host.name, {}), readings,
+            traffic = host_window(last.get(host.name, {}), readings,
                             count_client_errors=policy.count_client_errors)
             last[host.name] = readings
             history.add(host.name, now, readings)
             why = None
-            if w is not None:
-                why = breach.observe(host.name, w, now=now,
+            if traffic is not None:
+                why = breach.observe(host.name, traffic, now=now,
                                      max_error_rate=policy.max_error_rate, slo_p99_ms=slo,
                                      min_requests=policy.min_requests)
                 if why:
@@ -260,9 +257,7 @@ def _act(target: Target, policy: GuardPolicy, host: str, why: str, reporter: Rep
 
 
 def _abort(target: Target, policy: GuardPolicy, reporter: Reporter) -> RunResult:
-    from tfsdeploy.cli.canary import finish_canary
-
-    return finish_canary("abort", target, lock_wait=policy.lock_wait, reporter=reporter)
+    return finish_canary(Verb.ABORT, target, lock_wait=policy.lock_wait, reporter=reporter)
 
 
 def _roll_back(target: Target, policy: GuardPolicy, host: str, why: str, reporter: Reporter,

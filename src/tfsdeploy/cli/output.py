@@ -1,5 +1,6 @@
-"""Printing for people: progress lines, tables, errors, JSON (rich is imported only when a
-table prints)."""
+"""Printing for people: progress lines, tables (a run's summary, status, history, a check's
+plan, the hosts), errors, JSON. Rich is imported only when a table prints (`fab deploy
+--json` prints none)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from tfsdeploy.errors import ConfigError, TfsDeployError
+from tfsdeploy.core.errors import ConfigError, TfsDeployError
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.gpu import instance_gpus
+from tfsdeploy.core.inventory import Inventory
+from tfsdeploy.core.render import placements
 
 if TYPE_CHECKING:
-    from tfsdeploy.dockerssh import PullProgress
+    from tfsdeploy.hosts.dockerssh import PullProgress
+    from tfsdeploy.run.engine import RunResult
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
@@ -101,3 +107,162 @@ class LineReporter:
         total = f"/{update.bytes_total / (1 << 20):.0f}" if update.bytes_total else ""
         self.note(f"{host}: pull {update.image}: {update.layers_done}/{update.layers_total} "
                   f"layers, {mib:.0f}{total} MiB")
+
+
+class NoteSink:
+    """Where the lines after a run go (the post-hooks, the notifications' delivery)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def note(self, text: str) -> None:
+        """One line, marked as a note."""
+        print(f"== {text}", file=self._stream)
+
+
+def note_sink(json: bool) -> NoteSink:
+    """The lines after a run: on stderr with --json, else on stdout."""
+    return NoteSink(sys.stderr if json else sys.stdout)
+
+
+def reporter(json: bool, log_file: str | None) -> LineReporter:
+    """Progress lines on stdout (stderr with --json), and in the log file."""
+    return LineReporter(sys.stderr if json else sys.stdout, log_file)
+
+
+# -- a run's summary ---------------------------------------------------------------------------
+
+def error_cell(error: str, diagnosis: dict[str, str] | None) -> str:
+    """The summary's error: its first line, then the known failure's cause and fix."""
+    first = (error.splitlines() or [""])[0][:80]
+    if not diagnosis:
+        return first
+    return f"{first}\ncause: {diagnosis['cause']}\nfix: {diagnosis['fix']}"
+
+
+def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
+    """Per host: result, time in each phase and gate, and the error (with its cause and fix
+    when it is a known failure)."""
+    rows: list[tuple[str, ...]] = []
+    for name, outcome in result.hosts.items():
+        by_phase: dict[str, float] = {}
+        for step in outcome.steps:
+            by_phase[step["phase"]] = by_phase.get(step["phase"], 0.0) + step["seconds"]
+        gates = {s["step"]: s["seconds"] for s in outcome.steps if s["step"].startswith("gate_")}
+        rows.append((name, outcome.status,
+                     " ".join(f"{p} {s:.1f}s" for p, s in by_phase.items()),
+                     " ".join(f"{g[5:]} {s:.1f}s" for g, s in gates.items()),
+                     error_cell(outcome.error, outcome.diagnosis)))
+    return rows
+
+
+def print_run(command: str, result: RunResult, rows: list[tuple[str, ...]] | None) -> None:
+    """A run's summary table and its message; ``rows`` replace the per-host rows (a prune's:
+    what was removed and the space freed)."""
+    # a run without a release (prune) names none
+    what = f" v{result.version} ({result.release_id})" if result.release_id else ""
+    print_table(f"{command} {result.model}{what}: {result.exit_code.name.lower()} in "
+                f"{result.seconds:.1f} s",
+                ("host", "result", "removed", "freed", "error") if rows is not None else
+                ("host", "result", "time per phase", "gates", "error"),
+                rows if rows is not None else summary_rows(result))
+    print(result.message)
+
+
+def print_check(args: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+    """A check's plan: per host what it would do, then each step's changes and the diffs."""
+    if args["json"]:
+        print_json(rows)
+        return 0
+    print_table(f"{args.get('command', 'deploy')} --check {args['model']}: nothing was changed",
+                ("host", "would do", "live"), [(r["host"], r["action"], r["detail"])
+                                               for r in rows])
+    for row in rows:
+        print(f"{row['host']}:")
+        for step in row["steps"]:
+            if step["error"]:
+                print(f"  {step['phase']:<9} {step['step']:<15} WOULD FAIL: {step['error']}")
+            for change in step["changes"]:
+                print(f"  {step['phase']:<9} {step['step']:<15} {change['what']}")
+        if row["diff"]:
+            print(row["diff"])
+    return 0
+
+
+# -- the fleet ---------------------------------------------------------------------------------
+
+def host_rows(inventory: Inventory, hosts: Sequence[ResolvedHost]) -> list[tuple[str, ...]]:
+    """`fab hosts`: per host its address, groups, GPUs, and each model on it (with its
+    instances' GPUs when it runs one per GPU)."""
+    placed = placements(inventory)
+
+    def models(host: ResolvedHost) -> str:
+        cells = []
+        for name in (m for m, on in placed.items() if host.name in on):
+            gpus = instance_gpus(host, inventory.models[name])
+            cells.append(name if len(gpus) < 2 else
+                         f"{name} x{len(gpus)} (GPU {','.join(str(g[0]) for g in gpus)})")
+        return ", ".join(cells) or "-"
+
+    return [(h.name, h.address, ",".join(h.groups) or "-",
+             " ".join(f"{g.index}:{g.memory_mib}MiB" for g in h.gpus) or "-", models(h))
+            for h in hosts]
+
+
+def traffic_cell(instances: list[dict[str, Any]], canary: dict[str, str] | None) -> str:
+    """`fab status`'s traffic column: per instance the slot that takes the requests, or the
+    shares of both while a canary splits them (``blue 75 / green 25``), then the canary
+    under way (``paused canary <release>``)."""
+    several = len(instances) > 1
+
+    def one(instance: dict[str, Any]) -> str:
+        shares = instance.get("traffic") or {}
+        shown = (" / ".join(f"{slot} {share}" for slot, share in shares.items())
+                 if len(shares) > 1 else instance.get("traffic_slot") or "-")
+        return (f"i{instance['instance']} " if several else "") + shown
+
+    text = ", ".join(one(i) for i in instances)
+    return text + (f"; {canary['state']} canary {canary['release']}" if canary else "")
+
+
+def status_row(row: dict[str, Any]) -> tuple[str, ...]:
+    """`fab status`'s row of one host."""
+    if not row["reachable"]:
+        return (row["host"], "UNREACHABLE", "", "", row.get("error", "")[:60], "", "")
+    instances = row.get("instances") or [{"instance": 0, "traffic_slot": row["traffic_slot"],
+                                          "slots": row["slots"]}]
+    several = len(instances) > 1
+
+    def label(instance: dict[str, Any]) -> str:
+        return f"i{instance['instance']} " if several else ""
+
+    slots = "; ".join(
+        f"{label(instance)}{slot}: " + ", ".join(
+            f"{c['release']} {'running' if c['running'] else 'stopped'}"
+            + "".join(f" [{v.get('version', '?')} {v.get('state', v.get('error'))}]"
+                      for v in c["versions"])
+            for c in containers)
+        for instance in instances
+        for slot, containers in instance["slots"].items() if containers)
+    return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
+            traffic_cell(instances, row.get("canary")), slots or "-",
+            ", ".join(row["drift"]) or "none", row["lock"] or "free")
+
+
+def print_history(model: str, rows: list[dict[str, Any]]) -> None:
+    """`fab history`: per host its retained releases, unreadable records and audit tail."""
+    for row in rows:
+        if not row["reachable"]:
+            print(f"{row['host']}: UNREACHABLE ({row['error']})")
+            continue
+        print_table(f"{row['host']}: releases of {model}",
+                    ("release", "version", "status", "slot", "by", "at", "seconds", "gates"),
+                    [(r["id"], str(r["version"]), str(r["status"]), str(r["slot"]),
+                      str(r["by"]), str(r["at"]), str(r["seconds"]),
+                      " ".join(f"{g} {s:.1f}s" for g, s in r["gates"].items()))
+                     for r in row["releases"]])
+        for broken in row["broken_records"]:
+            print(f"  unreadable record {broken['path']}: {broken['error']}")
+        for entry in row["audit"][-15:]:
+            print(f"  {entry['time']} {entry['who']} {entry['event']} {entry['release']} "
+                  f"{entry['details'] or ''}")

@@ -1,21 +1,14 @@
-"""`fab render`: write exactly the files each host would receive, after validating them."""
+"""`fab render`: write exactly the files each host would receive (``target.render_release``
+rendered and validated them)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tfsdeploy.gpu import InstancePlan
-from tfsdeploy.layout import SLOTS, model_ports
-from tfsdeploy.proxy import render_proxy_config
-from tfsdeploy.render import HostRender
-from tfsdeploy.target import Target, render_release
-
-
-def render_and_validate(target: Target, version: int | str | None = None) -> list[HostRender]:
-    """Render and validate the release for the target's hosts; raises ConfigError with every
-    problem found."""
-    return render_release(target, version)
-
+from tfsdeploy.core.gpu import InstancePlan
+from tfsdeploy.core.layout import SLOTS, model_ports
+from tfsdeploy.core.proxy import render_proxy_config
+from tfsdeploy.core.render import HostRender
 
 PROXY_CONFIG = "proxy/haproxy.cfg"
 

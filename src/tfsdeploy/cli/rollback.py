@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
-from tfsdeploy import engine
-from tfsdeploy.cli.deploy import _shared, default_playbook
-from tfsdeploy.engine import ConnectionFactory, Reporter, RunPlan, RunResult
-from tfsdeploy.gates import Clock, SystemClock
-from tfsdeploy.jobs import ClientFactory
-from tfsdeploy.plans import rollback_planner
-from tfsdeploy.remote import SshConnection
-from tfsdeploy.target import Target
+from tfsdeploy.core.gates import Clock
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
+from tfsdeploy.run import engine, plans
+from tfsdeploy.run.engine import Reporter, RunResult
+from tfsdeploy.run.jobs import ClientFactory
+from tfsdeploy.run.plans import RunPlan
 
 
 def rollback(target: Target, *, to: str | None = None, playbook: str | None = None,
@@ -23,19 +21,7 @@ def rollback(target: Target, *, to: str | None = None, playbook: str | None = No
              by_guard: bool = False) -> RunResult:
     """Choose the release (``--to`` or the newest good on every reachable host), rebuild each
     host's job from its record, run the rollback playbook."""
-    cancel = threading.Event()
-    run_clock = engine.CancellableClock(clock or SystemClock(), cancel)
-    conns, factory = _shared(connect)
-    plan = RunPlan(verb="rollback", target=target,
-                   playbook=default_playbook(
-                       "rollback-recreate" if target.model.rollout.strategy == "recreate"
-                       else "rollback", playbook),
-                   planner=rollback_planner(target, to, clock=run_clock,
-                                            client_factory=client_factory, conns=conns,
-                                            by_guard=by_guard),
-                   images=sorted({h.vars.proxy_image for h in target.hosts}),
-                   lock_wait=lock_wait)
-    if before is not None:
-        before(plan)
-    return engine.execute(plan, reporter=reporter, connect=factory, clock=run_clock,
-                          cancel=cancel)
+    plan = plans.rollback_plan(target, to=to, playbook=playbook, lock_wait=lock_wait,
+                               by_guard=by_guard)
+    return engine.run(plan, reporter=reporter, connect=connect, clock=clock,
+                      client_factory=client_factory, before=before)

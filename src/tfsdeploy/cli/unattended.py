@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tfsdeploy.errors import ExitCode
-from tfsdeploy.schema import model_name_problem
+from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.core.schema import model_name_problem
 
 METRICS = {
     "tfsdeploy_last_run_timestamp_seconds": "Unix time the last run of the command ended.",

@@ -1,7 +1,9 @@
-"""Load generator and acceptance tool for TFServing fleets (ghz-compatible reports).
+"""The load generator for TFServing fleets (ghz-compatible reports) and capacity planning.
 
-Modules: ``protos`` (request messages without TensorFlow), ``payloads`` (request data),
+Modules: ``payloads`` (request data; the messages come from ``core.tfsapi``, without
+TensorFlow),
 ``schedule`` (rates and concurrency over time), ``engine`` (the per-process loop),
 ``parallel`` (worker processes), ``stats`` (histograms and exact merging), ``report``,
-``gates``, ``sweep``, ``cli``; ``fakeserver`` is test equipment.
+``gates``, ``sweep``, ``capacity`` (instances for a target QPS), ``cli``; ``fakeserver`` is test
+equipment.
 """

@@ -11,16 +11,21 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tfsdeploy.loadtest import gates, payloads, report, stats, tfrecord
+from tfsdeploy.core import tfrecord, warmup
+from tfsdeploy.core.timetext import duration_seconds
+from tfsdeploy.loadtest import capacity, gates, payloads, report, stats, sweep
 from tfsdeploy.loadtest.engine import DURATION_STOPS, ProcPlan
+from tfsdeploy.loadtest.hostcpu import HostCpuMeter
+from tfsdeploy.loadtest.parallel import WorkerFailed, run_processes
 from tfsdeploy.loadtest.schedule import KINDS, Schedule, ScheduleError
+from tfsdeploy.loadtest.transport import ConnectError
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 1
@@ -29,8 +34,6 @@ EXIT_INTERRUPTED = 130
 DEFAULT_TOTAL = 200  # ghz's default when neither -n nor -z is given
 DEFAULT_SWEEP_DURATION_S = 10.0
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ns|us|µs|ms|s|m|h)?\s*$")
-_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
 class UsageError(ValueError):
@@ -38,11 +41,12 @@ class UsageError(ValueError):
 
 
 def parse_duration(text: str) -> float:
-    """``10s``, ``500ms``, ``2m``, ``1.5h`` or a bare number of seconds, to seconds."""
-    match = _DURATION.match(str(text))
-    if not match:
-        raise argparse.ArgumentTypeError(f"bad duration {text!r} (e.g. 30s, 500ms, 2m)")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    """``10s``, ``500ms``, ``2m``, ``1.5h`` or a bare number of seconds, to seconds (an
+    argparse type: a bad one is a usage error)."""
+    try:
+        return duration_seconds(str(text))
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 class _Parser(argparse.ArgumentParser):
@@ -212,7 +216,7 @@ def load_requests(ns: argparse.Namespace) -> payloads.Payloads:
                                 version_label=ns.version_label,
                                 input_dtypes=_dtypes(ns.input_dtype))
     if ns.data_from_warmup is not None:
-        requests = payloads.requests_from_warmup(ns.data_from_warmup)
+        requests = warmup.requests_from_warmup(ns.data_from_warmup)
     elif ns.data_file is not None:
         requests = payloads.requests_from_json_file(ns.data_file, spec)
     else:
@@ -343,11 +347,6 @@ def _start_at_ns(ns: argparse.Namespace) -> int | None:
 
 def execute(run: Run, ns: argparse.Namespace) -> dict[str, Any]:
     """Run the load and build the report (gates not yet applied)."""
-    import time
-
-    from tfsdeploy.loadtest.hostcpu import HostCpuMeter
-    from tfsdeploy.loadtest.parallel import run_processes
-
     meter = HostCpuMeter()
     meter.start_at(_start_at_ns(ns))
     results = run_processes(run.plan, run.procs, _start_at_ns(ns))
@@ -424,8 +423,6 @@ def single_run(ns: argparse.Namespace, bodies: payloads.Payloads) -> int:
 
 def sweep_run(ns: argparse.Namespace, bodies: payloads.Payloads) -> int:
     """The concurrency sweep; exit 2 when no point met the SLO."""
-    from tfsdeploy.loadtest import sweep
-
     if not ns.duration and ns.total is None:
         ns.duration = DEFAULT_SWEEP_DURATION_S
     limits = sweep.SweepLimits(slo_p99_ms=ns.slo_p99, max_error_rate_pct=ns.max_error_rate,
@@ -462,16 +459,13 @@ def _print_sweep_end(data: Mapping[str, Any], ns: argparse.Namespace) -> None:
 
 def run_namespace(ns: argparse.Namespace) -> int:
     """Validate, then run once or sweep; map failures to exit codes."""
-    from tfsdeploy.loadtest.parallel import WorkerFailed
-    from tfsdeploy.loadtest.transport import ConnectError
-
     try:
         _targets(ns.targets)
         if ns.sweep and ns.start_at is not None:
             raise UsageError("--start-at starts one run; a sweep runs several: drop one")
         bodies = load_requests(ns)
         return sweep_run(ns, bodies) if ns.sweep else single_run(ns, bodies)
-    except (UsageError, ScheduleError, payloads.PayloadError) as err:
+    except (UsageError, ScheduleError, payloads.PayloadError, warmup.WarmupError) as err:
         print(f"loadtest: error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (WorkerFailed, ConnectError, OSError) as err:  # LateStart is a WorkerFailed
@@ -522,8 +516,6 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
 
     Returns ``(exit_code, text)``: 0 and the arithmetic (or JSON), or 1 and the error.
     """
-    from tfsdeploy import capacity
-
     factors = {"load_factor": load_factor, "availability_factor": availability_factor,
                "headroom": headroom, "failure_domains": failure_domains,
                "instances_per_host": instances_per_host}

@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from tfsdeploy import tfsapi as protos
+from tfsdeploy.core import tfsapi
 
 
 @dataclass
@@ -60,11 +60,11 @@ class Behaviour:
 
 def fixed_response() -> bytes:
     """A PredictResponse like half_plus_two's: output ``y`` = [2.5]."""
-    response: Any = protos.new_message("tensorflow.serving.PredictResponse")
+    response: Any = tfsapi.new_message("tensorflow.serving.PredictResponse")
     response.model_spec.name = "half_plus_two"
     response.model_spec.version.value = 1
     tensor = response.outputs["y"]
-    tensor.dtype = protos.dtype_value("DT_FLOAT")
+    tensor.dtype = tfsapi.dtype_value("DT_FLOAT")
     tensor.tensor_shape.dim.add(size=1)
     tensor.float_val.append(2.5)
     return bytes(response.SerializeToString())

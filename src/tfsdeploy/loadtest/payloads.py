@@ -26,14 +26,11 @@ from typing import Any
 
 import numpy as np
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 
-from tfsdeploy import tfsapi as protos
-from tfsdeploy.loadtest.tfrecord import read_records
+from tfsdeploy.core import tfsapi
 
-WARMUP_RELATIVE = Path("assets.extra") / "tf_serving_warmup_requests"
-
-_DTYPES = protos.NUMERIC_DTYPES
+_DTYPES = tfsapi.NUMERIC_DTYPES
 
 
 class PayloadError(ValueError):
@@ -62,8 +59,8 @@ class Payloads:
 
 def _tensor_from_array(array: np.ndarray[Any, Any], dtype: str) -> Message:
     """A TensorProto holding ``array`` (tensor_content for numbers, string_val for text)."""
-    tensor = protos.new_message(protos.TENSOR_PROTO)
-    tensor.dtype = protos.dtype_value(dtype)
+    tensor = tfsapi.new_message(tfsapi.TENSOR_PROTO)
+    tensor.dtype = tfsapi.dtype_value(dtype)
     for size in array.shape:
         tensor.tensor_shape.dim.add(size=int(size))
     if dtype == "DT_STRING":
@@ -71,7 +68,7 @@ def _tensor_from_array(array: np.ndarray[Any, Any], dtype: str) -> Message:
         return tensor
     if dtype not in _DTYPES:
         raise PayloadError(f"unsupported dtype {dtype} (use one of {sorted(_DTYPES)} or DT_STRING)")
-    return protos.tensor_from_array(array, dtype)
+    return tfsapi.tensor_from_array(array, dtype)
 
 
 def _to_bytes(value: Any) -> bytes:
@@ -109,13 +106,13 @@ def tensor_from_json(name: str, values: Any, dtypes: Mapping[str, str]) -> Messa
 def tensor_to_json(tensor: Any) -> Any:
     """Nested lists (TFServing REST columnar form) from a TensorProto."""
     shape = [int(d.size) for d in tensor.tensor_shape.dim]
-    dtype = protos.dtype_name(int(tensor.dtype))
+    dtype = tfsapi.dtype_name(int(tensor.dtype))
     if dtype == "DT_STRING":
         flat: list[Any] = [_text_or_b64(v) for v in tensor.string_val]
         return np.array(flat, dtype=object).reshape(shape).tolist() if shape else flat[0]
     if dtype not in _DTYPES:
         raise PayloadError(f"cannot convert {dtype} to JSON")
-    return protos.array_from_tensor(tensor).tolist()
+    return tfsapi.array_from_tensor(tensor).tolist()
 
 
 def _text_or_b64(value: bytes) -> Any:
@@ -148,7 +145,7 @@ def _rows_to_columns(instances: Sequence[Any]) -> dict[str, Any]:
 
 def request_from_json(obj: Any, dtypes: Mapping[str, str]) -> Message:
     """One PredictRequest from one JSON object in either accepted style."""
-    request = protos.new_message(protos.PREDICT_REQUEST)
+    request = tfsapi.new_message(tfsapi.PREDICT_REQUEST)
     if not isinstance(obj, dict):
         raise PayloadError("each request must be a JSON object")
     if _is_proto_json(obj):
@@ -182,30 +179,6 @@ def requests_from_json_file(path: Path, spec: RequestSpec) -> list[Message]:
     if not items:
         raise PayloadError(f"{path}: empty list of requests")
     return [request_from_json(item, spec.input_dtypes) for item in items]
-
-
-def warmup_file(path: Path) -> Path:
-    """The warmup TFRecord of a SavedModel directory, or ``path`` itself if it is a file."""
-    return path if path.is_file() else path / WARMUP_RELATIVE
-
-
-def requests_from_warmup(path: Path) -> list[Message]:
-    """The Predict requests recorded in a SavedModel's warmup file (other kinds skipped)."""
-    file = warmup_file(path)
-    if not file.is_file():
-        raise PayloadError(f"no warmup records at {file}")
-    log_class = protos.message_class(protos.PREDICTION_LOG)
-    requests = []
-    try:
-        for record in read_records(file):
-            log: Any = log_class.FromString(record)
-            if log.HasField("predict_log"):
-                requests.append(log.predict_log.request)
-    except (ValueError, DecodeError) as err:
-        raise PayloadError(f"{file}: {err}") from err
-    if not requests:
-        raise PayloadError(f"{file}: no Predict requests among the warmup records")
-    return requests
 
 
 def apply_spec(request: Any, spec: RequestSpec) -> None:

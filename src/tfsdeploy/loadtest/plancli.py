@@ -1,4 +1,4 @@
-"""``scripts/plan-capacity``: instances needed for a target QPS (see tfsdeploy.capacity).
+"""``scripts/plan-capacity``: instances needed for a target QPS (see tfsdeploy.loadtest.capacity).
 
 Exit codes: 0 planned; 1 bad input (no sweep report, no point under the SLO, bad factor).
 """

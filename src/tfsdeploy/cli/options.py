@@ -1,0 +1,212 @@
+"""Every command's options typed before it runs: numbers and durations parsed from the text
+the task received (tasks.py declares them as text: invoke's own conversion ends in a
+traceback), ranges checked, paths checked before anything is written, and every bad option
+named at once with its fix (a ConfigError, exit 1)."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
+
+from tfsdeploy.core.canary_policy import parse_weights
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.layout import RELEASE_ID
+from tfsdeploy.core.timetext import SINCE_FIX, duration_seconds, since_seconds
+
+Options = dict[str, Any]
+"""A command's options by name, as the task passed them (``options`` types them)."""
+
+
+def parsed(parse: Callable[[str], Any], fix: str) -> BeforeValidator:
+    """An option given as text and parsed by ``parse`` (which raises ValueError saying why it
+    cannot); the error carries ``fix`` for the problem options() reports."""
+    def validate(value: Any) -> Any:
+        try:
+            return parse(str(value))
+        except ValueError as error:
+            raise PydanticCustomError("tfsdeploy", "{reason}",
+                                      {"reason": str(error), "fix": fix}) from None
+    return BeforeValidator(validate)
+
+
+def since_text(text: str) -> str:
+    """`fab logs --since`, checked before any host (cli.fleet.since_seconds) and passed on
+    as given: logs() reads it against the clock when it starts."""
+    since_seconds(text, time.time())
+    return text
+
+
+def release_id(text: str) -> str:
+    """`fab rollback --to`: a release id as the toolkit makes them (it names paths on hosts)."""
+    if not RELEASE_ID.fullmatch(text):  # not match(): its $ lets a trailing newline through
+        raise ValueError("is not a release id (r<date>-<time>-v<version>)")
+    return text
+
+
+def duration_text(text: str) -> str:
+    """`fab bench --duration`, `fab accept --duration`: 10s, 500ms, 2m, 1.5h (the load
+    generator's form), checked here and kept as text for the command to read."""
+    if not text.isascii():  # the parsers' \d and float() also read other scripts' digits
+        raise ValueError("is not a duration (ASCII digits and a unit)")
+    try:
+        seconds = duration_seconds(text)
+    except ValueError:
+        raise ValueError("is not a duration") from None
+    if not math.isfinite(seconds):
+        raise ValueError("is too long to be a duration")
+    return text
+
+
+def output_path(*, directory: bool) -> Callable[[str], str]:
+    """A path a command writes (a file, or with ``directory`` a directory), checked before
+    the command runs: not a NUL byte, not a directory where a file goes (nor the reverse),
+    under a directory (missing ones are made) and a name the file system takes."""
+    def check(text: str) -> str:
+        if "\x00" in text:
+            raise ValueError("holds a NUL byte")
+        path = Path(text)
+        try:
+            if path.exists() and path.is_dir() != directory:
+                raise ValueError("is a file, not a directory" if directory else
+                                 "is a directory, not a file")
+            above = next((p for p in path.parents if p.exists()), None)
+            if above is not None and not above.is_dir():
+                raise ValueError(f"is under {str(above)!r}, a file")
+        except OSError as error:  # a name too long for the file system
+            raise ValueError(f"cannot be used: {error.strerror}") from None
+        return text
+    return check
+
+
+def input_file(text: str) -> str:
+    """A file a command reads (--sweep-report)."""
+    if "\x00" in text:
+        raise ValueError("holds a NUL byte")
+    try:
+        found = Path(text).is_file()
+    except OSError as error:
+        raise ValueError(f"cannot be used: {error.strerror}") from None
+    if not found:
+        raise ValueError("is not a file")
+    return text
+
+
+OutputFile = Annotated[str, parsed(output_path(directory=False),
+                                   "name a file in a directory this user can write")]
+OutputDir = Annotated[str, parsed(output_path(directory=True),
+                                  "name a directory (made when missing) this user can write")]
+NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # 0 divides by zero
+Count = Annotated[int, Field(ge=1, le=1_000_000)]
+OPTION_TYPES: dict[str, Any] = {
+    "lock_wait": NonNegative, "for_s": NonNegative, "interval_s": Positive,
+    "duration_s": Positive, "slo_p99_ms": Positive, "max_error_rate": NonNegative,
+    "min_requests": Count, "concurrency": Count, "procs": Count, "rps": Positive,
+    "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
+    "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
+    "lines": Count, "step_s": Positive, "instances_per_host": Count,
+    "since": Annotated[str, parsed(since_text, SINCE_FIX)],
+    "to": Annotated[str, parsed(release_id, "give a release id that `fab history` lists, "
+                                            "e.g. r20250131-080000000-v3")],
+    "duration": Annotated[str, parsed(duration_text, "write it like 30s, 500ms, 2m or 1.5h")],
+    "json_file": OutputFile, "metrics_file": OutputFile, "log_file": OutputFile,
+    "report": OutputFile, "sweep_plot": OutputFile, "out": OutputDir,
+    "sweep_report": Annotated[str, parsed(input_file, "name the JSON report of `fab bench "
+                                                      "--sweep`")],
+}
+
+
+def _canary_weights(text: str) -> None:
+    # int() takes other scripts' digits ('\u0665' is 5) and '1_0'; the command line takes ASCII
+    if not re.fullmatch(r"[0-9, ]+", text):
+        raise ConfigError(Problem(f"--canary-weights {text!r} is not a comma-separated list "
+                                  "of integers", fix="write e.g. --canary-weights 5,25,50",
+                                  field="--canary-weights"))
+    parse_weights(text)
+
+
+def _notify_urls(urls: list[str]) -> None:
+    # the notifier (httpx, tenacity) is imported only when --notify is given: every command's
+    # options pass here, `fab render` and `fab hosts` too
+    from tfsdeploy.runbook import notify
+
+    try:
+        notify.check_urls(urls)
+    except ValueError as error:  # urlsplit's own refusals, e.g. "Invalid IPv6 URL"
+        # the URL is not quoted: webhook URLs carry their secret token
+        raise ConfigError(Problem(f"a --notify URL cannot be parsed: {error}",
+                                  fix="give the receiver's full URL, e.g. "
+                                      "https://hooks.example.com/T/B/X",
+                                  field="--notify")) from None
+
+
+# options checked by the module that reads them (a located ConfigError), whatever the
+# command does with them: `deploy --check` reads neither the canary options nor --notify,
+# yet must refuse what the deploy would
+OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
+    "canary_weights": lambda value: _canary_weights(str(value)),
+    "notify": lambda value: _notify_urls(list(value)),
+}
+
+
+def options(raw: Options) -> Options:
+    """The command's options, typed and range-checked; every bad one named at once."""
+    checked, problems = dict(raw), []
+    for name, value in raw.items():
+        flag = f"--{name.replace('_', '-')}"
+        if isinstance(value, str) and not value.strip():
+            # an empty value is never a choice: `--inventory "$INV"` with $INV unset must not
+            # mean the default inventory, nor `--hosts ""` every host of the model
+            problems.append(Problem(f"{flag} is empty", fix=f"give a value, or leave {flag} out",
+                                    field=flag))
+        elif name in OPTION_CHECKS and value is not None:
+            try:
+                OPTION_CHECKS[name](value)
+            except ConfigError as error:
+                problems += error.problems
+        elif name in OPTION_TYPES and value is not None:
+            try:
+                checked[name] = TypeAdapter(OPTION_TYPES[name]).validate_python(value)
+            except ValidationError as error:
+                first = error.errors()[0]
+                fix = (first.get("ctx") or {}).get("fix") or \
+                    "give a number in range (see `fab --help <command>`)"
+                problems.append(Problem(f"{flag} {value!r}: {first['msg']}", fix=fix,
+                                        field=flag))
+    if problems:
+        raise ConfigError(problems)
+    return checked
+
+
+def safe_model(name: str) -> str:
+    """A model name fit for files and metric labels (checked before it is recorded)."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", name or "") or name in (".", ".."):
+        raise ConfigError(Problem(f"--model {name!r} is not a model name",
+                                  fix="give a name from the inventory's catalog "
+                                      "(letters, digits, '.', '_', '-')", field="--model"))
+    return name
+
+
+def writable(path: Any) -> str | None:
+    """``path`` when it passes the output file check (a refused one is reported by
+    options() and never written)."""
+    try:
+        return output_path(directory=False)(path) if isinstance(path, str) and path else None
+    except ValueError:
+        return None
+
+
+def is_safe(name: str) -> bool:
+    try:
+        safe_model(name)
+    except ConfigError:
+        return False
+    return True

@@ -1,0 +1,109 @@
+"""What the toolkit asks the Docker Engine to run: container specs (pure).
+
+A spec is plain data; ``dockerapi.sdk_arguments`` turns it into the docker SDK's
+``containers.run`` keyword arguments. Serving containers and the proxy are hardened as far as
+they allow: no capabilities, ``no-new-privileges``, a read-only root file system with a tmpfs
+for /tmp, the model and release files mounted read-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from tfsdeploy.core.layout import (
+    LABEL_PREFIX,
+    PROXY_ADMIN_MOUNT,
+    HostPaths,
+    Ports,
+    container_name,
+    proxy_name,
+)
+from tfsdeploy.core.render import CONTAINER_CONFIG_DIR, CONTAINER_MODEL_ROOT
+
+SERVER_BINARY = "/usr/bin/tensorflow_model_server"
+# TFServing reads its model and config files and writes nothing: it runs as an unprivileged
+# user (nobody), whatever user the image names
+SERVER_USER = "65534:65534"
+PROXY_CONFIG_DIR = "/usr/local/etc/haproxy"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host directory mounted into the container."""
+
+    source: str
+    target: str
+    read_only: bool = True
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """Docker's ``--gpus``: all GPUs (count -1), a count, or given device ids."""
+
+    count: int = 0
+    device_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """Everything ``docker run`` is given for one container."""
+
+    name: str
+    image: str
+    command: tuple[str, ...] = ()
+    entrypoint: tuple[str, ...] | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    gpus: GpuRequest | None = None
+    user: str | None = None
+    tmpfs: tuple[str, ...] = ("/tmp",)
+
+    def describe(self) -> str:
+        """One line for plans and logs."""
+        gpus = ""
+        if self.gpus:
+            gpus = (f", GPUs {','.join(self.gpus.device_ids)}" if self.gpus.device_ids
+                    else ", all GPUs" if self.gpus.count < 0 else f", {self.gpus.count} GPU(s)")
+        return f"{self.name} from {self.image}{gpus}"
+
+
+def parse_gpus(value: str | None) -> GpuRequest | None:
+    """The ``docker_gpus`` var (docker's ``--gpus`` syntax: all, N, device=0,1) as a request."""
+    if not value:
+        return None
+    if value == "all":
+        return GpuRequest(count=-1)
+    if value.startswith("device="):
+        return GpuRequest(device_ids=tuple(d.strip() for d in value[7:].split(",") if d.strip()))
+    return GpuRequest(count=int(value))
+
+
+def server_spec(*, model: str, release_id: str, slot: str, version: int, image: str,
+                paths: HostPaths, ports: Ports, flags: Sequence[str], gpus: GpuRequest | None,
+                instance: int = 0) -> ContainerSpec:
+    """One instance of a release in ``slot``: host network, model and release files read-only,
+    the slot's ports appended to the release's flags."""
+    labels = {f"{LABEL_PREFIX}.model": model, f"{LABEL_PREFIX}.role": "server",
+              f"{LABEL_PREFIX}.release": release_id, f"{LABEL_PREFIX}.slot": slot,
+              f"{LABEL_PREFIX}.version": str(version),
+              f"{LABEL_PREFIX}.instance": str(instance)}
+    mounts = (Mount(paths.model_dir, f"{CONTAINER_MODEL_ROOT}/{model}"),
+              Mount(paths.release_dir(release_id), CONTAINER_CONFIG_DIR))
+    command = (*flags, f"--port={ports.slot_grpc(slot, instance)}",
+               f"--rest_api_port={ports.slot_rest(slot, instance)}")
+    return ContainerSpec(name=container_name(model, release_id, instance), image=image,
+                         command=command, entrypoint=(SERVER_BINARY,), labels=labels,
+                         mounts=mounts, gpus=gpus, user=SERVER_USER)
+
+
+def proxy_spec(*, model: str, image: str, paths: HostPaths) -> ContainerSpec:
+    """The model's traffic switch (HAProxy): config read-only, the admin socket's directory
+    writable. It runs as root inside the container (with no capabilities) because the admin
+    directory on the host is root's only."""
+    # not labelled with the model: "the model's containers" are its servers
+    labels = {f"{LABEL_PREFIX}.role": "proxy", f"{LABEL_PREFIX}.proxy": model}
+    mounts = (Mount(paths.proxy_dir, PROXY_CONFIG_DIR),
+              Mount(paths.admin_dir, PROXY_ADMIN_MOUNT, read_only=False))
+    return ContainerSpec(name=proxy_name(model), image=image, labels=labels, mounts=mounts,
+                         user="0", tmpfs=("/tmp", "/run"))

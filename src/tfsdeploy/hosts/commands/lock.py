@@ -1,0 +1,64 @@
+"""The fleet lock's part on one host: a directory created by ``mkdir`` (atomic), with its
+record, changed only under ``flock`` on a file beside it so that reading the record and removing
+the directory are one step: a lock is only ever removed by the token that was read."""
+
+from __future__ import annotations
+
+from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.hosts.commands import Argv
+
+# exit 0: taken; 3: held (the record printed); other: failure
+_ACQUIRE = ('mkdir -p "$1" && exec 9>>"$2" && flock -w 10 9 && '
+            'if [ -d "$3" ]; then cat "$3/info.json" 2>/dev/null; exit 3; fi && '
+            'mkdir "$3" && printf "%s" "$4" > "$3/info.json.tmp" && '
+            'mv -f "$3/info.json.tmp" "$3/info.json"')
+# exit 0 and "removed" (or nothing when there was no lock); 3: the lock holds another record
+# now (printed). A record is named by its token, or, when it has none that can be read, by the
+# sha256 of its bytes ("none" when the file is missing).
+_REMOVE = ('[ -d "$2" ] || exit 0; exec 9>>"$1" || exit 4; flock -w 10 9 || exit 4; '
+           '[ -d "$2" ] || exit 0; '
+           'if [ -n "$3" ]; then '
+           'held=$(sed -n \'s/.*"token": *"\\([0-9a-f]*\\)".*/\\1/p\' "$2/info.json" '
+           '2>/dev/null); want=$3; '
+           'else held=none; [ -f "$2/info.json" ] && '
+           'held=$(sha256sum < "$2/info.json" | cut -c1-64); want=$4; fi; '
+           'if [ "$held" = "$want" ]; then rm -rf -- "$2" && echo removed; '
+           'else cat "$2/info.json" 2>/dev/null; exit 3; fi')
+
+
+def acquire(paths: HostPaths, record: str) -> Argv:
+    """Create the lock directory with ``record``, unless it exists (then print its record)."""
+    return ["sh", "-c", _ACQUIRE, "sh", paths.home, paths.lock_guard, paths.lock_dir, record]
+
+
+def remove_if_token(paths: HostPaths, token: str, digest: str = "none") -> Argv:
+    """Remove the lock only while it still records ``token`` (release, or break a stale one);
+    otherwise print what it holds now and exit 3. With no token, remove a lock whose record
+    has no readable token only while its bytes have the sha256 ``digest`` ("none": no
+    record file)."""
+    return ["sh", "-c", _REMOVE, "sh", paths.lock_guard, paths.lock_dir, token, digest]
+
+
+def read(paths: HostPaths) -> Argv:
+    """The lock record (exit 1 when there is none)."""
+    return ["cat", f"{paths.lock_dir}/info.json"]
+
+
+def exists(paths: HostPaths) -> Argv:
+    """Exit 0 when a lock directory exists (its record may be missing or unreadable)."""
+    return ["test", "-d", paths.lock_dir]
+
+
+# exit 0: the record was replaced; 3: the lock holds another token now (printed)
+_REPLACE = ('[ -d "$2" ] || exit 3; exec 9>>"$1" || exit 4; flock -w 10 9 || exit 4; '
+            'held=$(sed -n \'s/.*"token": *"\\([0-9a-f]*\\)".*/\\1/p\' "$2/info.json" '
+            '2>/dev/null); '
+            'if [ "$held" = "$3" ]; then printf "%s" "$4" > "$2/info.json.tmp" && '
+            'mv -f "$2/info.json.tmp" "$2/info.json"; '
+            'else cat "$2/info.json" 2>/dev/null; exit 3; fi')
+
+
+def replace_if_token(paths: HostPaths, token: str, record: str) -> Argv:
+    """Replace the lock's record while it still records ``token`` (a paused canary hands its
+    lock on, a promote or abort takes it over); otherwise print what it holds and exit 3."""
+    return ["sh", "-c", _REPLACE, "sh", paths.lock_guard, paths.lock_dir, token, record]

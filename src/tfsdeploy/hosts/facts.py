@@ -1,0 +1,287 @@
+"""A model's facts on one host, read once per run: containers, the proxy, release records,
+``current``, the lock, staged versions, disk, GPUs, ports, tools.
+
+Deploy, rollback, status, history, drift, ``--check``, prune and lock all read a host through
+``gather`` and decide from the ``HostFacts`` it returns. The proxy is the truth of what serves:
+``serving`` asks it first and falls back to the recorded ``current`` only when the proxy does
+not answer (a killed run may have switched traffic without recording it).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.layout import HostPaths, is_release_id
+from tfsdeploy.core.proxy import ServerState, parse_stat
+from tfsdeploy.core.records import (
+    BrokenRecord,
+    LockRecord,
+    ReleaseRecord,
+    parse_lock,
+    parse_release,
+)
+from tfsdeploy.core.render import FILE_NAMES
+from tfsdeploy.hosts.commands.facts import MARK, read_facts
+from tfsdeploy.hosts.commands.files import read_files
+from tfsdeploy.hosts.dockerapi import ContainerFact
+from tfsdeploy.hosts.ssh import Connection
+
+
+@dataclass(frozen=True)
+class GpuFact:
+    """One GPU as the host's nvidia-smi reports it."""
+
+    index: int
+    total_mib: int
+    used_mib: int
+
+
+@dataclass(frozen=True)
+class ProxyFact:
+    """The model's proxy on the host."""
+
+    running: bool
+    servers: tuple[ServerState, ...] = ()
+    answered: bool = False  # the admin socket answered `show stat`
+
+    def serving_slot(self, instance: int = 0) -> str | None:
+        """The one slot of ``instance`` that takes new gRPC requests (None: none or both)."""
+        ready = [s.slot for s in self.servers
+                 if s.backend == "grpc" and s.instance == instance and s.takes_new_requests]
+        return ready[0] if len(ready) == 1 else None
+
+    def in_flight(self, slot: str, instance: int = 0) -> int:
+        """Requests in flight on one instance's slot (both backends)."""
+        return sum(s.sessions for s in self.servers if s.slot == slot and s.instance == instance)
+
+    def weights(self, instance: int = 0) -> dict[str, int]:
+        """Slot -> gRPC weight of one instance (ready servers only)."""
+        return {s.slot: s.weight for s in self.servers
+                if s.backend == "grpc" and s.instance == instance and s.takes_new_requests}
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """Everything read of one host for one model, typed."""
+
+    host: str
+    containers: tuple[ContainerFact, ...] = ()
+    proxy: ProxyFact = field(default_factory=lambda: ProxyFact(running=False))
+    releases: tuple[ReleaseRecord, ...] = ()
+    broken: tuple[BrokenRecord, ...] = ()
+    current: str | None = None  # the release the `current` link names
+    live_files: dict[str, str] = field(default_factory=dict)  # current's files -> sha256
+    lock: LockRecord | None = None
+    lock_present: bool = False  # a lock directory exists (its record may be unreadable)
+    lock_digest: str = "none"  # sha256 of the lock record's bytes ("none": no record file)
+    versions: dict[int, str] = field(default_factory=dict)  # staged version -> digest or ""
+    disk_free_mib: int | None = None
+    gpus: tuple[GpuFact, ...] = ()
+    listening: frozenset[int] = frozenset()
+    tools: frozenset[str] = frozenset()
+    images: dict[str, bool] = field(default_factory=dict)
+    docker_version: str = ""
+    seconds: float = 0.0  # how long reading them took
+
+    @property
+    def servers(self) -> tuple[ContainerFact, ...]:
+        """The serving containers (not the proxy)."""
+        return tuple(c for c in self.containers if c.role == "server")
+
+    def in_slot(self, slot: str, instance: int = 0) -> list[ContainerFact]:
+        """Serving containers of one instance's slot."""
+        return [c for c in self.servers if c.slot == slot and c.instance == instance]
+
+    def of_release(self, release_id: str) -> list[ContainerFact]:
+        """Serving containers of one release."""
+        return [c for c in self.servers if c.release == release_id]
+
+    def record(self, release_id: str | None) -> ReleaseRecord | None:
+        """The record of one release, if the host keeps it."""
+        return next((r for r in self.releases if r.id == release_id), None)
+
+    @property
+    def proxy_container(self) -> ContainerFact | None:
+        """The model's proxy container."""
+        return next((c for c in self.containers if c.role == "proxy"), None)
+
+    def taking_requests(self, instance: int = 0) -> list[ContainerFact]:
+        """The running containers of ``instance`` whose slots take requests: one, or two
+        while a canary shares the traffic between them (as the proxy says)."""
+        ready = {s.slot for s in self.proxy.servers
+                 if s.backend == "grpc" and s.instance == instance and s.takes_new_requests}
+        return [c for c in self.servers
+                if c.instance == instance and c.running and c.slot in ready]
+
+    def serving(self, instance: int = 0) -> ContainerFact | None:
+        """The container that takes ``instance``'s traffic: the proxy's serving slot, or, when
+        the proxy does not answer, the running container of the recorded ``current``."""
+        if self.proxy.running and self.proxy.answered:
+            slot = self.proxy.serving_slot(instance)
+            live = [c for c in self.in_slot(slot, instance) if c.running] if slot else []
+            return live[-1] if live else None
+        return next((c for c in self.servers if c.release == self.current
+                     and c.instance == instance and c.running), None)
+
+    @property
+    def serving_release(self) -> str | None:
+        """The release serving instance 0 (the host's live release)."""
+        live = self.serving(0)
+        return live.release if live else None
+
+
+DIGITS = re.compile(r"[0-9]{1,18}")  # str.isdigit() also takes "²", which int() refuses
+
+
+def parse_sections(text: str) -> dict[str, list[tuple[str, str]]]:
+    """The facts command's output -> section name -> [(argument, body)]."""
+    sections: dict[str, list[tuple[str, str]]] = {}
+    name, argument = "", ""
+    body: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(MARK):
+            if name:
+                sections.setdefault(name, []).append((argument, "\n".join(body).strip()))
+            name, _, argument = line[len(MARK):].partition(" ")
+            body = []
+        else:
+            body.append(line)
+    if name:
+        sections.setdefault(name, []).append((argument, "\n".join(body).strip()))
+    return sections
+
+
+def _body(sections: dict[str, list[tuple[str, str]]], name: str) -> str:
+    found = sections.get(name)
+    return found[0][1] if found else ""
+
+
+def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
+                images: dict[str, bool] | None = None, docker_version: str = "") -> HostFacts:
+    """Facts from the facts command's output and the Engine's container list (pure).
+
+    Every record is parsed on its own: a truncated or edited one is reported in ``broken``
+    and never hides the others. Release ids and the ``current`` link are validated.
+    """
+    sections = parse_sections(text)
+    if "end" not in sections:
+        raise ValueError(f"{host}: the facts command's output is incomplete")
+    releases, broken = [], []
+    for path, body in sections.get("record", []):
+        parsed = parse_release(body, path)
+        if isinstance(parsed, ReleaseRecord) and path.endswith(f"/{parsed.id}/manifest.json"):
+            releases.append(parsed)
+        else:
+            broken.append(parsed if isinstance(parsed, BrokenRecord) else BrokenRecord(
+                path=path, error=f"records release {parsed.id}, which is not its directory"))
+    link = _body(sections, "current").rsplit("/", 1)[-1]
+    lock_text = _body(sections, "lock")
+    return HostFacts(
+        host=host, containers=tuple(c for c in containers
+                                    if c.role == "proxy" or is_release_id(c.release)),
+        proxy=_proxy(containers, _body(sections, "proxy")),
+        releases=tuple(sorted(releases, key=lambda r: r.id)), broken=tuple(broken),
+        current=link if is_release_id(link) else None,
+        live_files=_sums(_body(sections, "live")),
+        lock=parse_lock(lock_text) if lock_text else None,
+        lock_digest=_lock_digest(sections),
+        lock_present="lockdir" in sections,
+        versions=_versions(_body(sections, "versions")),
+        disk_free_mib=_disk(_body(sections, "disk")), gpus=_gpus(_body(sections, "gpus")),
+        listening=_listening(_body(sections, "listen")),
+        tools=frozenset(_body(sections, "tools").split()), images=dict(images or {}),
+        docker_version=docker_version)
+
+
+def _proxy(containers: Sequence[ContainerFact], stat: str) -> ProxyFact:
+    proxy = next((c for c in containers if c.role == "proxy"), None)
+    servers = parse_stat(stat) if stat else ()
+    return ProxyFact(running=bool(proxy and proxy.running), servers=servers,
+                     answered=bool(servers))
+
+
+def _lock_digest(sections: dict[str, list[tuple[str, str]]]) -> str:
+    found = _body(sections, "lockdigest").split()
+    return found[0] if found and len(found[0]) == 64 else "none"
+
+
+def _sums(text: str) -> dict[str, str]:
+    found = {}
+    for line in text.splitlines():
+        digest, _, name = line.partition("  ")
+        if len(digest) == 64 and name:
+            found[name.strip()] = digest
+    return found
+
+
+def _versions(text: str) -> dict[int, str]:
+    found = {}
+    for line in text.splitlines():
+        number, _, digest = line.strip().partition(" ")
+        if DIGITS.fullmatch(number) and int(number) > 0:
+            found[int(number)] = digest.strip()
+    return found
+
+
+def _disk(text: str) -> int | None:
+    fields = text.split()
+    return int(fields[3]) if len(fields) >= 4 and DIGITS.fullmatch(fields[3]) else None
+
+
+def _gpus(text: str) -> tuple[GpuFact, ...]:
+    found = []
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            found.append(GpuFact(int(parts[0]), int(float(parts[1])), int(float(parts[2]))))
+        except (IndexError, ValueError):
+            continue
+    return tuple(found)
+
+
+def _listening(text: str) -> frozenset[int]:
+    ports = set()
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) >= 4 and DIGITS.fullmatch(fields[3].rsplit(":", 1)[-1]):
+            ports.add(int(fields[3].rsplit(":", 1)[-1]))
+    return frozenset(ports)
+
+
+def gather(conn: Connection, model: str, paths: HostPaths, *,
+           images: Sequence[str] = ()) -> HostFacts:
+    """Read one host's facts: one command, one container list, and ``images`` inspected."""
+    started = time.monotonic()
+    docker = conn.docker
+    result = conn.run(read_facts(paths), timeout=60)
+    if not result.ok:
+        raise RuntimeError(f"{conn.host.name}: reading the host's state failed: "
+                           f"{result.tail()}")
+    version = docker.version()
+    containers = docker.containers(model)
+    present = {image: docker.image_present(image) for image in dict.fromkeys(images)}
+    facts = parse_facts(conn.host.name, result.stdout, containers, images=present,
+                        docker_version=version)
+    return replace(facts, seconds=time.monotonic() - started)
+
+
+def read_release_files(conn: Connection, paths: HostPaths, release_id: str) -> dict[str, str]:
+    """The rendered files a host keeps of a retained release."""
+    directory = paths.release_dir(release_id)
+    result = conn.run(read_files(directory, FILE_NAMES))
+    texts = split_files(result.stdout) if result.ok else {}
+    missing = [n for n in FILE_NAMES if n not in texts]
+    if missing:
+        raise ConfigError(Problem(f"release {release_id} on {conn.host.name} lacks "
+                                  f"{', '.join(missing)}", fix="pick another release "
+                                  "(`fab history`)", host=conn.host.name, file=directory))
+    return texts
+
+
+def split_files(text: str) -> dict[str, str]:
+    """``read_files`` output -> file name -> content."""
+    return {argument: body + "\n" for argument, body in parse_sections(text).get("file", [])}

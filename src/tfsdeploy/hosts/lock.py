@@ -1,0 +1,255 @@
+"""One deploy per model fleet at a time: a lock directory on a majority of the model's hosts.
+
+``mkdir`` is atomic on each host, and a run holds the lock only when it created the lock
+directory on a strict majority of the model's hosts: two runs from different machines (or a
+person and a cron job), even with different views of which hosts answer, can never both hold
+it, and one unreachable host does not block a rollback. Each host changes its part only under
+``flock``, and removes it only for the token it was asked to remove (``commands.lock``): a
+stale lock broken by two runs at once is broken once, and a fresh lock is never taken for the
+stale one it replaced. A lock is stale only when its process is provably gone: same kernel
+boot, same pid namespace, and that pid no longer runs (or runs a process started later).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import random
+import socket
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
+from tfsdeploy.core.gates import Clock
+from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.records import LockRecord, now_iso, parse_lock
+from tfsdeploy.hosts.commands import lock as lock_commands
+from tfsdeploy.hosts.ssh import Connection
+
+
+class LockHeld(TfsDeployError):
+    """Another run holds the lock."""
+
+    exit_code = ExitCode.LOCKED
+
+
+class LockQuorumLost(TfsDeployError):
+    """Too few of the model's hosts answer to hold a majority lock."""
+
+    exit_code = ExitCode.INVALID
+
+
+def user_name() -> str:
+    """This process's user, also where the password database has no entry for it."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid{os.getuid()}"
+
+
+def current_user() -> str:
+    """``user@machine`` of this process (what records and audit lines say: self-reported)."""
+    return f"{user_name()}@{socket.gethostname()}"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> int:
+    """A process's start time in clock ticks since boot (0 when it does not exist)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def new_lock_record(command: str) -> LockRecord:
+    """The record of a lock this process is about to take."""
+    pid = os.getpid()
+    return LockRecord(token=uuid.uuid4().hex, who=user_name(), machine=socket.gethostname(),
+                      pid=pid, started=now_iso(), command=command, boot_id=_boot_id(),
+                      pid_namespace=_pid_namespace(), pid_start=process_start(pid))
+
+
+def hand_to_paused(sites: list[LockSite], record: LockRecord, release: str) -> list[str]:
+    """Keep the lock for a paused canary: each host's record names the paused release (never
+    stale, whatever becomes of this process); returns the hosts where that failed."""
+    paused = record.model_copy(update={"paused": release})
+    return [site.host for site in sites if not replace(site, record.token, paused)]
+
+
+def take_over_paused(sites: list[LockSite], record: LockRecord) -> list[LockSite]:
+    """A promote or abort takes the lock a paused canary holds, where it still holds it;
+    returns the sites taken when they are a strict majority (else gives them back: none)."""
+    held: dict[str, LockRecord] = {}
+    for site in sites:
+        try:
+            found, _ = read(site)
+        except HostUnreachable:
+            continue
+        if found is not None and found.paused:
+            held[site.host] = found
+    taken = [site for site in sites if site.host in held
+             and replace(site, held[site.host].token, record)]
+    if len(taken) * 2 > len(sites):
+        return taken
+    for site in taken:  # not a majority: give the paused canary its lock back
+        replace(site, record.token, held[site.host])
+    return []
+
+
+def replace(site: LockSite, token: str, record: LockRecord) -> bool:
+    """Replace the host's lock record while it still holds ``token``."""
+    try:
+        return site.conn.run(lock_commands.replace_if_token(
+            site.paths, token, record.model_dump_json())).ok
+    except HostUnreachable:
+        return False
+
+
+def is_stale(record: LockRecord) -> bool:
+    """Whether the process that took the lock is provably gone: the same kernel boot and pid
+    namespace as this process (so its pid means the same process here), and that pid no
+    longer runs, or runs a process that started after the lock was taken."""
+    if record.paused or not record.boot_id or record.boot_id != _boot_id():
+        return False
+    if not record.pid_namespace or record.pid_namespace != _pid_namespace():
+        return False
+    started = process_start(record.pid)
+    return started == 0 or (record.pid_start > 0 and started != record.pid_start)
+
+
+@dataclass(frozen=True)
+class LockSite:
+    """Where one host keeps its part of the fleet lock."""
+
+    host: str
+    conn: Connection
+    paths: HostPaths
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one host said to an attempt."""
+
+    taken: bool = False
+    holder: LockRecord | None = None
+    unreadable: bool = False  # a lock directory without a readable record
+    reachable: bool = True
+
+
+def read(site: LockSite) -> tuple[LockRecord | None, bool]:
+    """(the holder, whether a lock directory exists) on one host."""
+    result = site.conn.run(lock_commands.read(site.paths))
+    if result.ok:
+        record = parse_lock(result.stdout)
+        return record, True
+    exists = site.conn.run(lock_commands.exists(site.paths)).ok
+    return None, exists
+
+
+def remove(site: LockSite, token: str, digest: str = "none") -> tuple[bool, LockRecord | None]:
+    """Remove the lock if it still records ``token`` (or, with no token, still has the bytes
+    of ``digest``); (whether this call removed it, what it holds otherwise)."""
+    result = site.conn.run(lock_commands.remove_if_token(site.paths, token, digest))
+    if result.ok:
+        return result.stdout.strip() == "removed", None
+    if result.code == 3:
+        return False, parse_lock(result.stdout)
+    raise HostUnreachable(f"{site.host}: the lock could not be changed: {result.tail()}")
+
+
+def _attempt(site: LockSite, record: LockRecord, on_stale: Callable[[str], None] | None
+             ) -> Attempt:
+    try:
+        for _ in range(3):
+            result = site.conn.run(lock_commands.acquire(site.paths, record.model_dump_json()))
+            if result.ok:
+                return Attempt(taken=True)
+            if result.code != 3:
+                raise HostUnreachable(f"{site.host}: taking the lock failed: {result.tail()}")
+            holder = parse_lock(result.stdout)
+            if holder is None:
+                return Attempt(unreadable=True)
+            if not is_stale(holder):
+                return Attempt(holder=holder)
+            removed, _ = remove(site, holder.token)
+            if removed and on_stale:
+                on_stale(f"broke a stale lock on {site.host}: {holder.describe()} "
+                         "(that process is gone)")
+        return Attempt()
+    except HostUnreachable:
+        return Attempt(reachable=False)
+
+
+def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float,
+                     clock: Clock, model: str, on_stale: Callable[[str], None] | None = None
+                     ) -> list[LockSite]:
+    """Take the lock on a strict majority of ``sites`` (all that answer), waiting up to
+    ``wait_s`` for another holder; returns the sites taken. Raises LockHeld naming a holder,
+    or LockQuorumLost when too few hosts answer."""
+    end = clock.now() + wait_s
+    while True:
+        with ThreadPoolExecutor(max_workers=max(1, min(16, len(sites)))) as pool:
+            outcomes = list(pool.map(lambda s: _attempt(s, record, on_stale), sites))
+        taken = [s for s, a in zip(sites, outcomes, strict=True) if a.taken]
+        holders = [(s.host, a) for s, a in zip(sites, outcomes, strict=True)
+                   if a.holder or a.unreadable]
+        answering = sum(1 for a in outcomes if a.reachable)
+        if not holders and len(taken) * 2 > len(sites):
+            return taken
+        release_sites(taken, record)
+        if not holders and answering * 2 <= len(sites):
+            raise LockQuorumLost(
+                f"only {answering} of the {len(sites)} hosts of {model} answer: the deploy "
+                "lock needs a majority\n    fix: bring hosts back, or narrow the model's "
+                "hosts in the inventory")
+        if clock.now() >= end:
+            raise LockHeld(_held_message(model, holders, sites))
+        clock.sleep(min(2.0, max(0.1, end - clock.now())) * random.uniform(0.5, 1.0))
+
+
+def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[LockSite]
+                  ) -> str:
+    paused = [(h, a.holder) for h, a in holders if a.holder is not None and a.holder.paused]
+    if paused:  # no process holds it: breaking it would leave the canary's hosts half-rolled
+        host, holder = paused[0]
+        return (f"a canary of {model} is paused: release {holder.paused} holds the lock on "
+                f"{host} ({holder.command} by {holder.who}@{holder.machine} since "
+                f"{holder.started}), serving part of the requests.\n"
+                f"    fix: finish it with `fab promote --model {model}`, or return its hosts "
+                f"to the old release with `fab abort --model {model}`; then run again")
+    host, attempt = holders[0] if holders else (sites[0].host, Attempt())
+    described = (attempt.holder.describe() if attempt.holder else
+                 "a lock whose record is unreadable" if attempt.unreadable else
+                 "a concurrent run")
+    return (f"another deploy of {model} holds the lock on {host}: {described}.\n"
+            f"    fix: wait (--lock-wait SECONDS), or if no deploy is running, "
+            f"`fab lock --model {model} --break`")
+
+
+def release_sites(sites: list[LockSite], record: LockRecord) -> list[str]:
+    """Give the lock back where it is ours; returns the hosts where that failed."""
+    failed = []
+    for site in sites:
+        try:
+            remove(site, record.token)
+        except HostUnreachable:
+            failed.append(site.host)
+    return failed
+

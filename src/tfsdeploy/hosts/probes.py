@@ -1,0 +1,154 @@
+"""Probes of one TFServing server: gRPC version status, signature and predict; over HTTP its REST
+status and its metrics.
+
+Messages come from ``tfsapi`` (TFServing's descriptors, read without importing TensorFlow),
+so probing costs no TensorFlow start-up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+
+from tfsdeploy.core import tfsapi
+
+STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
+               50: "END"}
+
+
+@dataclass(frozen=True)
+class VersionStatus:
+    """One version as GetModelStatus reports it."""
+
+    version: int
+    state: str
+    error_code: int
+    error_message: str
+
+
+def _method(channel: grpc.Channel, path: str, response: str) -> Any:
+    return channel.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                               response_deserializer=tfsapi.message_class(response).FromString)
+
+
+class SlotClient:
+    """One gRPC channel to one slot of one host."""
+
+    def __init__(self, address: str, port: int, model: str) -> None:
+        self.target = f"{address}:{port}"
+        self.model = model
+        self._channel = grpc.insecure_channel(
+            self.target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+        self._status = _method(self._channel, tfsapi.STATUS_METHOD, tfsapi.STATUS_RESPONSE)
+        self._metadata = _method(self._channel, tfsapi.METADATA_METHOD,
+                                 tfsapi.METADATA_RESPONSE)
+        self._predict = _method(self._channel, tfsapi.PREDICT_METHOD, tfsapi.PREDICT_RESPONSE)
+
+    def status(self, *, timeout: float = 5.0) -> list[VersionStatus]:
+        """All versions the server knows for the model (NOT_FOUND -> empty list)."""
+        request: Any = tfsapi.new_message(tfsapi.STATUS_REQUEST)
+        request.model_spec.name = self.model
+        try:
+            reply = self._status(request, timeout=timeout)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.NOT_FOUND:
+                return []
+            raise
+        return [VersionStatus(int(v.version), STATE_NAMES.get(v.state, str(v.state)),
+                              int(v.status.error_code), v.status.error_message)
+                for v in reply.model_version_status]
+
+    def signatures(self, version: int, *, timeout: float = 10.0
+                   ) -> dict[str, dict[str, dict[str, tuple[str, tuple[int, ...]]]]]:
+        """Every signature of the version (GetModelMetadata): name -> {"inputs"|"outputs":
+        {tensor: (dtype name, shape)}}."""
+        request: Any = tfsapi.new_message(tfsapi.METADATA_REQUEST)
+        request.model_spec.name = self.model
+        request.model_spec.version.value = version
+        request.metadata_field.append("signature_def")
+        reply = self._metadata(request, timeout=timeout)
+        defs: Any = tfsapi.new_message(tfsapi.SIGNATURE_DEF_MAP)
+        defs.ParseFromString(reply.metadata["signature_def"].value)
+        return {name: {kind: {key: (tfsapi.dtype_name(info.dtype),
+                                    tuple(-1 if info.tensor_shape.unknown_rank else d.size
+                                          for d in info.tensor_shape.dim))
+                              for key, info in getattr(sig, kind).items()}
+                       for kind in ("inputs", "outputs")}
+                for name, sig in defs.signature_def.items()}
+
+    def signature(self, version: int, name: str, *, timeout: float = 10.0
+                  ) -> dict[str, dict[str, tuple[str, tuple[int, ...]]]]:
+        """{"inputs"|"outputs": {tensor: (dtype name, shape)}} of one signature ({} when the
+        version has none of that name)."""
+        return self.signatures(version, timeout=timeout).get(name, {})
+
+    def predict(self, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
+                signature: str = "serving_default", timeout: float = 30.0
+                ) -> tuple[dict[str, np.ndarray], float]:
+        """Outputs of one Predict call and its latency in seconds."""
+        request: Any = tfsapi.new_message(tfsapi.PREDICT_REQUEST)
+        request.model_spec.name = self.model
+        request.model_spec.signature_name = signature
+        if version is not None:
+            request.model_spec.version.value = version
+        for name, array in inputs.items():
+            request.inputs[name].CopyFrom(
+                tfsapi.tensor_from_array(array, _dtype_of(np.asarray(array))))
+        start = time.perf_counter()
+        reply = self._predict(request, timeout=timeout)
+        elapsed = time.perf_counter() - start
+        return {k: tfsapi.array_from_tensor(v) for k, v in reply.outputs.items()}, elapsed
+
+    def close(self) -> None:
+        """Close the channel."""
+        self._channel.close()
+
+
+def _dtype_of(array: np.ndarray) -> str:
+    for name, (numpy_type, _) in tfsapi.NUMERIC_DTYPES.items():
+        if np.dtype(numpy_type) == array.dtype.newbyteorder("<"):
+            return name
+    raise ValueError(f"no TensorFlow dtype for numpy {array.dtype}")
+
+
+# TensorFlow and TFServing export their metrics as ":tensorflow:..." in Prometheus's format
+# (a loaded model always has :tensorflow:cc:saved_model:load_attempt_count, for one)
+METRIC_PREFIX = ":tensorflow:"
+
+
+def metrics(address: str, port: int, path: str, *, timeout_s: float = 5.0) -> str:
+    """One read of a server process's metrics (Prometheus text) on its REST port."""
+    reply = httpx.get(f"http://{address}:{port}{path}", timeout=timeout_s)
+    reply.raise_for_status()
+    return reply.text
+
+
+def rest_problems(address: str, port: int, model: str, version: int, *,
+                  metrics_path: str | None, timeout_s: float = 3.0) -> list[str]:
+    """What is wrong with a server's REST side (empty when nothing is): the model's version
+    status must say AVAILABLE, and the metrics path (when given) must serve TFServing's
+    metric names."""
+    problems = []
+    base = f"http://{address}:{port}"
+    try:
+        with httpx.Client(timeout=timeout_s) as client:
+            reply = client.get(f"{base}/v1/models/{model}/versions/{version}")
+            states = [v.get("state") for v in reply.json().get("model_version_status", [])] \
+                if reply.status_code == 200 else []
+            if "AVAILABLE" not in states:
+                problems.append(f"GET /v1/models/{model}/versions/{version}: HTTP "
+                                f"{reply.status_code} {states or reply.text[:120]!r}")
+            if metrics_path:
+                metrics = client.get(f"{base}{metrics_path}")
+                if metrics.status_code != 200 or METRIC_PREFIX not in metrics.text:
+                    problems.append(f"GET {metrics_path}: HTTP {metrics.status_code}, "
+                                    "no TFServing metric names")
+    except (httpx.HTTPError, ValueError) as error:
+        problems.append(f"REST :{port}: {type(error).__name__}: {error}")
+    return problems

@@ -1,0 +1,189 @@
+"""Changes: what a step does to a host, as typed values.
+
+An operation (``operations``) yields changes; the executor applies them to the host, or, under
+``--check``, only lists them. A change says what it is in one line (``describe``), the same line
+the plan prints and the audit log records when it is applied, so the plan of a check and the
+record of the run that follows can be compared line by line. ``Check`` is the one kind that
+changes nothing: a gate, whose work runs only in a real run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from tfsdeploy.hosts.commands import Argv
+from tfsdeploy.hosts.commands.containers import ContainerSpec
+
+
+@dataclass(frozen=True)
+class Change:
+    """Base of every change."""
+
+    kind: ClassVar[str] = "change"
+    audited: ClassVar[bool] = True  # recorded in the host's audit log when applied
+    serving: ClassVar[bool] = False  # changes containers or the proxy: what serves
+
+    def describe(self) -> str:
+        """One line: what this change does."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Command(Change):
+    """A command on the host (argv, never a shell string from outside)."""
+
+    kind: ClassVar[str] = "command"
+    argv: tuple[str, ...]
+    what: str
+    timeout: float | None = None
+    ok_codes: tuple[int, ...] = (0,)
+    stdin: bytes | None = None
+
+    def describe(self) -> str:
+        return self.what
+
+    @staticmethod
+    def of(argv: Argv, what: str, *, timeout: float | None = None,
+           ok_codes: tuple[int, ...] = (0,), stdin: bytes | None = None) -> Command:
+        """A Command from a builder's argv."""
+        return Command(tuple(argv), what, timeout, ok_codes, stdin)
+
+
+@dataclass(frozen=True)
+class LocalCommand(Change):
+    """A command on the deploy machine (a playbook's own step), with the run's variables."""
+
+    kind: ClassVar[str] = "local"
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    timeout: float = 60.0
+    ok_codes: tuple[int, ...] = (0,)
+
+    def describe(self) -> str:
+        return "run here: " + " ".join(self.argv)
+
+
+@dataclass(frozen=True)
+class WriteFile(Change):
+    """A file written atomically (temporary name, then rename)."""
+
+    kind: ClassVar[str] = "write"
+    path: str
+    data: bytes = field(repr=False)
+    mode: int = 0o644
+
+    def describe(self) -> str:
+        return f"write {self.path}"  # its size can differ between a plan and the run
+
+
+@dataclass(frozen=True)
+class Upload(Change):
+    """A local file uploaded (the version archive); ``source`` makes it when first needed."""
+
+    kind: ClassVar[str] = "upload"
+    source: Callable[[], str] = field(compare=False, repr=False)
+    path: str = ""
+    what: str = ""
+
+    def describe(self) -> str:
+        return f"upload {self.what} to {self.path}"
+
+
+@dataclass(frozen=True)
+class PullImage(Change):
+    """An image pulled onto the host."""
+
+    kind: ClassVar[str] = "pull"
+    image: str
+    if_missing: bool = False  # presence unknown from the facts: look first
+
+    def describe(self) -> str:
+        return f"pull {self.image}" + (" (if absent)" if self.if_missing else "")
+
+
+@dataclass(frozen=True)
+class RunContainer(Change):
+    """A container created and started."""
+
+    kind: ClassVar[str] = "run"
+    serving: ClassVar[bool] = True
+    spec: ContainerSpec
+    where: str = ""
+
+    def describe(self) -> str:
+        return f"start {self.spec.describe()}{' ' + self.where if self.where else ''}"
+
+
+@dataclass(frozen=True)
+class StartContainer(Change):
+    """A stopped container started again."""
+
+    kind: ClassVar[str] = "start"
+    serving: ClassVar[bool] = True
+    name: str
+
+    def describe(self) -> str:
+        return f"start {self.name} again"
+
+
+@dataclass(frozen=True)
+class StopContainer(Change):
+    """A container stopped (kept, for rollback)."""
+
+    kind: ClassVar[str] = "stop"
+    serving: ClassVar[bool] = True
+    name: str
+
+    def describe(self) -> str:
+        return f"stop {self.name}"
+
+
+@dataclass(frozen=True)
+class RemoveContainer(Change):
+    """A container removed."""
+
+    kind: ClassVar[str] = "remove"
+    serving: ClassVar[bool] = True
+    name: str
+
+    def describe(self) -> str:
+        return f"remove container {self.name}"
+
+
+@dataclass(frozen=True)
+class RemoveImage(Change):
+    """An image removed, unless a container still uses it (never forced)."""
+
+    kind: ClassVar[str] = "remove-image"
+    image: str
+
+    def describe(self) -> str:
+        return f"remove image {self.image} (if no container uses it)"
+
+
+@dataclass(frozen=True)
+class ProxyCommands(Change):
+    """Runtime commands on the proxy's admin socket (no reload)."""
+
+    kind: ClassVar[str] = "proxy"
+    serving: ClassVar[bool] = True
+    commands: tuple[str, ...]
+    what: str
+
+    def describe(self) -> str:
+        return self.what
+
+
+@dataclass(frozen=True)
+class Check(Change):
+    """A gate or a wait: changes nothing; ``run`` does its work and returns what it saw."""
+
+    kind: ClassVar[str] = "check"
+    audited: ClassVar[bool] = False
+    what: str
+    run: Callable[[], str] = field(compare=False, repr=False)
+
+    def describe(self) -> str:
+        return self.what

@@ -1,0 +1,678 @@
+"""The engine owns a run, whatever its verb: the hosts' connections, the run's clock and its
+cancellation (Ctrl-C/SIGTERM/SIGHUP), the fleet lock, the facts read once, the playbook's
+phases, batches, rescue and the exit code. ``run`` is the one way a verb's run plan
+(``plans``) is run; ``check`` plans it without changing anything.
+
+The loop is explicit: every host's facts are read under the lock, the verb's planner turns them
+into one job per host, then each phase runs its task list, on every host at once or batch by
+batch. The first failure beyond the threshold stops the roll; the failed host runs the phase's
+``rescue`` tasks, and the hosts already rolled run them too under ``on_failure: revert``. The
+exit code says where the run stood: nothing serving changed (1), every host back on its
+previous release (2), the fleet not consistent (3).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tfsdeploy.core.batches import plan_batches, threshold_exceeded
+from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.gates import Clock, GateFailed, SystemClock
+from tfsdeploy.core.layout import host_paths
+from tfsdeploy.core.records import LockRecord, StepRecord
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts import lock
+from tfsdeploy.hosts.facts import HostFacts, gather
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.run.changes import Change
+from tfsdeploy.run.executor import run_step
+from tfsdeploy.run.jobs import ClientFactory, Facts, HostJob, RunContext, Session, Verb
+from tfsdeploy.run.operations import registry
+from tfsdeploy.run.operations.canary import CanaryPaused
+from tfsdeploy.run.plans import RunPlan
+from tfsdeploy.run.playbook import Phase, Playbook, Task
+
+
+class Interrupted(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP arrived: stop at the next step boundary and restore."""
+
+if TYPE_CHECKING:
+    from tfsdeploy.hosts.dockerssh import PullProgress
+
+
+class Reporter(Protocol):
+    """Where progress goes (the CLI prints it; tests record it)."""
+
+    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+             detail: str) -> None:
+        """One step finished (status: ok, failed, restored ...)."""
+
+    def note(self, text: str) -> None:
+        """A fleet-level message."""
+
+
+class CancellableClock:
+    """A clock whose sleep raises Interrupted once the run is cancelled."""
+
+    def __init__(self, inner: Clock, cancel: threading.Event) -> None:
+        self._inner, self._cancel = inner, cancel
+
+    def now(self) -> float:
+        """The inner clock's time."""
+        return self._inner.now()
+
+    def sleep(self, seconds: float) -> None:
+        """Sleep, unless cancelled."""
+        if self._cancel.is_set():
+            raise Interrupted()
+        self._inner.sleep(seconds)
+        if self._cancel.is_set():
+            raise Interrupted()
+
+
+@dataclass
+class HostOutcome:
+    """How one host ended."""
+
+    host: str
+    status: str  # rolled, unchanged, failed, restored, reverted, unreachable, skipped, unknown
+    error: str = ""
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    release: str = ""
+    diagnosis: dict[str, str] | None = None  # a failed gate's known failure: cause and fix
+
+
+@dataclass
+class RunResult:
+    """The whole run, for people and machines."""
+
+    model: str
+    version: int
+    release_id: str
+    exit_code: ExitCode = ExitCode.OK
+    message: str = ""
+    hosts: dict[str, HostOutcome] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"model": self.model, "version": self.version, "release": self.release_id,
+                "exit_code": int(self.exit_code), "result": self.exit_code.name.lower(),
+                "message": self.message, "seconds": round(self.seconds, 3),
+                "hosts": {n: o.__dict__ for n, o in self.hosts.items()}}
+
+
+@dataclass
+class RunState:
+    """Everything the phases of one run share."""
+
+    playbook: Playbook
+    context: RunContext
+    jobs: list[HostJob]
+    reporter: Reporter
+    cancel: threading.Event
+    serial: Sequence[int | str]
+    max_fail_percentage: float
+    on_failure: str
+    result: RunResult
+    failed: set[str] = field(default_factory=set)
+    touched: set[str] = field(default_factory=set)  # hosts where what serves was changed
+
+    def outcome(self, job: HostJob) -> HostOutcome:
+        """The host's outcome record (created on first use)."""
+        if job.name not in self.result.hosts:
+            self.result.hosts[job.name] = HostOutcome(job.name, "pending",
+                                                      release=self.context.release_id)
+        return self.result.hosts[job.name]
+
+    def progress(self, host: str, update: PullProgress) -> None:
+        """Pull progress goes to the reporter when it shows progress."""
+        show = getattr(self.reporter, "progress", None)
+        if show is not None:
+            show(host, update)
+
+    def event(self, kind: str, **data: Any) -> None:
+        """A run event (batch started, host rolled, gate failed) for reporters that take
+        them (notifications)."""
+        emit(self.reporter, kind, **data)
+
+
+def emit(reporter: Reporter, kind: str, **data: Any) -> None:
+    """Give ``reporter`` a run event if it takes events; a reporter's failure never stops the
+    run."""
+    take = getattr(reporter, "event", None)
+    if take is not None:
+        try:
+            take(kind, **data)
+        except Exception:  # notifications are best effort by design
+            return
+
+
+def run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
+    """Run a task list on one host, recording each step; raise on the first failure."""
+    operations = registry()
+    if job.unreachable is not None:
+        raise job.unreachable
+    for task in tasks:
+        if state.cancel.is_set():
+            raise Interrupted()
+        started = time.monotonic()
+        try:
+            outcome = run_step(job, task.action, operations[task.action], task.params,
+                               check=False, on_progress=state.progress)
+        except BaseException as error:
+            seconds = time.monotonic() - started
+            pause = is_pause(error)  # the canary holds its last weight: not a failure
+            detail = pause_detail(state, error) if pause else describe(error)
+            _record_step(job, phase, task.action, pause, seconds, detail)
+            state.reporter.step(job.name, phase, task.action, "paused" if pause else "failed",
+                                seconds, detail)
+            if not pause and is_gate(task.action):
+                state.event("gate_failed", host=job.name, gate=task.action, message=detail)
+            raise
+        finally:
+            if job.touched:
+                state.touched.add(job.name)
+        seconds = time.monotonic() - started
+        _record_step(job, phase, task.action, True, seconds, outcome.detail)
+        state.reporter.step(job.name, phase, task.action, "ok", seconds, outcome.detail)
+
+
+def is_gate(step: str) -> bool:
+    """Whether a failure of ``step`` is a gate's verdict: a ``gate_*`` step, or a canary step
+    judged on live traffic."""
+    return step.startswith("gate_") or step == "canary_steps"
+
+
+def pause_detail(state: RunState, pause: BaseException) -> str:
+    """A paused canary's progress line: the weight it holds, and how to finish it."""
+    model = state.context.model.name
+    return (f"{pause}: `fab promote --model {model}` finishes the roll, "
+            f"`fab abort --model {model}` returns it to the old release")
+
+
+def describe(error: BaseException) -> str:
+    """An error in one line for people: its message, or its kind when it has none (a defect
+    of ours, named as such)."""
+    if isinstance(error, (TfsDeployError, GateFailed, Interrupted)):
+        return str(error) or type(error).__name__
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _record_step(job: HostJob, phase: str, step: str, ok: bool, seconds: float,
+                 detail: str) -> None:
+    job.steps.append(StepRecord(phase=phase, step=step, ok=ok, seconds=round(seconds, 3),
+                                detail=detail[:2000]))
+
+
+def roll_host(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
+    """Run a batch phase's tasks on one host, instance by instance (the host's other
+    instances keep serving meanwhile); raise on the first failure, with ``job.instance`` the
+    instance that failed."""
+    for instance in job.instances:
+        run_tasks(state, job.on(instance), phase, tasks)
+
+
+def run_parallel(state: RunState, phase: Phase, jobs: list[HostJob], tasks: Sequence[Task]
+                 ) -> dict[str, BaseException | None]:
+    """Run ``tasks`` on ``jobs`` at once (at most ``forks``), per instance in a batch phase;
+    Ctrl-C cancels cleanly."""
+    errors: dict[str, BaseException | None] = {}
+    if not jobs:
+        return errors
+    body = roll_host if phase.mode == "batches" else run_tasks
+    with ThreadPoolExecutor(max_workers=max(1, min(state.playbook.forks, len(jobs)))) as pool:
+        futures: dict[Future[None], HostJob] = {
+            pool.submit(body, state, job, phase.name, tasks): job for job in jobs}
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for future in done:
+                errors[futures[future].name] = future.exception()
+    return errors
+
+
+def run_phases(state: RunState) -> RunResult:
+    """Run the playbook's phases; the exit code follows the README's table."""
+    active = list(state.jobs)
+    for phase in state.playbook.phases:
+        if phase.mode == "batches":
+            for job in active:
+                if job.unchanged:
+                    state.outcome(job).status = "unchanged"
+            if not roll_batches(state, phase, [j for j in active if not j.unchanged]):
+                return state.result
+            # unchanged hosts go on too: a later phase retires what a killed run left behind
+            active = [j for j in active if j.name not in state.failed]
+            continue
+        passed = run_fleet_phase(state, phase, active)
+        if passed is None:
+            return state.result
+        active = passed
+    for job in active:
+        if state.outcome(job).status == "pending":
+            state.outcome(job).status = "rolled"
+    if state.failed:
+        finish(state, ExitCode.INCONSISTENT,
+               f"{len(state.failed)} host(s) failed within the allowed threshold and still "
+               f"serve their previous release: {', '.join(sorted(state.failed))}")
+    elif state.context.verb is Verb.ABORT:  # the release in the context is the one aborted
+        finish(state, ExitCode.OK, f"canary {state.context.release_id} aborted: every host "
+               "serves the release it served before the canary")
+    else:
+        finish(state, ExitCode.OK, f"every host serves {state.context.release_id}")
+    return state.result
+
+
+def _stopped_code(state: RunState) -> ExitCode:
+    """A stop before anything serving changed is 'nothing changed' (1), after it 3."""
+    return ExitCode.INCONSISTENT if state.touched else ExitCode.INVALID
+
+
+def run_fleet_phase(state: RunState, phase: Phase, jobs: list[HostJob]) -> list[HostJob] | None:
+    """A parallel phase; returns the hosts that passed, or None when the run must stop."""
+    errors = run_parallel(state, phase, jobs, phase.tasks)
+    failed = [j for j in jobs if errors.get(j.name)]
+    for job in failed:
+        error = errors[job.name]
+        state.outcome(job).status = "unreachable" if isinstance(error, HostUnreachable) \
+            else "failed"
+        state.outcome(job).error = describe(error) if error else ""
+        state.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
+        state.failed.add(job.name)
+    if state.cancel.is_set():
+        code = _stopped_code(state)
+        finish(state, code, f"interrupted during {phase.name}; "
+               + ("no serving container was changed" if code == ExitCode.INVALID
+                  else "the fleet may be mixed: look at the hosts"))
+        return None
+    if failed and state.touched:
+        finish(state, ExitCode.INCONSISTENT, f"{phase.name} failed on "
+               + ", ".join(j.name for j in failed) + " after serving containers changed")
+        return None
+    if threshold_exceeded(len(state.failed), len(state.jobs), state.max_fail_percentage):
+        finish(state, ExitCode.INVALID, f"{phase.name} failed on "
+               f"{', '.join(sorted(state.failed))}; nothing serving was changed")
+        return None
+    return [j for j in jobs if j.name not in state.failed]
+
+
+def roll_batches(state: RunState, phase: Phase, jobs: list[HostJob]) -> bool:
+    """Roll batch by batch; on a stop, rescue and apply the policy. True to go on."""
+    rolled: list[HostJob] = []
+    batches = plan_batches(jobs, state.serial)
+    state.context.canary_hosts = frozenset(j.name for j in batches[0]) if batches else frozenset()
+    for number, batch in enumerate(batches, start=1):
+        state.reporter.note(f"batch {number}/{len(batches)}: "
+                           + ", ".join(j.name for j in batch))
+        state.event("batch_started", batch=number, batches=len(batches),
+                    hosts=[j.name for j in batch])
+        errors = run_parallel(state, phase, batch, phase.tasks)
+        paused = [j for j in batch if is_pause(errors.get(j.name))]
+        for job in paused:
+            state.outcome(job).status = "paused"
+            rolled.append(job)
+        for job in batch:
+            error = errors.get(job.name)
+            if is_pause(error):
+                continue
+            if error is None:
+                rolled.append(job)
+                state.outcome(job).status = "rolled"
+                state.event("host_rolled", host=job.name, release=state.context.release_id,
+                            seconds=sum(s.seconds for s in job.steps if s.phase == phase.name))
+                continue
+            state.failed.add(job.name)
+            state.outcome(job).error = describe(error)
+            state.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
+            # revert: the whole host goes back; stay: only the instance that failed
+            state.outcome(job).status = rescue_host(state, phase, job,
+                                                    every=state.on_failure == "revert")
+        stop = state.cancel.is_set() or threshold_exceeded(
+            len(state.failed), len(state.jobs), state.max_fail_percentage)
+        if stop:
+            stop_roll(state, phase, rolled, batches[number:])
+            return False
+        if paused:
+            pause_roll(state, paused, batches[number:])
+            return False
+    return True
+
+
+def is_pause(error: BaseException | None) -> bool:
+    """Whether a host's roll ended holding a paused canary (not a failure)."""
+    return isinstance(error, CanaryPaused)
+
+
+def pause_roll(state: RunState, paused: list[HostJob], untouched: list[list[HostJob]]) -> None:
+    """The canary holds at its last weight: the run ends, the lock stays with the paused
+    release, the hosts not reached stay ``pending`` until ``fab promote`` rolls them."""
+    for batch in untouched:
+        for job in batch:
+            state.outcome(job).status = "pending"
+    policy = state.context.canary
+    weight = policy.weights[-1] if policy else 0
+    state.event("paused", hosts=[j.name for j in paused], weight=weight)
+    finish(state, ExitCode.PAUSED,
+           f"canary paused at {weight}% on {', '.join(j.name for j in paused)}: "
+           f"`fab promote --model {state.context.model.name}` finishes the roll, "
+           f"`fab abort --model {state.context.model.name}` returns them to the old release")
+
+
+def stop_roll(state: RunState, phase: Phase, rolled: list[HostJob],
+              untouched: list[list[HostJob]]) -> None:
+    """After a stop: revert or keep the rolled hosts, and set the exit code."""
+    for batch in untouched:
+        for job in batch:
+            state.outcome(job).status = "skipped"
+    reverted_ok = True
+    if state.on_failure == "revert":
+        for job in rolled:
+            status = rescue_host(state, phase, job, every=True)
+            state.outcome(job).status = status
+            reverted_ok &= status == "reverted"
+    restored_ok = all(state.result.hosts[n].status in ("restored", "reverted")
+                      for n in state.failed if n in state.result.hosts)
+    why = "interrupted" if state.cancel.is_set() else "a gate failed"
+    if state.on_failure == "revert" and reverted_ok and restored_ok:
+        finish(state, ExitCode.ROLLED_BACK, f"{why}; every host serves its previous release")
+    else:
+        finish(state, ExitCode.INCONSISTENT,
+               f"{why}; the fleet is mixed or a host could not be restored: look at the hosts")
+
+
+def rescue_host(state: RunState, phase: Phase, job: HostJob, *, every: bool = False) -> str:
+    """Run the phase's rescue tasks for the host's current instance (the one that failed) or,
+    with ``every``, for each instance the run changed, last rolled first; returns the host's
+    final status."""
+    if not phase.rescue:
+        return "failed"
+    started = time.monotonic()
+    had_traffic = job.took_any_traffic
+    chosen = [job.instance] + ([i for i in reversed(job.instances)
+                            if i is not job.instance and i.touched] if every else [])
+    try:
+        for instance in chosen:
+            job.on(instance)
+            for task in phase.rescue:  # never cancelled: a second Ctrl-C cannot cut a restore
+                begun = time.monotonic()
+                outcome = run_step(job, task.action, registry()[task.action], task.params,
+                                   check=False, on_progress=state.progress)
+                _record_step(job, "restore", task.action, True, time.monotonic() - begun,
+                             outcome.detail)
+    except Exception as error:  # the host may be unreachable: a person must look
+        state.reporter.step(job.name, "restore", "restore", "failed",
+                            time.monotonic() - started, describe(error))
+        return "unknown"
+    first = job.instances[0]
+    previous = first.old.release if first.old else "no release (first deploy)"
+    restored = "" if len(job.instances) == 1 else \
+        f" ({len(chosen)} of {len(job.instances)} instance(s) restored)"
+    state.reporter.step(job.name, "restore", "restore", "ok", time.monotonic() - started,
+                        f"back on {previous}{restored}")
+    return "reverted" if had_traffic else "restored"
+
+
+def finish(state: RunState, code: ExitCode, message: str) -> None:
+    """Set the run's result; every host appears in it, even those never reached (a paused
+    run's are still to roll: they stay ``pending``)."""
+    state.result.exit_code = code
+    state.result.message = message
+    for job in state.jobs:
+        outcome = state.outcome(job)
+        outcome.steps = [s.model_dump() for s in job.steps]
+        if outcome.status == "pending" and code != ExitCode.PAUSED:
+            outcome.status = "skipped"
+
+
+# -- a run: connections, lock, facts, signals ---------------------------------------------
+
+@contextmanager
+def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[None]:
+    """Ctrl-C, SIGTERM (cron, systemd) and SIGHUP (the operator's SSH session dropped) ask the
+    run to stop: the current steps finish, the hosts are restored, the lock is released. The
+    handler never raises, so a second signal cannot cut a restore or the release short."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if cancel.is_set():
+            reporter.note("already stopping: restoring, then releasing the lock")
+            return
+        cancel.set()
+        reporter.note(f"{signal.Signals(signum).name}: finishing the current steps, then "
+                      "restoring; the lock is released at the end")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    wanted = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {s: signal.signal(s, handler) for s in wanted}
+    try:
+        yield
+    finally:
+        for number, old in previous.items():
+            signal.signal(number, old)
+
+
+def gather_facts(target: Target, conns: Mapping[str, Connection], images: Sequence[str],
+                 forks: int) -> Facts:
+    """Every selected host's facts, read at once (an unreachable host gives its error)."""
+    def one(host: ResolvedHost) -> HostFacts | HostUnreachable:
+        try:
+            return gather(conns[host.name], target.model.name, host_paths(host, target.model),
+                          images=images)
+        except HostUnreachable as error:
+            return error
+        except Exception as error:  # a host that answers nonsense is not usable either
+            return HostUnreachable(f"{host.name}: {type(error).__name__}: {error}")
+
+    with ThreadPoolExecutor(max_workers=max(1, min(forks, len(target.hosts)))) as pool:
+        return dict(zip((h.name for h in target.hosts), pool.map(one, target.hosts),
+                        strict=True))
+
+
+def open_session(target: Target, connect: ConnectionFactory, clock: Clock,
+                 client_factory: ClientFactory | None) -> Session:
+    """One connection per host of the model (the lock spans them) and per selected host."""
+    conns = {h.name: connect(h) for h in target.model_hosts}
+    for host in target.hosts:
+        conns.setdefault(host.name, connect(host))
+    return Session(connections=conns, clock=clock, client_factory=client_factory)
+
+
+def close_session(session: Session) -> None:
+    """Close every connection of the run."""
+    for conn in session.connections.values():
+        conn.close()
+
+
+def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshConnection,
+        clock: Clock | None = None, client_factory: ClientFactory | None = None,
+        before: Callable[[RunPlan], None] | None = None) -> RunResult:
+    """Run a verb's plan: ``before`` sees it first, before any connection (a pre-hook may
+    refuse the run there); then the engine opens the connections, takes the lock, reads the
+    facts, plans the jobs and runs the phases, on ``clock`` (the system's by default) made
+    cancellable by Ctrl-C, SIGTERM and SIGHUP; the lock is released and the connections closed
+    whatever happens."""
+    if before is not None:
+        before(plan)
+    cancel = threading.Event()
+    session = open_session(plan.target, connect,
+                           CancellableClock(clock or SystemClock(), cancel), client_factory)
+    started = time.monotonic()
+    try:
+        with interrupts_cancel(cancel, reporter):
+            result = _locked(plan, session, reporter, cancel)
+    finally:
+        close_session(session)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _take_lock(plan: RunPlan, session: Session, reporter: Reporter,
+               record: LockRecord) -> list[lock.LockSite]:
+    """The fleet lock on a majority of the model's hosts (a promote or abort takes the one
+    its paused canary holds)."""
+    target = plan.target
+    sites = [lock.LockSite(h.name, session.connections[h.name], host_paths(h, target.model))
+             for h in target.model_hosts]
+    try:
+        return (lock.take_over_paused(sites, record) if plan.take_over else []) or \
+            lock.acquire_majority(sites, record, wait_s=plan.lock_wait, clock=session.clock,
+                                  model=target.model.name, on_stale=reporter.note)
+    except lock.LockQuorumLost as error:
+        if plan.verb is Verb.ROLLBACK:  # a fleet that must be restored cannot be
+            error.exit_code = ExitCode.INCONSISTENT
+        raise
+    except Interrupted:
+        raise TfsDeployError("interrupted while waiting for the lock; nothing was "
+                             "changed") from None
+
+
+def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threading.Event
+            ) -> RunResult:
+    """Under the lock: the facts, the plan, the phases; the lock given back (or handed to a
+    paused canary) and the version archive removed, whatever happens."""
+    target = plan.target
+    record = lock.new_lock_record(f"{plan.verb} {target.model.name}")
+    taken = _take_lock(plan, session, reporter, record)
+    outcome: RunResult | None = None
+    context: RunContext | None = None
+    try:
+        facts = gather_facts(target, session.connections, plan.images, plan.playbook.forks)
+        context, jobs = plan.planner(facts, session)
+        if plan.on_planned is not None:
+            plan.on_planned(context)
+        what = (f" version {context.version} as {context.release_id}"
+                if context.release_id else "")
+        reporter.note(f"{plan.verb} {target.model.name}{what} on {len(jobs)} host(s); "
+                      f"lock on {', '.join(s.host for s in taken)}")
+        emit(reporter, "run_started", version=context.version, release=context.release_id)
+        for job in jobs:
+            _facts_step(job, reporter)
+        outcome = run_roll(plan, context, jobs, reporter, cancel)
+    finally:
+        if outcome is not None and context is not None and \
+                outcome.exit_code == ExitCode.PAUSED:  # the paused release keeps it
+            unreleased = lock.hand_to_paused(taken, record, context.release_id)
+        else:
+            unreleased = lock.release_sites(taken, record)
+        if context is not None and context.archive is not None:
+            context.archive.discard()
+    if unreleased:
+        outcome.exit_code = max(outcome.exit_code, ExitCode.INCONSISTENT)
+        outcome.message += (f"; the lock could not be released on "
+                            f"{', '.join(unreleased)}: check with "
+                            f"`fab lock --model {target.model.name}`")
+    return outcome
+
+
+def _facts_step(job: HostJob, reporter: Reporter) -> None:
+    """The facts read of a host, shown and recorded as its first step."""
+    if job.unreachable is not None:
+        return
+    facts = job.facts
+    proxy = (f"proxy serving {facts.proxy.serving_slot(0) or '?'}" if facts.proxy.running
+             else "no proxy running")
+    detail = (f"{len(facts.servers)} container(s), {len(facts.releases)} release record(s), "
+              f"{proxy}")
+    _record_step(job, "preflight", "read_facts", True, facts.seconds, detail)
+    reporter.step(job.name, "preflight", "read_facts", "ok", facts.seconds, detail)
+
+
+def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: Reporter,
+             cancel: threading.Event) -> RunResult:
+    """The phases over the planned jobs, under the playbook's policy (or the model's)."""
+    rollout, playbook = context.model.rollout, plan.playbook
+    state = RunState(playbook=playbook, context=context, jobs=jobs, reporter=reporter,
+                     cancel=cancel, serial=playbook.serial or rollout.serial,
+                     max_fail_percentage=(playbook.max_fail_percentage
+                                          if playbook.max_fail_percentage is not None
+                                          else rollout.max_fail_percentage),
+                     on_failure=playbook.on_failure or rollout.on_failure,
+                     result=RunResult(context.model.name, context.version, context.release_id))
+    try:
+        return run_phases(state)
+    except Exception as error:  # a defect of ours: the exit code still says where we stood
+        finish(state, _stopped_code(state),
+               f"unexpected {type(error).__name__}: {error} (a defect of tfsdeploy)")
+        return state.result
+
+
+# -- --check: the same operations, listed instead of applied ----------------------------
+
+@dataclass
+class PlannedStep:
+    """One step of a host's plan."""
+
+    phase: str
+    step: str
+    changes: list[Change]
+    detail: str = ""
+    error: str = ""
+
+
+def plan_host(playbook: Playbook, job: HostJob) -> list[PlannedStep]:
+    """What a run would do on one host: every phase's steps and their changes, up to the
+    first step that would fail."""
+    operations = registry()
+    steps: list[PlannedStep] = []
+    for phase in playbook.phases:
+        if phase.mode == "batches" and job.unchanged:
+            continue
+        # a batch phase runs instance by instance, as the roll does
+        for instance in job.instances if phase.mode == "batches" else [job.instance]:
+            job.on(instance)
+            for task in phase.tasks:
+                try:
+                    outcome = run_step(job, task.action, operations[task.action],
+                                       task.params, check=True, on_progress=lambda h, p: None)
+                except Exception as error:
+                    steps.append(PlannedStep(phase.name, task.action, [], error=str(error)))
+                    return steps
+                steps.append(PlannedStep(phase.name, task.action, outcome.changes,
+                                         outcome.detail))
+        job.on(job.instances[0])
+    return steps
+
+
+def check(plan: RunPlan, *, connect: ConnectionFactory = SshConnection, diff: bool = False
+          ) -> tuple[RunContext | None, dict[str, list[PlannedStep] | HostUnreachable],
+                     list[HostJob]]:
+    """``--check``: read the facts, plan the jobs, list every host's steps (with ``diff``, read
+    the live release's files of each host, kept as ``job.live_files``); no lock is taken and
+    nothing is changed."""
+    session = open_session(plan.target, connect, SystemClock(), None)
+    try:
+        facts = gather_facts(plan.target, session.connections, plan.images,
+                             plan.playbook.forks)
+        context, jobs = plan.planner(facts, session)
+        context.check = True
+        plans: dict[str, list[PlannedStep] | HostUnreachable] = {}
+        for job in jobs:
+            seen = facts[job.name]
+            plans[job.name] = seen if isinstance(seen, HostUnreachable) else \
+                plan_host(plan.playbook, job)
+            if diff and not isinstance(seen, HostUnreachable):
+                job.live_files = live_files(session, job)
+        return context, plans, jobs
+    finally:
+        close_session(session)
+
+
+def live_files(session: Session, job: HostJob) -> dict[str, str]:
+    """The files of the release the host serves (none on a first deploy, or when the live
+    release lacks them: every file is then new)."""
+    if not job.old:
+        return {}
+    try:
+        return session.release_files(job.host, job.model, job.old.release)
+    except (TfsDeployError, HostUnreachable):
+        return {}

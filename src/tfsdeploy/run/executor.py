@@ -1,0 +1,175 @@
+"""Running a step: drive its operation, apply each change to the host (or only list it under
+``--check``), record what was applied in the host's audit log. The only module that turns a
+``Change`` into an effect."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.gates import GateFailed
+from tfsdeploy.core.records import AuditEntry, now_iso
+from tfsdeploy.hosts import proxyadmin
+from tfsdeploy.hosts.commands.files import append_lines
+from tfsdeploy.hosts.dockerapi import DockerFailed
+from tfsdeploy.run.changes import (
+    Change,
+    Check,
+    Command,
+    LocalCommand,
+    ProxyCommands,
+    PullImage,
+    RemoveContainer,
+    RemoveImage,
+    RunContainer,
+    StartContainer,
+    StopContainer,
+    Upload,
+    WriteFile,
+)
+from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.step import Operation
+
+if TYPE_CHECKING:
+    from tfsdeploy.hosts.dockerssh import PullProgress
+
+ProgressSink = Callable[[str, "PullProgress"], None]
+
+
+@dataclass
+class StepOutcome:
+    """What one step did (or, under ``--check``, would do)."""
+
+    detail: str
+    changes: list[Change] = field(default_factory=list)
+
+
+def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressSink) -> str:
+    """Make ``change`` on the job's host; returns what it saw (a check's verdict) or ''."""
+    conn = job.conn
+    try:
+        if isinstance(change, Check):
+            return change.run()
+        if isinstance(change, Command):
+            result = conn.run(list(change.argv), timeout=change.timeout, stdin=change.stdin)
+            if result.code not in change.ok_codes:
+                raise GateFailed(step, f"`{change.what}` to succeed",
+                                 f"exit {result.code}: {result.tail()}")
+        elif isinstance(change, LocalCommand):
+            return run_local(change, step)
+        elif isinstance(change, WriteFile):
+            conn.put_bytes(change.data, change.path, mode=change.mode)
+        elif isinstance(change, Upload):
+            conn.put_file(change.source(), change.path)
+        elif isinstance(change, PullImage):
+            if change.if_missing and conn.docker.image_present(change.image):
+                return f"{change.image} present"
+            conn.docker.pull(change.image, lambda p: on_progress(job.name, p))
+        elif isinstance(change, RunContainer):
+            conn.docker.run(change.spec)
+        elif isinstance(change, StartContainer):
+            conn.docker.start(change.name)
+        elif isinstance(change, StopContainer):
+            conn.docker.stop(change.name)
+        elif isinstance(change, RemoveContainer):
+            conn.docker.remove(change.name)
+        elif isinstance(change, RemoveImage):
+            freed = conn.docker.remove_image(change.image)
+            return f"{change.image}: {freed / (1 << 20):.1f} MiB ({freed} bytes) freed" \
+                if freed else f"{change.image} kept (in use or absent)"
+        elif isinstance(change, ProxyCommands):
+            proxyadmin.send(conn, job.paths.admin_socket, change.commands)
+        else:
+            raise TypeError(f"no way to apply {type(change).__name__}")
+    except (DockerFailed, proxyadmin.ProxyRefused) as error:
+        raise GateFailed(step, f"{change.describe()} to succeed", str(error)) from None
+    return ""
+
+
+def run_local(change: LocalCommand, step: str) -> str:
+    """Run a local command (stdin closed, its own process group, killed at the timeout)."""
+    env = {**os.environ, **dict(change.env)}
+    try:
+        process = subprocess.Popen(list(change.argv), stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    except OSError as error:
+        raise GateFailed(step, f"`{change.argv[0]}` to run", str(error)) from None
+    try:
+        output, _ = process.communicate(timeout=change.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise GateFailed(step, f"`{' '.join(change.argv)}` within {change.timeout:g} s",
+                         "timed out: " + output.decode(errors="replace")[-500:]) from None
+    tail = output.decode(errors="replace").strip().splitlines()[-5:]
+    if process.returncode not in change.ok_codes:
+        raise GateFailed(step, f"`{' '.join(change.argv)}` to succeed",
+                         f"exit {process.returncode}: " + "\n".join(tail))
+    return tail[-1] if tail else ""
+
+
+def audit_lines(job: HostJob, step: str, changes: list[Change], *, failed: str = ""
+                ) -> list[str]:
+    """The audit log's lines for the changes a step applied (and its failure, if any)."""
+    def entry(event: str, details: dict[str, Any]) -> str:
+        return AuditEntry(time=now_iso(), who=job.run.who, host=job.name,
+                          model=job.model.name, release=job.run.release_id, event=event,
+                          details=details).to_line()
+
+    lines = [entry(step, {"change": c.describe(), "kind": c.kind}) for c in changes]
+    if failed:
+        lines.append(entry(step, {"failed": failed[:500]}))
+    return lines
+
+
+def run_step(job: HostJob, step: str, operation: Operation, params: dict[str, Any], *,
+             check: bool, on_progress: ProgressSink) -> StepOutcome:
+    """Drive one operation: apply its changes in order (or only collect them when ``check``);
+    the applied changes go to the host's audit log in one append, even when the step fails."""
+    ops = operation(job, **params)
+    applied: list[Change] = []
+    seen: list[str] = []
+    failure = ""
+    try:
+        while True:
+            try:
+                change = next(ops)
+            except StopIteration as stop:
+                detail = str(stop.value or "")
+                break
+            if check:
+                applied.append(change)
+                continue
+            job.touched |= change.serving  # before: a half-made change counts too
+            result = apply_change(job, step, change, on_progress)
+            if isinstance(change, Check):
+                seen.append(result)
+            else:
+                applied.append(change)
+                if result:
+                    seen.append(result)
+    except BaseException as error:
+        if not getattr(error, "benign", False):
+            failure = str(error) or type(error).__name__
+        raise
+    finally:
+        if not check:
+            _audit(job, step, [c for c in applied if c.audited], failure)
+    return StepOutcome("; ".join(s for s in (*seen, detail) if s), applied)
+
+
+def _audit(job: HostJob, step: str, changes: list[Change], failure: str) -> None:
+    lines = audit_lines(job, step, changes, failed=failure)
+    if not lines:
+        return
+    try:
+        job.conn.run(append_lines(job.paths.audit_log, lines))
+    except HostUnreachable:
+        if not failure:
+            raise  # the step itself went well: losing its record is a failure of the step

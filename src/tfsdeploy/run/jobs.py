@@ -1,0 +1,281 @@
+"""The data a run's operations read: the run's verb, its fleet-wide context, each host's job,
+and the session the engine lends a planner.
+
+``RunContext`` holds only what is the same on every host (model, version, release id, who,
+clock, golden requests). Everything that can differ per host lives in its ``HostJob``: the
+host's rendered files and GPU plan, its image, its facts, the decisions taken from them (the
+free slot, the release it replaces) and what the run has done there so far.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from tfsdeploy.core.canary_policy import CanaryPolicy
+from tfsdeploy.core.catalog import Model
+from tfsdeploy.core.diagnosis import Diagnosis
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.gates import Clock
+from tfsdeploy.core.golden import GoldenExample
+from tfsdeploy.core.layout import HostPaths, Ports, container_name, host_paths, model_ports
+from tfsdeploy.core.records import (
+    GateRecord,
+    InstanceRecord,
+    ReleaseRecord,
+    ReleaseStatus,
+    StepRecord,
+    now_iso,
+)
+from tfsdeploy.core.render import FLAGS, HostRender
+from tfsdeploy.hosts.commands.containers import GpuRequest, parse_gpus
+from tfsdeploy.hosts.dockerapi import ContainerFact
+from tfsdeploy.hosts.facts import HostFacts, read_release_files
+from tfsdeploy.hosts.ssh import Connection
+
+ClientFactory = Callable[[str, int, str], Any]
+FRACTION_FLAG = "--per_process_gpu_memory_fraction"
+
+
+class Verb(StrEnum):
+    """What a run does: the command that asked for it (a promote's context says ``deploy``:
+    it rolls the paused release on as a deploy does)."""
+
+    DEPLOY = "deploy"
+    ROLLBACK = "rollback"
+    PROMOTE = "promote"
+    ABORT = "abort"
+    PRUNE = "prune"
+
+
+@dataclass
+class RunContext:
+    """The fleet-wide facts of one run (the same on every host)."""
+
+    verb: Verb
+    model: Model
+    version: int
+    release_id: str
+    who: str
+    clock: Clock
+    golden: list[GoldenExample]
+    source_dir: str
+    archive: Any = None  # operations.stage.VersionArchive, built when first uploaded
+    client_factory: ClientFactory | None = None  # tests pass a fake TFServing client
+    check: bool = False  # --check: plan only
+    reason: str = ""  # "guard": a rollback the SLO guard started
+    canary: CanaryPolicy | None = None  # weighted steps on the first batch (None: none)
+    canary_hosts: frozenset[str] = frozenset()  # the first batch, set when the roll starts
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def rollback(self) -> bool:
+        """Returning to a retained release (its record stays as it is)."""
+        return self.verb is Verb.ROLLBACK
+
+
+@dataclass
+class InstanceJob:
+    """One TFServing instance's part of a host's run (one per GPU, or one per host)."""
+
+    index: int
+    gpus: tuple[int, ...]  # the host GPUs it sees
+    fraction: float | None  # its --per_process_gpu_memory_fraction (None: no GPU)
+    new_slot: str = "blue"
+    old: ContainerFact | None = None  # what serves this instance now
+    warm: bool = False  # the target container was already running and loaded
+    started: bool = False  # the run created the new container (restore removes it)
+    resumed: bool = False  # the run started a retained, stopped container (restore stops it)
+    switched: bool = False  # traffic moved to the new slot (restore moves it back)
+    took_traffic: bool = False  # the new release served (restore makes it "reverted")
+    out_of_rotation: bool = False  # "recreate": its old release was taken out of rotation
+    weighted: bool = False  # canary: its slots' weights were changed (a switch resets them)
+
+    @property
+    def touched(self) -> bool:
+        """Whether the run changed this instance (a rescue has something to undo)."""
+        return self.started or self.resumed or self.switched or self.out_of_rotation
+
+
+def _delegated(name: str) -> property:
+    """A HostJob attribute that is the current instance's."""
+    return property(lambda job: getattr(job.instance, name),
+                    lambda job, value: setattr(job.instance, name, value),
+                    doc=f"The current instance's ``{name}``.")
+
+
+@dataclass
+class HostJob:
+    """One host's part of a run: what it runs, what was read of it, what was done.
+
+    The roll goes instance by instance: ``instance`` is the one being rolled, and the
+    per-instance attributes (``new_slot``, ``old``, ``started``, ...) are its.
+    """
+
+    run: RunContext
+    host: ResolvedHost
+    conn: Connection
+    render: HostRender
+    image: str
+    facts: HostFacts = field(default_factory=lambda: HostFacts(host=""))
+    instances: list[InstanceJob] = field(default_factory=list)
+    instance: InstanceJob = field(default_factory=lambda: InstanceJob(0, (), None))
+    unchanged: bool = False
+    recorded: bool = False  # `current` points at the new release
+    proxy_started: bool = False  # this run started the model's proxy on the host
+    uploaded: bool = False  # the release's directory and record exist on the host
+    touched: bool = False  # a container or the proxy was changed (no longer "nothing changed")
+    unreachable: HostUnreachable | None = None  # the facts could not be read
+    gates: list[GateRecord] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
+    previous_record: ReleaseRecord | None = None
+    canary_steps: list[dict[str, Any]] = field(default_factory=list)  # StepResult.as_dict()
+    canary_comparison: dict[str, Any] | None = None
+    diagnosis: Diagnosis | None = None  # the known failure a gate recognised (cause and fix)
+    live_files: dict[str, str] | None = None  # --check --diff: the live release's files
+
+    new_slot = _delegated("new_slot")
+    old = _delegated("old")
+    warm = _delegated("warm")
+    started = _delegated("started")
+    resumed = _delegated("resumed")
+    switched = _delegated("switched")
+    took_traffic = _delegated("took_traffic")
+    weighted = _delegated("weighted")
+
+    def __post_init__(self) -> None:
+        if not self.instances:
+            self.instances = [InstanceJob(i.index, i.gpus, i.plan.fraction if i.plan else None)
+                              for i in self.render.instances]
+        self.instance = self.instances[0]
+
+    def on(self, instance: InstanceJob) -> HostJob:
+        """Make ``instance`` the one the next steps act on."""
+        self.instance = instance
+        return self
+
+    @property
+    def last_instance(self) -> bool:
+        """Whether the current instance is the host's last to roll."""
+        return self.instance is self.instances[-1]
+
+    @property
+    def took_any_traffic(self) -> bool:
+        """Whether any instance's new release served."""
+        return any(i.took_traffic for i in self.instances)
+
+    @property
+    def name(self) -> str:
+        """The host's name."""
+        return self.host.name
+
+    @property
+    def model(self) -> Model:
+        """The model being rolled."""
+        return self.run.model
+
+    @property
+    def paths(self) -> HostPaths:
+        """Where the model lives on this host."""
+        return host_paths(self.host, self.run.model)
+
+    @property
+    def ports(self) -> Ports:
+        """The model's ports on this host."""
+        return model_ports(self.host, self.run.model)
+
+    @property
+    def container(self) -> str:
+        """The new release's container of the current instance."""
+        return container_name(self.run.model.name, self.run.release_id, self.instance.index)
+
+    @property
+    def gpus(self) -> GpuRequest | None:
+        """Docker's GPU request for the current instance: its own GPUs when the host asks
+        for GPUs at all (``docker_gpus``) and the instance has some."""
+        request = parse_gpus(self.host.vars.docker_gpus)
+        if request is None or not self.instance.gpus:
+            return request
+        return GpuRequest(device_ids=tuple(str(g) for g in self.instance.gpus))
+
+    @property
+    def target_running(self) -> bool:
+        """The release being brought in already runs here (a rollback within the window)."""
+        return any(c.running for c in self.facts.of_release(self.run.release_id))
+
+    def flag_lines(self, instance: InstanceJob | None = None) -> list[str]:
+        """The server flags of the release for an instance (the current one by default: its
+        own GPU fraction), without comments."""
+        chosen = instance or self.instance
+        lines = [line.strip() for line in self.render.file(FLAGS).text.splitlines()
+                 if line.strip().startswith("--")]
+        if chosen.fraction is None:
+            return lines
+        return [f"{FRACTION_FLAG}={chosen.fraction:.3f}"
+                if line.startswith(FRACTION_FLAG + "=") else line for line in lines]
+
+    def file_hashes(self) -> dict[str, str]:
+        """sha256 of each rendered file."""
+        return {f.name: hashlib.sha256(f.text.encode()).hexdigest() for f in self.render.files}
+
+    def release_record(self, status: ReleaseStatus) -> ReleaseRecord:
+        """The release's record on this host, as it stands now (the first instance's slot,
+        container and fraction are the host's; every instance is listed)."""
+        first = self.instances[0]
+        name = self.run.model.name
+        previous = next((i.old.release for i in self.instances if i.old), None)
+        return ReleaseRecord(
+            id=self.run.release_id, model=name, version=self.run.version,
+            image=self.image, slot=first.new_slot, status=status,
+            container=container_name(name, self.run.release_id, first.index),
+            flags=tuple(self.flag_lines(first)), files=self.file_hashes(),
+            gpu_fraction=first.fraction,
+            instances=tuple(InstanceRecord(
+                index=i.index, slot=i.new_slot, gpus=i.gpus, gpu_fraction=i.fraction,
+                container=container_name(name, self.run.release_id, i.index))
+                for i in self.instances),
+            previous=previous, deployed_by=self.run.who,
+            updated_at=now_iso(), gates=tuple(self.gates), steps=tuple(self.steps),
+            restored_by=self.run.reason if self.run.rollback else "",
+            canary=self.canary_summary(),
+            diagnosis=self.diagnosis.as_dict() if self.diagnosis else None)
+
+    def canary_summary(self) -> dict[str, Any] | None:
+        """The canary's steps and comparison on this host (None: it ran none here)."""
+        if not self.canary_steps and self.canary_comparison is None:
+            return None
+        return {"state": "done", "steps": self.canary_steps,
+                "comparison": self.canary_comparison}
+
+
+
+Facts = dict[str, HostFacts | HostUnreachable]
+"""Every selected host's facts, or why they could not be read."""
+
+
+@dataclass(frozen=True)
+class Session:
+    """What the engine owns for one run and lends its planner: one connection per host, the
+    run's clock (cancellable: a Ctrl-C ends its waits) and the factory of TFServing clients."""
+
+    connections: Mapping[str, Connection]
+    clock: Clock
+    client_factory: ClientFactory | None = None
+
+    def release_files(self, host: ResolvedHost, model: Model, release_id: str
+                      ) -> dict[str, str]:
+        """The rendered files ``host`` keeps of a retained release (read over its
+        connection)."""
+        return read_release_files(self.connections[host.name], host_paths(host, model),
+                                  release_id)
+
+
+Planner = Callable[[Facts, Session], tuple[RunContext, list[HostJob]]]
+"""A verb's planner: every selected host's facts and the run's session -> the run's context
+and one job per host. It reads nothing of a host itself; a rollback asks the session for the
+files of the release it chose."""

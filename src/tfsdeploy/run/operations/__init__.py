@@ -1,0 +1,33 @@
+"""The steps task lists name. Each is an operation (``step``): a generator that reads the host's
+job and facts and yields the changes it makes, then returns a one-line detail.
+
+Running and ``--check`` drive the same generators: the executor applies each change, or the
+planner only lists it. An operation never touches a host itself.
+
+A step called ``gate_available`` in ``tasks/*.yml`` is ``operations.gates.gate_available``;
+``registry()`` maps every name to its function, module by module: ``preflight``, ``stage``,
+``roll``, ``gates``, ``canary``, ``finalize``, ``restore``, ``prune`` and ``custom`` (a
+playbook's own ``local`` and ``remote`` commands).
+"""
+
+from __future__ import annotations
+
+from tfsdeploy.run.operations import (
+    canary,
+    custom,
+    finalize,
+    gates,
+    preflight,
+    prune,
+    restore,
+    roll,
+    stage,
+)
+from tfsdeploy.run.operations.step import OPERATIONS, Operation
+
+MODULES = (preflight, stage, roll, gates, canary, finalize, restore, prune, custom)
+
+
+def registry() -> dict[str, Operation]:
+    """Every operation, by name (each of ``MODULES`` registered its own when imported)."""
+    return OPERATIONS

@@ -1,0 +1,97 @@
+"""Finalize, once every batch passed: stop the drained old releases (kept for rollback, or
+left running for the rollback window) and prune releases beyond ``keep_releases``."""
+
+from __future__ import annotations
+
+from tfsdeploy.core.layout import container_name
+from tfsdeploy.core.records import GOOD, ReleaseStatus
+from tfsdeploy.hosts.commands.files import point_symlink, remove_tree
+from tfsdeploy.run.changes import Command, RemoveContainer, StopContainer, WriteFile
+from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.step import Ops, operation
+
+
+@operation("retire_old")
+def retire_old(job: HostJob) -> Ops:
+    """Stop the releases running outside the serving slot and prune old releases.
+
+    On a host that a killed run had already rolled (``unchanged`` now), the old release it
+    never retired is found the same way: running, but not in the slot that serves.
+    """
+    serving = {i.index: (i.old.slot if job.unchanged and i.old else i.new_slot)
+               for i in job.instances}
+    new = {i.index: container_name(job.model.name, job.run.release_id, i.index)
+           for i in job.instances}
+    leftovers = [c for c in job.facts.servers
+                 if c.running and c.slot != serving.get(c.instance) and c.name != new.get(
+                     c.instance)]
+    window = job.model.rollout.window_s
+    notes = []
+    for container in leftovers:
+        if window > 0:
+            notes.append(f"{container.name} kept running (drained) for the {window:g} s "
+                         "rollback window; the next deploy stops it")
+            continue
+        yield StopContainer(container.name)
+        notes.append(f"stopped {container.name}")
+    first = job.instances[0]
+    if job.unchanged and first.old and job.facts.current != first.old.release:
+        notes.append((yield from _finish_interrupted_record(job, first.old.release)))
+    stopped = {c.name for c in leftovers} if window <= 0 else set()
+    notes.append((yield from prune_releases(job, stopped)))
+    return "; ".join(n for n in notes if n) or "nothing to retire"
+
+
+def _finish_interrupted_record(job: HostJob, serving: str) -> Ops:
+    """A killed run switched traffic but never recorded it: point ``current`` at the release
+    that serves (the proxy's truth) and mark it serving; a rollback marks the release it
+    returned from."""
+    paths = job.paths
+    record = job.facts.record(serving)
+    if record is not None and record.status != ReleaseStatus.SERVING:
+        yield WriteFile(f"{paths.release_dir(serving)}/manifest.json",
+                        record.with_status(ReleaseStatus.SERVING).to_json())
+    previous = job.facts.record(job.facts.current)
+    if job.run.rollback and previous is not None and previous.id != serving:
+        yield WriteFile(f"{paths.release_dir(previous.id)}/manifest.json",
+                        previous.with_status(ReleaseStatus.ROLLED_BACK).to_json())
+    yield Command.of(point_symlink(f"releases/{serving}", paths.current),
+                     f"point {paths.current} at {serving}")
+    return f"current -> {serving} (recorded after an interrupted run)"
+
+
+def doomed_releases(job: HostJob, stopped: set[str]) -> list[str]:
+    """The releases beyond ``keep_releases`` that no rollback needs (pure).
+
+    Only releases that served count: failed, reverted or interrupted attempts never push a
+    rollback target out. Running releases, the one this run replaced and the one the live
+    release replaced are always kept; attempts newer than the oldest kept good release stay
+    for post-mortems.
+    """
+    keep = job.model.rollout.keep_releases
+    facts, run = job.facts, job.run
+    status = {r.id: r.status for r in facts.releases}
+    if not job.unchanged and run.verb == "deploy":
+        status[run.release_id] = ReleaseStatus.SERVING
+    this_run = {run.release_id} if run.release_id else set()  # a prune run rolls nothing
+    releases = sorted(set(status) | {c.release for c in facts.servers} | this_run)
+    good = [r for r in releases if status.get(r) in GOOD]
+    running = {c.release for c in facts.servers if c.running and c.name not in stopped}
+    kept = set(good[-keep:]) | running | this_run
+    kept |= {i.old.release for i in job.instances if i.old}
+    if not run.release_id:  # a prune: the release the live one replaced is a rollback's
+        live = facts.record(job.old.release if job.old else facts.current)  # first target
+        kept |= {live.previous} if live and live.previous else set()
+    newest_good = good[-keep] if len(good) >= keep else ""
+    return [r for r in releases if r not in kept and r < newest_good]
+
+
+def prune_releases(job: HostJob, stopped: set[str]) -> Ops:
+    """Remove the doomed releases' containers and directories."""
+    doomed = doomed_releases(job, stopped)
+    for release_id in doomed:
+        for container in job.facts.of_release(release_id):
+            yield RemoveContainer(container.name)
+        yield Command.of(remove_tree(job.paths.release_dir(release_id), root=job.paths.home),
+                         f"remove release {release_id}")
+    return f"pruned {len(doomed)} old release(s)" if doomed else ""

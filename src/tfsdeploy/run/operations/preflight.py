@@ -1,0 +1,222 @@
+"""Preflight: checks on every target host before anything changes anywhere, from the facts
+read at the start of the run, and the decisions taken from them (the free slot, whether the
+release is already live). Only ``pull_image`` changes a host (it adds an image)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from tfsdeploy.core.gates import GateFailed
+from tfsdeploy.core.layout import other_slot
+from tfsdeploy.core.proxy import FULL_WEIGHT
+from tfsdeploy.run.changes import PullImage
+from tfsdeploy.run.jobs import HostJob, InstanceJob
+from tfsdeploy.run.operations.step import Ops, operation
+
+REQUIRED_TOOLS = ("socat", "flock", "sha256sum", "tar")
+
+
+@operation("check_ssh")
+def check_ssh(job: HostJob) -> Ops:
+    """SSH connected with a verified host key (the facts were read over it)."""
+    yield from ()  # a check: no change
+    return f"{job.host.vars.ssh_user}@{job.host.address}"
+
+
+@operation("check_docker")
+def check_docker(job: HostJob) -> Ops:
+    """The Docker Engine answered, and the host has the tools the toolkit runs there."""
+    yield from ()  # a check: no change
+    missing = [t for t in REQUIRED_TOOLS if t not in job.facts.tools]
+    if missing:
+        raise GateFailed("check_docker", f"{', '.join(REQUIRED_TOOLS)} on the host",
+                         f"missing {', '.join(missing)} (on Debian/Ubuntu: apt-get install "
+                         f"{' '.join('util-linux' if t == 'flock' else t for t in missing)})")
+    return f"docker {job.facts.docker_version}"
+
+
+@operation("discover")
+def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = None) -> Ops:
+    """Take each instance's live release from the facts and choose its slot (the free one;
+    the same one with ``recreate``); detect a release that is already live."""
+    yield from ()  # a decision: no change
+    facts = job.facts
+    recreate = (strategy or job.model.rollout.strategy) == "recreate"
+    for instance in job.instances:
+        instance.old = facts.serving(instance.index)
+        instance.new_slot = ("blue" if not instance.old else instance.old.slot if recreate
+                             else other_slot(instance.old.slot))
+        _canary_slots(job, instance)
+    first = job.instances[0]
+    note = "".join(f"; unreadable record {b.path} ignored ({b.error})" for b in facts.broken)
+    if job.run.verb not in ("deploy", "rollback"):
+        return (f"serving {first.old.release} in {first.old.slot}" if first.old
+                else "nothing serving") + note
+    if job.run.rollback:
+        return _rollback_slots(job) + note
+    live = facts.record(first.old.release) if first.old else None
+    job.previous_record = live
+    same = all(i.old and live and i.old.release == live.id for i in job.instances)
+    job.unchanged = bool(same and live and live.version == job.run.version
+                         and live.image == job.image and live.files == job.file_hashes()
+                         and len(live.instances or (None,)) == len(job.instances))
+    if all(i.old and i.old.release == job.run.release_id for i in job.instances):
+        job.unchanged = True
+    return _describe_slots(job) + note
+
+
+def _canary_slots(job: HostJob, instance: InstanceJob) -> None:
+    """A canary shares the instance's traffic (a paused one, or one a killed run left): the
+    old release is the one that is not this run's, the new slot the other one, and their
+    weights must be made whole again by the switch."""
+    sharing = job.facts.taking_requests(instance.index)
+    weights = job.facts.proxy.weights(instance.index)
+    instance.weighted = any(w != FULL_WEIGHT for w in weights.values())
+    if len(sharing) != 2:
+        return
+    old = [c for c in sharing if c.release != job.run.release_id]
+    instance.old = old[0] if old else sharing[0]
+    instance.new_slot = other_slot(instance.old.slot)
+    if job.run.verb == "abort":  # the canary to take back
+        instance.started = instance.switched = instance.took_traffic = True
+
+
+def _describe_slots(job: HostJob) -> str:
+    first = job.instances[0]
+    if job.unchanged and first.old:
+        return f"already serving {first.old.release} (unchanged)"
+    several = len(job.instances) > 1
+    parts = []
+    for i in job.instances:
+        label = f"i{i.index} (GPU {','.join(map(str, i.gpus))}): " if several else ""
+        parts.append(label + (f"serving {i.old.release} in {i.old.slot}; new slot {i.new_slot}"
+                              if i.old else f"no release yet; new slot {i.new_slot}"))
+    return "; ".join(parts)
+
+
+def _rollback_slots(job: HostJob) -> str:
+    """A rollback's slots: where the retained release still runs (warm), else the free one."""
+    first = job.instances[0]
+    job.previous_record = job.facts.record(first.old.release) if first.old else None
+    if all(i.old and i.old.release == job.run.release_id for i in job.instances):
+        job.unchanged = True
+        return f"already serving {job.run.release_id} (unchanged)"
+    for instance in job.instances:
+        retained = [c for c in job.facts.of_release(job.run.release_id)
+                    if c.instance == instance.index]
+        if retained and retained[0].running and (
+                not instance.old or retained[0].slot != instance.old.slot):
+            instance.new_slot = retained[0].slot
+    where = f"serving {first.old.release} in {first.old.slot}" if first.old else \
+        "nothing serving"
+    return f"{where}; {job.run.release_id} in {first.new_slot}"
+
+
+@operation("check_ports")
+def check_ports(job: HostJob) -> Ops:
+    """The model's ports are free, or held by this model's own proxy and slots."""
+    yield from ()  # a check: no change
+    ports = job.ports
+    mine, ours = {ports.grpc, ports.rest}, set()
+    if job.facts.proxy.running:
+        ours |= {ports.grpc, ports.rest}
+    for instance in job.instances:
+        for slot in ports.slots:
+            pair = {ports.slot_grpc(slot, instance.index), ports.slot_rest(slot, instance.index)}
+            mine |= pair
+            if any(c.running for c in job.facts.in_slot(slot, instance.index)):
+                ours |= pair
+    foreign = sorted((mine & job.facts.listening) - ours)
+    if foreign:
+        raise GateFailed("check_ports", f"ports {sorted(mine)} free or held by "
+                         f"{job.model.name}'s own proxy and slots",
+                         f"something else listens on {foreign} (another model without a "
+                         "port_offset, or another service)")
+    return f"{len(mine)} ports free or ours"
+
+
+@operation("check_disk")
+def check_disk(job: HostJob, reserve_mib: int = 512) -> Ops:
+    """Room for the model version (when not staged yet) plus a reserve."""
+    yield from ()  # a check: no change
+    free = job.facts.disk_free_mib
+    staged = job.run.version in job.facts.versions
+    need = reserve_mib + (0 if staged else _tree_mib(job.run.source_dir))
+    if free is None:
+        raise GateFailed("check_disk", f"the free space under {job.paths.root}",
+                         "df gave no answer")
+    if free < need:
+        raise GateFailed("check_disk", f">= {need} MiB free under {job.paths.root}",
+                         f"{free} MiB free")
+    return f"{free} MiB free, need {need}"
+
+
+def _tree_mib(path: str) -> int:
+    total = sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
+    return total // (1024 * 1024) + 1
+
+
+@operation("check_gpu")
+def check_gpu(job: HostJob) -> Ops:
+    """The host's GPUs are the inventory's (count and memory, as nvidia-smi reports them), and
+    each instance's GPU has room for its new release beside the live one."""
+    yield from ()  # a check: no change
+    if not job.host.gpus:
+        return "no GPU"
+    mismatch = gpu_mismatch(job)
+    if mismatch:
+        raise GateFailed("check_gpu", f"the inventory's GPUs: {mismatch[0]}", mismatch[1])
+    if job.unchanged:
+        return "unchanged"
+    cards = {g.index: g for g in job.facts.gpus}
+    for instance in job.instances:
+        plan = job.render.instances[instance.index].plan
+        if plan is None or any(c.running for c in job.facts.of_release(job.run.release_id)
+                               if c.instance == instance.index):
+            continue
+        need = plan.fraction * plan.gpu_memory_mib + plan.context_mib
+        # a drained old release still running in the slot we take is replaced, freeing it
+        reclaim = need if any(c.running and c != instance.old for c in
+                              job.facts.in_slot(instance.new_slot, instance.index)) else 0.0
+        if job.model.rollout.strategy == "recreate" and instance.old:
+            reclaim = need  # the old release stops before the new one starts
+        for index in instance.gpus:
+            card = cards[index]
+            free = card.total_mib - card.used_mib + int(reclaim)
+            if free < need:
+                whose = (f"instance {instance.index}'s" if len(job.instances) > 1 else "the")
+                raise GateFailed(
+                    "check_gpu", f"{need:.0f} MiB free on GPU {index} for {whose} new "
+                    f"release (fraction {plan.fraction:.3f} x "
+                    f"{plan.gpu_memory_mib} MiB + {plan.context_mib} MiB CUDA context)",
+                    f"{free} MiB free ({card.used_mib} of {card.total_mib} MiB used); "
+                    f"plan: {plan.arithmetic()}")
+    return (f"{len(cards)} GPU(s) as in the inventory; {len(job.instances)} instance(s) "
+            "have room")
+
+
+def gpu_mismatch(job: HostJob) -> tuple[str, str] | None:
+    """(expected, seen) when nvidia-smi's GPUs differ from the inventory's (count or memory,
+    within 1%), else None."""
+    want = {g.index: g.memory_mib for g in job.host.gpus}
+    seen = {g.index: g.total_mib for g in job.facts.gpus}
+    wrong = sorted(i for i in want if i not in seen or abs(seen[i] - want[i]) > want[i] / 100)
+    if len(want) == len(seen) and not wrong:
+        return None
+    return (", ".join(f"GPU {i} {m} MiB" for i, m in sorted(want.items())),
+            "nvidia-smi: " + (", ".join(f"GPU {i} {m} MiB" for i, m in sorted(seen.items()))
+                              or "no GPU") + "; fix the host's gpus in the inventory")
+
+
+@operation("pull_image")
+def pull_image(job: HostJob) -> Ops:
+    """The serving and proxy images are on the host before any host changes."""
+    if job.target_running and job.facts.proxy.running:
+        return "the release and the proxy run: their images are here"
+    known = job.facts.images
+    missing = [image for image in (job.image, job.host.vars.proxy_image)
+               if not known.get(image, False)]
+    for image in missing:
+        yield PullImage(image, if_missing=image not in known)
+    return f"pulled {', '.join(missing)}" if missing else "images present"

@@ -1,0 +1,27 @@
+"""What an operation is: a generator that reads the host's job and facts, yields the changes it
+makes (``changes``) and returns a one-line detail; ``@operation(name)`` registers it under the
+name task lists give it."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Generator
+
+from tfsdeploy.run.changes import Change
+
+Ops = Generator[Change, None, str]
+Operation = Callable[..., Ops]
+OPERATIONS: dict[str, Operation] = {}
+
+
+def operation(name: str) -> Callable[[Operation], Operation]:
+    """Register a step under ``name`` for task lists."""
+    def register(func: Operation) -> Operation:
+        OPERATIONS[name] = func
+        return func
+    return register
+
+
+def parameters(func: Operation) -> set[str]:
+    """The parameters a task list may pass to an operation (all but the job)."""
+    return set(inspect.signature(func).parameters) - {"job"}

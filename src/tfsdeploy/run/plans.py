@@ -1,0 +1,367 @@
+"""Each verb's whole run plan, built in one place: the playbook, the images whose presence the
+facts must report, the lock policy, and the planner that turns every selected host's facts
+into the run's context and one job per host.
+
+A deploy renders and validates the release for each host first (its own image, ports, GPU
+fraction): a config error touches no host. A rollback chooses the retained release to return
+to from the hosts' records and rebuilds each host's job from the record and files that host
+keeps of it (the files read through the run's session). Promote and abort finish a paused
+canary; prune judges each host from its own facts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfsdeploy.core.canary import CanaryState, PlanAction, fleet_state, plan_abort, plan_promote
+from tfsdeploy.core.canary_policy import CanaryPolicy
+from tfsdeploy.core.errors import ConfigError, ExitCode, HostUnreachable, Problem, TfsDeployError
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.golden import GoldenExample, load_golden
+from tfsdeploy.core.gpu import InstancePlan, plan_instances
+from tfsdeploy.core.layout import new_release_id
+from tfsdeploy.core.records import GOOD, ReleaseRecord, ReleaseStatus
+from tfsdeploy.core.render import FILE_NAMES, HostRender, RenderedFile, placements
+from tfsdeploy.core.target import Target, render_release
+from tfsdeploy.hosts.facts import HostFacts
+from tfsdeploy.hosts.lock import current_user
+from tfsdeploy.run.jobs import (
+    Facts,
+    HostJob,
+    InstanceJob,
+    Planner,
+    RunContext,
+    Session,
+    Verb,
+)
+from tfsdeploy.run.playbook import Playbook, load_playbook, project_dir
+
+
+@dataclass
+class RunPlan:
+    """What a verb asks the engine to run."""
+
+    verb: Verb
+    target: Target
+    playbook: Playbook
+    planner: Planner  # facts of every selected host -> the run's context and jobs
+    images: Sequence[str] = ()  # images whose presence the facts must report
+    lock_wait: float = 0.0
+    version: int | None = None  # known before the run (a deploy); a rollback's is chosen later
+    release: str = ""
+    take_over: bool = False  # promote/abort: take the lock a paused canary holds
+    # sees the run's context once the planner chose the release (under the lock, before any
+    # host is changed); raising stops the run there (hooks: a pre-hook's refusal)
+    on_planned: Callable[[RunContext], None] | None = None
+
+
+class NothingReachable(TfsDeployError):
+    """No selected host answered: a run that must restore a fleet could not act at all."""
+
+    exit_code = ExitCode.INCONSISTENT
+
+
+class GuardStops(TfsDeployError):
+    """The guard does not roll back a release its own rollback made current: repeated
+    breaches (an attack, a broken client) must not walk the fleet back through history."""
+
+    exit_code = ExitCode.INCONSISTENT
+
+
+class NothingToDo(TfsDeployError):
+    """The command's work is already done (a promote of a promoted canary): exit 0."""
+
+    exit_code = ExitCode.OK
+
+
+def default_playbook(name: str, given: str | None) -> Playbook:
+    """``--playbook``, or the project's ``playbooks/<name>.yml``."""
+    return load_playbook(given or project_dir() / "playbooks" / f"{name}.yml")
+
+
+def strategy_playbook(target: Target, name: str, given: str | None) -> Playbook:
+    """``--playbook``, or the project's playbook ``name`` for the model's strategy (dual-slot:
+    ``<name>.yml``; recreate: ``<name>-recreate.yml``)."""
+    recreate = target.model.rollout.strategy == "recreate"
+    return default_playbook(f"{name}-recreate" if recreate else name, given)
+
+
+def _source_dir(target: Target, version: int) -> Path:
+    return Path(target.model.source) / str(version)
+
+
+def deployable_source(target: Target, version: int) -> Path:
+    """The version's directory in the model's source; it must hold a SavedModel."""
+    model = target.model
+    source = _source_dir(target, version)
+    if not (source / "saved_model.pb").is_file():
+        raise ConfigError(Problem(
+            f"version {version} of {model.name} is not in its source ({source} has no "
+            "saved_model.pb)", fix="pick a version that exists (see --version) or fix the "
+            "model's source", file=target.inventory.path, field=f"models.{model.name}.source"))
+    return source
+
+
+def golden_of(target: Target, version: int) -> list[GoldenExample]:
+    """The version's golden requests (none when the model names no golden file)."""
+    model = target.model
+    return load_golden(model.golden, version) if model.golden else []
+
+
+def context_for(target: Target, session: Session, *, verb: Verb, version: int,
+                release_id: str, golden: list[GoldenExample], source_dir: str,
+                reason: str = "", canary: CanaryPolicy | None = None) -> RunContext:
+    """The run's fleet-wide context, on the session's clock and TFServing clients."""
+    return RunContext(verb=verb, model=target.model, version=version, release_id=release_id,
+                      who=current_user(), clock=session.clock, golden=golden,
+                      source_dir=source_dir, client_factory=session.client_factory,
+                      reason=reason, canary=canary)
+
+
+def job_for(context: RunContext, host: ResolvedHost, render: HostRender, session: Session,
+            facts: Facts, image: str, *, instances: list[InstanceJob] | None = None
+            ) -> HostJob:
+    """One host's job, with its facts (or the reason they could not be read); its instances
+    are the render's unless given."""
+    job = HostJob(run=context, host=host, conn=session.connections[host.name], render=render,
+                  image=image, instances=instances or [])
+    seen = facts[host.name]
+    if isinstance(seen, HostUnreachable):
+        job.unreachable = seen
+    else:
+        job.facts = seen
+    return job
+
+
+# -- deploy ------------------------------------------------------------------------------------
+
+def deploy_plan(target: Target, *, version: int | str | None = None,
+                playbook: str | None = None, lock_wait: float = 0.0,
+                canary: CanaryPolicy | None = None) -> RunPlan:
+    """A deploy: every host rolls the release rendered for it, with the image its own vars
+    name. Everything is rendered and validated here, before any connection; the canary
+    policy is ``canary`` (the command line's) or the model's."""
+    renders = render_release(target, version)
+    chosen = renders[0].version
+    source = deployable_source(target, chosen)
+    golden = golden_of(target, chosen)
+    release_id = new_release_id(chosen)
+    policy = canary or target.model.rollout.canary
+
+    def plan(facts: Facts, session: Session) -> tuple[RunContext, list[HostJob]]:
+        context = context_for(target, session, verb=Verb.DEPLOY, version=chosen,
+                              release_id=release_id, golden=golden, source_dir=str(source),
+                              canary=policy)
+        return context, [job_for(context, r.host, r, session, facts, r.host.vars.image)
+                         for r in renders]
+
+    images = sorted({r.host.vars.image for r in renders}
+                    | {r.host.vars.proxy_image for r in renders})
+    return RunPlan(verb=Verb.DEPLOY, target=target,
+                   playbook=strategy_playbook(target, "deploy", playbook), planner=plan,
+                   images=images, lock_wait=lock_wait, version=chosen, release=release_id)
+
+
+# -- rollback ----------------------------------------------------------------------------------
+
+def choose_rollback(target: Target, facts: dict[str, HostFacts], to: str | None) -> str:
+    """``--to``, checked on every reachable host, or the newest release that served well on
+    all of them, was never rolled back from, and is not what every host already runs."""
+    if to:
+        missing = [h for h, f in facts.items() if f.record(to) is None]
+        if missing:
+            raise ConfigError(Problem(
+                f"release {to!r} is not retained on {', '.join(sorted(missing))}",
+                fix="pick a release listed by `fab history --model "
+                    f"{target.model.name}` on every host, or narrow --hosts"))
+        return to
+    good = [{r.id for r in f.releases if r.status in GOOD} for f in facts.values()]
+    rolled_back = {r.id for f in facts.values() for r in f.releases
+                   if r.status == ReleaseStatus.ROLLED_BACK}
+    # "what every host runs" is what each recorded as current: a rollback killed after some
+    # switches (traffic moved, not recorded) is then finished by running it again
+    live = [f.current for f in facts.values()]
+    everywhere = set(live) if all(live) and len(set(live)) == 1 else set()
+    candidates = set.intersection(*good) - everywhere - rolled_back if good else set()
+    if not candidates:
+        raise ConfigError(Problem(
+            "no retained release served well on every selected host (besides the current one)",
+            fix=f"see `fab history --model {target.model.name}` and pass --to RELEASE, or "
+                "narrow --hosts"))
+    return max(candidates)
+
+
+def rollback_render(target: Target, facts: HostFacts, record: ReleaseRecord,
+                    files: dict[str, str]) -> HostRender:
+    """A host's render of a retained release: the files it keeps of it, and the instances
+    its record lists (one per GPU it ran on; a record written before instances were recorded
+    ran one)."""
+    host = next(h for h in target.hosts if h.name == facts.host)
+    inventory = target.inventory
+    placed = placements(inventory)
+    co_located = [inventory.models[m] for m, on in placed.items() if host.name in on]
+    planned = {p.index: p for p in plan_instances(host, target.model, co_located)}
+    instances = tuple(
+        planned[i.index] if i.index in planned and planned[i.index].gpus == i.gpus
+        else InstancePlan(i.index, i.gpus, None)
+        for i in sorted(record.instances, key=lambda i: i.index)) or (planned[0],)
+    return HostRender(host=host, model=target.model, version=record.version,
+                      gpu=instances[0].plan,
+                      files=tuple(RenderedFile(n, files[n]) for n in FILE_NAMES),
+                      instances=instances)
+
+
+def recorded_instances(record: ReleaseRecord) -> list[InstanceJob]:
+    """The instances a retained release ran, each with the GPU fraction it ran with."""
+    return [InstanceJob(i.index, tuple(i.gpus), i.gpu_fraction)
+            for i in sorted(record.instances, key=lambda i: i.index)]
+
+
+def rollback_plan(target: Target, *, to: str | None = None, playbook: str | None = None,
+                  lock_wait: float = 0.0, by_guard: bool = False) -> RunPlan:
+    """A rollback: the release chosen from every reachable host's records (``to``, or the
+    newest good on all of them); each host's job rebuilt from its own record and files of that
+    release. ``by_guard``: the SLO guard's, which never rolls back its own rollback."""
+    def plan(facts: Facts, session: Session) -> tuple[RunContext, list[HostJob]]:
+        reachable = {h: f for h, f in facts.items() if isinstance(f, HostFacts)}
+        if not reachable:
+            raise NothingReachable(
+                "every selected host is unreachable: nothing was rolled back; a person must "
+                "look (" + "; ".join(str(e) for e in facts.values()) + ")")
+        if by_guard:
+            _refuse_guards_own(reachable)
+        release_id = to or choose_rollback(target, reachable, None)
+        if to:
+            choose_rollback(target, reachable, to)
+        first = next(f.record(release_id) for f in reachable.values())
+        assert first is not None
+        version = first.version
+        context = context_for(target, session, verb=Verb.ROLLBACK, version=version,
+                              release_id=release_id, golden=golden_of(target, version),
+                              source_dir=str(_source_dir(target, version)),
+                              reason="guard" if by_guard else "")
+        return context, [_rollback_job(target, context, host, session, facts)
+                         for host in target.hosts]
+
+    return RunPlan(verb=Verb.ROLLBACK, target=target,
+                   playbook=strategy_playbook(target, "rollback", playbook), planner=plan,
+                   images=sorted({h.vars.proxy_image for h in target.hosts}),
+                   lock_wait=lock_wait)
+
+
+def _refuse_guards_own(reachable: dict[str, HostFacts]) -> None:
+    guarded = [h for h, f in reachable.items()
+               if (r := f.record(f.current)) is not None and r.restored_by == "guard"]
+    if guarded:
+        raise GuardStops(
+            f"the live release on {', '.join(sorted(guarded))} is itself the guard's "
+            "rollback: the guard does not roll back again (it never walks the fleet "
+            "back through its history); a person must look")
+
+
+def _rollback_job(target: Target, context: RunContext, host: ResolvedHost, session: Session,
+                  facts: Facts) -> HostJob:
+    """A host's job of a rollback: from the record and files it keeps of the release (an
+    unreachable host's job says so)."""
+    seen = facts[host.name]
+    if isinstance(seen, HostUnreachable):
+        return job_for(context, host, HostRender(host, target.model, context.version, None, ()),
+                       session, facts, "")
+    record = seen.record(context.release_id)
+    assert record is not None
+    files = session.release_files(host, target.model, context.release_id)
+    render = rollback_render(target, seen, record, files)
+    return job_for(context, host, render, session, facts, record.image,
+                   instances=recorded_instances(record))
+
+
+# -- promote and abort of a paused canary ------------------------------------------------------
+
+def paused_canary(facts: dict[str, HostFacts]) -> tuple[ReleaseRecord | None, CanaryState | None]:
+    """The newest release a canary left on the hosts and the fleet's canary state
+    (``canary.fleet_state``): a promoted one is done, and the older canaries behind it (an
+    aborted one, say) are history, not something to promote or abort."""
+    found: dict[str, ReleaseRecord] = {}
+    for host_facts in facts.values():
+        for record in host_facts.releases:
+            if (record.canary or {}).get("state"):
+                found.setdefault(record.id, record)
+    if not found:
+        return None, None
+    release = found[max(found)]
+    states: list[CanaryState | None] = []
+    for host_facts in facts.values():
+        held = host_facts.record(release.id)
+        raw = str((held.canary or {}).get("state")) if held else ""
+        states.append(CanaryState(raw) if raw in {s.value for s in CanaryState} else None)
+    return release, fleet_state(states)
+
+
+def canary_plan(verb: Verb, target: Target, *, lock_wait: float = 0.0) -> RunPlan:
+    """``fab promote`` (the paused release rolled on, from where it paused: its canary hosts
+    switch fully, the other hosts roll in their batches) or ``fab abort`` (its hosts back on
+    the old release at 100 %). Either takes the lock the paused canary holds."""
+    def plan(facts: Facts, session: Session) -> tuple[RunContext, list[HostJob]]:
+        reachable = {h: f for h, f in facts.items() if isinstance(f, HostFacts)}
+        if not reachable:
+            raise NothingReachable(f"every host of {target.model.name} is unreachable: "
+                                   f"nothing was {verb}d; a person must look")
+        record, state = paused_canary(reachable)
+        decided = (plan_promote if verb is Verb.PROMOTE else plan_abort)(
+            state, model=target.model.name)
+        if decided.action is PlanAction.REFUSE:
+            raise ConfigError(decided.problem())
+        if decided.action is PlanAction.NOTHING or record is None:
+            raise NothingToDo(decided.message)
+        source = deployable_source(target, record.version)
+        # a promote rolls the paused release on as a deploy does
+        context = context_for(target, session,
+                              verb=Verb.DEPLOY if verb is Verb.PROMOTE else Verb.ABORT,
+                              version=record.version, release_id=record.id,
+                              golden=golden_of(target, record.version), source_dir=str(source))
+        return context, [_canary_job(verb, target, context, render, record, session, facts)
+                         for render in render_release(target, record.version)]
+
+    playbook = (strategy_playbook(target, "deploy", None) if verb is Verb.PROMOTE
+                else default_playbook("abort", None))
+    return RunPlan(verb=verb, target=target, playbook=playbook, planner=plan,
+                   images=sorted({h.vars.image for h in target.hosts}
+                                 | {h.vars.proxy_image for h in target.hosts}),
+                   lock_wait=lock_wait, take_over=True)
+
+
+def _canary_job(verb: Verb, target: Target, context: RunContext, render: HostRender,
+                record: ReleaseRecord, session: Session, facts: Facts) -> HostJob:
+    """A host's job of a promote or abort, with the canary's steps its record kept; a promote
+    refuses a host whose files the inventory now renders otherwise."""
+    host = render.host
+    job = job_for(context, host, render, session, facts, host.vars.image)
+    live = job.facts.record(record.id) if job.unreachable is None else None
+    if live is not None and live.files != job.file_hashes() and verb is Verb.PROMOTE:
+        raise ConfigError(Problem(
+            f"the inventory now renders other files for {host.name} than the "
+            f"paused release {record.id} has", fix="restore the inventory as it was "
+            f"when the canary paused, or `fab abort --model {target.model.name}` and "
+            "deploy again", host=host.name, file=target.inventory.path))
+    if live is not None and live.canary:
+        job.canary_steps = list(live.canary.get("steps") or [])
+        job.canary_comparison = live.canary.get("comparison")
+    return job
+
+
+# -- prune -------------------------------------------------------------------------------------
+
+def prune_plan(target: Target, *, playbook: str | None = None, lock_wait: float = 0.0
+               ) -> RunPlan:
+    """A prune: every selected host's job, judged from its own facts (no release is
+    rolled)."""
+    def plan(facts: Facts, session: Session) -> tuple[RunContext, list[HostJob]]:
+        context = context_for(target, session, verb=Verb.PRUNE, version=0, release_id="",
+                              golden=[], source_dir="")
+        return context, [job_for(context, host, HostRender(host, target.model, 0, None, ()),
+                                 session, facts, "") for host in target.hosts]
+
+    return RunPlan(verb=Verb.PRUNE, target=target, playbook=default_playbook("prune", playbook),
+                   planner=plan, lock_wait=lock_wait)

@@ -1,0 +1,43 @@
+"""The read-only commands' pass over the hosts (status, history, lock, logs, exec, bench's data
+version, the guard's look for a paused canary): one connection per host, its facts read once,
+a look taken at them while the connection is open, the connection closed. An unreachable host
+is shown as such, never skipped."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.layout import host_paths
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.facts import HostFacts, gather
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+
+Look = Callable[[Target, ResolvedHost, Connection, HostFacts], dict[str, Any]]
+MAX_AT_ONCE = 16
+
+
+def visit(target: Target, host: ResolvedHost, look: Look, *,
+          connect: ConnectionFactory = SshConnection) -> dict[str, Any]:
+    """``look`` at one host's facts: ``host``, ``address``, ``reachable`` and what the look
+    found, or the ``error`` that made the host unreachable."""
+    conn = connect(host)
+    try:
+        facts = gather(conn, target.model.name, host_paths(host, target.model))
+        return {"host": host.name, "address": host.address, "reachable": True,
+                **look(target, host, conn, facts)}
+    except Exception as error:  # shown as such, never skipped
+        return {"host": host.name, "address": host.address, "reachable": False,
+                "error": f"{type(error).__name__}: {error}"}
+    finally:
+        conn.close()
+
+
+def each_host(target: Target, look: Look, *, hosts: tuple[ResolvedHost, ...] | None = None,
+              connect: ConnectionFactory = SshConnection) -> list[dict[str, Any]]:
+    """``look`` at every selected host (or ``hosts``) at once, in their order."""
+    chosen = hosts or target.hosts
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_AT_ONCE, len(chosen)))) as pool:
+        return list(pool.map(lambda h: visit(target, h, look, connect=connect), chosen))
