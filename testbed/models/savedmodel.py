@@ -211,6 +211,10 @@ def check_servable(version_dir: Path, max_records: int | None = None) -> int:
 
 
 def _first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (TensorFlow's run in many lines)."""
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]
+    """The line of an exception's message that says what failed: TensorFlow's run errors
+    open with "Graph execution error:" and node traces before the status message."""
+    noise = ("Graph execution error", "Detected at node", "[[", "File ", "0 successful",
+             "0 derived errors")
+    lines = [line.strip() for line in (str(exc).strip() or type(exc).__name__).splitlines()]
+    telling = [line for line in lines if line and not line.startswith(noise)]
+    return f"{type(exc).__name__}: {(telling or lines)[0]}"

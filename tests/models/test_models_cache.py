@@ -120,3 +120,42 @@ def test_command_line_makes_then_caches(tmp_path: Path) -> None:
     bad = make_models("--out", str(tmp_path), "--only", "nope")
     assert bad.returncode == 1
     assert "unknown model(s): nope" in bad.stderr
+
+
+def test_a_version_tfserving_cannot_restore_is_refused_not_cached(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A spec meant to serve (expect AVAILABLE) whose export TFServing's Session-style loader
+    cannot restore: a Keras 3 model inside a tf.Module, with a warmup record."""
+    from testbed.models import serving_failures
+    from testbed.models.spec import VersionSpec
+
+    def build(path: Path) -> dict[str, object]:
+        serving_failures.save_keras_in_module(path, 2.0)
+        savedmodel.write_warmup(path, half_plus_two._warmup_records("unservable",
+                                                                     "serving_default", 1))
+        return {}
+
+    spec = VersionSpec(model="unservable", version=1, summary="Keras 3 model in a tf.Module",
+                       recipe={"kind": "keras-in-module"}, build=build,
+                       source_files=(Path(serving_failures.__file__),))
+    monkeypatch.setattr(generate, "all_specs", lambda: [spec])
+    with pytest.raises(generate.UnservableModel, match=r"unservable/1 is not servable .*"
+                       r"warmup record 1 \(serving_default\) failed: .*Could not find variable"):
+        generate.generate(tmp_path, ["unservable"], log=lambda _line: None)
+    assert not (tmp_path / "unservable" / "1").exists()
+    assert not generate.stamp_path(tmp_path, spec).exists()
+    assert not list((tmp_path / ".tmp").iterdir())
+
+
+def test_the_cache_key_covers_the_tensorflow_and_keras_releases(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from testbed.models import spec as spec_module
+
+    (version,) = [s for s in half_plus_two.specs() if s.key == "half_plus_two/1"]
+    before = version.recipe_hash()
+    for package in ("tensorflow", "keras"):
+        real = spec_module.toolchain()
+        monkeypatch.setattr(spec_module, "toolchain", lambda p=package, r=real: {**r, p: "0.0"})
+        assert version.recipe_hash() != before, package
+        monkeypatch.undo()
+    assert version.recipe_hash() == before

@@ -68,3 +68,11 @@ def test_golden_outputs_match_and_tell_versions_apart(
         other = predictions["2" if version == "1" else "1"]
         assert golden.mismatches(example, other)
     assert predictions["1"]["predictions"].sum() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_each_version_restores_and_warms_up_as_tfserving_loads_it(resnet_out: Path) -> None:
+    """Session-style, as TFServing's SavedModelBundle loader does: every variable restored,
+    every warmup record run (a Keras 3 model held in a tf.Module fails exactly here)."""
+    for version in ("1", "2"):
+        ran = savedmodel.check_servable(resnet_out / "resnet50" / version)
+        assert ran == 5, version
