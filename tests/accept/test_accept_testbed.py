@@ -116,8 +116,11 @@ def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) 
     out = fleet.tmp / "pass"
     # an SLO of 1 s for this run: on 2 cores the three servers, the two generators and the
     # release's model load share the cores, and one second during the load has reached a P99
-    # of 446 ms (the catalog's 250 ms stays for the slow version's run below)
-    run = fleet.fab("accept", "--target-qps", "300", "--duration", "60s", "--release", "2",
+    # of 446 ms (the catalog's 250 ms stays for the slow version's run below). A 90 s window:
+    # with the other test modules running beside this one, the three-host release has taken
+    # 55 s from its start at 25 % of the window, and a release that outlasts the window fails
+    # the run (rows.release_row)
+    run = fleet.fab("accept", "--target-qps", "200", "--duration", "90s", "--release", "2",
                     "--loadgens", "loadgens", "--slo-p99-ms", "1000", "--out", str(out),
                     timeout=600)
     data = accept_json(out)
@@ -126,12 +129,12 @@ def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) 
     # every request of every generator counted once in the merge
     gens = {g["name"]: g for g in accept["generators"]}
     assert set(gens) == set(LOADGENS) and all(g["status"] == "ok" for g in gens.values())
-    assert all(g["count"] == 9000 for g in gens.values()), gens  # 150 QPS x 60 s each
+    assert all(g["count"] == 9000 for g in gens.values()), gens  # 100 QPS x 90 s each
     assert data["count"] == accept["merge"]["count"] == sum(g["count"] for g in gens.values())
     assert sum(r["count"] for r in accept["series"]) == data["count"]
     # the release ran inside the window, and the plot shows it there
     release = accept["release"]
-    assert release["exitCode"] == 0 and 14 <= release["startS"] < release["endS"] <= 60
+    assert release["exitCode"] == 0 and 22 <= release["startS"] < release["endS"] <= 90
     png = out / "accept.png"
     found = shaded_columns(png)
     want = expected_columns(accept["series"], **plot_arguments(data))
