@@ -21,6 +21,12 @@ _SRC = str(Path(__file__).resolve().parent / "src")
 if sys.path[:1] != [_SRC]:
     sys.path.insert(0, _SRC)
 
+from tfsdeploy.cli.terminal import guard_process_streams  # noqa: E402
+
+# a reader that stops early (`fab deploy --help | head -1`) or a terminal that closed never
+# turns into a traceback or another exit code (cli/terminal.py)
+guard_process_streams()
+
 from collections.abc import Callable  # noqa: E402
 from typing import Any, NoReturn  # noqa: E402
 

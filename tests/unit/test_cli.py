@@ -152,14 +152,14 @@ def test_every_option_of_every_command_shows_as_name_and_value() -> None:
 
 
 def test_every_number_option_is_typed_and_range_checked() -> None:
-    from tfsdeploy.cli.options import OPTION_TYPES
+    from tfsdeploy.cli.options import BOUNDS, OPTION_TYPES
 
     tasks = _tasks_module()
     for name in tasks.ns.task_names:
         body = tasks.ns[name].body
         for parameter in inspect.signature(body).parameters.values():
             if str(parameter.annotation).split(" ")[0] in ("int", "float"):
-                assert parameter.name in OPTION_TYPES, (name, parameter.name)
+                assert parameter.name in {*OPTION_TYPES, *BOUNDS}, (name, parameter.name)
 
 
 def test_fab_help_and_a_bad_number_from_the_command_line(tmp_path: Path) -> None:

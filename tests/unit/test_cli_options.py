@@ -159,8 +159,9 @@ def test_a_path_a_command_cannot_use_exits_1_naming_it_before_any_host(
 def test_a_capacity_factor_of_zero_exits_1_naming_it(
         option: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert fab("plan-capacity", "--target-qps=100", "--per-instance-qps=10", f"{option}=0") == 1
-    assert f"[field {option}] {option} '0': Input should be greater than 0" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"[field {option}] {option} '0': must be greater than 0" in err
+    assert f"fix: set {option} greater than 0" in err
 
 
 @pytest.mark.parametrize("weights", ["a,b", "50,25", "5,,25", "100"])

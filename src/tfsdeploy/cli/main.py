@@ -11,16 +11,19 @@ load and acceptance tools) are imported when that command runs, so that `fab ren
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tfsdeploy.cli import output
-from tfsdeploy.cli.exits import run_command, unattended_outputs
+from tfsdeploy.cli.exits import debugging, run_command, unattended_outputs
 from tfsdeploy.cli.options import Options, is_safe, options, safe_model, writable
 from tfsdeploy.cli.render import summary_rows as render_rows
 from tfsdeploy.cli.render import write_renders
+from tfsdeploy.cli.terminal import guarded_output, hangup_survived
 from tfsdeploy.cli.unattended import INVALID_MODEL, update_textfile, write_json_file
 from tfsdeploy.core.canary_policy import CanaryPolicy, parse_weights
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
@@ -40,30 +43,64 @@ def finish(command: str, result: Any, *, json: bool, json_file: str | None,
            metrics_file: str | None, events: list[dict[str, Any]] | None = None,
            around: Any = None, rows: list[tuple[str, ...]] | None = None,
            extra: dict[str, Any] | None = None) -> int:
-    """Print a run's summary (or JSON), write the unattended outputs, run the post-hooks and
-    report the notifications; return the run's exit code (hooks never change it). ``rows``
-    replace the table's per-host rows (host, result, what, size, error); ``extra`` is added to
-    the JSON result."""
-    from tfsdeploy.cli.around import after
+    """Write the run's JSON result and textfile, run the post-hooks and report the
+    notifications, print its summary (or JSON); return the run's exit code.
 
+    The result and the textfile are written first, from the run's result alone; nothing after
+    them (a hook, stdout's reader gone, the terminal closed, a SIGHUP) changes them or the exit
+    code: a failure there is one line on stderr. ``rows`` replace the table's per-host rows
+    (host, result, what, size, error); ``extra`` is added to the JSON result."""
+    code = int(result.exit_code)
     data = {"command": command, **result.as_dict(), **(extra or {}), "events": events or []}
-    if json_file:
-        write_json_file(json_file, data)
-    if around is not None:
-        data |= after(around, output.note_sink(json), result=result,
-                      exit_code=int(result.exit_code), seconds=result.seconds,
-                      message=result.message, data=data, json_file=json_file)
-    if json:
-        output.print_json(data)
-    else:
-        output.print_run(command, result, rows)
-    if json_file and around is not None:
-        write_json_file(json_file, data)
-    if metrics_file:
-        update_textfile(metrics_file, model=result.model, command=command,
-                        exit_code=int(result.exit_code), seconds=result.seconds,
-                        release=result.release_id, version=result.version)
-    return int(result.exit_code)
+    with hangup_survived():
+        record_run(json_file, metrics_file, data, model=result.model, command=command,
+                   seconds=result.seconds, release=result.release_id, version=result.version)
+        try:
+            if around is not None:
+                from tfsdeploy.cli.around import after
+
+                data |= after(around, output.note_sink(json), result=result, exit_code=code,
+                              seconds=result.seconds, message=result.message, data=data,
+                              json_file=json_file)
+                record_run(json_file, None, data, model=result.model, command=command,
+                           seconds=result.seconds, release="", version=None)
+            if json:
+                output.print_json(data)
+            else:
+                output.print_run(command, result, rows)
+        except (Exception, KeyboardInterrupt) as error:
+            after_the_run(error, code)
+    return code
+
+
+def record_run(json_file: str | None, metrics_file: str | None, data: dict[str, Any], *,
+               model: str, command: str, seconds: float, release: str, version: int | None
+               ) -> None:
+    """Write the JSON result and update the textfile; a file that cannot be written is
+    reported on stderr and changes nothing else."""
+    try:
+        if json_file:
+            write_json_file(json_file, data)
+    except (OSError, ValueError) as error:
+        print(f"tfsdeploy: the JSON result could not be written to {json_file}: {error}",
+              file=sys.stderr)
+    try:
+        if metrics_file:
+            update_textfile(metrics_file, model=model, command=command,
+                            exit_code=int(data["exit_code"]), seconds=seconds,
+                            release=release, version=version)
+    except (OSError, ValueError) as error:
+        print(f"tfsdeploy: the textfile could not be written to {metrics_file}: {error}",
+              file=sys.stderr)
+
+
+def after_the_run(error: BaseException, code: int) -> None:
+    """One line for a failure after the run's result was recorded (the traceback with
+    --debug); the exit code stays the run's."""
+    print(f"tfsdeploy: after the run (exit code {code}, already recorded): "
+          f"{type(error).__name__}: {error}", file=sys.stderr)
+    if debugging():
+        traceback.print_exc()
 
 
 # -- the commands -----------------------------------------------------------------------
@@ -215,20 +252,33 @@ def cmd_guard(args: Options) -> int:
         around.close(hooked)
         raise
     seconds = time.monotonic() - started
-    if hooked.verb:  # it acted
-        data = {"command": "guard", "model": chosen.model.name, "exit_code": int(code),
-                "result": ExitCode(code).name.lower(), "message": message,
-                "action": hooked.verb,
-                "run": hooked.outcome.as_dict() if hooked.outcome is not None else None}
-        around.after(hooked, shown, result=hooked.outcome, exit_code=int(code),
-                     seconds=seconds, message=message, data=data, json_file=None)
-    else:
-        around.close(hooked)
-    print(message)
-    if args["metrics_file"]:
-        update_textfile(args["metrics_file"], model=args["model"], command="guard",
-                        exit_code=int(code), seconds=seconds, release="", version=None)
+    with hangup_survived():
+        record_run(None, args["metrics_file"], {"exit_code": int(code)}, model=args["model"],
+                   command="guard", seconds=seconds, release="", version=None)
+        try:
+            _guard_after(hooked, shown, chosen, code=int(code), message=message,
+                         seconds=seconds)
+            print(message)
+        except (Exception, KeyboardInterrupt) as error:
+            after_the_run(error, int(code))
     return int(code)
+
+
+def _guard_after(hooked: Any, shown: Any, chosen: Target, *, code: int, message: str,
+                 seconds: float) -> None:
+    """The guard's runbook after it watched: when it acted, the hooks and events of its
+    rollback (or abort); else only its notifier closed."""
+    from tfsdeploy.cli import around
+
+    if not hooked.verb:  # it never acted
+        around.close(hooked)
+        return
+    data = {"command": "guard", "model": chosen.model.name, "exit_code": code,
+            "result": ExitCode(code).name.lower(), "message": message,
+            "action": hooked.verb,
+            "run": hooked.outcome.as_dict() if hooked.outcome is not None else None}
+    around.after(hooked, shown, result=hooked.outcome, exit_code=code, seconds=seconds,
+                 message=message, data=data, json_file=None)
 
 
 def cmd_bench(args: Options) -> int:
@@ -329,4 +379,6 @@ def main(command: str, raw: dict[str, Any]) -> int:
         label = model if is_safe(model) else INVALID_MODEL
         record = unattended_outputs(command, label, writable(args.get("json_file")),
                                     writable(args.get("metrics_file")))
-    return run_command(lambda: COMMANDS[command](options(args)), record=record)
+    with guarded_output():
+        return run_command(lambda: COMMANDS[command](options(args, command)),
+                           record=record)

@@ -9,6 +9,7 @@ import math
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +19,7 @@ from pydantic_core import PydanticCustomError
 from tfsdeploy.core.canary_policy import parse_weights
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.layout import RELEASE_ID
+from tfsdeploy.core.schema import ONE_DAY_S, ONE_WEEK_S, explain
 from tfsdeploy.core.timetext import SINCE_FIX, duration_seconds, since_seconds
 
 Options = dict[str, Any]
@@ -59,8 +61,10 @@ def duration_text(text: str) -> str:
         seconds = duration_seconds(text)
     except ValueError:
         raise ValueError("is not a duration") from None
-    if not math.isfinite(seconds):
-        raise ValueError("is too long to be a duration")
+    if not math.isfinite(seconds) or seconds > DURATION_MAX_S:
+        raise ValueError(f"is longer than {DURATION_MAX_S:g} s, the longest duration taken")
+    if seconds <= 0:
+        raise ValueError("is not a positive duration")
     return text
 
 
@@ -102,17 +106,65 @@ OutputFile = Annotated[str, parsed(output_path(directory=False),
                                    "name a file in a directory this user can write")]
 OutputDir = Annotated[str, parsed(output_path(directory=True),
                                   "name a directory (made when missing) this user can write")]
-NonNegative = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # 0 divides by zero
-Count = Annotated[int, Field(ge=1, le=1_000_000)]
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The range of a numeric option: ``low`` (excluded when ``above``) to ``high``, both
+    finite; ``whole`` for a count."""
+
+    low: float
+    high: float
+    above: bool = False  # low itself is refused (a rate or an interval of 0 means nothing)
+    whole: bool = False
+
+    def kind(self) -> Any:
+        """The pydantic type that checks it (its errors name the bounds as written here)."""
+        low, high = exact(self.low), exact(self.high)
+        at_least = Field(gt=low) if self.above else Field(ge=low)
+        if self.whole:
+            return Annotated[int, at_least, Field(le=high)]
+        return Annotated[float, at_least, Field(le=high, allow_inf_nan=False)]
+
+
+def exact(number: float) -> float | int:
+    """``number`` as an int when it is whole (a bound reads 86400, not 86400.0)."""
+    return int(number) if float(number).is_integer() else number
+
+
+MILLION = 1_000_000
+# Every numeric option's bounds, in one place (README "Commands" names them). A value beyond
+# its bound is refused with the option, the bound and the fix before any host is contacted:
+# beyond them a value is a typo, not a choice (`--lock-wait 1e300` waits forever,
+# `--interval-s 1e-300` reads every serving process's metrics in a busy loop).
+BOUNDS: dict[str, Bound] = {
+    "lock_wait": Bound(0, ONE_DAY_S),            # s
+    "step_s": Bound(0, ONE_DAY_S, above=True),   # s, a canary step
+    "for_s": Bound(0, ONE_DAY_S),                # s, how long a breach lasts
+    "interval_s": Bound(0.1, 3600),              # s between the guard's metric reads
+    "duration_s": Bound(0, ONE_WEEK_S, above=True),  # s the guard watches
+    "slo_p99_ms": Bound(0, 3_600_000, above=True),   # ms
+    "slo_p99": Bound(0, 3_600_000, above=True),      # ms
+    "max_error_rate": Bound(0, 100),             # percent (bench, accept); guard: below
+    "min_requests": Bound(1, 1_000_000_000, whole=True),
+    "concurrency": Bound(1, 100_000, whole=True),
+    "procs": Bound(1, 1024, whole=True),
+    "instances_per_host": Bound(1, 1024, whole=True),
+    "lines": Bound(1, MILLION, whole=True),
+    "rps": Bound(0, 10 * MILLION, above=True),
+    "min_qps": Bound(0, 10 * MILLION, above=True),
+    "target_qps": Bound(0, 10 * MILLION, above=True),
+    "per_instance_qps": Bound(0, 10 * MILLION, above=True),
+    "load_factor": Bound(0, 1, above=True),      # 0 divides by zero
+    "availability_factor": Bound(0, 1, above=True),
+}
+# (command, option) -> its bound where that command's differs
+COMMAND_BOUNDS: dict[tuple[str, str], Bound] = {
+    ("guard", "max_error_rate"): Bound(0, 1),    # a fraction: 0.01 is 1 %
+}
+# durations given as text (`fab bench --duration`, `fab logs --since` a span back): at most
+DURATION_MAX_S = ONE_DAY_S
 OPTION_TYPES: dict[str, Any] = {
-    "lock_wait": NonNegative, "for_s": NonNegative, "interval_s": Positive,
-    "duration_s": Positive, "slo_p99_ms": Positive, "max_error_rate": NonNegative,
-    "min_requests": Count, "concurrency": Count, "procs": Count, "rps": Positive,
-    "slo_p99": Positive, "min_qps": Positive, "target_qps": Positive,
-    "per_instance_qps": Positive, "load_factor": Fraction, "availability_factor": Fraction,
-    "lines": Count, "step_s": Positive, "instances_per_host": Count,
     "since": Annotated[str, parsed(since_text, SINCE_FIX)],
     "to": Annotated[str, parsed(release_id, "give a release id that `fab history` lists, "
                                             "e.g. r20250131-080000000-v3")],
@@ -157,8 +209,9 @@ OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
 }
 
 
-def options(raw: Options) -> Options:
-    """The command's options, typed and range-checked; every bad one named at once."""
+def options(raw: Options, command: str | None = None) -> Options:
+    """The command's options, typed and range-checked (``BOUNDS``); every bad one named at
+    once, with its bound and the fix."""
     checked, problems = dict(raw), []
     for name, value in raw.items():
         flag = f"--{name.replace('_', '-')}"
@@ -172,18 +225,49 @@ def options(raw: Options) -> Options:
                 OPTION_CHECKS[name](value)
             except ConfigError as error:
                 problems += error.problems
-        elif name in OPTION_TYPES and value is not None:
+        elif value is not None and (kind := option_type(name, command)) is not None:
             try:
-                checked[name] = TypeAdapter(OPTION_TYPES[name]).validate_python(value)
+                checked[name] = TypeAdapter(kind).validate_python(value)
             except ValidationError as error:
-                first = error.errors()[0]
-                fix = (first.get("ctx") or {}).get("fix") or \
-                    "give a number in range (see `fab --help <command>`)"
-                problems.append(Problem(f"{flag} {value!r}: {first['msg']}", fix=fix,
-                                        field=flag))
+                problems.append(_option_problem(flag, value, error,
+                                                option_bound(name, command)))
     if problems:
         raise ConfigError(problems)
     return checked
+
+
+def option_bound(name: str, command: str | None) -> Bound | None:
+    """The bound of a numeric option for ``command`` (None: not a number)."""
+    return COMMAND_BOUNDS.get((command or "", name)) or BOUNDS.get(name)
+
+
+def option_type(name: str, command: str | None) -> Any:
+    """The type an option's text is checked against (None: taken as given)."""
+    bound = option_bound(name, command)
+    return bound.kind() if bound is not None else OPTION_TYPES.get(name)
+
+
+def _option_problem(flag: str, value: Any, error: ValidationError, bound: Bound | None
+                    ) -> Problem:
+    """The located problem of an option's refused value: its bound and the fix."""
+    first = error.errors()[0]
+    shown_value = value if not isinstance(value, str) or len(value) <= 40 else \
+        value[:37] + "..."
+    fix = (first.get("ctx") or {}).get("fix")
+    # pydantic gives a float field's bounds as floats: 86400.0 reads as written here, 86400
+    limits = {k: exact(v) if isinstance(v, float) else v
+              for k, v in (first.get("ctx") or {}).items()}
+    reason, bound_fix = explain({**first, "ctx": limits}, flag)
+    if fix is None and bound is not None:
+        words = "a whole number" if bound.whole else "a number"
+        lowest = "above" if bound.above else "from"
+        fix = bound_fix if first["type"] in BOUND_ERRORS else \
+            f"give {words} {lowest} {exact(bound.low)} to {exact(bound.high)}"
+    return Problem(f"{flag} {shown_value!r}: {reason if fix else first['msg']}",
+                   fix=fix or "see `fab <command> --help`", field=flag)
+
+
+BOUND_ERRORS = ("greater_than_equal", "greater_than", "less_than_equal", "less_than")
 
 
 def safe_model(name: str) -> str:

@@ -17,6 +17,7 @@ from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.gpu import instance_gpus
 from tfsdeploy.core.inventory import Inventory
 from tfsdeploy.core.render import placements
+from tfsdeploy.core.visible import visible
 
 if TYPE_CHECKING:
     from tfsdeploy.hosts.dockerssh import PullProgress
@@ -25,16 +26,21 @@ if TYPE_CHECKING:
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],
                 stream: TextIO | None = None) -> None:
-    """A table on stdout (or ``stream``)."""
+    """A table on stdout (or ``stream``). Cells are text, never markup: a host's error
+    holding ``[/srv/...]`` or a lock holder named ``[bold]x`` is shown as it is (rich would
+    take it as a closing tag and raise MarkupError), with every control character made
+    visible (rich itself would drop CR, BEL and BS, and pass ESC through). No colours or
+    styles: nothing rich writes is an escape sequence."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
+    table = Table(title=visible(title), title_justify="left")
     for header in headers:
         table.add_column(header)
     for row in rows:
-        table.add_row(*row)
-    Console(file=stream or sys.stdout, width=140).print(table)
+        table.add_row(*(visible(cell) for cell in row))
+    Console(file=stream or sys.stdout, width=140, markup=False, emoji=False, highlight=False,
+            color_system=None).print(table)
 
 
 def print_error(error: BaseException, stream: TextIO | None = None) -> None:
@@ -72,6 +78,7 @@ class LineReporter:
 
     def _print(self, text: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        text = visible(text)  # the log file is read on a terminal too
         for index, stream in enumerate(list(self._streams)):
             try:
                 print(f"{stamp} {text}" if index else text, file=stream, flush=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -103,17 +104,29 @@ def textfile_samples(*, model: str, command: str, exit_code: int, seconds: float
 
 
 def read_samples(path: str) -> dict[str, float]:
-    """Samples of an existing textfile (empty when there is none)."""
+    """Samples of an existing textfile (empty when there is none). A file that cannot be read
+    back (unreadable, not UTF-8, a sample that is not a number) never stops this run's samples
+    from being written: unreadable bytes and lines that are not samples are dropped, and a
+    file that cannot be opened counts as empty (``TextfileUnreadable`` says why)."""
     try:
-        lines = Path(path).read_text().splitlines()
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
         return {}
+    except OSError as error:
+        raise TextfileUnreadable(f"{error.strerror or error}") from None
     found = {}
-    for line in lines:
+    for line in raw.decode("utf-8", errors="replace").splitlines():
         match = SAMPLE.match(line.strip())
         if match and not line.startswith("#"):
-            found[match["name"] + (match["labels"] or "")] = float(match["value"])
+            try:
+                found[match["name"] + (match["labels"] or "")] = float(match["value"])
+            except ValueError:  # not a number: not a sample this module wrote
+                continue
     return found
+
+
+class TextfileUnreadable(Exception):
+    """The existing textfile cannot be opened: the other runs' samples are lost."""
 
 
 def _is_run_of(key: str, model: str, command: str) -> bool:
@@ -137,8 +150,14 @@ def format_textfile(samples: dict[str, float]) -> str:
 
 def update_textfile(path: str, *, model: str, command: str, exit_code: int, seconds: float,
                     release: str, version: int | None) -> None:
-    """Rewrite the textfile with this run's samples, keeping every other run's."""
-    old = read_samples(path)
+    """Rewrite the textfile with this run's samples, keeping every other run's (when the old
+    file cannot be read, this run's alone are written, and stderr says so)."""
+    try:
+        old = read_samples(path)
+    except TextfileUnreadable as error:
+        print(f"tfsdeploy: the textfile {path} could not be read back ({error}): it is "
+              "rewritten with this run's samples only", file=sys.stderr)
+        old = {}
     model = model_label(model)
     success_key = f"tfsdeploy_last_success_timestamp_seconds{_labels(model=model, command=command)}"
     kept = {k: v for k, v in old.items() if not _is_run_of(k, model, command)}

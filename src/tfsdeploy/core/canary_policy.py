@@ -11,7 +11,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Literal
 
-from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.errors import ConfigError, Problem, shown
 
 Kind = Literal["regressor", "classifier", "exact"]
 KINDS: tuple[str, ...] = ("regressor", "classifier", "exact")
@@ -66,23 +66,23 @@ def validate_comparison(policy: ComparisonPolicy, *, field: str = "rollout.canar
         problems.append(Problem(message, fix, file=file, field=f"{field}.{name}"))
 
     if not isinstance(policy.enabled, bool):
-        add(f"enabled {policy.enabled!r} is not True or False", "write enabled=True",
+        add(f"enabled {shown(policy.enabled)} is not True or False", "write enabled=True",
             "enabled")
     if not _is_int(policy.samples) or policy.samples < 1:
-        add(f"samples {policy.samples!r} is not a positive integer",
+        add(f"samples {shown(policy.samples)} is not a positive integer",
             "send a bounded sample, e.g. samples=200", "samples")
     if policy.corpus is not None and (not isinstance(policy.corpus, str)
                                       or not policy.corpus.strip()):
-        add(f"corpus {policy.corpus!r} is not a file path",
+        add(f"corpus {shown(policy.corpus)} is not a file path",
             "name a TFRecord of PredictionLog or a JSON-lines file, or leave it None",
             "corpus")
     if not _is_int(policy.worst) or policy.worst < 0:
-        add(f"worst {policy.worst!r} is not an integer >= 0",
+        add(f"worst {shown(policy.worst)} is not an integer >= 0",
             "report e.g. worst=5 examples per output", "worst")
     if not _is_int(policy.seed):
-        add(f"seed {policy.seed!r} is not an integer", "write e.g. seed=0", "seed")
+        add(f"seed {shown(policy.seed)} is not an integer", "write e.g. seed=0", "seed")
     if not isinstance(policy.outputs, Mapping):
-        add(f"outputs {policy.outputs!r} is not a mapping of output name to OutputRule",
+        add(f"outputs {shown(policy.outputs)} is not a mapping of output name to OutputRule",
             "write outputs={'probabilities': OutputRule(kind='classifier')}", "outputs")
         return problems
     for name, rule in policy.outputs.items():
@@ -92,23 +92,23 @@ def validate_comparison(policy: ComparisonPolicy, *, field: str = "rollout.canar
 
 def _rule_problems(rule: object, *, field: str, file: str | None) -> list[Problem]:
     if not isinstance(rule, OutputRule):
-        return [Problem(f"{rule!r} is not an OutputRule", "write OutputRule(kind='regressor', "
+        return [Problem(f"{shown(rule)} is not an OutputRule", "write OutputRule(kind='regressor', "
                         "atol=..., rtol=...)", file=file, field=field)]
     problems = []
     if rule.kind not in KINDS:
-        problems.append(Problem(f"kind {rule.kind!r} is not one of {', '.join(KINDS)}",
+        problems.append(Problem(f"kind {shown(rule.kind)} is not one of {', '.join(KINDS)}",
                                 "name how the output is compared", file=file,
                                 field=f"{field}.kind"))
     for name in ("atol", "rtol"):
         value = getattr(rule, name)
         if not _is_number(value) or value < 0:
-            problems.append(Problem(f"{name} {value!r} is not a number >= 0",
+            problems.append(Problem(f"{name} {shown(value)} is not a number >= 0",
                                     f"write e.g. {name}=1e-6", file=file,
                                     field=f"{field}.{name}"))
     for name in ("max_mismatch_fraction", "max_agreement_drop"):
         value = getattr(rule, name)
         if not _is_number(value) or not 0 <= value <= 1:
-            problems.append(Problem(f"{name} {value!r} is not a fraction in [0, 1]",
+            problems.append(Problem(f"{name} {shown(value)} is not a fraction in [0, 1]",
                                     f"write it as a fraction: {name}=0.01 is 1%", file=file,
                                     field=f"{field}.{name}"))
     return problems
@@ -119,9 +119,16 @@ def _is_int(value: object) -> bool:
 
 
 def _is_number(value: object) -> bool:
+    # an int is finite whatever its size (math.isfinite of one beyond a float overflows)
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+            and (isinstance(value, int) or math.isfinite(value)))
 
+
+# upper bounds: beyond them a value is a typo (and a number beyond a float overflows when
+# the canary uses it)
+MAX_STEP_S = 86_400.0
+MAX_COUNT = 1_000_000_000
+MAX_RATIO = 1000.0
 
 Inconclusive = Literal["extend", "fail", "pass"]
 INCONCLUSIVE_POLICIES: tuple[str, ...] = ("extend", "fail", "pass")
@@ -170,40 +177,45 @@ def validate_canary(policy: CanaryPolicy, *, field: str = "rollout.canary",
         problems.append(Problem(message, fix, file=file, field=f"{field}.{name}"))
 
     problems += _weight_problems(policy.weights, field=f"{field}.weights", file=file)
-    if not _is_number(policy.step_s) or policy.step_s <= 0:
-        add(f"step_s {policy.step_s!r} is not a positive number of seconds",
+    if not _is_number(policy.step_s) or not 0 < policy.step_s <= MAX_STEP_S:
+        add(f"step_s {shown(policy.step_s)} is not a positive number of seconds up to a day",
             "hold each weight step e.g. step_s=60", "step_s")
-    if not _is_int(policy.min_requests) or policy.min_requests < 1:
-        add(f"min_requests {policy.min_requests!r} is not a positive integer",
+    if not _is_int(policy.min_requests) or not 1 <= policy.min_requests <= MAX_COUNT:
+        add(f"min_requests {shown(policy.min_requests)} is not a positive integer up to "
+            f"{MAX_COUNT}",
             "set the requests each slot must serve per step, e.g. min_requests=100",
             "min_requests")
     for name, ratio in (("max_p99_ratio", policy.max_p99_ratio),
                         ("max_p50_ratio", policy.max_p50_ratio)):
         if ratio is None and name == "max_p50_ratio":
             continue
-        if ratio is None or not _is_number(ratio) or ratio < 1:
-            add(f"{name} {ratio!r} is not a ratio >= 1 (below 1 fails a release exactly as "
+        if ratio is None or not _is_number(ratio) or not 1 <= ratio <= MAX_RATIO:
+            add(f"{name} {shown(ratio)} is not a ratio >= 1 (below 1 fails a release exactly as "
                 "fast as the old one)", f"allow the new slot e.g. {name}=1.2", name)
     if not _is_number(policy.max_error_rate_delta) or not 0 <= policy.max_error_rate_delta < 1:
-        add(f"max_error_rate_delta {policy.max_error_rate_delta!r} is not a fraction in [0, 1)",
+        add(f"max_error_rate_delta {shown(policy.max_error_rate_delta)} is not a fraction "
+            "in [0, 1)",
             "write it as a fraction of requests: 0.001 is 0.1 percentage point",
             "max_error_rate_delta")
-    if not _is_number(policy.latency_slack_ms) or policy.latency_slack_ms < 0:
-        add(f"latency_slack_ms {policy.latency_slack_ms!r} is not a number of ms >= 0",
+    if not _is_number(policy.latency_slack_ms) or \
+            not 0 <= policy.latency_slack_ms <= MAX_STEP_S * 1000:
+        add(f"latency_slack_ms {shown(policy.latency_slack_ms)} is not a number of ms from 0 "
+            "to a day",
             "set e.g. latency_slack_ms=1", "latency_slack_ms")
     if policy.inconclusive not in INCONCLUSIVE_POLICIES:
-        add(f"inconclusive {policy.inconclusive!r} is not one of "
+        add(f"inconclusive {shown(policy.inconclusive)} is not one of "
             f"{', '.join(INCONCLUSIVE_POLICIES)}",
             "use 'extend' (default), 'fail' or 'pass'", "inconclusive")
-    if not _is_int(policy.max_extensions) or policy.max_extensions < 0:
-        add(f"max_extensions {policy.max_extensions!r} is not an integer >= 0",
+    if not _is_int(policy.max_extensions) or not 0 <= policy.max_extensions <= MAX_COUNT:
+        add(f"max_extensions {shown(policy.max_extensions)} is not an integer from 0 to "
+            f"{MAX_COUNT}",
             "set how many times a step with too little traffic is extended, e.g. 2",
             "max_extensions")
     if not isinstance(policy.pause, bool):
-        add(f"pause {policy.pause!r} is not True or False", "write pause=True or pause=False",
-            "pause")
+        add(f"pause {shown(policy.pause)} is not True or False",
+            "write pause=True or pause=False", "pause")
     if not isinstance(policy.comparison, ComparisonPolicy):
-        add(f"comparison {policy.comparison!r} is not a ComparisonPolicy",
+        add(f"comparison {shown(policy.comparison)} is not a ComparisonPolicy",
             "write comparison=ComparisonPolicy(...)", "comparison")
     else:
         problems += validate_comparison(policy.comparison, field=f"{field}.comparison",
@@ -214,15 +226,15 @@ def validate_canary(policy: CanaryPolicy, *, field: str = "rollout.canary",
 def _weight_problems(weights: object, *, field: str, file: str | None) -> list[Problem]:
     fix = "write increasing percentages from 1 to 99, e.g. weights=(5, 25, 50)"
     if not isinstance(weights, (tuple, list)) or not weights:
-        return [Problem(f"weights {weights!r} is not a non-empty list of percentages", fix,
+        return [Problem(f"weights {shown(weights)} is not a non-empty list of percentages", fix,
                         file=file, field=field)]
     bad = [w for w in weights if not _is_int(w) or not 1 <= w <= 99]
     if bad:
-        return [Problem(f"weights {tuple(weights)!r}: {', '.join(map(repr, bad))} not an "
+        return [Problem(f"weights {shown(tuple(weights))}: {', '.join(map(shown, bad))} not an "
                         "integer from 1 to 99 (100 is the full switch that follows the "
                         "last step)", fix, file=file, field=field)]
     if any(b <= a for a, b in itertools.pairwise(weights)):
-        return [Problem(f"weights {tuple(weights)!r} are not strictly increasing", fix,
+        return [Problem(f"weights {shown(tuple(weights))} are not strictly increasing", fix,
                         file=file, field=field)]
     return []
 
@@ -232,7 +244,7 @@ def parse_weights(text: str, *, option: str = "--canary-weights") -> tuple[int, 
     try:
         weights = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise ConfigError(Problem(f"{option} {text!r} is not a comma-separated list of "
+        raise ConfigError(Problem(f"{option} {shown(text)} is not a comma-separated list of "
                                   "integers", f"write e.g. {option} 5,25,50",
                                   field=option)) from None
     problems = _weight_problems(weights, field=option, file=None)
@@ -246,5 +258,5 @@ def weights_for(step_weight: int) -> tuple[int, int]:
     slot: HAProxy shares requests in proportion to the weights (0..256), so percentages
     are exact weights (5 % -> old 95, new 5; 0 and 100 are the full switches)."""
     if not _is_int(step_weight) or not 0 <= step_weight <= 100:
-        raise ValueError(f"canary weight {step_weight!r} is not a percentage from 0 to 100")
+        raise ValueError(f"canary weight {shown(step_weight)} is not a percentage from 0 to 100")
     return 100 - step_weight, step_weight

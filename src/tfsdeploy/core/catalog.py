@@ -18,7 +18,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import ConfigDict, Field, SkipValidation, Strict
 
 from tfsdeploy.core.canary_policy import CanaryPolicy, validate_canary
-from tfsdeploy.core.errors import Problem
+from tfsdeploy.core.errors import Problem, shown
 from tfsdeploy.core.schema import (
     INT32_MAX,
     INT64_MAX,
@@ -172,7 +172,7 @@ def _label_target_problem(target: object) -> str | None:
     if target == "release" or (isinstance(target, int) and not isinstance(target, bool)
                                and 0 < target <= INT64_MAX):
         return None
-    return f"label points at {target!r}, neither a positive version number nor 'release'"
+    return f"label points at {shown(target)}, neither a positive version number nor 'release'"
 
 
 LabelTarget = Annotated[int | str, rule(
@@ -249,7 +249,7 @@ def model_rules(model: Model, file: str) -> list[Problem]:
     """Rules between the fields of one valid model."""
     canary = model.rollout.canary
     if canary is not None and not isinstance(canary, CanaryPolicy):
-        return [Problem(f"rollout.canary {canary!r} is not a CanaryPolicy",
+        return [Problem(f"rollout.canary {shown(canary)} is not a CanaryPolicy",
                         fix="write canary=CanaryPolicy(weights=(5, 25, 50), ...)", file=file,
                         field=f"models.{model.name}.rollout.canary")]
     if canary is not None:

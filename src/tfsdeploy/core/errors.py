@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -59,3 +61,32 @@ class ConfigError(TfsDeployError):
 
 class HostUnreachable(TfsDeployError):
     """SSH could not connect, authenticate or verify the host key, or the connection died."""
+
+
+def shown(value: object) -> str:
+    """A value as the error shows it: short, and with its type when that is the problem."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
+        return f"a {digits(value)}-digit number"
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, Mapping) and not isinstance(value, dict):
+        value = dict(value)
+    try:
+        text = repr(value)
+    except ValueError:  # it holds an int beyond Python's int-str limit
+        return f"a {type(value).__name__} holding a number too long to write out"
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return text if isinstance(value, (int, float, str, bool, type(None), dict, list, tuple)) \
+        else f"{text} ({type(value).__name__})"
+
+
+def digits(value: int) -> int:
+    """How many decimal digits ``value`` has, without writing it out: str() of an int above
+    Python's int-str limit (4300 digits, sys.get_int_max_str_digits) raises ValueError."""
+    magnitude = abs(value)
+    if magnitude < 10:
+        return 1
+    # 2**(b-1) <= n < 2**b, so the digit count is this estimate or one more
+    count = int((magnitude.bit_length() - 1) * math.log10(2)) + 1
+    return count + 1 if magnitude >= 10**count else count

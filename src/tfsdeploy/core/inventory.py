@@ -119,6 +119,7 @@ def load_inventory(path: str | None = None) -> Inventory:
     namespace = _run_inventory(resolved)
     return build_inventory(
         resolved,
+        base_dir=os.path.dirname(os.path.abspath(resolved)),
         hosts=namespace.get("hosts", []),
         groups=namespace.get("groups", {}),
         defaults=namespace.get("defaults", {}),
@@ -162,8 +163,10 @@ def _line_in(path: str, exc: BaseException) -> int | None:
 
 def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Group],
                     defaults: Mapping[str, Any], models: Iterable[Model],
-                    notify: object = ()) -> Inventory:
-    """Check and resolve inventory data (pure); raises ConfigError with every problem."""
+                    notify: object = (), base_dir: str | None = None) -> Inventory:
+    """Check and resolve inventory data (pure); raises ConfigError with every problem.
+    Relative ``ssh_key`` and ``ssh_known_hosts`` are taken from ``base_dir`` (default: the
+    directory of ``path``), wherever the command runs from."""
     host_list, host_vars, problems = _checked_hosts(path, hosts)
     receivers, found = check(list[str], list(notify) if isinstance(notify, (list, tuple))
                              else notify, file=path, prefix="notify")
@@ -181,7 +184,8 @@ def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Gr
     problems += found
     if problems:
         raise ConfigError(problems)
-    resolved = tuple(_resolve(h, group_map, base, group_vars, host_vars[h.name])
+    beside = os.path.dirname(path) if base_dir is None else base_dir
+    resolved = tuple(_resolve(h, group_map, base, group_vars, host_vars[h.name], beside)
                      for h in host_list)
     inventory = Inventory(
         path=path, hosts=resolved,
@@ -316,15 +320,31 @@ def _suggest(word: str, choices: Iterable[str], otherwise: str) -> str:
 
 
 def _resolve(host: Host, groups: Mapping[str, Group], base: Mapping[str, Any],
-             group_vars: Mapping[str, Mapping[str, Any]], own: Mapping[str, Any]
-             ) -> ResolvedHost:
+             group_vars: Mapping[str, Mapping[str, Any]], own: Mapping[str, Any],
+             beside: str) -> ResolvedHost:
     member_of = tuple(name for name, g in groups.items() if host.name in g.hosts)
     merged: dict[str, Any] = dict(base)
     for name in member_of:
         merged.update(group_vars[name])
     merged.update(own)
+    for name in INVENTORY_RELATIVE:
+        merged[name] = beside_inventory(merged.get(name), beside)
     return ResolvedHost(name=host.name, address=host.address, gpus=tuple(host.gpus),
                         groups=member_of, vars=HostVars(**merged))
+
+
+# vars naming files on the deploy machine: a relative one is beside the inventory (as
+# ssh_config(5) takes IdentityFile and UserKnownHostsFile from ~/.ssh, not the working
+# directory): `fab` run from another directory, or by cron from /, finds the same files
+INVENTORY_RELATIVE = ("ssh_key", "ssh_known_hosts")
+
+
+def beside_inventory(value: str | None, directory: str) -> str | None:
+    """``value`` as a path: absolute and ``~`` paths as they are, a relative one joined to
+    the inventory's ``directory`` (pure)."""
+    if not value or value.startswith(("/", "~")):
+        return value
+    return os.path.join(directory, value)
 
 
 def host_port_problems(path: str, host: ResolvedHost) -> list[Problem]:

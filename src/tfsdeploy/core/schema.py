@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Annotated, Any, TypeVar
@@ -23,7 +22,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, Field, Strict, TypeAdapter, ValidationError
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from tfsdeploy.core.errors import Problem
+from tfsdeploy.core.errors import Problem, shown
 
 T = TypeVar("T")
 
@@ -278,21 +277,6 @@ def field_path(prefix: str, loc: Sequence[int | str]) -> str:
     return text
 
 
-def shown(value: object) -> str:
-    """A value as the error shows it: short, and with its type when that is the problem."""
-    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**15:
-        return f"a {len(str(abs(value)))}-digit number"
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, Mapping) and not isinstance(value, dict):
-        value = dict(value)
-    text = repr(value)
-    if len(text) > 60:
-        text = text[:57] + "..."
-    return text if isinstance(value, (int, float, str, bool, type(None), dict, list, tuple)) \
-        else f"{text} ({type(value).__name__})"
-
-
 _TYPE_WORDS = {
     "int_type": ("must be a whole number", "write {leaf} as a plain integer (no quotes)"),
     "int_parsing": ("must be a whole number", "write {leaf} as a plain integer (no quotes)"),
@@ -335,7 +319,8 @@ def explain(detail: ErrorDetails, leaf: str) -> tuple[str, str]:
     if kind == "literal_error":
         expected = str(ctx.get("expected", ""))
         options = re.findall(r"'([^']*)'", expected)
-        close = difflib.get_close_matches(str(detail["input"]), options, n=1)
+        given = detail["input"]
+        close = difflib.get_close_matches(given, options, n=1) if isinstance(given, str) else []
         return (f"must be one of {expected}",
                 f"did you mean {close[0]!r}?" if close else f"use one of {expected}")
     if kind in ("dataclass_type", "dataclass_exact_type", "model_type", "is_instance_of"):

@@ -31,7 +31,11 @@ def since_seconds(text: str, now: float) -> float:
 
     cleaned = text.strip()
     if cleaned and _SPAN.sub("", cleaned) == "":
-        return now - sum(float(n) * _SECONDS[unit] for n, unit in _SPAN.findall(cleaned))
+        back = sum(float(n) * _SECONDS[unit] for n, unit in _SPAN.findall(cleaned))
+        if not back < now:  # 100000d: the Engine refuses a time before 1970 (inf too)
+            raise ValueError(f"reaches back before 1970 (at most {int(now // 86400)}d back "
+                             "from now): the Docker Engine takes later times only")
+        return now - back
     try:
         if not _DATE_TIME.match(cleaned):  # pydantic would read a bare number as Unix time
             raise ValueError(cleaned)

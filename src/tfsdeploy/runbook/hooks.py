@@ -126,7 +126,20 @@ def hook_env(facts: RunFacts, end: RunEnd | None = None) -> dict[str, str]:
                 "TFSDEPLOY_RESULT_FILE": end.result_file,
                 "TFSDEPLOY_MESSAGE": end.message[:MAX_VALUE_CHARS],
                 "TFSDEPLOY_FAILED_HOSTS": ",".join(end.failed_hosts)}
-    return env
+    return {name: env_value(value) for name, value in env.items()}
+
+
+def env_value(text: str) -> str:
+    """``text`` as an environment variable can hold it: NUL written as ``\\x00`` (execve's
+    strings end at NUL: Python refuses the whole environment with "embedded null byte"), and
+    what the file-system encoding cannot encode (a lone surrogate) as its escape. A message
+    quoting a host's error may hold either."""
+    text = text.replace("\x00", "\\x00")
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def moment_before(verb: str) -> Moment | None:
@@ -346,9 +359,9 @@ def run_hook(hooks: Hooks, moment: Moment, env: Mapping[str, str], *,
         process = subprocess.Popen(
             [str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=process_env(env, moment), start_new_session=True)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # ValueError: a value execve cannot take
         return HookResult(moment, ran=True, path=str(path), seconds=time.monotonic() - started,
-                          timeout_s=timeout_s, error=f"{error.strerror or error}")
+                          timeout_s=timeout_s, error=f"{getattr(error, 'strerror', '') or error}")
     tail = _Tail(on_line)
     timed_out = False
     try:

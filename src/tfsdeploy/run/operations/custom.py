@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tfsdeploy.hosts.commands.steps import remote_step
 from tfsdeploy.run.changes import Command, LocalCommand
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import Ops, operation
@@ -47,8 +48,8 @@ def remote(job: HostJob, argv: list[str] | None = None, shell: str | None = None
     """Run ``argv`` on the host (an argument list, quoted once); ``shell`` runs a shell
     command line instead, when a step really needs the shell."""
     command = [*argv] if argv else ["sh", "-c", shell or ""]
-    with_env = ["env", *(f"{k}={v}" for k, v in sorted(run_variables(job).items())), *command]
-    yield Command.of(with_env, f"run on the host: {' '.join(command)}", timeout=timeout_s,
+    yield Command.of(remote_step(run_variables(job), command),
+                     f"run on the host: {' '.join(command)}", timeout=timeout_s,
                      ok_codes=_codes(ignore_errors))
     return ""
 
