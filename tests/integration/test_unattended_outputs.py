@@ -70,7 +70,8 @@ def test_a_deploy_piped_into_a_reader_that_stops_keeps_its_exit_code_and_outputs
     print(f"two piped deploys: {time.monotonic() - started:.1f} s")
 
 
-PROGRAM = '#!/bin/sh\nprintf "%s|" "$0" "$@" "$TFSDEPLOY_HOST" > "$HOME/{out}"\n'
+# `--`: the kernel hands the script's path to sh, which would read a leading '-' as options
+PROGRAM = '#!/bin/sh --\nprintf "%s|" "$0" "$@" "$TFSDEPLOY_HOST" > "$HOME/{out}"\n'
 
 
 @pytest.mark.parametrize(("argv", "place"), [

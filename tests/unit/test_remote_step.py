@@ -41,7 +41,9 @@ def _program(host_dir: Path, place: str) -> Path:
     and TFSDEPLOY_HOST in ``place``/ran.txt."""
     (host_dir / place).mkdir()
     program = host_dir / place / "prog"
-    program.write_text('#!/bin/sh\nprintf "%s|" "$0" "$@" "$TFSDEPLOY_HOST" >> '
+    # `--`: the kernel hands the script's path to its interpreter, and sh would take a path
+    # starting with '-' for its options
+    program.write_text('#!/bin/sh --\nprintf "%s|" "$0" "$@" "$TFSDEPLOY_HOST" >> '
                        f'"{host_dir / place / "ran.txt"}"\n')
     program.chmod(0o755)
     return host_dir / place / "ran.txt"

@@ -25,6 +25,7 @@ from tfsdeploy.cli.main import main
 from tfsdeploy.cli.unattended import read_samples
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.records import LockRecord
+from tfsdeploy.run import engine
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import OPERATIONS, Ops
 
@@ -185,8 +186,12 @@ def test_a_nul_in_a_hook_variable_neither_skips_the_hook_nor_changes_the_exit_co
     assert fab("deploy", version="1")[0] == 0
     hooks, seen = world["tmp"] / "hooks", world["tmp"] / "message.txt"
     _hook(hooks, "on-failure", f'printf %s "$TFSDEPLOY_MESSAGE" > {seen}\n')
-    monkeypatch.setitem(OPERATIONS, "switch_traffic",
-                        _switch_failing_with("a host said a\x00b"))
+    FakeSlot.behaviour = {"10.9.0.1": "broken"}
+
+    def rescue_quoting_a_host(*args: Any, **kwargs: Any) -> str:
+        raise AttributeError("a host said a\x00b")  # the run's message quotes it
+
+    monkeypatch.setattr(engine, "rescue_host", rescue_quoting_a_host)
     code, written, samples = fab("deploy", version="2", hooks=str(hooks))
     assert code == ExitCode.INCONSISTENT
     assert written["exit_code"] == 3 and exit_sample(samples) == 3

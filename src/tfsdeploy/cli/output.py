@@ -88,7 +88,8 @@ class LineReporter:
     def step(self, host: str, phase: str, task: str, status: str, seconds: float,
              detail: str) -> None:
         """Print one finished step."""
-        first, *rest = (detail or "").splitlines() or [""]
+        # split on newlines only: a CR from a host is shown (\x0d), never a line break
+        first, *rest = (detail or "").rstrip("\n").split("\n")
         with self._lock:
             self._print(f"[{time.monotonic() - self._start:7.1f}s] {host:<10} {phase:<9} "
                         f"{task:<15} {status:<7} {seconds:6.2f}s  {first}")
@@ -141,7 +142,7 @@ def reporter(json: bool, log_file: str | None) -> LineReporter:
 
 def error_cell(error: str, diagnosis: dict[str, str] | None) -> str:
     """The summary's error: its first line, then the known failure's cause and fix."""
-    first = (error.splitlines() or [""])[0][:80]
+    first = error.split("\n")[0][:80]
     if not diagnosis:
         return first
     return f"{first}\ncause: {diagnosis['cause']}\nfix: {diagnosis['fix']}"
