@@ -251,8 +251,9 @@ def _option_problem(flag: str, value: Any, error: ValidationError, bound: Bound 
                     ) -> Problem:
     """The located problem of an option's refused value: its bound and the fix."""
     first = error.errors()[0]
-    shown_value = value if not isinstance(value, str) or len(value) <= 40 else \
-        value[:37] + "..."
+    # a value is quoted whole (a person sees what the shell passed), up to a length
+    shown_value = value if not isinstance(value, str) or len(value) <= SHOWN_CHARS else \
+        value[:SHOWN_CHARS - 3] + "..."
     fix = (first.get("ctx") or {}).get("fix")
     # pydantic gives a float field's bounds as floats: 86400.0 reads as written here, 86400
     limits = {k: exact(v) if isinstance(v, float) else v
@@ -267,6 +268,7 @@ def _option_problem(flag: str, value: Any, error: ValidationError, bound: Bound 
                    fix=fix or "see `fab <command> --help`", field=flag)
 
 
+SHOWN_CHARS = 1000
 BOUND_ERRORS = ("greater_than_equal", "greater_than", "less_than_equal", "less_than")
 
 

@@ -178,11 +178,12 @@ def validate_canary(policy: CanaryPolicy, *, field: str = "rollout.canary",
 
     problems += _weight_problems(policy.weights, field=f"{field}.weights", file=file)
     if not _is_number(policy.step_s) or not 0 < policy.step_s <= MAX_STEP_S:
-        add(f"step_s {shown(policy.step_s)} is not a positive number of seconds up to a day",
+        add(f"step_s {shown(policy.step_s)} is not a positive number of seconds (at most a "
+            "day)",
             "hold each weight step e.g. step_s=60", "step_s")
     if not _is_int(policy.min_requests) or not 1 <= policy.min_requests <= MAX_COUNT:
-        add(f"min_requests {shown(policy.min_requests)} is not a positive integer up to "
-            f"{MAX_COUNT}",
+        add(f"min_requests {shown(policy.min_requests)} is not a positive integer "
+            f"(at most {MAX_COUNT})",
             "set the requests each slot must serve per step, e.g. min_requests=100",
             "min_requests")
     for name, ratio in (("max_p99_ratio", policy.max_p99_ratio),
@@ -191,7 +192,8 @@ def validate_canary(policy: CanaryPolicy, *, field: str = "rollout.canary",
             continue
         if ratio is None or not _is_number(ratio) or not 1 <= ratio <= MAX_RATIO:
             add(f"{name} {shown(ratio)} is not a ratio >= 1 (below 1 fails a release exactly as "
-                "fast as the old one)", f"allow the new slot e.g. {name}=1.2", name)
+                f"fast as the old one) and at most {MAX_RATIO:g}",
+                f"allow the new slot e.g. {name}=1.2", name)
     if not _is_number(policy.max_error_rate_delta) or not 0 <= policy.max_error_rate_delta < 1:
         add(f"max_error_rate_delta {shown(policy.max_error_rate_delta)} is not a fraction "
             "in [0, 1)",
@@ -199,16 +201,16 @@ def validate_canary(policy: CanaryPolicy, *, field: str = "rollout.canary",
             "max_error_rate_delta")
     if not _is_number(policy.latency_slack_ms) or \
             not 0 <= policy.latency_slack_ms <= MAX_STEP_S * 1000:
-        add(f"latency_slack_ms {shown(policy.latency_slack_ms)} is not a number of ms from 0 "
-            "to a day",
+        add(f"latency_slack_ms {shown(policy.latency_slack_ms)} is not a number of ms >= 0 "
+            "(at most a day)",
             "set e.g. latency_slack_ms=1", "latency_slack_ms")
     if policy.inconclusive not in INCONCLUSIVE_POLICIES:
         add(f"inconclusive {shown(policy.inconclusive)} is not one of "
             f"{', '.join(INCONCLUSIVE_POLICIES)}",
             "use 'extend' (default), 'fail' or 'pass'", "inconclusive")
     if not _is_int(policy.max_extensions) or not 0 <= policy.max_extensions <= MAX_COUNT:
-        add(f"max_extensions {shown(policy.max_extensions)} is not an integer from 0 to "
-            f"{MAX_COUNT}",
+        add(f"max_extensions {shown(policy.max_extensions)} is not an integer >= 0 "
+            f"(at most {MAX_COUNT})",
             "set how many times a step with too little traffic is extended, e.g. 2",
             "max_extensions")
     if not isinstance(policy.pause, bool):
