@@ -256,3 +256,24 @@ def test_a_refused_run_into_a_closed_pipe_exits_1_with_its_json(tmp_path: Path) 
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr
     assert json.loads(result.read_text())["exit_code"] == 1
+
+
+def test_the_guard_s_textfile_and_exit_code_survive_a_closed_terminal(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfsdeploy.cli import guard as cli_guard
+
+    def rolled_back(*args: Any, **kwargs: Any) -> tuple[ExitCode, str]:
+        return ExitCode.ROLLED_BACK, "rolled back: h1 answered [/srv/x] \x1b[2J"
+
+    monkeypatch.setattr(cli_guard, "guard", rolled_back)
+    monkeypatch.setattr(sys, "stdout", ClosedTerminal(LOST["EIO: the operator's SSH session "
+                                                           "closed"]))
+    metrics = world["tmp"] / "guard.prom"
+    code = main("guard", {
+        "c": None, "model": MODEL, "inventory": inventory_file(world), "hosts": None,
+        "limit": None, "max_error_rate": "0.01", "slo_p99_ms": None, "for_s": "30",
+        "interval_s": "5", "duration_s": None, "min_requests": "20",
+        "count_client_errors": False, "hooks": None, "notify": None, "log_file": None,
+        "metrics_file": str(metrics)})
+    assert code == ExitCode.ROLLED_BACK
+    assert exit_sample(read_samples(str(metrics)), "guard") == 2
