@@ -277,3 +277,35 @@ def test_the_guard_s_textfile_and_exit_code_survive_a_closed_terminal(
         "metrics_file": str(metrics)})
     assert code == ExitCode.ROLLED_BACK
     assert exit_sample(read_samples(str(metrics)), "guard") == 2
+
+
+def test_container_output_in_logs_and_exec_is_shown_escaped_behind_its_prefix(
+        fab: Any, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from .fakes import FakeDocker
+
+    assert fab("deploy", version="1")[0] == 0
+    fleet: FakeFleet = world["fleet"]
+    forged = "\rh2        all good\x1b[2K\x1b]0;owned\x07"
+
+    def log_lines(docker: FakeDocker, name: str, **options: Any) -> Any:
+        yield f"2026-12-01T03:00:00.000000000Z {forged}"
+
+    def run_in(docker: FakeDocker, name: str, argv: list[str]) -> tuple[int, str]:
+        return 0, forged + "\n"
+
+    monkeypatch.setattr(FakeDocker, "log_lines", log_lines, raising=False)
+    monkeypatch.setattr(FakeDocker, "exec", run_in, raising=False)
+    monkeypatch.setattr(cli_fleet, "logs", partial(cli_fleet.logs, connect=fleet.connect))
+    monkeypatch.setattr(cli_fleet, "exec_in", partial(cli_fleet.exec_in, connect=fleet.connect))
+    capsys.readouterr()
+    base = {"c": None, "model": MODEL, "inventory": inventory_file(world), "hosts": "h1",
+            "limit": None}
+    assert main("logs", {**base, "lines": "5", "follow": False, "since": None}) == 0
+    monkeypatch.setattr(sys, "argv", ["fab", "exec", "--", "cat", "x"])
+    assert main("exec", {**base, "force": False, "argv": ["cat", "x"]}) == 0
+    out = capsys.readouterr().out
+    escaped = "\\x0dh2        all good\\x1b[2K\\x1b]0;owned\\x07"
+    assert f"2026-12-01T03:00:00.000000000Z h1        {escaped}" in out.splitlines()
+    assert f"h1        {escaped}" in out.splitlines()
+    assert not {"\x1b", "\x07", "\r"} & set(out)

@@ -353,7 +353,10 @@ def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str]
             out(f"{row['host']}: refused: {row['refused']} (--force to run anyway)")
             continue
         for result in row["results"]:
-            for line in result["output"].splitlines():
+            # newlines only: a CR (or FF, VT, U+2028) is shown escaped inside its line, never
+            # taken for a line break that starts a line with no prefix of its own
+            text = result["output"].removesuffix("\n")
+            for line in text.split("\n") if text else []:
                 out(f"{result['served'].label:<9} {line}")
             codes.append((result["served"].label, result["code"]))
     for line in split_lines([r["served"] for row in rows for r in row.get("results", [])]):
