@@ -51,7 +51,8 @@ def fab(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
     def run(command: str, **options: Any) -> Ran:
         json_file, metrics = world["tmp"] / f"{command}.json", world["tmp"] / "tfsdeploy.prom"
         json_file.unlink(missing_ok=True)
-        args: dict[str, Any] = {"c": None, "model": MODEL, "inventory": inventory_file(world)}
+        args: dict[str, Any] = {"c": None, "model": MODEL,
+                                "inventory": inventory_file(world, count=2)}
         if command == "deploy":
             args |= {"hosts": None, "limit": None, "playbook": None, "lock_wait": "0",
                      "json": False, "log_file": None, "json_file": str(json_file),
@@ -270,7 +271,7 @@ def test_the_guard_s_textfile_and_exit_code_survive_a_closed_terminal(
                                                            "closed"]))
     metrics = world["tmp"] / "guard.prom"
     code = main("guard", {
-        "c": None, "model": MODEL, "inventory": inventory_file(world), "hosts": None,
+        "c": None, "model": MODEL, "inventory": inventory_file(world, count=2), "hosts": None,
         "limit": None, "max_error_rate": "0.01", "slo_p99_ms": None, "for_s": "30",
         "interval_s": "5", "duration_s": None, "min_requests": "20",
         "count_client_errors": False, "hooks": None, "notify": None, "log_file": None,
@@ -299,8 +300,8 @@ def test_container_output_in_logs_and_exec_is_shown_escaped_behind_its_prefix(
     monkeypatch.setattr(cli_fleet, "logs", partial(cli_fleet.logs, connect=fleet.connect))
     monkeypatch.setattr(cli_fleet, "exec_in", partial(cli_fleet.exec_in, connect=fleet.connect))
     capsys.readouterr()
-    base = {"c": None, "model": MODEL, "inventory": inventory_file(world), "hosts": "h1",
-            "limit": None}
+    base = {"c": None, "model": MODEL, "inventory": inventory_file(world, count=2),
+            "hosts": "h1", "limit": None}
     assert main("logs", {**base, "lines": "5", "follow": False, "since": None}) == 0
     monkeypatch.setattr(sys, "argv", ["fab", "exec", "--", "cat", "x"])
     assert main("exec", {**base, "force": False, "argv": ["cat", "x"]}) == 0
