@@ -80,3 +80,12 @@ def test_the_longest_duration_is_a_day() -> None:
     assert options({"duration": "24h"})["duration"] == "24h"
     with pytest.raises(ConfigError):
         options({"duration": "25h"})
+
+
+@pytest.mark.parametrize("option", ["--start-margin", "--timeout", "--interval"])
+def test_accept_s_durations_are_at_most_a_day(option: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert fab("accept", "--model=half_plus_two", f"{option}={'9' * 400}s") == 1
+    err = capsys.readouterr().err
+    assert f"[field {option}]" in err and "Traceback" not in err, err
+    assert CONNECTIONS == []

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfsdeploy.core.catalog import Model
-from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.errors import ConfigError, Problem, shown
 from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.inventory import Inventory
 from tfsdeploy.core.layout import model_ports
@@ -24,6 +24,7 @@ DEFAULT_MAX_ERROR_RATE_PCT = 0.01  # below 0.01% of requests fail
 DEFAULT_RELEASE_AT = 0.25  # share of the window before the deploy starts
 DEFAULT_START_MARGIN_S = 15.0
 DEFAULT_TIMEOUT_S = 10.0
+MAX_DURATION_S = 86_400.0  # --duration, --interval, --start-margin, --timeout, --release-at
 PROC_QPS = 2000.0  # requests/s one generator process is given (it tops out near 9k, bare)
 LATENCY_ROOM = 4.0  # workers for 4x the SLO of queueing before a request waits for one
 MIN_WORKERS = 16
@@ -113,7 +114,13 @@ def parse_seconds(text: str | float, option: str) -> float:
         raise ConfigError(Problem(f"{option} {text!r} is not a duration",
                                   fix=f"write it like 60s, 5m or 500ms ({option} 5m)",
                                   field=option))
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if not seconds <= MAX_DURATION_S:  # inf (400 digits) too
+        raise ConfigError(Problem(f"{option} {shown(text)} is longer than a day "
+                                  f"({MAX_DURATION_S:g} s), the longest taken",
+                                  fix=f"write it like 60s, 5m or 500ms ({option} 5m)",
+                                  field=option))
+    return seconds
 
 
 def _release_at(text: str | None, duration_s: float, problems: list[Problem]) -> float:
