@@ -3,7 +3,7 @@ whose reader stopped after the first line (`fab deploy ... | head -1`) still exi
 run's code and writes its JSON result and textfile; a playbook's remote step whose argv
 starts with `NAME=` or `-` runs as given through the real sshd, login shell, env and sh.
 
-Model ``itunattended`` on tb1..tb3, port offset 3000, version 1 (half_plus_two 1). The
+Model ``itunattended`` on tb1, port offset 3000, version 1 (half_plus_two 1). The
 remote-step test uses no model or port: its programs live in a directory of root's home on
 tb1 that it owns (``ITUA_MARK=d``, ``-itua``) and removes.
 """
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 from deploy_support import GOOD, Fleet, fleet_fixture
-from testbed_support import REPO, fab_env, ssh
+from testbed_support import HOSTS, REPO, fab_env, ssh
 
 from tfsdeploy.cli.unattended import read_samples
 from tfsdeploy.core.inventory import load_inventory
@@ -31,8 +31,9 @@ MODEL, OFFSET = "itunattended", 3000
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    # one host: the pipe and the interpreter are what is tested, not the roll
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1]},
-                             serial=(1, "100%"))
+                             serial=(1, "100%"), hosts={"tb1": HOSTS["tb1"]})
 
 
 def deploy_into_head_1(fleet: Fleet, version: int) -> tuple[int, str, dict[str, object],
