@@ -36,6 +36,7 @@ import tasks as fab
 from tfsdeploy.core.errors import ExitCode, HostUnreachable
 from tfsdeploy.core.inventory import load_inventory
 from tfsdeploy.core.layout import RELEASE_ID
+from tfsdeploy.core.visible import visible
 
 from .budget import examples
 from .strategies import FLAGS, TMP, CliCase, cli_cases
@@ -222,10 +223,10 @@ def certainly_invalid(name: str, value: Any) -> bool:
 
 def names_it(output: str, flag: str, value: Any) -> bool:
     """Whether the output names the option (as fab does, or as invoke's parser does), or
-    quotes its value."""
+    quotes its value (as shown: its control characters escaped, core.visible)."""
     values = value if isinstance(value, list) else [value]
     return flag in output or f"<Argument: {flag[2:]} " in output or any(
-        repr(v) in output or (len(v) >= 3 and v in output) for v in values)
+        repr(v) in output or (len(v) >= 3 and visible(v) in output) for v in values)
 
 
 def test_plan_capacity_with_tiny_factors_exits_1_naming_them(
