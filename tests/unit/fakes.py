@@ -323,6 +323,10 @@ read -r command
 exec cat "{stat}"
 """
 _CAT = '#!/bin/sh\nexec cat "{file}"\n'
+# sync: the arguments must exist, as for coreutils' sync (it opens each); no fsync, which on
+# the test machine's disk would cost every write a few milliseconds (the argv builders' own
+# tests and the fleet's check the real one)
+_SYNC = '#!/bin/sh\n[ "$1" = -- ] && shift\nfor f in "$@"; do [ -e "$f" ] || exit 1; done\n'
 
 
 @dataclass
@@ -351,6 +355,7 @@ class FakeHost:
         self._tool("nvidia-smi", _CAT.format(file=self.dir / "gpus.csv"))
         self._tool("ss", _CAT.format(file=self.dir / "listening.txt"))
         self._tool("socat", _SOCAT.format(stat=self.dir / "proxy.stat"))
+        self._tool("sync", _SYNC)
 
     def _tool(self, name: str, text: str) -> None:
         path = self.bin / name

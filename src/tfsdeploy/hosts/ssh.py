@@ -4,20 +4,19 @@ Docker Engine.
 Host keys are always checked, on the host and on every ProxyJump hop: keys come from the
 host's ``ssh_known_hosts`` file (or the user's ~/.ssh/known_hosts), and an unknown or changed
 key refuses the connection. Commands are argument lists quoted here, once. Files are written
-atomically (a temporary name, then a rename). Docker Engine calls ride the same connection
-(``dockerssh``): no second login, no port forwarding.
+atomically and durably (a temporary name, fsynced, then a rename, the directory fsynced).
+Docker Engine calls ride the same connection (``dockerssh``): no second login, no port
+forwarding.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import select
 import shlex
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from paramiko import RejectPolicy
 
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.hosts.commands.files import write_file
 from tfsdeploy.hosts.dockerapi import Docker, SdkDocker
 from tfsdeploy.hosts.dockerssh import docker_client
 
@@ -204,18 +204,13 @@ class SshConnection:
         return self._sftp
 
     def put_bytes(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
-        """Write ``data`` to a temporary name beside ``path``, then rename it over ``path``
-        (a reader never sees half a file, a killed run never leaves one)."""
-        sftp = self._sftp_client()
-        temp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-        try:
-            sftp.putfo(io.BytesIO(data), temp)
-            sftp.chmod(temp, mode)
-            sftp.posix_rename(temp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                sftp.remove(temp)
-            raise HostUnreachable(f"{self.host.name}: writing {path}: {exc}") from exc
+        """Write ``data`` to a temporary name beside ``path``, then rename it over ``path``,
+        durably (``files.write_file``: the file and its directory fsynced before the rename,
+        the directory after): a reader never sees half a file, a killed run or a power loss
+        never leaves one."""
+        result = self.run(write_file(path, mode=mode), stdin=data)
+        if not result.ok:
+            raise HostUnreachable(f"{self.host.name}: writing {path}: {result.tail()}")
 
     def put_file(self, local: str, path: str) -> None:
         """Upload a local file over SFTP."""
