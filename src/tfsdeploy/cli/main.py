@@ -23,7 +23,7 @@ from tfsdeploy.cli.render import summary_rows as render_rows
 from tfsdeploy.cli.render import write_renders
 from tfsdeploy.cli.unattended import INVALID_MODEL, update_textfile, write_json_file
 from tfsdeploy.core.canary_policy import CanaryPolicy, parse_weights
-from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
+from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
 from tfsdeploy.core.inventory import load_inventory
 from tfsdeploy.core.target import Target, load_target, render_release
 
@@ -127,11 +127,17 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
     from tfsdeploy.cli import around
 
     chosen = target(args)
+    started = time.monotonic()
     shown = around.EventReporter(output.reporter(args["json"], args["log_file"]))
     before = around.surround(shown, command, chosen, hooks_dir=args.get("hooks"),
                               notify_urls=args.get("notify") or ())
     try:
         result = run(chosen, shown, before)
+    except TfsDeployError as error:  # the lock held, no host reachable, ...: hooks still run
+        if shown.around is not None:
+            around.ended_early(shown.around, output.note_sink(args["json"]), error,
+                               command=command, seconds=time.monotonic() - started)
+        raise
     except BaseException:
         if shown.around is not None:
             around.close(shown.around)
