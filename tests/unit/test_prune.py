@@ -48,14 +48,15 @@ def test_prune_keeps_the_live_release_whose_container_is_not_running(
     h1 = fleet["h1"]
     name = f"tfs-hp2-{first.release_id}-i0"
     h1.docker.by_name[name].running = False  # crashed: the proxy still points at its slot
-    result = prune(target(world, keep=2), reporter=Recorder(), connect=fleet.connect)
+    result = prune(target(world, keep=1), reporter=Recorder(), connect=fleet.connect)
     assert result.exit_code == ExitCode.OK, result.message
     assert current(h1) == f"releases/{first.release_id}"
     assert manifest(h1, first.release_id).is_file(), "the live release's record was removed"
     assert name in h1.docker.by_name, "the live release's container was removed"
     assert Path(paths(h1).version_dir(1), "saved_model.pb").is_file(), \
         "the live release's model version was removed"
-    # the releases nothing protects still go: v2 (beyond keep_releases, not the window)
+    # what nothing protects still goes: v2 (beyond keep_releases; v3 is the newest good,
+    # v4 the release v1 replaced: the rollback window)
     assert not manifest(h1, run_release(h1, 2)).exists()
 
 
@@ -92,6 +93,13 @@ def test_protected_releases_come_from_the_hosts_facts_whatever_the_containers_st
         R[2]: "the proxy serves its slot",
         R[3]: "a paused canary",
         R[0]: f"the rollback window ({R[1]} replaced it)"}
+    # in a served slot, the container that runs there is what it serves, not the stopped
+    # container of an older release beside it
+    blue = HostFacts(host="h1", releases=records, current=R[4], proxy=ProxyFact(
+        running=True, answered=True, servers=(ServerState("grpc", 0, "blue", "UP", 0, 100),)),
+        containers=(_server(R[0], "blue"), _server(R[4], "blue", running=True)))
+    assert protected_releases(blue, window=False) == {
+        R[4]: "the `current` pointer names it", R[3]: "a paused canary"}
     # the proxy does not answer: its haproxy.cfg says what it serves once restarted
     down = HostFacts(host="h1", releases=records[:3], current=None,
                      containers=(_server(R[2], "green"),),

@@ -235,7 +235,7 @@ def _versions(text: str) -> dict[int, tuple[str, str]]:
     """``<version> [<digest> [<boot id>]]`` lines -> version -> (digest, boot id)."""
     found = {}
     for line in text.splitlines():
-        number, *recorded = line.split()
+        number, *recorded = line.split() or [""]
         if DIGITS.fullmatch(number) and int(number) > 0:
             digest = recorded[0] if recorded and SHA256.fullmatch(recorded[0]) else ""
             boot = recorded[1] if len(recorded) > 1 and BOOT_ID.fullmatch(recorded[1]) else ""
