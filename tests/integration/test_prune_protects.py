@@ -7,6 +7,7 @@ One host (tb2): the failure is a host's facts, and one host keeps the module sho
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,7 +24,8 @@ HOST = "tb2"
 def _inventory(fleet_tmp: Path, source: Path, keep: int) -> Path:
     path = fleet_tmp / f"inventory-keep{keep}.py"
     path.write_text(inventory_text(
-        title="the prune test", model=MODEL, source=source, golden=GOLDEN, offset=OFFSET,
+        title="the prune test", model=MODEL, source=source, golden=fleet_tmp / "golden.json",
+        offset=OFFSET,
         warmup="Warmup(samples=5)", hosts={HOST: HOSTS[HOST]},
         rollout=f"Rollout(serial=('100%',), min_healthy_s=1.0, window_s=0.0, "
                 f"keep_releases={keep}, load_timeout_s=120)"))
@@ -35,12 +37,18 @@ def _make(tmp: Path) -> Fleet:
     source.mkdir(parents=True)
     for version in (1, 2, 3):
         copy_version(SOURCE_MODEL / str(version), source, version)
+    # a fourth version: version 3's files, with version 3's golden answers
+    copy_version(SOURCE_MODEL / "3", source, 4)
+    golden = json.loads(GOLDEN.read_text())
+    golden["version_details"]["4"] = golden["version_details"]["3"]
+    golden["versions"] = [*golden["versions"], 4]
+    (tmp / "golden.json").write_text(json.dumps(golden))
     (tmp / "playbooks").mkdir()
     playbook = tmp / "playbooks" / "deploy-fast.yml"
     playbook.write_text(FAST_PLAYBOOK)
     (tmp / "tasks").symlink_to(REPO / "tasks")
     return Fleet(model=MODEL, offset=OFFSET, tmp=tmp, source=source,
-                 inventory=_inventory(tmp, source, keep=3), fast_playbook=playbook,
+                 inventory=_inventory(tmp, source, keep=4), fast_playbook=playbook,
                  hosts={HOST: HOSTS[HOST]})
 
 
@@ -51,7 +59,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def test_prune_keeps_the_live_release_whose_container_stopped(fleet: Fleet) -> None:
-    for version in (1, 2, 3):
+    for version in (1, 2, 3, 4):
         fleet.deploy(version)
     first = next(m["id"] for m in fleet.releases(HOST).values() if m["version"] == 1)
     back = fleet.fab("rollback", "--to", first, "--json")
@@ -59,7 +67,7 @@ def test_prune_keeps_the_live_release_whose_container_stopped(fleet: Fleet) -> N
     name = f"tfs-{MODEL}-{first}-i0"
     ssh(HOST, f"docker stop -t 1 {name} >/dev/null")  # crashed: the proxy still serves its slot
     home = f"/srv/tfsdeploy/{MODEL}"
-    fewer = _inventory(fleet.tmp, fleet.source, keep=1)
+    fewer = _inventory(fleet.tmp, fleet.source, keep=2)  # v1 is older than the 2 newest good
     run = fleet.fab("prune", "--json", inventory=fewer)
     assert run.code == 0, run.describe()
     left = ssh(HOST, f"readlink {home}/current; ls {home}/releases/{first}; "

@@ -168,18 +168,20 @@ def test_a_deploy_that_finds_the_lock_held_runs_its_post_hooks_and_says_finished
         world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, receiver: Receiver) -> None:
     from tfsdeploy.cli.main import main
 
-    from .runs import paths
+    from .runs import paths, run_deploy
 
+    run_deploy(world, 1)
     _fake_commands(world, monkeypatch)
     hooks = world["tmp"] / "hooks"
     seen = _recorders(hooks, "pre-deploy", "post-deploy", "on-failure")
+    assert world["fleet"].hosts
     for host in world["fleet"].hosts.values():
         lock = Path(paths(host).lock_dir)
         lock.mkdir(parents=True)
         (lock / "info.json").write_text(json.dumps({
             "token": "0123abcd", "who": "alice", "machine": "elsewhere", "pid": 7,
             "started": "2026-11-30T10:00:00+00:00", "command": "deploy hp2 v9"}))
-    code = main("deploy", _args(world, hooks, receiver.url, version="1", check=False,
+    code = main("deploy", _args(world, hooks, receiver.url, version="2", check=False,
                                 diff=False, canary_weights=None, step_s=None, pause=False))
     assert code == ExitCode.LOCKED
     for name in ("post-deploy", "on-failure"):

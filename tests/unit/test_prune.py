@@ -23,7 +23,7 @@ R = [f"r20261201-0000{i}0000-v{i}" for i in range(1, 6)]
 
 
 def _add_version(world: dict[str, Any], version: int) -> None:
-    """A fourth version in the fake model source, with its golden answers."""
+    """Another version in the fake model source, with its golden answers."""
     (world["source"] / str(version)).mkdir(parents=True)
     (world["source"] / str(version) / "saved_model.pb").write_bytes(b"pb")
     golden = json.loads(Path(world["golden"]).read_text())
@@ -39,24 +39,25 @@ def test_prune_keeps_the_live_release_whose_container_is_not_running(
         world: dict[str, Any]) -> None:
     """`rollback --to` an old release, its container then stops (a crash, a host reboot),
     and a prune with fewer releases kept: the live release, its files and its version stay."""
-    _add_version(world, 4)
-    first = run_deploy(world, 1, keep=4)
-    for version in (2, 3, 4):
-        run_deploy(world, version, keep=4)
-    assert run_rollback(world, to=first.release_id, keep=4).exit_code == ExitCode.OK
+    for version in (4, 5):
+        _add_version(world, version)
+    first = run_deploy(world, 1, keep=5)
+    for version in (2, 3, 4, 5):
+        run_deploy(world, version, keep=5)
+    assert run_rollback(world, to=first.release_id, keep=5).exit_code == ExitCode.OK
     fleet: FakeFleet = world["fleet"]
     h1 = fleet["h1"]
     name = f"tfs-hp2-{first.release_id}-i0"
     h1.docker.by_name[name].running = False  # crashed: the proxy still points at its slot
-    result = prune(target(world, keep=1), reporter=Recorder(), connect=fleet.connect)
+    result = prune(target(world, keep=2), reporter=Recorder(), connect=fleet.connect)
     assert result.exit_code == ExitCode.OK, result.message
     assert current(h1) == f"releases/{first.release_id}"
     assert manifest(h1, first.release_id).is_file(), "the live release's record was removed"
     assert name in h1.docker.by_name, "the live release's container was removed"
     assert Path(paths(h1).version_dir(1), "saved_model.pb").is_file(), \
         "the live release's model version was removed"
-    # what nothing protects still goes: v2 (beyond keep_releases; v3 is the newest good,
-    # v4 the release v1 replaced: the rollback window)
+    # what nothing protects still goes: v2 (beyond keep_releases; v3 and v4 are the newest
+    # good ones, v5 the release v1 replaced: the rollback window)
     assert not manifest(h1, run_release(h1, 2)).exists()
 
 
