@@ -53,12 +53,15 @@ _VERIFY = (_RECORD + 'cd "$2" || exit 1; '
            'rm -f -- "$1"; exit 5; fi; '
            'record "$3" "$4" "$1"; code=$?; rm -f -- "$1"; exit $code')
 
-# exit 0 when the version's files match the sums recorded at staging (and those sums are the
-# recorded digest's); 5 when anything differs or is missing. Reads only.
-_VERIFY_RECORDED = ('[ -f "$2" ] && [ "$(sha256sum < "$2" | cut -c1-64)" = "$3" ] || exit 5; '
+# exit 0 when the version's files match the sums recorded at staging ("$2"; stdin when "$2" is
+# empty) and those sums are the recorded digest's ("$3"); 5 when anything differs or is
+# missing. Reads only. ($(...) drops the sums' last newline; printf puts it back.)
+_VERIFY_RECORDED = ('if [ -n "$2" ]; then sums=$(cat -- "$2") || exit 5; else sums=$(cat); fi; '
+                    '[ "$(printf "%s\\n" "$sums" | sha256sum | cut -c1-64)" = "$3" ] || exit 5; '
                     'cd "$1" || exit 5; '
-                    'n=$(find . -type f | wc -l); want=$(grep -c "" "$2"); '
-                    '[ "$n" = "$want" ] && sha256sum --quiet --check "$2" >/dev/null 2>&1 '
+                    'n=$(find . -type f | wc -l); '
+                    'want=$(printf "%s\\n" "$sums" | grep -c ""); [ "$n" = "$want" ] && '
+                    'printf "%s\\n" "$sums" | sha256sum --quiet --check - >/dev/null 2>&1 '
                     '|| exit 5')
 
 
@@ -87,7 +90,9 @@ def verify_existing(sums: str, final: str, *, digest_file: str, digest: str) -> 
 def verify_recorded(final: str, *, sums_file: str, digest: str) -> Argv:
     """Exit 0 when a staged version holds exactly the files of the sums recorded at staging
     (whose sha256 is ``digest``), 5 otherwise: the check before a version staged during
-    another boot of the host is trusted. Changes nothing."""
+    another boot of the host is trusted. ``sums_file`` empty: the sums come on stdin (a
+    version staged before sums were recorded, checked against the source's, whose digest is
+    the recorded one). Changes nothing."""
     return ["sh", "-c", _VERIFY_RECORDED, "sh", final, sums_file, digest]
 
 

@@ -176,7 +176,7 @@ def stage_model(job: HostJob) -> Ops:
         recorded = job.facts.versions[version]
         if not _staged_under_another_boot(job) or (digest and recorded != digest):
             return (yield from _check_staged(job, final, digest))
-        if (yield from _reverified(job, final)):
+        if (yield from _reverified(job, final, digest)):
             return f"version {version} staged before the host's last boot: every file " \
                    "re-verified against its recorded sums"
         replace = True  # damaged: staged again below, over the damaged directory
@@ -210,17 +210,21 @@ def _staged_under_another_boot(job: HostJob) -> bool:
     return not recorded or not facts.boot_id or recorded != facts.boot_id
 
 
-def _reverified(job: HostJob, final: str) -> Generator[Change, None, bool]:
+def _reverified(job: HostJob, final: str, digest: str) -> Generator[Change, None, bool]:
     """Verify every file of a version staged under another boot against the sums recorded
-    at staging; on success record this boot. Returns whether the files matched (a plan,
-    which runs no check, assumes they do)."""
+    at staging (a version staged before sums were recorded: against the source's, whose
+    digest is the recorded one); on success record this boot (and those sums). Returns
+    whether the files matched (a plan, which runs no check, assumes they do)."""
     version, paths = job.run.version, job.paths
     recorded = job.facts.versions[version]
+    legacy = not job.facts.version_boots.get(version) and digest == recorded
+    sums = archive_of(job).sums().encode() if legacy else None
     verdict: dict[str, bool] = {}
 
     def verify() -> str:
         result = job.conn.run(stage_commands.verify_recorded(
-            final, sums_file=paths.sums_file(version), digest=recorded), timeout=600)
+            final, sums_file="" if legacy else paths.sums_file(version), digest=recorded),
+            timeout=600, stdin=sums)
         verdict["ok"] = result.ok
         return "every file matches" if result.ok else (
             f"version {version}'s files differ from the sums recorded at staging: staged again")
@@ -229,6 +233,8 @@ def _reverified(job: HostJob, final: str) -> Generator[Change, None, bool]:
                 "(staged before the host's last boot)", verify)
     if not verdict.get("ok", True):
         return False
+    if sums is not None:
+        yield WriteFile(paths.sums_file(version), sums)
     yield Command.of(stage_commands.record_boot(paths.digest_file(version), recorded),
                      f"record version {version} as verified since the host's last boot")
     return True
