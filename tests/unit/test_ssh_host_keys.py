@@ -1,0 +1,157 @@
+"""The toolkit's SSH connection (tfsdeploy.hosts.ssh) checks host keys by its own known_hosts
+reader, before authentication, against a paramiko SSH server on 127.0.0.1 started here (it
+presents a plain host key: certificates against a real sshd are the fleet tier's,
+tests/integration/test_ssh_certificates.py)."""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import paramiko
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ed25519
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.fleet import HostVars, ResolvedHost
+from tfsdeploy.hosts.ssh import SshConnection
+
+
+def private_pem(key: ed25519.Ed25519PrivateKey) -> str:
+    return key.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()).decode()
+
+
+def public_line(key: ed25519.Ed25519PrivateKey) -> str:
+    return key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
+HOST_KEY = ed25519.Ed25519PrivateKey.generate()
+OTHER = ed25519.Ed25519PrivateKey.generate()
+
+
+@dataclass
+class Server(paramiko.ServerInterface):
+    """A one-client SSH server: any public key logs in; `exec` answers exit status 0."""
+
+    port: int = 0
+    auth_attempts: int = 0
+    ended: threading.Event = field(default_factory=threading.Event)
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "publickey"
+
+    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+        self.auth_attempts += 1
+        return paramiko.AUTH_SUCCESSFUL
+
+    def check_channel_request(self, kind: str, chanid: int) -> int:
+        return paramiko.OPEN_SUCCEEDED
+
+    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
+        channel.send_exit_status(0)
+        channel.shutdown_write()
+        return True
+
+
+@pytest.fixture()
+def server() -> Iterator[Server]:
+    listener = socket.create_server(("127.0.0.1", 0))
+    state = Server(port=listener.getsockname()[1])
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        transport = paramiko.Transport(conn)
+        transport.add_server_key(paramiko.Ed25519Key.from_private_key(
+            io.StringIO(private_pem(HOST_KEY))))
+        try:
+            transport.start_server(server=state)
+            while transport.is_active():
+                transport.join(0.2)
+        except (paramiko.SSHException, EOFError, OSError):
+            pass
+        finally:
+            transport.close()
+            state.ended.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield state
+    listener.close()
+
+
+def connection(tmp_path: Path, server: Server, known_hosts: list[str]) -> SshConnection:
+    key = tmp_path / "id_ed25519"
+    key.write_text(private_pem(ed25519.Ed25519PrivateKey.generate()))
+    key.chmod(0o600)
+    path = tmp_path / "known_hosts"
+    path.write_text("".join(f"{line}\n" for line in known_hosts))
+    vars_ = HostVars(ssh_port=server.port, ssh_key=str(key), ssh_known_hosts=str(path))
+    return SshConnection(ResolvedHost("tbx", "127.0.0.1", (), (), vars_))
+
+
+def test_a_file_with_marker_lines_still_trusts_the_listed_key(tmp_path: Path,
+                                                             server: Server) -> None:
+    # before: paramiko's HostKeys.load raised InvalidHostKey on the marker line, and every
+    # host using the file was unreachable
+    conn = connection(tmp_path, server, [
+        f"@cert-authority *.example.com {public_line(OTHER)}",
+        f"@revoked *.example.com {public_line(OTHER)}",
+        f"[127.0.0.1]:{server.port} {public_line(HOST_KEY)}",
+    ])
+    try:
+        assert conn.run(["true"]).ok
+    finally:
+        conn.close()
+
+
+def test_a_pattern_line_trusts_the_host(tmp_path: Path, server: Server) -> None:
+    conn = connection(tmp_path, server, [f"[127.0.0.*]:* {public_line(HOST_KEY)}"])
+    try:
+        assert conn.run(["true"]).ok
+    finally:
+        conn.close()
+
+
+def test_a_revoked_key_is_refused_before_authentication_and_the_transport_closed(
+        tmp_path: Path, server: Server) -> None:
+    conn = connection(tmp_path, server, [
+        f"[127.0.0.1]:{server.port} {public_line(HOST_KEY)}",
+        f"@revoked * {public_line(HOST_KEY)}",
+    ])
+    with pytest.raises(HostUnreachable) as refused:
+        conn.run(["true"])
+    message = str(refused.value)
+    assert message.startswith("tbx (127.0.0.1): HostKeyRefused: the host key of 127.0.0.1 ")
+    assert f"is marked @revoked for [127.0.0.1]:{server.port} (line 2)" in message
+    assert "fix: a revoked key may be in someone else's hands" in message
+    assert server.auth_attempts == 0
+    assert server.ended.wait(30), "the refused connection was left open"
+    conn.close()
+
+
+def test_an_unlisted_host_is_refused_with_the_fix(tmp_path: Path, server: Server) -> None:
+    conn = connection(tmp_path, server, [f"@cert-authority * {public_line(OTHER)}"])
+    with pytest.raises(HostUnreachable) as refused:
+        conn.run(["true"])
+    assert f"no key or CA in it names [127.0.0.1]:{server.port} or 127.0.0.1" in \
+        str(refused.value)
+    assert f"ssh-keyscan -p {server.port} 127.0.0.1" in str(refused.value)
+    assert server.auth_attempts == 0 and server.ended.wait(30)
+    conn.close()
+
+
+def test_an_unreadable_file_makes_the_host_unreachable(tmp_path: Path) -> None:
+    vars_ = HostVars(ssh_known_hosts=str(tmp_path / "missing"))
+    conn = SshConnection(ResolvedHost("tbx", "127.0.0.1", (), (), vars_))
+    with pytest.raises(HostUnreachable, match=r"the known-hosts file .*missing cannot be used"):
+        conn.run(["true"])
