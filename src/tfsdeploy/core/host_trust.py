@@ -180,14 +180,16 @@ def _refusal(state: _Check, key: _Key) -> Verdict:
     """Why nothing trusted the key, and what to do."""
     head = f"the host key of {state.host} ({fingerprint(key.blob)}) is refused by {state.source}"
     if state.revoked:
-        return Verdict(False, f"{head}: {'; '.join(state.revoked)}",
+        return Verdict(False, f"{head}: {'; '.join(dict.fromkeys(state.revoked))}",
                        "a revoked key may be in someone else's hands: re-key the host (a new "
                        "host key, certified by a CA you trust) and find out how the old one "
                        "leaked; remove the @revoked line only if it was written by mistake")
-    notes = "; ".join(state.notes)
+    # a name can be consulted twice (with the certificate, then its plain key): say it once
+    notes = "; ".join(dict.fromkeys(state.notes))
     if state.changed:
+        changed = ", ".join(dict.fromkeys(state.changed))
         return Verdict(False, f"{head}: the host key changed (another key is listed for "
-                              f"{', '.join(state.changed)})" + (f"; {notes}" if notes else ""),
+                              f"{changed})" + (f"; {notes}" if notes else ""),
                        "if the host was re-keyed on purpose, replace its line with the new key "
                        "(ssh-keyscan, checked out of band); otherwise someone may be "
                        "intercepting the connection")
