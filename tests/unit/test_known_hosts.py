@@ -9,11 +9,14 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tfsdeploy.core.known_hosts import (
     Marker,
@@ -143,6 +146,21 @@ def test_the_lines_that_name_a_host_are_those_ssh_keygen_finds(tmp_path: Path) -
         theirs = {int(n) for n in re.findall(r"found: line (\d+)", found)}
         ours = {e.lineno for e in entries_for(entries, name)}
         assert ours == theirs, name
+
+
+@pytest.mark.skipif(KEYGEN is None, reason="OpenSSH's ssh-keygen is not installed")
+@settings(max_examples=60, deadline=None, database=None)
+@given(field=st.text("ab.*?!,[]:1#", min_size=1, max_size=12),
+       names=st.lists(st.text("ab.[]:1", min_size=1, max_size=8), min_size=1, max_size=4))
+def test_generated_patterns_match_as_ssh_keygen_matches(field: str, names: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "known_hosts"
+        path.write_text(f"{field} {ED}\n")
+        (entry,) = parse_known_hosts(path.read_text())
+        for name in names:
+            found = subprocess.run([str(KEYGEN), "-F", name, "-f", str(path)],
+                                   capture_output=True, text=True, check=False).stdout
+            assert hosts_match(name, entry.hosts) is ("found: line 1" in found), (field, name)
 
 
 # -- the host-key algorithm order ---------------------------------------------------------------
