@@ -80,6 +80,12 @@ def test_a_marker_alone_on_a_line_with_only_tabs_is_read() -> None:
     assert entry.marker is Marker.REVOKED and entry.hosts == "host"
 
 
+def test_crlf_lines_and_nul_bytes_are_read_as_openssh_reads_them() -> None:
+    entries = parse_known_hosts(f"host1 {ED}\r\nhost2 {ED}\0 junk\nho\0st3 {ED}\n")
+    assert [(e.hosts, e.blob) for e in entries] == [("host1", blob_of(ED)),
+                                                     ("host2", blob_of(ED))]
+
+
 # -- names and patterns ------------------------------------------------------------------------
 
 def test_lookup_names_add_the_port_and_fall_back_to_the_bare_host() -> None:

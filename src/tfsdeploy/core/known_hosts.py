@@ -69,7 +69,7 @@ def parse_known_hosts(text: str) -> tuple[KnownHost, ...]:
 
 
 def _parse_line(line: str, lineno: int) -> KnownHost | None:
-    rest = line.lstrip(" \t")
+    rest = line.split("\0", 1)[0].lstrip(" \t")  # C reads a line up to a NUL
     if not rest or rest.startswith("#"):
         return None
     marker, rest = _take_marker(rest)
@@ -105,14 +105,17 @@ def _take_marker(line: str) -> tuple[Marker | None, str]:
 def _decode_key(keytype: str, encoded: str) -> bytes | None:
     """The key's blob, if ``encoded`` is base64 of an SSH key whose type string is
     ``keytype`` (sshkey_read refuses a type mismatch)."""
-    try:
-        blob = base64.b64decode(encoded, validate=True)
+    try:  # b64_pton skips white space (a CRLF file's \r)
+        blob = base64.b64decode(encoded.translate(_NO_SPACE), validate=True)
     except (binascii.Error, ValueError):
         return None
     name = read_ssh_string(blob, 0)
     if name is None or name[0] != keytype.encode():
         return None
     return blob
+
+
+_NO_SPACE = str.maketrans("", "", " \t\r\n\v\f")
 
 
 def read_ssh_string(data: bytes, at: int) -> tuple[bytes, int] | None:
