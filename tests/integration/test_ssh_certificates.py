@@ -1,6 +1,7 @@
 """SSH certificate fleets on the local fleet: `fab status` reaches a host whose known_hosts
 entry is only a ``@cert-authority`` line, and refuses it once that CA is ``@revoked``; OpenSSH's
-own client, given the same file, decides the same.
+own client, given the same file, decides the same, for these and nine more files (another CA,
+patterns and negation, a hashed name, @revoked of the host key, broken lines, plain keys).
 
 The host is a dedicated sshd started here in tb3's namespaces (``nsenter --target`` its
 namespace holder: tb3's network, mounts and Docker engine) on port 2291, with its own host key
@@ -25,7 +26,9 @@ import pytest
 from deploy_support import GOOD, Fleet, fleet_fixture
 from testbed_support import ADDRESSES, KNOWN_HOSTS, SSH_KEY, STATE, Run, netns
 
+from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.fleet import HostVars, ResolvedHost
+from tfsdeploy.core.known_hosts import hash_name
 from tfsdeploy.hosts.ssh import SshConnection
 
 pytestmark = pytest.mark.testbed
@@ -188,3 +191,44 @@ def test_a_revoked_ca_makes_the_host_unreachable_with_the_reason(fleet: Fleet,
                      r"re-key the host",
                      run.stdout, re.M), run.describe()
     assert not openssh_accepts(fleet.tmp / "known_hosts_revoked")
+
+
+def toolkit_accepts(known: Path) -> bool:
+    conn = connect(known)
+    try:
+        return conn.run(["true"]).ok
+    except HostUnreachable as refused:
+        assert "HostKeyRefused" in str(refused), refused
+        return False
+    finally:
+        conn.close()
+
+
+# known_hosts variants: {ca} is the CA's public key, {key} the host's, {other} another key
+VARIANTS = {
+    "another CA": (["@cert-authority * {other}"], False),
+    "the CA for other hosts": (["@cert-authority *.example.com,!10.87.0.13 {ca}"], False),
+    "the CA negated for the host": (["@cert-authority 10.87.0.*,!10.87.0.13 {ca}"], False),
+    "the CA under the hashed name": (["@cert-authority {hashed} {ca}"], True),
+    "the host key revoked": (["@cert-authority * {ca}", "@revoked * {key}"], False),
+    "the CA revoked for other hosts": (["@cert-authority * {ca}", "@revoked tb9 {ca}"], True),
+    "the CA listed as a plain key": (["[10.87.0.13]:2291 {ca}"], False),
+    "another plain key": (["[10.87.0.13]:2291 {other}"], False),
+    "a broken line, then the CA": (["@cert-authority", "@bogus * {ca}", "* {ca}x",
+                                    "@cert-authority [10.87.0.13]:* {ca}"], True),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_toolkit_decides_as_openssh_does(fleet: Fleet, sshd: CertSshd, variant: str) -> None:
+    lines, trusted = VARIANTS[variant]
+    other = fleet.tmp / "other"
+    if not other.exists():
+        keygen("-t", "ed25519", "-N", "", "-f", other)
+    values = {"ca": sshd.ca_line, "key": (sshd.work / "host.pub").read_text().strip(),
+              "other": (fleet.tmp / "other.pub").read_text().strip(),
+              "hashed": hash_name(f"[{ADDRESS}]:{SSHD_PORT}", bytes(range(20)))}
+    known = fleet.tmp / f"known_hosts_{variant.replace(' ', '_')}"
+    known.write_text("".join(line.format(**values) + "\n" for line in lines))
+    assert openssh_accepts(known) is trusted
+    assert toolkit_accepts(known) is trusted
