@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.serialization import (
 
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.fleet import HostVars, ResolvedHost
+from tfsdeploy.hosts.hostkeys import HostKeyRefused
 from tfsdeploy.hosts.ssh import SshConnection
 
 
@@ -50,6 +51,7 @@ class Server(paramiko.ServerInterface):
     auth_attempts: int = 0
     forwards: dict[int, tuple[str, int]] = field(default_factory=dict)
     ended: threading.Event = field(default_factory=threading.Event)
+    transport: paramiko.Transport | None = None
 
     def get_allowed_auths(self, username: str) -> str:
         return "publickey"
@@ -82,7 +84,7 @@ def _pump(source: Any, sink: Any) -> None:
 
 def _serve(listener: socket.socket, key: ed25519.Ed25519PrivateKey, state: Server) -> None:
     conn, _ = listener.accept()
-    transport = paramiko.Transport(conn)
+    transport = state.transport = paramiko.Transport(conn)
     transport.add_server_key(paramiko.Ed25519Key.from_private_key(
         io.StringIO(private_pem(key))))
     try:
@@ -167,6 +169,24 @@ def test_a_revoked_key_is_refused_before_authentication_and_the_transport_closed
     assert server.auth_attempts == 0
     assert server.ended.wait(30), "the refused connection was left open"
     conn.close()
+
+
+def test_a_rekey_with_a_key_the_file_does_not_trust_ends_the_connection(
+        tmp_path: Path, server: Server) -> None:
+    conn = connection(tmp_path, server, [f"[127.0.0.1]:{server.port} {public_line(HOST_KEY)}"])
+    try:
+        assert conn.run(["true"]).ok
+        transport = conn.transport()
+        assert server.transport is not None
+        server.transport.add_server_key(paramiko.Ed25519Key.from_private_key(
+            io.StringIO(private_pem(OTHER))))  # the server's ed25519 key is now another
+        with pytest.raises(HostKeyRefused) as refused:
+            transport.renegotiate_keys()
+        assert "on re-keying, the host key of 127.0.0.1" in str(refused.value)
+        transport.join(30)  # the transport's thread ends with its connection
+        assert not transport.is_active(), "the re-key with an unknown key was accepted"
+    finally:
+        conn.close()
 
 
 def test_an_unlisted_host_is_refused_with_the_fix(tmp_path: Path, server: Server) -> None:

@@ -97,12 +97,29 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
 
 
 class OrderedTransport(paramiko.Transport):
-    """A Transport whose host-key algorithms are listed as OpenSSH lists them for this host."""
+    """A Transport whose host-key algorithms are listed as OpenSSH lists them for this host,
+    and whose later key exchanges (re-keying) are held to the known-hosts file too."""
 
     def __init__(self, sock: Any, *, entries: Sequence[KnownHost], address: str, port: int,
-                 **kwargs: Any) -> None:
+                 source: str, **kwargs: Any) -> None:
         super().__init__(sock, **kwargs)
         self.known_entries, self.known_address, self.known_port = entries, address, port
+        self.known_source = source
+
+    def _verify_key(self, host_key: bytes, sig: bytes) -> None:
+        """paramiko's own check of the exchange's signature; then, on a re-key, the key judged
+        again. paramiko replaces the host key at every exchange and consults the policy only
+        once, at connect; OpenSSH verifies the host key at every exchange (kex.c
+        kex_verify_host_key). Overrides a private method (``transport.py``, the same in
+        paramiko 3.2 to 5.1): the key exchange calls nothing public."""
+        super()._verify_key(host_key, sig)  # type: ignore[misc]
+        if not self.initial_kex_done or self.host_key is None:
+            return  # the first exchange: SSHClient.connect runs the policy next
+        policy = KnownHostsPolicy(self.known_entries, address=self.known_address,
+                                  port=self.known_port, source=self.known_source)
+        verdict = policy.judge(self.host_key)
+        if not verdict.trusted:
+            raise HostKeyRefused(f"on re-keying, {verdict.detail}; fix: {verdict.fix}")
 
     @property
     def preferred_keys(self) -> tuple[str, ...]:
@@ -113,12 +130,13 @@ class OrderedTransport(paramiko.Transport):
                                 self.known_port)
 
 
-def transport_factory(entries: Sequence[KnownHost], *, address: str,
-                      port: int) -> Callable[..., paramiko.Transport]:
+def transport_factory(entries: Sequence[KnownHost], *, address: str, port: int,
+                      source: str = USER_KNOWN_HOSTS) -> Callable[..., paramiko.Transport]:
     """What ``SSHClient.connect(transport_factory=...)`` calls with the socket (paramiko
     >= 2.12; ``client.py`` passes ``disabled_algorithms`` through)."""
     def make(sock: Any, **kwargs: Any) -> paramiko.Transport:
-        return OrderedTransport(sock, entries=entries, address=address, port=port, **kwargs)
+        return OrderedTransport(sock, entries=entries, address=address, port=port,
+                                source=source, **kwargs)
     return make
 
 
@@ -130,4 +148,5 @@ def check_host_keys(client: paramiko.SSHClient, connect_kwargs: dict[str, Any],
     client.get_host_keys().clear()
     client.set_missing_host_key_policy(
         KnownHostsPolicy(entries, address=address, port=port, source=source))
-    connect_kwargs["transport_factory"] = transport_factory(entries, address=address, port=port)
+    connect_kwargs["transport_factory"] = transport_factory(entries, address=address, port=port,
+                                                            source=source)
