@@ -45,7 +45,7 @@ FILE = st.lists(st.one_of(LINE, st.just(f"@cert-authority * {CA_PUBLIC}")),
                 max_size=8).map("\n".join)
 
 
-@examples(300)
+@examples(150)
 @given(FILE)
 def test_reading_a_hostile_file_never_raises_and_keeps_only_well_formed_lines(text: str) -> None:
     for entry in parse_known_hosts(text):

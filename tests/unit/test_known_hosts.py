@@ -116,6 +116,12 @@ def test_patterns(name: str, field: str, matches: bool) -> None:
     assert hosts_match(name, field) is matches
 
 
+def test_a_pattern_of_many_stars_is_matched_without_backtracking_forever() -> None:
+    # a regex (or match.c's recursion) takes exponential time on this miss
+    assert not hosts_match("a" * 300, "*a" * 100 + "b")
+    assert hosts_match("a" * 300 + "b", "*a" * 100 + "b")
+
+
 def test_a_hashed_name_matches_only_its_own_name() -> None:
     salt = os.urandom(20)
     field = hash_name("10.87.0.11", salt)
@@ -155,9 +161,9 @@ def test_the_lines_that_name_a_host_are_those_ssh_keygen_finds(tmp_path: Path) -
 
 
 @pytest.mark.skipif(KEYGEN is None, reason="OpenSSH's ssh-keygen is not installed")
-@settings(max_examples=60, deadline=None, database=None)
+@settings(max_examples=25, deadline=None, database=None)
 @given(field=st.text("ab.*?!,[]:1#", min_size=1, max_size=12),
-       names=st.lists(st.text("ab.[]:1", min_size=1, max_size=8), min_size=1, max_size=4))
+       names=st.lists(st.text("ab.[]:1", min_size=1, max_size=8), min_size=1, max_size=3))
 def test_generated_patterns_match_as_ssh_keygen_matches(field: str, names: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "known_hosts"

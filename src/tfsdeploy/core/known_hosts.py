@@ -153,9 +153,23 @@ def lookup_names(address: str, port: int) -> tuple[str, ...]:
 
 
 def pattern_matches(name: str, pattern: str) -> bool:
-    """OpenSSH's match_pattern: ``*`` any run, ``?`` one character, all else literal."""
-    regex = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.fullmatch(regex, name, re.DOTALL) is not None
+    """OpenSSH's match_pattern: ``*`` any run, ``?`` one character, all else literal. Matched
+    in O(len(name) x len(pattern)): on a miss, only the last ``*`` takes one more character
+    (a regex, or match.c's recursion, backtracks exponentially on ``*a*a*a...b``)."""
+    at = p = 0
+    star, mark = -1, 0
+    while at < len(name):
+        if p < len(pattern) and pattern[p] == "*":
+            star, mark = p, at
+            p += 1
+        elif p < len(pattern) and pattern[p] in ("?", name[at]):
+            at, p = at + 1, p + 1
+        elif star >= 0:
+            mark += 1
+            at, p = mark, star + 1
+        else:
+            return False
+    return pattern[p:].strip("*") == ""
 
 
 def hosts_match(name: str, field: str) -> bool:
