@@ -240,13 +240,6 @@ def test_the_release_runs_in_the_window_and_is_marked(
     assert shaded_columns(out / "accept.png") is not None
 
 
-def sigint_as_from_a_terminal() -> None:
-    """In the child: SIGINT as a terminal leaves it (a suite started in the background inherits
-    it ignored, and the child would keep ignoring it)."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_ends_the_window_and_still_reports(setup: tuple[Path, Path]) -> None:
     """SIGINT to ``fab accept`` (as a terminal's Ctrl-C reaches its process group): the
     generator ends its window early, its figures are reported, exit 130."""
@@ -259,8 +252,7 @@ def test_ctrl_c_ends_the_window_and_still_reports(setup: tuple[Path, Path]) -> N
     proc = subprocess.Popen([str(fab), "accept", "--model", "m", "--inventory", str(inventory),
                              "--target-qps", "50", "--duration", "30s", "--start-margin", "3s",
                              "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            preexec_fn=sigint_as_from_a_terminal)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     assert proc.stdout is not None
     for line in proc.stdout:
         if "accept: load from" in line:

@@ -286,15 +286,6 @@ class Run:
         return f"$ fab {cmd}\n-> exit {self.code} in {self.seconds:.1f} s\n{self.out[-8000:]}"
 
 
-def as_from_a_terminal() -> None:
-    """In the child before exec: SIGINT and SIGQUIT as a terminal's shell leaves them. A suite
-    started in the background (``bash scripts/test &``, nohup, some CI runners) inherits them
-    ignored, and a process started with SIGINT ignored keeps ignoring it, as POSIX asks: the
-    tests that press Ctrl-C would then test nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
-
-
 class Watched:
     """A fab command running in the background; its output lines are collected as they come
     (stderr merged into stdout) so that a test can act on a given progress line.
@@ -313,8 +304,7 @@ class Watched:
         self.started = time.monotonic()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, cwd=REPO, env=fab_env(), bufsize=1,
-                                     start_new_session=own_session,
-                                     preexec_fn=as_from_a_terminal)
+                                     start_new_session=own_session)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
