@@ -184,6 +184,9 @@ def cmd_status(args: Options) -> int:
         output.print_table(f"{args['model']}: status", ("host", "release", "version",
                                                         "traffic", "slots", "drift", "lock"),
                            [output.status_row(r) for r in rows])
+        for row in rows:  # the table cuts the error short: its reason and fix in full
+            if not row["reachable"]:
+                print(f"{row['host']}: UNREACHABLE ({row.get('error', '')})")
     return 0 if all(r["reachable"] for r in rows) else 3
 
 
