@@ -79,6 +79,8 @@ class FakeProxy:
         self.weights: dict[tuple[str, str], int] = {}
         self.sessions: dict[tuple[str, str], int] = {}  # requests in flight, per server
         self.admin: list[str] = []  # every runtime command received, in order
+        self.worker = 100  # the worker's pid (`show info`): a reload starts another
+        self.reloads = 0
 
     def start(self, config_dir: str, admin_dir: str | None) -> None:
         """Load ``haproxy.cfg`` as HAProxy does when its container starts."""
@@ -106,6 +108,21 @@ class FakeProxy:
             make_socket_file(self.socket)
         self.running = True
 
+    def check(self, config_dir: str) -> str:
+        """``haproxy -c``: a problem of the configuration ('' when it loads)."""
+        text = Path(config_dir, "haproxy.cfg").read_text()
+        return "" if "backend grpc" in text and "frontend grpc" in text else \
+            "[ALERT] config : no backend 'grpc'"
+
+    def reload(self, config_dir: str) -> None:
+        """A master-worker reload: a new worker from the configuration (its servers as the
+        file says, weights and drains gone), the same socket."""
+        socket = self.socket
+        self.start(config_dir, None)
+        self.socket = socket
+        self.worker += 1
+        self.reloads += 1
+
     def stop(self) -> None:
         """The container stopped: its socket file stays, nothing answers on it."""
         self.running = False
@@ -126,6 +143,8 @@ class FakeProxy:
         words = command.split()
         if words == ["show", "stat"]:
             return self.stat_csv()
+        if words == ["show", "info"]:
+            return f"Name: HAProxy\nVersion: 2.6.12\nPid: {self.worker}\n\n"
         if words[:2] == ["set", "server"] and len(words) == 5 and "/" in words[2]:
             key = tuple(words[2].split("/", 1))
             if key not in self.servers:
@@ -308,6 +327,27 @@ class FakeDocker:
     def image_present(self, image: str) -> bool:
         self._call("image_present", image)
         return image in self.images
+
+    def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """``haproxy -c`` in the proxy checks the configuration its directory holds."""
+        self._call("exec", (name, argv))
+        container = self._get("exec", name)
+        if argv[:2] == ["haproxy", "-c"] and container.spec is not None:
+            config = next(m.source for m in container.spec.mounts
+                          if m.target == PROXY_CONFIG_DIR)
+            problem = self.host.proxy.check(config)
+            return (1, problem) if problem else (0, "")
+        return 0, ""
+
+    def kill(self, name: str, signal: str) -> None:
+        """SIGUSR2 to the proxy: HAProxy's master-worker reload."""
+        self._call("kill", (name, signal))
+        container = self._get("kill", name)
+        if signal == "SIGUSR2" and container.spec is not None and \
+                container.labels.get(f"{LABEL_PREFIX}.role") == "proxy":
+            config = next(m.source for m in container.spec.mounts
+                          if m.target == PROXY_CONFIG_DIR)
+            self.host.proxy.reload(config)
 
     def pull(self, image: str, on_progress: Any) -> None:
         self._call("pull", image)

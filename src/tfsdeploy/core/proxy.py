@@ -4,12 +4,18 @@ the serving slot of each instance (pure: config, runtime commands, parsing of an
 A switch is a handful of runtime-API commands (no reload): the new slot's server becomes
 ``ready``, the old one ``drain`` (in-flight requests finish, new ones go to the new slot), then
 ``maint`` once its current sessions reach zero. Servers are named ``i<instance>-<slot>``.
+
+A change of the host's shape (instances added or removed) changes the proxy's servers, which
+the runtime API cannot add: the configuration is rewritten and the proxy reloaded (see
+``reload_plan``), and the runtime state the old process held (each server's state and weight)
+is applied again to the new one (``restore_commands``).
 """
 
 from __future__ import annotations
 
 import csv
 import io
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tfsdeploy.core.catalog import Model
@@ -73,6 +79,9 @@ class ServerState:
     status: str  # UP, DRAIN, MAINT, no check ...
     sessions: int  # current sessions (requests in flight, for HTTP/2 streams)
     weight: int
+    # the weight last set (HAProxy 2.6's `uweight` column; `weight` is the effective one,
+    # which a drained or stopped server does not follow): what a reload must set again
+    user_weight: int = FULL_WEIGHT
 
     @property
     def takes_new_requests(self) -> bool:
@@ -90,7 +99,9 @@ def parse_stat(stat_csv: str) -> tuple[ServerState, ...]:
             continue
         found.append(ServerState(backend=row["pxname"], instance=parsed[0], slot=parsed[1],
                                  status=row.get("status") or "", sessions=_int(row.get("scur")),
-                                 weight=_int(row.get("weight"), default=1)))
+                                 weight=_int(row.get("weight"), default=1),
+                                 user_weight=_int(row.get("uweight") or row.get("weight"),
+                                                  default=FULL_WEIGHT)))
     return tuple(found)
 
 
@@ -99,6 +110,73 @@ def _int(text: str | None, default: int = 0) -> int:
         return int(text or default)
     except ValueError:
         return default
+
+
+def server_names(instances: Iterable[int]) -> frozenset[str]:
+    """Every proxy server of ``instances`` (both slots of each)."""
+    return frozenset(server_name(slot, i) for i in instances for slot in SLOTS)
+
+
+def proxy_instances(servers: Iterable[ServerState]) -> frozenset[int]:
+    """The instances a running proxy has servers for."""
+    return frozenset(s.instance for s in servers)
+
+
+def restore_commands(before: Iterable[ServerState], kept: frozenset[str]) -> list[str]:
+    """Runtime commands that give the servers in ``kept`` the state and weight the old
+    process held (``before``: its ``show stat``), server by server on each backend.
+
+    A reload starts a new process from the configuration, whose servers are either enabled
+    (weight 100) or ``disabled``; a drain or a canary's weights exist only at run time, so they
+    are set again. Servers the old process lacked keep the configuration's state.
+    """
+    commands = []
+    for server in before:
+        name = server_name(server.slot, server.instance)
+        if name not in kept:
+            continue
+        status = server.status.upper()
+        state = ("maint" if status.startswith("MAINT") else
+                 "drain" if status.startswith("DRAIN") else "ready")
+        commands += [f"set server {server.backend}/{name} state {state}",
+                     f"set server {server.backend}/{name} weight {server.user_weight}"]
+    return commands
+
+
+@dataclass(frozen=True)
+class ConfigPorts:
+    """The ports a proxy configuration names: what its frontends bind, where its servers
+    are."""
+
+    binds: frozenset[int]
+    servers: dict[str, int]
+
+
+def config_ports(text: str) -> ConfigPorts:
+    """The ``bind`` ports and each ``server``'s port of a configuration this toolkit wrote
+    (lines it cannot read are skipped)."""
+    binds: set[int] = set()
+    servers: dict[str, int] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "bind":
+            port = words[1].rsplit(":", 1)[-1]
+            if port.isascii() and port.isdigit():
+                binds.add(int(port))
+        elif len(words) >= 3 and words[0] == "server":
+            port = words[2].rsplit(":", 1)[-1]
+            if port.isascii() and port.isdigit():
+                servers.setdefault(words[1], int(port))
+    return ConfigPorts(frozenset(binds), servers)
+
+
+def parse_info_pid(answer: str) -> int | None:
+    """The ``Pid:`` of ``show info`` (the worker process that answered), or None."""
+    for line in answer.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Pid" and value.strip().isascii() and value.strip().isdigit():
+            return int(value.strip())
+    return None
 
 
 def admin_errors(answer: str) -> list[str]:

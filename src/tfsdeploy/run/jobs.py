@@ -51,6 +51,7 @@ class Verb(StrEnum):
     PROMOTE = "promote"
     ABORT = "abort"
     PRUNE = "prune"
+    RETIRE = "retire"
 
 
 @dataclass
@@ -138,6 +139,9 @@ class HostJob:
     canary_comparison: dict[str, Any] | None = None
     diagnosis: Diagnosis | None = None  # the known failure a gate recognised (cause and fix)
     live_files: dict[str, str] | None = None  # --check --diff: the live release's files
+    # instances the proxy serves that the plan no longer has (fewer GPUs, placement "host")
+    # -> the slot serving each: they serve until finalize drains and removes them
+    retiring: dict[int, str | None] = field(default_factory=dict)
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")

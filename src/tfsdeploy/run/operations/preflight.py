@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Literal
 
 from tfsdeploy.core.gates import GateFailed
-from tfsdeploy.core.layout import other_slot
-from tfsdeploy.core.proxy import FULL_WEIGHT
+from tfsdeploy.core.layout import other_slot, server_name
+from tfsdeploy.core.proxy import FULL_WEIGHT, config_ports, proxy_instances
 from tfsdeploy.run.changes import PullImage
 from tfsdeploy.run.jobs import HostJob, InstanceJob
 from tfsdeploy.run.operations.step import Ops, operation
@@ -48,8 +48,11 @@ def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = N
         instance.new_slot = ("blue" if not instance.old else instance.old.slot if recreate
                              else other_slot(instance.old.slot))
         _canary_slots(job, instance)
+    job.retiring = _retiring(job)
     first = job.instances[0]
     note = "".join(f"; unreadable record {b.path} ignored ({b.error})" for b in facts.broken)
+    note += "".join(f"; i{i} is not in the plan: it serves until finalize removes it"
+                    for i in sorted(job.retiring))
     if job.run.verb not in ("deploy", "rollback"):
         return (f"serving {first.old.release} in {first.old.slot}" if first.old
                 else "nothing serving") + note
@@ -64,6 +67,16 @@ def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = N
     if all(i.old and i.old.release == job.run.release_id for i in job.instances):
         job.unchanged = True
     return _describe_slots(job) + note
+
+
+def _retiring(job: HostJob) -> dict[int, str | None]:
+    """The instances the running proxy has servers for that the plan drops, with the slot
+    serving each."""
+    proxy = job.facts.proxy
+    if not proxy.running or not proxy.answered:
+        return {}
+    dropped = proxy_instances(proxy.servers) - {i.index for i in job.instances}
+    return {index: proxy.serving_slot(index) for index in sorted(dropped)}
 
 
 def _canary_slots(job: HostJob, instance: InstanceJob) -> None:
@@ -113,10 +126,40 @@ def _rollback_slots(job: HostJob) -> str:
     return f"{where}; {job.run.release_id} in {first.new_slot}"
 
 
+def moved_ports(job: HostJob) -> str:
+    """How the live proxy's ports differ from the plan's ('' when they do not): its stable
+    ports, or the slot ports of an instance that stays (``port_offset``, ``grpc_port``,
+    ``slot_ports`` changed)."""
+    if not job.facts.proxy.running or not job.facts.proxy_config:
+        return ""
+    live, ports = config_ports(job.facts.proxy_config), job.ports
+    moved = []
+    if live.binds and live.binds != {ports.grpc, ports.rest}:
+        moved.append(f"stable ports :{'/:'.join(map(str, sorted(live.binds)))} -> "
+                     f":{ports.grpc}/:{ports.rest}")
+    for instance in job.instances:
+        for slot in ports.slots:
+            name = server_name(slot, instance.index)
+            want = ports.slot_grpc(slot, instance.index)
+            if live.servers.get(name, want) not in (want, ports.slot_rest(slot, instance.index)):
+                moved.append(f"{name} :{live.servers[name]} -> :{want}")
+    return "; ".join(moved)
+
+
 @operation("check_ports")
 def check_ports(job: HostJob) -> Ops:
-    """The model's ports are free, or held by this model's own proxy and slots."""
+    """The model's ports are free, or held by this model's own proxy and slots; the ports of
+    a serving model do not move."""
     yield from ()  # a check: no change
+    moved = moved_ports(job)
+    if moved:
+        raise GateFailed(
+            "check_ports", f"the ports the live proxy serves ({job.model.name}'s port_offset "
+            f"{job.model.port_offset}, grpc_port, rest_port, slot_ports as deployed)",
+            f"the plan moves them: {moved}; a deploy does not move a serving model's ports "
+            "(its clients would be cut). Fix: keep the ports as deployed, or take the model "
+            f"off the host first (`fab retire --model {job.model.name} --hosts {job.name}`, "
+            "host by host while the others serve) and deploy it again with the new ports")
     ports = job.ports
     mine, ours = {ports.grpc, ports.rest}, set()
     if job.facts.proxy.running:

@@ -123,9 +123,10 @@ def resume_release(job: HostJob) -> Ops:
 
 
 def serving_slots(job: HostJob) -> dict[int, str | None]:
-    """Each instance's slot that takes traffic now, as this run left it."""
-    return {i.index: i.new_slot if i.switched else (i.old.slot if i.old else None)
-            for i in job.instances}
+    """Each instance's slot that takes traffic now, as this run left it (the instances the
+    plan drops serve on until finalize removes them)."""
+    return {**job.retiring, **{i.index: i.new_slot if i.switched else
+                               (i.old.slot if i.old else None) for i in job.instances}}
 
 
 def proxy_config(job: HostJob) -> WriteFile:
@@ -233,10 +234,12 @@ def _switch_back(job: HostJob) -> Ops:
     return f"{_where(job)}traffic back on {old}"
 
 
-def drain_check(job: HostJob, slot: str, timeout_s: float, *, fail: bool = True) -> Check:
+def drain_check(job: HostJob, slot: str, timeout_s: float, *, fail: bool = True,
+                instance: int | None = None) -> Check:
     """A check that the instance's ``slot`` has no request in flight (bounded by
-    ``timeout_s``); with ``fail=False`` a slot still busy at the deadline is reported."""
-    index = job.instance.index
+    ``timeout_s``); with ``fail=False`` a slot still busy at the deadline is reported.
+    ``instance``: another instance than the current one."""
+    index = job.instance.index if instance is None else instance
 
     def run() -> str:
         started = time.monotonic()
