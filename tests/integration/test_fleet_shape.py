@@ -18,11 +18,12 @@ import pytest
 from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
 from rollback_support import json_from
 from test_per_gpu import ensure_wide_host
-from testbed_support import ADDRESSES, GPU_HOST, ssh
+from testbed_support import ADDRESSES, GPU_HOST, expected_y, grpc_predict, ssh
 
 pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
 
 MODEL, OFFSET = "itshape", 3700
+MOVED = 3750  # the offset the last test moves the model to (12250-12271, one instance)
 WIDE = GPU_HOST
 ADMIN = f"/srv/tfsdeploy/{MODEL}/proxy-admin/admin.sock"
 
@@ -93,3 +94,18 @@ def test_a_gpu_added_then_removed_drops_no_request(fleet: Fleet) -> None:
     running = [c for c in fleet.containers(WIDE) if c["status"] == "running"]
     assert len(running) == 1 and running[0]["version"] == "2", running
     fleet.assert_serving(2)
+
+
+def test_ports_moved_keep_serving_the_old_ones_until_the_next_deploy(fleet: Fleet) -> None:
+    moved = fleet.tmp / "inventory_moved.py"
+    moved.write_text(variant(fleet, "host", 'placement="host",').read_text().replace(
+        f"port_offset={OFFSET!r},", f"port_offset={MOVED!r},"))
+    with Traffic(fleet, WIDE, rest=True) as client:  # a client of the old stable ports
+        run = fleet.deploy(1, "--json", inventory=moved)
+    assert not client.failures, client.failures[:5]
+    assert client.ok > 50, client.ok
+    (discovered, *_) = step_details(run.stdout, "discover")
+    assert f"stable ports :{8500 + OFFSET}/:{8501 + OFFSET} -> :{8500 + MOVED}/" in discovered
+    fleet.assert_serving(1)  # the old ports: served until the next deploy
+    new = grpc_predict(ADDRESSES[WIDE], 8500 + MOVED, MODEL, [2.0])
+    assert new == pytest.approx([expected_y(1, 2.0)]), new

@@ -73,7 +73,8 @@ class FakeProxy:
         self.host = host
         self.running = False
         self.socket: str | None = None  # the admin socket on the host, while running
-        self.binds: dict[str, int] = {}  # frontend -> port
+        self.binds: dict[str, int] = {}  # frontend -> port (its first bind)
+        self.bound = set()  # every port its frontends bind
         self.addresses: dict[tuple[str, str], int] = {}  # (backend, server) -> port
         self.servers: dict[tuple[str, str], str] = {}  # (backend, server) -> status
         self.weights: dict[tuple[str, str], int] = {}
@@ -86,6 +87,7 @@ class FakeProxy:
         """Load ``haproxy.cfg`` as HAProxy does when its container starts."""
         text = Path(config_dir, "haproxy.cfg").read_text()
         self.binds, self.addresses, self.servers, self.weights = {}, {}, {}, {}
+        self.bound: set[int] = set()  # every port its frontends bind
         section, name, socket_path = "", "", None
         for line in text.splitlines():
             words = line.split()
@@ -93,8 +95,9 @@ class FakeProxy:
                 continue
             if words[0] in ("global", "defaults", "frontend", "backend"):
                 section, name = words[0], (words[1] if len(words) > 1 else "")
-            elif section == "frontend" and words[0] == "bind":
-                self.binds[name] = int(words[1].rsplit(":", 1)[1])
+            elif section == "frontend" and words[0] == "bind":  # the first bind is the port
+                self.binds.setdefault(name, int(words[1].rsplit(":", 1)[1]))
+                self.bound.add(int(words[1].rsplit(":", 1)[1]))
             elif section == "backend" and words[0] == "server":
                 key = (name, words[1])
                 self.addresses[key] = int(words[2].rsplit(":", 1)[1])
@@ -414,7 +417,7 @@ class FakeHost:
             if c.running:
                 ports |= {p for p in (c.port("--port"), c.port("--rest_api_port")) if p}
         if self.proxy.running:
-            ports |= set(self.proxy.binds.values())
+            ports |= self.proxy.bound
         return ports
 
     def sync_tools(self) -> None:

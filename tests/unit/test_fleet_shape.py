@@ -65,6 +65,22 @@ def test_a_gpu_removed_drains_the_instance_then_reloads_the_proxy_without_it(
                                                          f"tfs-hp2-{first.release_id}-i1"]
 
 
+def test_check_names_an_instance_removed_and_the_gpus_an_instance_moves_to(
+        world: dict[str, Any]) -> None:
+    from tfsdeploy.cli.deploy import check
+
+    from .runs import target
+
+    run_deploy(world, 1, count=1, gpus=2)
+    fleet: FakeFleet = world["fleet"]
+    plan = check(target(world, count=1, gpus=1), version=2, connect=fleet.connect)
+    shape = plan[0]["shape"]
+    assert shape[0] == "instances: i0, i1 -> i0", shape
+    assert shape[1].startswith("i1 removed: serving on through the roll, then drained"), shape
+    changes = [c["what"] for s in plan[0]["steps"] for c in s["changes"]]
+    assert "reload the proxy seamlessly without the servers of i1" in changes, changes
+
+
 def test_the_same_shape_never_reloads_the_proxy(world: dict[str, Any]) -> None:
     run_deploy(world, 1, count=1, gpus=2)
     result = run_deploy(world, 2, count=1, gpus=2)
@@ -83,9 +99,15 @@ def test_check_lists_the_reload_a_gpu_added_needs_and_changes_nothing(
     run_deploy(world, 1, count=1, gpus=1)
     fleet: FakeFleet = world["fleet"]
     before = dict(fleet["h1"].proxy.servers)
-    plan = check(target(world, count=1, gpus=2), version=2, connect=fleet.connect)
+    plan = check(target(world, count=1, gpus=2), version=2, diff=True, connect=fleet.connect)
     changes = [c["what"] for s in plan[0]["steps"] for c in s["changes"]]
     assert any("reload the proxy seamlessly: servers of i1 added" in c for c in changes), changes
+    shape = plan[0]["shape"]
+    assert shape[0] == "instances: i0 -> i0, i1", shape
+    assert shape[1].startswith("i1 added: the proxy's configuration gets their servers"), shape
+    diff = plan[0]["diff"]
+    assert "h1:live/proxy/haproxy.cfg" in diff, diff
+    assert "+    server i1-blue 127.0.0.1:8530 proto h2 weight 100" in diff, diff
     assert fleet["h1"].proxy.servers == before
     assert fleet["h1"].proxy.reloads == 0
 
@@ -100,3 +122,50 @@ def test_a_reload_gives_back_each_kept_server_its_state_and_weight() -> None:
         "set server grpc/i0-blue state drain", "set server grpc/i0-blue weight 100",
         "set server grpc/i0-green state ready", "set server grpc/i0-green weight 25",
         "set server rest/i1-blue state maint", "set server rest/i1-blue weight 100"]
+
+
+def test_a_configuration_haproxy_refuses_is_never_loaded(
+        world: dict[str, Any], monkeypatch: Any) -> None:
+    first = run_deploy(world, 1, count=1, gpus=1)
+    fleet: FakeFleet = world["fleet"]
+    proxy = fleet["h1"].proxy
+    monkeypatch.setattr(type(proxy), "check",
+                        lambda self, config_dir: "[ALERT] parsing [haproxy.cfg:30]: unknown")
+    result = run_deploy(world, 2, count=1, gpus=2)
+    assert result.exit_code == ExitCode.ROLLED_BACK, result.message
+    assert "haproxy -c refused the new configuration" in result.hosts["h1"].error
+    assert proxy.reloads == 0 and fleet["h1"].docker.called("kill") == []
+    assert serving(fleet["h1"]) == [first.release_id]
+    assert proxy.servers[("grpc", "i0-blue")] == READY
+
+
+def test_a_port_move_renders_both_stable_ports_and_keeps_the_old_server_address(
+        tmp_path: Any) -> None:
+    import shutil
+    import subprocess
+
+    from tfsdeploy.core.inventory import load_inventory
+    from tfsdeploy.core.layout import model_ports
+    from tfsdeploy.core.proxy import PortMove, config_ports, render_proxy_config
+
+    from .runs import INVENTORY
+
+    inventory = tmp_path / "inv.py"
+    inventory.write_text(INVENTORY.format(
+        source=tmp_path, golden=tmp_path / "g.json", hosts=tmp_path, serial='(1,)',
+        on_failure="revert", max_fail=0, window=0, keep=3, host_vars={}, count=1, gpus=1))
+    inv = load_inventory(str(inventory))
+    host, model = inv.hosts[0], inv.models["hp2"]
+    text = render_proxy_config(host, model, model_ports(host, model), {0: "green"},
+                               PortMove(binds=((8400, 8401),),
+                                        servers=(("i0-blue", 8410, 8411),)))
+    ports = config_ports(text)
+    assert ports.binds == {"grpc": frozenset({8500, 8400}), "rest": frozenset({8501, 8401})}
+    assert ports.server("i0-blue") == (8410, 8411)
+    assert ports.server("i0-green") == (8520, 8521)
+    checked = tmp_path / "haproxy.cfg"
+    checked.write_text(text.replace("/run/tfsdeploy-admin/", f"{tmp_path}/"))
+    result = subprocess.run([shutil.which("haproxy") or "/usr/sbin/haproxy", "-c", "-f",
+                             str(checked)], capture_output=True,
+                            text=True, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

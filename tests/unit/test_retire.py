@@ -92,15 +92,23 @@ def test_a_host_the_model_left_is_reported_until_retired(world: dict[str, Any]) 
     assert [r["host"] for r in after] == ["h1"]
 
 
-def test_a_deploy_that_moves_the_ports_of_a_serving_model_is_refused(
+def test_ports_moved_keep_the_old_stable_ports_served_until_the_next_deploy(
         world: dict[str, Any]) -> None:
     run_deploy(world, 1, count=1)
     fleet: FakeFleet = world["fleet"]
-    before = sorted(fleet["h1"].docker.by_name)
-    moved = {"h1": {"grpc_port": 9500, "rest_port": 9501}}
-    result = run_deploy(world, 2, count=1, host_vars=moved)
-    assert result.exit_code == ExitCode.INVALID, result.message
-    error = result.hosts["h1"].error
-    assert "stable ports :8500/:8501 -> :9500/:9501" in error, error
-    assert "fab retire --model hp2 --hosts h1" in error, error
-    assert sorted(fleet["h1"].docker.by_name) == before
+    proxy = fleet["h1"].proxy
+    moved = {"h1": {"grpc_port": 9500, "rest_port": 9501,
+                    "slot_ports": {"blue": (9510, 9511), "green": (9520, 9521)}}}
+    recorder = Recorder()
+    result = run_deploy(world, 2, recorder, count=1, host_vars=moved)
+    assert result.exit_code == ExitCode.OK, result.message
+    # both stable ports bound; the drained old server kept its address, the new one moved
+    assert {8500, 8501, 9500, 9501} <= proxy.bound
+    assert proxy.addresses[("grpc", "i0-blue")] == 8510
+    assert proxy.addresses[("grpc", "i0-green")] == 9520
+    assert proxy.reloads == 1
+    assert any("stable ports :8500/:8501 -> :9500/:9501" in d for d in recorder.details)
+    again = run_deploy(world, 3, count=1, host_vars=moved)
+    assert again.exit_code == ExitCode.OK, again.message
+    assert proxy.bound == {9500, 9501} and proxy.reloads == 2
+    assert proxy.addresses[("grpc", "i0-blue")] == 9510

@@ -125,8 +125,8 @@ def shape_changes(job: HostJob) -> list[str]:
                          "starts on them in the free slot")
     moved = moved_ports(job)
     if moved:
-        lines.append(f"ports: {moved}: refused (a deploy does not move a serving model's "
-                     "ports)")
+        lines.append(f"ports: {moved}; the proxy is reloaded seamlessly with both before the "
+                     "first instance rolls, each new container starts on the new ports")
     return lines
 
 
@@ -134,7 +134,7 @@ def final_proxy_config(job: HostJob) -> str:
     """The proxy's configuration as the deploy leaves it: every planned instance on its new
     slot, no other instance."""
     return render_proxy_config(job.host, job.model, job.ports,
-                               {i.index: i.new_slot for i in job.instances})
+                               {i.index: i.new_slot for i in job.instances}, job.port_move)
 
 
 def file_diff(job: HostJob) -> str:

@@ -35,16 +35,32 @@ BACKENDS = ("grpc", "rest")
 FULL_WEIGHT = 100  # every server's weight in the config: a canary step of w % sets w / 100-w
 
 
+@dataclass(frozen=True)
+class PortMove:
+    """What the proxy keeps of the ports a deploy moves (``port_offset``, ``grpc_port``,
+    ``slot_ports`` changed): the old stable ports, still bound beside the new ones so that
+    their clients keep being served (until the model's next deploy), and the servers whose
+    containers still listen on their old ports (name -> gRPC and REST port)."""
+
+    binds: tuple[tuple[int, int], ...] = ()
+    servers: tuple[tuple[str, int, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.binds or self.servers)
+
+
 def render_proxy_config(host: ResolvedHost, model: Model, ports: Ports,
-                        active: dict[int, str | None]) -> str:
+                        active: dict[int, str | None], moved: PortMove = PortMove()) -> str:
     """haproxy.cfg with each instance's ``active`` slot serving and its other slot disabled
     (both, for an instance that serves nothing yet); requests go round-robin across the
-    instances' serving slots."""
+    instances' serving slots. ``moved``: the old ports a deploy that moves them keeps."""
     env = _environment(str(templates_dir()))
-    servers = [(server_name(slot, i), ports.slot_grpc(slot, i), ports.slot_rest(slot, i),
-                slot == active[i]) for i in sorted(active) for slot in SLOTS]
+    kept = {name: (grpc, rest) for name, grpc, rest in moved.servers}
+    servers = [(name, *kept.get(name, (ports.slot_grpc(slot, i), ports.slot_rest(slot, i))),
+                slot == active[i])
+               for i in sorted(active) for slot in SLOTS for name in [server_name(slot, i)]]
     return env.get_template("haproxy.cfg.j2").render(
-        host=host, model=model, ports=ports, servers=servers,
+        host=host, model=model, ports=ports, servers=servers, old_binds=moved.binds,
         admin_socket=f"{PROXY_ADMIN_MOUNT}/{ADMIN_SOCKET_NAME}")
 
 
@@ -82,6 +98,7 @@ class ServerState:
     # the weight last set (HAProxy 2.6's `uweight` column; `weight` is the effective one,
     # which a drained or stopped server does not follow): what a reload must set again
     user_weight: int = FULL_WEIGHT
+    port: int = 0  # where it forwards (the `addr` column; 0: not reported)
 
     @property
     def takes_new_requests(self) -> bool:
@@ -101,7 +118,8 @@ def parse_stat(stat_csv: str) -> tuple[ServerState, ...]:
                                  status=row.get("status") or "", sessions=_int(row.get("scur")),
                                  weight=_int(row.get("weight"), default=1),
                                  user_weight=_int(row.get("uweight") or row.get("weight"),
-                                                  default=FULL_WEIGHT)))
+                                                  default=FULL_WEIGHT),
+                                 port=_int((row.get("addr") or "").rpartition(":")[2])))
     return tuple(found)
 
 
@@ -145,29 +163,40 @@ def restore_commands(before: Iterable[ServerState], kept: frozenset[str]) -> lis
 
 @dataclass(frozen=True)
 class ConfigPorts:
-    """The ports a proxy configuration names: what its frontends bind, where its servers
-    are."""
+    """The ports a proxy configuration names: what each frontend binds, where each backend's
+    servers are."""
 
-    binds: frozenset[int]
-    servers: dict[str, int]
+    binds: dict[str, frozenset[int]]  # frontend (grpc, rest) -> its ports
+    servers: dict[tuple[str, str], int]  # (backend, server) -> port
+
+    def server(self, name: str) -> tuple[int, int] | None:
+        """A server's gRPC and REST ports (None: the configuration lacks it)."""
+        grpc, rest = self.servers.get(("grpc", name)), self.servers.get(("rest", name))
+        return (grpc, rest) if grpc is not None and rest is not None else None
 
 
 def config_ports(text: str) -> ConfigPorts:
-    """The ``bind`` ports and each ``server``'s port of a configuration this toolkit wrote
-    (lines it cannot read are skipped)."""
-    binds: set[int] = set()
-    servers: dict[str, int] = {}
+    """The ``bind`` ports of each frontend and each backend server's port of a configuration
+    this toolkit wrote (lines it cannot read are skipped)."""
+    binds: dict[str, set[int]] = {}
+    servers: dict[tuple[str, str], int] = {}
+    section = ""
     for line in text.splitlines():
         words = line.split()
-        if len(words) >= 2 and words[0] == "bind":
-            port = words[1].rsplit(":", 1)[-1]
-            if port.isascii() and port.isdigit():
-                binds.add(int(port))
-        elif len(words) >= 3 and words[0] == "server":
-            port = words[2].rsplit(":", 1)[-1]
-            if port.isascii() and port.isdigit():
-                servers.setdefault(words[1], int(port))
-    return ConfigPorts(frozenset(binds), servers)
+        if len(words) < 2:
+            continue
+        if words[0] in ("frontend", "backend"):
+            section = words[1]
+            continue
+        if words[0] == "bind" or (words[0] == "server" and len(words) >= 3):
+            port = words[1 if words[0] == "bind" else 2].rsplit(":", 1)[-1]
+            if not (port.isascii() and port.isdigit()):
+                continue
+            if words[0] == "bind":
+                binds.setdefault(section, set()).add(int(port))
+            else:
+                servers[(section, words[1])] = int(port)
+    return ConfigPorts({k: frozenset(v) for k, v in binds.items()}, servers)
 
 
 def parse_info_pid(answer: str) -> int | None:

@@ -131,7 +131,8 @@ def serving_slots(job: HostJob) -> dict[int, str | None]:
 
 def proxy_config(job: HostJob) -> WriteFile:
     """The host's proxy config as traffic flows now (a restarted proxy comes back so)."""
-    text = render_proxy_config(job.host, job.model, job.ports, serving_slots(job))
+    text = render_proxy_config(job.host, job.model, job.ports, serving_slots(job),
+                               job.port_move)
     return WriteFile(f"{job.paths.proxy_dir}/haproxy.cfg", text.encode())
 
 

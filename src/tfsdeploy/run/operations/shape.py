@@ -15,10 +15,11 @@ then stops its container (kept for rollback, which brings the instance back).
 
 from __future__ import annotations
 
-from tfsdeploy.core.layout import proxy_name
-from tfsdeploy.core.proxy import proxy_instances, server_names, set_state
+from tfsdeploy.core.layout import parse_server_name, proxy_name
+from tfsdeploy.core.proxy import config_ports, proxy_instances, server_names, set_state
 from tfsdeploy.run.changes import ProxyCommands, ReloadProxy
 from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.preflight import live_server_ports
 from tfsdeploy.run.operations.roll import drain_check, proxy_config, proxy_running
 from tfsdeploy.run.operations.step import Ops, operation
 
@@ -32,26 +33,52 @@ def _listed(indices: frozenset[int] | set[int]) -> str:
     return ", ".join(f"i{i}" for i in sorted(indices))
 
 
+def reload_reasons(job: HostJob, text: str) -> list[str]:
+    """Why the running proxy must load ``text`` (the configuration as the plan needs it) before
+    traffic moves: servers it lacks, servers that forward elsewhere, ports it does not bind
+    (none: the runtime API does the rest)."""
+    want = config_ports(text)
+    live = live_server_ports(job)
+    targets = {name: at for _, name in want.servers if (at := want.server(name)) is not None}
+    reasons = []
+    added = {parsed[0] for name in targets if name not in live
+             and (parsed := parse_server_name(name)) is not None}
+    if added:
+        reasons.append(f"servers of {_listed(added)} added")
+    moved = [f"{name} -> :{at[0]}" for name, at in sorted(targets.items())
+             if name in live and live[name] != at]
+    if moved:
+        reasons.append(f"servers moved ({', '.join(moved)})")
+    bound = config_ports(job.facts.proxy_config).binds
+    wanted_binds = set().union(*want.binds.values()) if want.binds else set()
+    had = set().union(*bound.values()) if bound else set()
+    if wanted_binds - had - job.facts.listening or (bound and wanted_binds != had):
+        reasons.append(f"stable ports :{', :'.join(map(str, sorted(wanted_binds)))} bound")
+    return reasons
+
+
 @operation("reshape_proxy")
 def reshape_proxy(job: HostJob) -> Ops:
-    """Before the host's first instance rolls: when the plan has instances the running proxy
-    has no servers for, rewrite its configuration with every instance's servers and reload
-    it seamlessly (established connections finish on the old worker; the runtime state of
-    the servers it keeps is applied again)."""
+    """Before the host's first instance rolls: when the plan needs servers the running proxy
+    lacks (instances added), servers elsewhere or other ports (ports moved), rewrite its
+    configuration and reload it seamlessly (established connections finish on the old
+    worker; the runtime state of the servers it keeps is applied again)."""
     if job.instance is not job.instances[0]:
         return "the proxy was made to follow the plan before the host's first instance"
     if not proxy_running(job) or not job.facts.proxy.answered:
         return "no proxy serving yet: its first start has every instance's servers"
-    live = proxy_instances(job.facts.proxy.servers)
     wanted = planned(job) | set(job.retiring)
-    added = wanted - live
-    if not added:
-        return f"the proxy has the servers of {_listed(wanted)}"
-    yield proxy_config(job)
+    written = proxy_config(job)
+    reasons = reload_reasons(job, written.data.decode())
+    if not reasons:
+        return f"the proxy has the servers and ports of {_listed(wanted)}"
+    live = proxy_instances(job.facts.proxy.servers)
+    yield written
     yield ReloadProxy(proxy_name(job.model.name), server_names(wanted),
-                      f"reload the proxy seamlessly: servers of {_listed(added)} added "
-                      f"(in maintenance until their switch), {_listed(live)} kept as they are")
-    return f"proxy reloaded with the servers of {_listed(wanted)} ({_listed(added)} added)"
+                      f"reload the proxy seamlessly: {'; '.join(reasons)} (new servers in "
+                      f"maintenance until their switch; {_listed(live & wanted)} kept as "
+                      "they are)")
+    return f"proxy reloaded for {_listed(wanted)}: {'; '.join(reasons)}"
 
 
 @operation("remove_instances")
