@@ -13,6 +13,12 @@ from .fakes import READY, FakeFleet, read_json
 from .runs import Recorder, manifest, run_deploy, serving
 
 
+def _fit_gpus(world: dict[str, Any], count: int) -> None:
+    """h1's hardware changed: ``count`` GPUs now (what its nvidia-smi reports)."""
+    fleet: FakeFleet = world["fleet"]
+    fleet["h1"].gpus = [(i, 16384) for i in range(count)]
+
+
 def _instances(world: dict[str, Any], release_id: str) -> list[int]:
     fleet: FakeFleet = world["fleet"]
     return [i["index"] for i in read_json(manifest(fleet["h1"], release_id))["instances"]]
@@ -25,6 +31,7 @@ def test_a_gpu_added_rolls_a_second_instance_behind_the_reloaded_proxy(
     proxy = fleet["h1"].proxy
     assert {s for _, s in proxy.servers} == {"i0-blue", "i0-green"}
     recorder = Recorder()
+    _fit_gpus(world, 2)
     result = run_deploy(world, 2, recorder, count=1, gpus=2)
     assert result.exit_code == ExitCode.OK, result.message
     assert proxy.reloads == 1
@@ -48,6 +55,7 @@ def test_a_gpu_removed_drains_the_instance_then_reloads_the_proxy_without_it(
     fleet: FakeFleet = world["fleet"]
     proxy = fleet["h1"].proxy
     recorder = Recorder()
+    _fit_gpus(world, 1)
     result = run_deploy(world, 2, recorder, count=1, gpus=1)
     assert result.exit_code == ExitCode.OK, result.message
     assert {s for _, s in proxy.servers} == {"i0-blue", "i0-green"}
@@ -73,6 +81,7 @@ def test_check_names_an_instance_removed_and_the_gpus_an_instance_moves_to(
 
     run_deploy(world, 1, count=1, gpus=2)
     fleet: FakeFleet = world["fleet"]
+    _fit_gpus(world, 1)
     plan = check(target(world, count=1, gpus=1), version=2, connect=fleet.connect)
     shape = plan[0]["shape"]
     assert shape[0] == "instances: i0, i1 -> i0", shape
@@ -99,6 +108,7 @@ def test_check_lists_the_reload_a_gpu_added_needs_and_changes_nothing(
     run_deploy(world, 1, count=1, gpus=1)
     fleet: FakeFleet = world["fleet"]
     before = dict(fleet["h1"].proxy.servers)
+    _fit_gpus(world, 2)
     plan = check(target(world, count=1, gpus=2), version=2, diff=True, connect=fleet.connect)
     changes = [c["what"] for s in plan[0]["steps"] for c in s["changes"]]
     assert any("reload the proxy seamlessly: servers of i1 added" in c for c in changes), changes
@@ -131,6 +141,7 @@ def test_a_configuration_haproxy_refuses_is_never_loaded(
     proxy = fleet["h1"].proxy
     monkeypatch.setattr(type(proxy), "check",
                         lambda self, config_dir: "[ALERT] parsing [haproxy.cfg:30]: unknown")
+    _fit_gpus(world, 2)
     result = run_deploy(world, 2, count=1, gpus=2)
     assert result.exit_code == ExitCode.ROLLED_BACK, result.message
     assert "haproxy -c refused the new configuration" in result.hosts["h1"].error
@@ -169,3 +180,19 @@ def test_a_port_move_renders_both_stable_ports_and_keeps_the_old_server_address(
                              str(checked)], capture_output=True,
                             text=True, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_show_stat_gives_each_server_its_address_and_the_weight_last_set() -> None:
+    from tfsdeploy.core.proxy import parse_info_pid, parse_stat
+
+    # HAProxy 2.6's `show stat`: `weight` is the effective weight (a drained server's does
+    # not follow `set server ... weight`), `uweight` the one set, `addr` where it forwards
+    stat = ("# pxname,svname,scur,status,weight,addr,uweight\n"
+            "grpc,i0-blue,0,DRAIN,100,127.0.0.1:8510,30\n"
+            "grpc,i0-green,1,no check,100,127.0.0.1:8520,100\n")
+    blue, green = parse_stat(stat)
+    assert (blue.port, blue.user_weight, green.port) == (8510, 30, 8520)
+    assert restore_commands([blue], frozenset({"i0-blue"})) == [
+        "set server grpc/i0-blue state drain", "set server grpc/i0-blue weight 30"]
+    assert parse_info_pid("Name: HAProxy\nVersion: 2.6.12\nPid: 73\nUptime_sec: 4\n") == 73
+    assert parse_info_pid("Unknown command.\n") is None

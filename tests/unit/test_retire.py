@@ -112,3 +112,18 @@ def test_ports_moved_keep_the_old_stable_ports_served_until_the_next_deploy(
     assert again.exit_code == ExitCode.OK, again.message
     assert proxy.bound == {9500, 9501} and proxy.reloads == 2
     assert proxy.addresses[("grpc", "i0-blue")] == 9510
+
+
+def test_a_rollback_across_a_port_move_recreates_the_old_release_on_the_new_ports(
+        world: dict[str, Any]) -> None:
+    first = run_deploy(world, 1, count=1)
+    moved = {"h1": {"grpc_port": 9500, "rest_port": 9501,
+                    "slot_ports": {"blue": (9510, 9511), "green": (9520, 9521)}}}
+    assert run_deploy(world, 2, count=1, host_vars=moved).exit_code == ExitCode.OK
+    fleet: FakeFleet = world["fleet"]
+    result = runs.run_rollback(world, count=1, host_vars=moved)
+    assert result.exit_code == ExitCode.OK, result.message
+    container = fleet["h1"].docker.by_name[f"tfs-hp2-{first.release_id}-i0"]
+    assert container.port("--port") == 9510 and container.running
+    assert fleet["h1"].proxy.addresses[("grpc", "i0-blue")] == 9510
+    assert serving(fleet["h1"]) == [first.release_id]

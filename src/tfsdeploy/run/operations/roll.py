@@ -38,6 +38,7 @@ from tfsdeploy.run.changes import (
     WriteFile,
 )
 from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.preflight import live_server_ports
 from tfsdeploy.run.operations.step import Ops, operation
 
 
@@ -103,13 +104,22 @@ def start_slot(job: HostJob) -> Ops:
     return (yield from _run_new_container(job))
 
 
+def _on_other_ports(job: HostJob) -> bool:
+    """Whether the container in the instance's new slot listens elsewhere than the plan's
+    ports (made before the model's ports moved): it is re-created, not started again."""
+    index, slot = job.instance.index, job.new_slot
+    live = live_server_ports(job).get(server_name(slot, index))
+    return live is not None and live != (job.ports.slot_grpc(slot, index),
+                                         job.ports.slot_rest(slot, index))
+
+
 @operation("resume_release")
 def resume_release(job: HostJob) -> Ops:
     """Bring a retained release back in the free slot: already running (warm), started
     again (stopped, same slot), or re-created from its record (its files are on the host)."""
     retained = [c for c in job.facts.of_release(job.run.release_id)
                 if c.instance == job.instance.index]
-    if retained and retained[0].slot == job.new_slot:
+    if retained and retained[0].slot == job.new_slot and not _on_other_ports(job):
         if retained[0].running:
             job.warm = True
             return (f"{_where(job)}{retained[0].name} still running in {job.new_slot}: warm, "
