@@ -57,6 +57,9 @@ def test_retire_takes_the_model_off_one_host_and_keeps_its_audit_log(
     assert h2.proxy.admin.index("set server grpc/i0-blue state drain") < \
         h2.proxy.admin.index("set server grpc/i0-blue state maint")
     assert len(serving(h1)) == 1 and h1.proxy.running  # the other host is untouched
+    again = retire(runs.target(world, hosts="h2", count=2), reporter=Recorder(),
+                   connect=fleet.connect)
+    assert again.hosts["h2"].status == "absent" and again.message == "no selected host held hp2"
 
 
 def test_retire_check_lists_the_removals_and_changes_nothing(world: dict[str, Any]) -> None:

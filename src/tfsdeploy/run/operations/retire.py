@@ -41,6 +41,8 @@ def drain_model(job: HostJob) -> Ops:
 def remove_containers(job: HostJob) -> Ops:
     """The model's proxy first (its stable ports close), then every serving container."""
     facts = job.facts
+    if not facts.holds_model:
+        return "nothing of the model here"
     removed = 0
     if facts.proxy_container:
         yield RemoveContainer(facts.proxy_container.name)
