@@ -177,7 +177,7 @@ def cmd_status(args: Options) -> int:
     """`fab status`."""
     from tfsdeploy.cli.fleet import status
 
-    rows = status(target(args))
+    rows = status(target(args), with_orphans=not args.get("hosts") and not args.get("limit"))
     if args["json"]:
         output.print_json(rows)
     else:
@@ -303,6 +303,23 @@ def cmd_prune(args: Options) -> int:
                   rows=prune.summary_rows(result), extra=prune.summary_data(result))
 
 
+def cmd_retire(args: Options) -> int:
+    """`fab retire` (and `--check`): by default from every inventory host (each one that holds
+    the model is retired; the others are reported absent)."""
+    from tfsdeploy.cli import retire
+
+    chosen = load_target(safe_model(args["model"]), inventory=args.get("inventory"),
+                         hosts=args.get("hosts") or "all", limit=args.get("limit"))
+    if args["check"]:
+        return output.print_check({**args, "command": "retire"},
+                                  retire.retire_check(chosen, playbook=args["playbook"]))
+    shown = output.reporter(args["json"], args["log_file"])
+    result = retire.retire(chosen, playbook=args["playbook"], lock_wait=args["lock_wait"],
+                           reporter=shown)
+    return finish("retire", result, json=args["json"], json_file=args["json_file"],
+                  metrics_file=args["metrics_file"], events=shown.events)
+
+
 def cmd_accept(args: Options) -> int:
     """`fab accept` (docs/acceptance.md)."""
     from tfsdeploy.accept.plan import AcceptOptions
@@ -323,9 +340,10 @@ COMMANDS: dict[str, Callable[[Options], int]] = {
     "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
-    "prune": cmd_prune, "accept": cmd_accept, "promote": cmd_promote, "abort": cmd_abort,
+    "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
+    "abort": cmd_abort,
 }
-UNATTENDED = ("deploy", "rollback", "guard", "prune", "promote", "abort")
+UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort")
 
 
 def main(command: str, raw: dict[str, Any]) -> int:

@@ -75,6 +75,7 @@ class HostFacts:
     broken: tuple[BrokenRecord, ...] = ()
     current: str | None = None  # the release the `current` link names
     live_files: dict[str, str] = field(default_factory=dict)  # current's files -> sha256
+    proxy_config: str = ""  # the proxy's haproxy.cfg as the host holds it ('' when none)
     lock: LockRecord | None = None
     lock_present: bool = False  # a lock directory exists (its record may be unreadable)
     lock_digest: str = "none"  # sha256 of the lock record's bytes ("none": no record file)
@@ -92,6 +93,13 @@ class HostFacts:
     images: dict[str, bool] = field(default_factory=dict)
     docker_version: str = ""
     seconds: float = 0.0  # how long reading them took
+
+    @property
+    def holds_model(self) -> bool:
+        """Whether the host holds anything of the model: containers, its proxy, release
+        records, staged versions, a ``current`` link."""
+        return bool(self.containers or self.releases or self.broken or self.versions
+                    or self.current)
 
     @property
     def servers(self) -> tuple[ContainerFact, ...]:
@@ -197,6 +205,7 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
         releases=tuple(sorted(releases, key=lambda r: r.id)), broken=tuple(broken),
         current=link if is_release_id(link) else None,
         live_files=_sums(_body(sections, "live")),
+        proxy_config=_body(sections, "proxycfg"),
         lock=parse_lock(lock_text) if lock_text else None,
         lock_digest=_lock_digest(sections),
         lock_present="lockdir" in sections,
@@ -249,12 +258,12 @@ def _boot(text: str) -> str:
 
 
 def _configured(text: str) -> frozenset[tuple[int, str]]:
-    """The servers haproxy.cfg's lines enable (``server i0-blue 127.0.0.1:8510 ...``, without
-    ``disabled``)."""
+    """The servers haproxy.cfg's ``server`` lines enable (``server i0-blue 127.0.0.1:8510 ...``,
+    without ``disabled``)."""
     found = set()
     for line in text.splitlines():
         words = line.split()
-        parsed = parse_server_name(words[1]) if len(words) > 1 else None
+        parsed = parse_server_name(words[1]) if len(words) > 1 and words[0] == "server" else None
         if parsed is not None and "disabled" not in words:
             found.add(parsed)
     return frozenset(found)
