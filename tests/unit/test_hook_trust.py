@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +18,7 @@ from tfsdeploy.core.trust import untrusted
 from tfsdeploy.runbook.hooks import Moment, find_hooks, hook_env, run_hook
 
 from .test_hooks import END, FACTS, _dump_env, _hook
+from .test_notify import Receiver
 
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="changes a file's owner")
 
@@ -104,34 +103,16 @@ def test_a_hook_made_untrusted_during_the_run_is_not_run(tmp_path: Path) -> None
 
 # -- every ending runs the post-hooks and sends `finished` --------------------------------
 
-class Receiver:
-    """A notification receiver on 127.0.0.1 that keeps each event's name."""
-
-    def __init__(self) -> None:
-        self.events: list[str] = []
-        events = self.events
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-                events.append(str(body.get("event")))
-                self.send_response(204)
-                self.end_headers()
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/events"
+def events(receiver: Receiver) -> list[str]:
+    """The name of each event the receiver took, in order."""
+    return [str(body.get("event")) for body in receiver.accepted()]
 
 
 @pytest.fixture()
 def receiver() -> Iterator[Receiver]:
     found = Receiver()
     yield found
-    found.server.shutdown()
-    found.server.server_close()
+    found.stop()
 
 
 def _args(world: dict[str, Any], hooks: Path, url: str, **more: Any) -> dict[str, Any]:
@@ -189,7 +170,7 @@ def test_a_deploy_that_finds_the_lock_held_runs_its_post_hooks_and_says_finished
         env = json.loads(seen[name].read_text())
         assert env["TFSDEPLOY_EXIT_CODE"] == "4" and env["TFSDEPLOY_RESULT"] == "locked"
         assert "alice" in env["TFSDEPLOY_MESSAGE"]
-    assert receiver.events[-1] == "finished", receiver.events
+    assert events(receiver)[-1] == "finished", events(receiver)
 
 
 def test_a_rollback_that_reaches_no_host_runs_its_post_hooks_and_says_finished(
@@ -212,7 +193,7 @@ def test_a_rollback_that_reaches_no_host_runs_its_post_hooks_and_says_finished(
         assert seen[name].is_file(), f"{name} did not run after exit 3"
         env = json.loads(seen[name].read_text())
         assert env["TFSDEPLOY_EXIT_CODE"] == "3" and env["TFSDEPLOY_RESULT"] == "inconsistent"
-    assert receiver.events[-1] == "finished", receiver.events
+    assert events(receiver)[-1] == "finished", events(receiver)
 
 
 def test_a_refused_pre_hook_still_runs_no_other_hook(
