@@ -92,9 +92,10 @@ def test_abort_returns_an_interrupted_canary_to_the_old_release(
     assert result.exit_code == ExitCode.OK, result.message
     assert any("broke a stale lock" in n for n in recorder.notes)
     assert all(serving(h) == [old] for h in fleet.hosts.values())
-    proxy = fleet["h1"].proxy
-    ready = [k for k, v in proxy.servers.items() if k[0] == "grpc" and v != "MAINT"]
-    assert len(ready) == 1, proxy.servers
+    after = _facts(world)["h1"]
+    assert [c.release for c in after.taking_requests(0)] == [old]
+    assert len(after.proxy.weights(0)) == 1
+    assert after.record(new) is not None and after.record(new).status == "reverted"
 
 
 def test_promote_finishes_an_interrupted_canary(world: dict[str, Any],

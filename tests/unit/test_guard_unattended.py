@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli.guard import GuardPolicy, Look, guard
+from tfsdeploy.cli.guard import GuardPolicy, Look, guard, scrape
 from tfsdeploy.cli.rollback import rollback
 from tfsdeploy.core.errors import ExitCode, TfsDeployError
 from tfsdeploy.core.guard import parse_metrics
+from tfsdeploy.core.layout import host_port
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.run import plans
@@ -198,8 +199,35 @@ def test_a_crash_looping_release_measures_nothing() -> None:
     ("fe80::1%eth0", "http://[fe80::1%25eth0]:8511/m")])
 def test_urls_bracket_ipv6_addresses(address: str, expected: str) -> None:
     assert probes.http_url(address, 8511, "/m") == expected
-    assert probes.host_port(address, 8500) == expected[len("http://"):].replace(
-        ":8511/m", ":8500")
+    assert host_port(address, 8500) == expected[len("http://"):].replace(":8511/m", ":8500")
+
+
+def test_the_guard_reads_an_ipv6_host_at_a_bracketed_url(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    from tfsdeploy.cli.guard import read_host
+    from tfsdeploy.core.fleet import Gpu, Group, Host
+    from tfsdeploy.core.inventory import build_inventory
+
+    asked: list[str] = []
+
+    class Reply:
+        text = _page("m", 10, slow=False)
+
+        def raise_for_status(self) -> None:
+            pass
+
+    def fake_get(url: str, **options: Any) -> Reply:
+        asked.append(url)
+        return Reply()
+
+    monkeypatch.setattr(probes.httpx, "get", fake_get)
+    inv = build_inventory("inv.py", hosts=[Host("h6", "fd00::11", gpus=[Gpu(0, 16384)])],
+                          groups={"g": Group(["h6"])}, defaults={}, models=[model()])
+    target = Target(inv, inv.models["m"], inv.hosts)
+    read = read_host(inv.hosts[0], target, scrape)
+    assert sorted(asked) == ["http://[fd00::11]:8511/monitoring/prometheus/metrics",
+                             "http://[fd00::11]:8521/monitoring/prometheus/metrics"]
+    assert len(read.readings) == 2 and not read.failed
 
 
 class _Server:

@@ -7,7 +7,6 @@ so probing costs no TensorFlow start-up.
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import httpx
 import numpy as np
 
 from tfsdeploy.core import tfsapi
+from tfsdeploy.core.layout import host_port
 
 STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
                50: "END"}
@@ -33,22 +33,9 @@ class VersionStatus:
     error_message: str
 
 
-def host_port(address: str, port: int) -> str:
-    """``address:port`` for a URL or a gRPC target: an IPv6 literal in brackets (RFC 3986
-    section 3.2.2, the "IP-literal" of the authority; gRPC's name syntax, doc/naming.md, takes
-    the same ``[::1]:8500``), a zone id's ``%`` escaped as ``%25`` (RFC 6874). Without the
-    brackets ``fd00::1:8501`` reads as the address ``fd00::1:8501`` on port 80 (or fails)."""
-    try:
-        parsed = ipaddress.ip_address(address)
-    except ValueError:
-        return f"{address}:{port}"  # an IPv4 address or a DNS name
-    if parsed.version == 4:
-        return f"{address}:{port}"
-    return f"[{address.replace('%', '%25')}]:{port}"
-
-
 def http_url(address: str, port: int, path: str = "") -> str:
-    """``http://<address>:<port><path>`` with an IPv6 address bracketed (``host_port``)."""
+    """``http://<address>:<port><path>`` with an IPv6 address bracketed (``layout.host_port``:
+    written bare, ``fd00::11:8511`` is no URL of port 8511)."""
     return f"http://{host_port(address, port)}{path}"
 
 
