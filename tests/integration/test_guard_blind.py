@@ -106,19 +106,20 @@ class crash_loop:
 
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.name = ""
 
     def _loop(self) -> None:
-        names = [c["name"] for c in self.fleet.containers("tb1") if c["status"] == "running"]
-        assert len(names) == 1, names
         script = (f"end=$((SECONDS + 60)); while [ $SECONDS -lt $end ] && [ ! -e /tmp/{MODEL}"
-                  f".stop ]; do pid=$(docker inspect -f '{{{{.State.Pid}}}}' {names[0]}); "
+                  f".stop ]; do pid=$(docker inspect -f '{{{{.State.Pid}}}}' {self.name}); "
                   f"[ \"$pid\" -gt 0 ] 2>/dev/null && kill -9 $pid; sleep 0.5; done; "
                   f"rm -f /tmp/{MODEL}.stop")
         ssh("tb1", script, check=False, timeout=120)
 
     def __enter__(self) -> crash_loop:
+        names = [c["name"] for c in self.fleet.containers("tb1") if c["status"] == "running"]
+        assert len(names) == 1, names
+        self.name = names[0]
         ssh("tb1", f"rm -f /tmp/{MODEL}.stop")
         self.thread.start()
         return self

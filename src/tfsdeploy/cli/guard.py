@@ -5,13 +5,23 @@ Rates are computed per serving process: each slot's own REST port is read, on ev
 a host that runs one server per GPU (not the stable port, which changes process at a switch),
 each process's counters are compared only with that process's previous reading, and a host's
 processes are added up for its verdict. A process that starts (a switch, a restart) gives its
-first reading as a baseline.
+first reading as a baseline; one that restarted between two readings measured nothing.
 
-While a canary is paused, its hosts run the new release beside the old one: the guard also
-judges the new slot against the old one on each canary host, over the last ``for_s`` seconds,
-with the model's canary policy (the analysis of the canary steps). A failing verdict, or any
-sustained SLO breach, aborts the canary (`fab abort`: the canary hosts back on the old slot at
-100 %, the lock freed) instead of rolling back, since the paused release holds the lock.
+It acts only on what it judged: when a host starts to breach, the release its proxy serves is
+pinned; when the breach is sustained, a host serving another release by then starts its breach
+again (judging that one), and the rollback is handed the release each host served: under the
+lock, before any change, it refuses (exit 3) when another is live (``plans.refuse_changed``).
+
+It fails closed: a host with no window for ``for_s`` is not measured, said once per host, and
+ends the watch in exit 3 (no host measured at all: at once); it never reports health it did
+not see.
+
+While a canary is paused (or interrupted: a canary run killed at a split weight), its hosts run
+the new release beside the old one: the guard also judges the new slot against the old one on
+each canary host, over the last ``for_s`` seconds, with the model's canary policy (the analysis
+of the canary steps). A failing verdict, or any sustained SLO breach, aborts the canary (`fab
+abort`: the canary hosts back on the old slot at 100 %, the lock freed) instead of rolling
+back.
 """
 
 from __future__ import annotations
