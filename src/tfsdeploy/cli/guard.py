@@ -385,7 +385,8 @@ def _host_round(run: Guarding, watch: Watch, coverage: Coverage, host: str, read
         if why:
             run.reporter.step(host, "guard", "slo", "breach", 0.0, why)
             if not breaching:  # the release that breaches: what a rollback may act on
-                watch.seen = run.look(run.target)
+                if watch.looked_at != now:  # one look per round, however many hosts start
+                    watch.seen, watch.looked_at = run.look(run.target), now
                 watch.pinned[host] = watch.seen.live.get(host)
         else:
             watch.pinned.pop(host, None)
