@@ -63,12 +63,12 @@ class filtered:
 
 def test_no_metrics_anywhere_is_exit_3(fleet: Fleet) -> None:
     with Prober(fleet), filtered(tuple(HOSTS)):
-        run = fleet.fab("guard", *WATCH, "--duration-s", "60", timeout=120)
+        run = fleet.fab("guard", *WATCH, "--duration-s", "120", timeout=180)
     assert run.code == 3, run.describe()
     assert "cannot measure itguardblind: no serving process's metrics could be read" in \
         run.out, run.describe()
     assert "no sustained SLO breach" not in run.out
-    assert run.seconds < 40, "it says so once no host was measured for --for-s"
+    assert run.seconds < 90, "it says so once no host was measured for --for-s, not at the end"
 
 
 def test_one_filtered_host_is_said_and_not_called_healthy(fleet: Fleet) -> None:
