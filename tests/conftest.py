@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -14,6 +15,14 @@ os.chdir(ROOT)
 for path in (ROOT, ROOT / "src"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+
+# Ctrl-C as a terminal delivers it. A suite started in the background (``bash scripts/test &``,
+# nohup, some CI runners) inherits SIGINT ignored, Python then leaves it ignored, and so does
+# every process the tests start, as POSIX asks: the tests that press Ctrl-C on `fab` would
+# test nothing. A handler here (not SIG_IGN) makes the processes the tests start begin with
+# SIGINT at its default, as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # -- parallel runs (pytest-xdist, ``--dist loadgroup``; scripts/test) ------------------------

@@ -27,6 +27,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.request
@@ -45,6 +46,8 @@ MODELS = CACHE / "models"
 VENV_BIN = CACHE / "venv" / "bin"
 SSH_KEY = STATE / "ssh" / "id_ed25519"
 KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
+# the master connections of ssh(): a private directory (a socket path must stay short)
+MUX_DIR = Path(tempfile.gettempdir()) / f"tfsdeploy-tests-ssh-{os.getuid()}"
 REGISTRY = "10.87.0.1:5000"
 # the testbed contract: tbN is 10.87.0.(10+N), a simulated 16 GiB GPU each
 ADDRESSES = {f"tb{n}": f"10.87.0.{10 + n}" for n in range(1, 11)}
@@ -133,10 +136,18 @@ def netns(host: str, *argv: str) -> list[str]:
 
 # -- SSH to the hosts -----------------------------------------------------------------------
 
-def ssh_argv(address: str, command: str, connect_timeout: int = 10) -> list[str]:
+def ssh_argv(address: str, command: str, connect_timeout: int = 10,
+             shared: bool = False) -> list[str]:
+    """OpenSSH's argv for ``command`` on ``address``; ``shared``: through one master connection
+    per host (ControlMaster), kept 30 s after its last use, so that the many short checks of a
+    test pay for one key exchange and login, not one each; a master whose host went away is
+    given up within 10 s (ServerAlive) and the next call connects anew."""
+    mux = ["-o", "ControlMaster=auto", "-o", f"ControlPath={MUX_DIR}/%C",
+           "-o", "ControlPersist=30", "-o", "ServerAliveInterval=5",
+           "-o", "ServerAliveCountMax=2"] if shared else []
     return ["ssh", "-i", str(SSH_KEY), "-o", f"UserKnownHostsFile={KNOWN_HOSTS}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
-            "-o", f"ConnectTimeout={connect_timeout}", f"root@{address}", command]
+            "-o", f"ConnectTimeout={connect_timeout}", *mux, f"root@{address}", command]
 
 
 def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120,
@@ -149,8 +160,9 @@ def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120,
     """
     end = time.monotonic() + connect_retry_s
     while True:
-        proc = subprocess.run(ssh_argv(ADDRESSES[host], command), capture_output=True, text=True,
-                              timeout=timeout)
+        MUX_DIR.mkdir(mode=0o700, exist_ok=True)
+        proc = subprocess.run(ssh_argv(ADDRESSES[host], command, shared=True),
+                              capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 255 or time.monotonic() > end:
             break
         time.sleep(2)
