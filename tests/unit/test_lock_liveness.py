@@ -164,3 +164,32 @@ def test_a_run_breaks_the_lock_of_a_rebooted_deploy_machine(world: dict[str, Any
     recorder = Recorder()
     assert run_deploy(world, 2, recorder).exit_code == ExitCode.OK
     assert sum("(its deploy machine has rebooted since)" in n for n in recorder.notes) == 3
+
+
+def test_a_promote_that_changed_nothing_hands_the_lock_back_to_the_paused_canary(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfsdeploy.cli.deploy import deploy
+    from tfsdeploy.core.canary_policy import CanaryPolicy
+    from tfsdeploy.run.operations import canary as canary_ops
+
+    monkeypatch.setattr(canary_ops, "judge_step", lambda job, policy, weight: "as good")
+    monkeypatch.setattr(canary_ops, "compare_predictions", lambda job, policy: "same")
+    run_deploy(world, 1)
+    fleet: FakeFleet = world["fleet"]
+    paused = deploy(target(world), version=2, reporter=Recorder(), connect=fleet.connect,
+                    clock=FrozenClock(), client_factory=FakeSlot,
+                    canary=CanaryPolicy(weights=(25,), step_s=1, pause=True))
+    assert paused.exit_code == ExitCode.PAUSED, paused.message
+    fleet["h3"].unreachable = True  # the promote's preflight refuses: nothing changes
+    refused = finish_canary(Verb.PROMOTE, target(world), reporter=Recorder(),
+                            connect=fleet.connect, clock=FrozenClock(), client_factory=FakeSlot)
+    assert refused.exit_code == ExitCode.INVALID, refused.message
+    for name in ("h1", "h2"):
+        record = LockRecord.model_validate_json((_lock_dir(fleet[name]) / "info.json")
+                                                .read_text())
+        assert record.paused == paused.release_id, name
+    fleet["h3"].unreachable = False
+    done = finish_canary(Verb.PROMOTE, target(world), reporter=Recorder(),
+                         connect=fleet.connect, clock=FrozenClock(), client_factory=FakeSlot)
+    assert done.exit_code == ExitCode.OK, done.message
+    assert not any(_lock_dir(h).exists() for h in fleet.hosts.values())

@@ -14,6 +14,7 @@ previous release (2), the fleet not consistent (3).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -562,6 +563,8 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
     record = lock.new_lock_record(f"{plan.verb} {target.model.name}")
     sites = [lock.LockSite(h.name, session.connections[h.name], host_paths(h, target.model))
              for h in target.model_hosts]
+    paused = next((h.paused for _, h in lock.paused_parts(sites)), "") if plan.take_over \
+        else ""
     taken = _take_lock(plan, session, reporter, record, sites)
     outcome: RunResult | None = None
     context: RunContext | None = None
@@ -581,9 +584,9 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
             _facts_step(job, reporter)
         outcome = run_roll(plan, context, jobs, reporter, cancel)
     finally:
-        if outcome is not None and context is not None and \
-                outcome.exit_code == ExitCode.PAUSED:  # the paused release keeps it
-            unreleased = lock.hand_to_paused(taken, record, context.release_id)
+        keeps = _kept_for(plan, outcome, context, paused, sys.exc_info()[1])
+        if keeps:  # a paused release keeps it
+            unreleased = lock.hand_to_paused(taken, record, keeps)
         else:
             unreleased = lock.release_sites(taken, record)
         if context is not None and context.archive is not None:
@@ -594,6 +597,23 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
                             f"{', '.join(unreleased)}: check with "
                             f"`fab lock --model {target.model.name}`")
     return outcome
+
+
+def _kept_for(plan: RunPlan, outcome: RunResult | None, context: RunContext | None,
+              paused: str, error: BaseException | None) -> str:
+    """The paused release the lock is handed to as the run ends ("": it is released): the
+    run's own canary when it paused; the canary a promote or abort took it from when that run
+    changed nothing (exit 1: a host unreachable at preflight; or stopped before its phases:
+    a refusal, what the guard judged is no longer under way), so the canary keeps its lock.
+    Only "nothing to do" (the canary is finished) releases it: its leftovers go with it."""
+    if outcome is not None and context is not None and outcome.exit_code == ExitCode.PAUSED:
+        return context.release_id
+    if not (plan.take_over and paused):
+        return ""
+    if outcome is not None:
+        return paused if outcome.exit_code == ExitCode.INVALID else ""
+    finished = isinstance(error, TfsDeployError) and error.exit_code == ExitCode.OK
+    return "" if finished else paused
 
 
 def _facts_step(job: HostJob, reporter: Reporter) -> None:
