@@ -357,6 +357,23 @@ def prune(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     _main("prune", locals())
 
 
+@command(help={**SELECT, "hosts": "hosts, groups or globs to take the model off (default: every "
+                                  "inventory host; those that hold nothing of it are absent)",
+               "check": "list what would be removed; touch nothing",
+               "playbook": "playbook file (default: playbooks/retire.yml)",
+               "lock_wait": "seconds to wait for another run's lock before exiting 4 "
+                            "(default 0)",
+               **UNATTENDED})
+def retire(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+           limit: str | None = None, check: bool = False, playbook: str | None = None,
+           lock_wait: str = "0", json: bool = False, log_file: str | None = None,
+           json_file: str | None = None, metrics_file: str | None = None) -> None:
+    """Take a model off hosts: out of rotation, drained, containers, proxy and files removed.
+
+    The audit log stays, with the retirement in it; other models are untouched."""
+    _main("retire", locals())
+
+
 @command(help={
     "model": "model name from the inventory's catalog (required)",
     "inventory": INVENTORY,
@@ -387,4 +404,4 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | N
 
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
-                lock, logs, exec_, prune, accept, promote, abort)
+                lock, logs, exec_, prune, retire, accept, promote, abort)

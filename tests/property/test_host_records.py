@@ -16,6 +16,7 @@ from tfsdeploy.core.records import parse_audit, parse_lock
 from tfsdeploy.hosts.commands.files import UnsafePath, remove_tree
 from tfsdeploy.hosts.dockerapi import container_fact
 from tfsdeploy.hosts.facts import parse_facts
+from tfsdeploy.run.operations.finalize import protected_releases
 
 GOOD_ID = st.builds(lambda d, t, v: f"r{d:08d}-{t:09d}-v{v}",
                     st.integers(20200101, 20991231), st.integers(0, 235959999),
@@ -74,7 +75,10 @@ def facts_outputs(draw: Any) -> str:
                    "started": "t", "command": "c"})))),
               "@@versions", draw(st.text(max_size=30)), "@@disk", draw(st.text(max_size=30)),
               "@@gpus", draw(st.text(max_size=30)), "@@listen", draw(st.text(max_size=30)),
-              "@@proxy", stat_rows(draw), "@@tools", "socat flock", "@@end"]
+              "@@proxy", stat_rows(draw), "@@boot", draw(st.text(max_size=40)),
+              "@@proxycfg", draw(st.one_of(st.text(max_size=60), st.just(
+                  "  server i0-blue 127.0.0.1:8510 proto h2 weight 100 disabled"))),
+              "@@tools", "socat flock", "@@end"]
     return "\n".join(parts)
 
 
@@ -113,6 +117,10 @@ def test_reading_a_hostile_host_never_raises_and_keeps_only_safe_ids(text: str,
     records_in = text.count("@@record ")
     assert len(facts.releases) + len(facts.broken) == records_in
     facts.serving(0), facts.serving_release, facts.proxy.serving_slot(0)
+    # what prune protects is named by safe ids only; a boot id is a boot id or unknown
+    assert all(is_release_id(r) for r in protected_releases(facts))
+    assert facts.boot_id == "" or len(facts.boot_id) == 36
+    assert all(len(d) == 64 for d in facts.versions.values() if d)
 
 
 @settings(max_examples=200)

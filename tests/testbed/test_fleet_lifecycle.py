@@ -88,7 +88,11 @@ def test_up_recovers_after_kill_9_of_the_daemons(destructive: Testbed) -> None:
 
 
 def test_gpu_memory_can_be_set_per_host(destructive: Testbed) -> None:
+    """GPUs and their memory change per host as hardware does, and the host keeps its disk
+    (what the toolkit stored there survives the change, as on a real host given a GPU)."""
     n = str(len(destructive.hosts))
+    probe = "/srv/tfsdeploy/.testbed-disk-probe"
+    destructive.ssh(destructive.hosts[0], f"mkdir -p /srv/tfsdeploy && echo kept > {probe}")
     try:
         up("--hosts", n, "--no-images", "--gpu-mib", "tb2=8192")
         fleet = load_testbed(destructive.started_here)
@@ -101,12 +105,14 @@ def test_gpu_memory_can_be_set_per_host(destructive: Testbed) -> None:
         fleet = load_testbed(destructive.started_here)
         assert [g["memory_mib"] for g in fleet.hosts[0].gpus] == [4096] * 3
         assert fleet.ssh(fleet.hosts[0], query).stdout.split() == ["4096"] * 3
+        assert fleet.ssh(fleet.hosts[0], f"cat {probe}").stdout == "kept\n"
         up("--hosts", n, "--no-images", "--gpu-mib", "tb2=0")
         proc = fleet.ssh(fleet.hosts[1], query, check=False)
         assert proc.returncode != 0 and "couldn't communicate with the NVIDIA driver" in proc.stdout
     finally:  # tb1 and tb2 as a new host has them (a plain `up` keeps a host's GPUs)
         up("--hosts", n, "--no-images", "--gpus", "tb1=1", "--gpu-mib", "tb1=16384",
            "--gpu-mib", "tb2=16384")
+        destructive.ssh(destructive.hosts[0], f"rm -f {probe}")
 
 
 def test_down_leaves_nothing_behind_and_up_keeps_images(destructive: Testbed) -> None:

@@ -73,17 +73,21 @@ class FakeProxy:
         self.host = host
         self.running = False
         self.socket: str | None = None  # the admin socket on the host, while running
-        self.binds: dict[str, int] = {}  # frontend -> port
+        self.binds: dict[str, int] = {}  # frontend -> port (its first bind)
+        self.bound = set()  # every port its frontends bind
         self.addresses: dict[tuple[str, str], int] = {}  # (backend, server) -> port
         self.servers: dict[tuple[str, str], str] = {}  # (backend, server) -> status
         self.weights: dict[tuple[str, str], int] = {}
         self.sessions: dict[tuple[str, str], int] = {}  # requests in flight, per server
         self.admin: list[str] = []  # every runtime command received, in order
+        self.worker = 100  # the worker's pid (`show info`): a reload starts another
+        self.reloads = 0
 
     def start(self, config_dir: str, admin_dir: str | None) -> None:
         """Load ``haproxy.cfg`` as HAProxy does when its container starts."""
         text = Path(config_dir, "haproxy.cfg").read_text()
         self.binds, self.addresses, self.servers, self.weights = {}, {}, {}, {}
+        self.bound: set[int] = set()  # every port its frontends bind
         section, name, socket_path = "", "", None
         for line in text.splitlines():
             words = line.split()
@@ -91,8 +95,9 @@ class FakeProxy:
                 continue
             if words[0] in ("global", "defaults", "frontend", "backend"):
                 section, name = words[0], (words[1] if len(words) > 1 else "")
-            elif section == "frontend" and words[0] == "bind":
-                self.binds[name] = int(words[1].rsplit(":", 1)[1])
+            elif section == "frontend" and words[0] == "bind":  # the first bind is the port
+                self.binds.setdefault(name, int(words[1].rsplit(":", 1)[1]))
+                self.bound.add(int(words[1].rsplit(":", 1)[1]))
             elif section == "backend" and words[0] == "server":
                 key = (name, words[1])
                 self.addresses[key] = int(words[2].rsplit(":", 1)[1])
@@ -105,6 +110,21 @@ class FakeProxy:
             self.socket = f"{admin_dir}/{ADMIN_SOCKET_NAME}"
             make_socket_file(self.socket)
         self.running = True
+
+    def check(self, config_dir: str) -> str:
+        """``haproxy -c``: a problem of the configuration ('' when it loads)."""
+        text = Path(config_dir, "haproxy.cfg").read_text()
+        return "" if "backend grpc" in text and "frontend grpc" in text else \
+            "[ALERT] config : no backend 'grpc'"
+
+    def reload(self, config_dir: str) -> None:
+        """A master-worker reload: a new worker from the configuration (its servers as the
+        file says, weights and drains gone), the same socket."""
+        socket = self.socket
+        self.start(config_dir, None)
+        self.socket = socket
+        self.worker += 1
+        self.reloads += 1
 
     def stop(self) -> None:
         """The container stopped: its socket file stays, nothing answers on it."""
@@ -126,6 +146,8 @@ class FakeProxy:
         words = command.split()
         if words == ["show", "stat"]:
             return self.stat_csv()
+        if words == ["show", "info"]:
+            return f"Name: HAProxy\nVersion: 2.6.12\nPid: {self.worker}\n\n"
         if words[:2] == ["set", "server"] and len(words) == 5 and "/" in words[2]:
             key = tuple(words[2].split("/", 1))
             if key not in self.servers:
@@ -309,6 +331,27 @@ class FakeDocker:
         self._call("image_present", image)
         return image in self.images
 
+    def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """``haproxy -c`` in the proxy checks the configuration its directory holds."""
+        self._call("exec", (name, argv))
+        container = self._get("exec", name)
+        if argv[:2] == ["haproxy", "-c"] and container.spec is not None:
+            config = next(m.source for m in container.spec.mounts
+                          if m.target == PROXY_CONFIG_DIR)
+            problem = self.host.proxy.check(config)
+            return (1, problem) if problem else (0, "")
+        return 0, ""
+
+    def kill(self, name: str, signal: str) -> None:
+        """SIGUSR2 to the proxy: HAProxy's master-worker reload."""
+        self._call("kill", (name, signal))
+        container = self._get("kill", name)
+        if signal == "SIGUSR2" and container.spec is not None and \
+                container.labels.get(f"{LABEL_PREFIX}.role") == "proxy":
+            config = next(m.source for m in container.spec.mounts
+                          if m.target == PROXY_CONFIG_DIR)
+            self.host.proxy.reload(config)
+
     def pull(self, image: str, on_progress: Any) -> None:
         self._call("pull", image)
         self.images.add(image)
@@ -323,6 +366,10 @@ read -r command
 exec cat "{stat}"
 """
 _CAT = '#!/bin/sh\nexec cat "{file}"\n'
+# sync: the arguments must exist, as for coreutils' sync (it opens each); no fsync, which on
+# the test machine's disk would cost every write a few milliseconds (the argv builders' own
+# tests and the fleet's check the real one)
+_SYNC = '#!/bin/sh\n[ "$1" = -- ] && shift\nfor f in "$@"; do [ -e "$f" ] || exit 1; done\n'
 
 
 @dataclass
@@ -351,6 +398,7 @@ class FakeHost:
         self._tool("nvidia-smi", _CAT.format(file=self.dir / "gpus.csv"))
         self._tool("ss", _CAT.format(file=self.dir / "listening.txt"))
         self._tool("socat", _SOCAT.format(stat=self.dir / "proxy.stat"))
+        self._tool("sync", _SYNC)
 
     def _tool(self, name: str, text: str) -> None:
         path = self.bin / name
@@ -374,7 +422,7 @@ class FakeHost:
             if c.running:
                 ports |= {p for p in (c.port("--port"), c.port("--rest_api_port")) if p}
         if self.proxy.running:
-            ports |= set(self.proxy.binds.values())
+            ports |= self.proxy.bound
         return ports
 
     def sync_tools(self) -> None:

@@ -23,6 +23,8 @@ from . import runs
 from .fakes import FakeFleet, FakeHost, LocalConnection, read_json
 from .runs import MODEL, manifest, paths
 
+BOOT = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
 # two hosts are enough for what these tests show
 run_deploy = partial(runs.run_deploy, count=2)
 run_rollback = partial(runs.run_rollback, count=2)
@@ -94,7 +96,7 @@ def test_a_linked_source_stages_the_linked_content(world: dict[str, Any]) -> Non
             {"0o644"}  # whatever the source's modes
         assert {oct(p.stat().st_mode & 0o777) for p in (staged, staged / "variables")} == \
             {"0o755"}
-        assert (Path(paths(host).digest_file(3)).read_text().strip()
+        assert (Path(paths(host).digest_file(3)).read_text().split()[0]
                 == VersionArchive(version).digest())
     archive = VersionArchive(version)
     with tarfile.open(archive.path()) as tar:
@@ -204,7 +206,10 @@ def test_a_version_on_the_host_with_the_same_files_is_reused(world: dict[str, An
     assert result.exit_code == ExitCode.OK, result.message
     uploads = {n: [w for w in h.writes if "/.staging-2-" in w] for n, h in fleet.hosts.items()}
     assert not uploads["h2"] and uploads["h1"]  # nothing uploaded where it was
-    assert Path(paths(fleet["h2"]).digest_file(2)).read_text().strip() == digest
+    assert Path(paths(fleet["h2"]).digest_file(2)).read_text().split() == [digest, BOOT]
+    # the sums it was verified against are recorded too: a reuse after a reboot checks them
+    assert Path(paths(fleet["h2"]).sums_file(2)).read_text() == \
+        VersionArchive(world["source"] / "2").sums()
 
 
 # -- what a host says is checked before it is used -----------------------------------------

@@ -14,6 +14,12 @@ serialized (``--data-serialized``), so it never needs TensorFlow's message defin
 
 The bundle is named by a content hash (interpreter ABI, each distribution's name, version and
 RECORD, each file of the toolkit's package): hosts keep one environment per hash and reuse it.
+
+The bundle is code the generator hosts run, so its cache is private: a directory of the
+invoking user's, mode 0700, trusted as ``core.trust`` trusts files (never a shared /tmp name
+that another user could create first), and the sha256 of each bundle, recorded when it was
+packed, is checked before the bundle is reused here, again before it is shipped, and on the
+host before it is unpacked.
 """
 
 from __future__ import annotations
@@ -25,16 +31,17 @@ import importlib.metadata as metadata
 import json
 import os
 import platform
+import stat
 import subprocess
 import sys
 import sysconfig
 import tarfile
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import tfsdeploy
+from tfsdeploy.core.trust import trust_fix, untrusted
 
 BUNDLE_FORMAT = 1
 # what the generator imports: its command line, worker processes, transport, and what the
@@ -73,6 +80,7 @@ class Bundle:
     key: str
     path: Path
     distributions: tuple[tuple[str, str], ...]
+    sha256: str = ""  # of the packed file, recorded when it was packed
 
 
 def import_check() -> str:
@@ -184,10 +192,10 @@ def _checked(member: Member) -> Member:
 
 def _tar_info(member: Member) -> tarfile.TarInfo:
     info = tarfile.TarInfo(member.arcname)
-    stat = member.source.stat()
-    info.size = stat.st_size
-    info.mode = 0o755 if stat.st_mode & 0o111 else 0o644
-    info.mtime = int(stat.st_mtime)  # keeps compiled caches valid against their sources
+    found = member.source.stat()
+    info.size = found.st_size
+    info.mode = 0o755 if found.st_mode & 0o111 else 0o644
+    info.mtime = int(found.st_mtime)  # keeps compiled caches valid against their sources
     info.uname = info.gname = ""
     return info
 
@@ -209,30 +217,81 @@ def write_bundle(path: Path, members: Sequence[Member]) -> None:
 
 
 def cache_dir() -> Path:
-    """Where packed bundles are kept on this machine: the project's cache if writable."""
+    """Where packed bundles are kept on this machine: ``$TFSDEPLOY_CACHE/loadgen`` (the
+    project's cache, /var/cache/tfsdeploy) when this user can own it, else the user's own
+    cache (``$XDG_CACHE_HOME`` or ~/.cache, then tfsdeploy/loadgen); never a shared /tmp."""
     base = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy")) / "loadgen"
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=base)  # noqa: SIM115
-        probe.close()
-        return base
-    except OSError:
-        return Path(tempfile.gettempdir()) / f"tfsdeploy-loadgen-{os.getuid()}"
+        return private_dir(base)
+    except (OSError, BundleError):
+        home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return private_dir(home / "tfsdeploy" / "loadgen")
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` as a private directory: created 0700 if missing, made 0700 if it is this
+    user's, refused (BundleError naming the fix) when it is another user's, a link, or lies
+    below a directory others could change."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise BundleError(f"the bundle cache {path} is not a directory of this user's "
+                          f"(uid {os.geteuid()}): it could hold another user's code; fix: "
+                          "remove it, or set TFSDEPLOY_CACHE to a directory of your own")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        path.chmod(0o700)
+    problem = untrusted(path)
+    if problem is not None:
+        raise BundleError(f"the bundle cache {path} is not private: {problem}; fix: "
+                          f"{trust_fix(problem)}, or set TFSDEPLOY_CACHE to a directory of "
+                          "your own")
+    return path
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _recorded(path: Path) -> str:
+    try:
+        return path.with_name(path.name + ".sha256").read_text().split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def verify_bundle(bundle: Bundle) -> None:
+    """Raise BundleError unless the packed file still has the sha256 recorded at packing
+    (checked before it is shipped to a host)."""
+    if not bundle.sha256 or file_sha256(bundle.path) != bundle.sha256:
+        raise BundleError(f"{bundle.path} changed since it was packed and verified (its "
+                          "sha256 differs): it is not shipped; fix: run again (it is packed "
+                          "anew)")
 
 
 def ensure_bundle(directory: Path | None = None) -> Bundle:
-    """The bundle of the generator environment, packed now unless one with its key exists."""
+    """The bundle of the generator environment, packed now unless one with its key exists
+    whose sha256 is the one recorded when it was packed (a changed one is packed anew)."""
     names = closure_distributions()
     dists = tuple((n, metadata.version(n)) for n in names)
     own = _own_members()
     key = bundle_key(dists, own)
-    where = directory or cache_dir()
-    where.mkdir(parents=True, exist_ok=True)
+    where = private_dir(directory) if directory is not None else cache_dir()
     path = where / f"generator-{key}.tar.gz"
-    if not path.is_file():
+    recorded = _recorded(path) if path.is_file() else ""
+    if not recorded or file_sha256(path) != recorded:
         write_bundle(path, [*own, *(m for n in names for m in _dist_members(n))])
+        recorded = file_sha256(path)
+        sidecar = path.with_name(path.name + ".sha256")
+        part = sidecar.with_name(sidecar.name + f".part{os.getpid()}")
+        part.write_text(f"{recorded}  {path.name}\n")
+        part.replace(sidecar)
         _prune(where, keep=path)
-    return Bundle(key=key, path=path, distributions=dists)
+    return Bundle(key=key, path=path, distributions=dists, sha256=recorded)
 
 
 def _prune(where: Path, *, keep: Path) -> None:
@@ -241,6 +300,7 @@ def _prune(where: Path, *, keep: Path) -> None:
                    key=lambda p: p.stat().st_mtime, reverse=True)
     for stale in older[KEEP_BUNDLES - 1:]:
         stale.unlink(missing_ok=True)
+        stale.with_name(stale.name + ".sha256").unlink(missing_ok=True)
 
 
 def iter_arcnames(path: Path) -> Iterator[str]:

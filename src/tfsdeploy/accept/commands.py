@@ -25,9 +25,11 @@ print(json.dumps({"python": "%d.%d" % sys.version_info[:2],
                   "timeNs": time.time_ns()}))
 """
 
-# $1 env dir, $2 uploaded bundle, $3 run id (names the work dir), $4 import check (Python code)
+# $1 env dir, $2 uploaded bundle, $3 run id (names the work dir), $4 import check (Python code),
+# $5 the bundle's sha256 (checked before anything of it is unpacked; exit 5 when it differs)
 INSTALL_SCRIPT = """\
 set -eu
+if [ "$(sha256sum < "$2" | cut -c1-64)" != "$5" ]; then rm -f "$2"; exit 5; fi
 work="$1.tmp.$3"
 rm -rf "$work"
 python3 -m venv --without-pip "$work"
@@ -119,9 +121,11 @@ def probe(env_dir: str) -> list[str]:
     return ["python3", "-c", PROBE_SCRIPT, env_dir]
 
 
-def install_env(dirs: HostDirs, import_check: str) -> list[str]:
-    """Unpack the uploaded bundle into a fresh venv and move it into place in one rename."""
-    return ["sh", "-c", INSTALL_SCRIPT, "sh", dirs.env, dirs.upload, dirs.run_id, import_check]
+def install_env(dirs: HostDirs, import_check: str, sha256: str) -> list[str]:
+    """Check the uploaded bundle's ``sha256``, unpack it into a fresh venv and move that into
+    place in one rename."""
+    return ["sh", "-c", INSTALL_SCRIPT, "sh", dirs.env, dirs.upload, dirs.run_id, import_check,
+            sha256]
 
 
 def make_dirs(*paths: str) -> list[str]:

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tfsdeploy.accept import commands
-from tfsdeploy.accept.bundle import Bundle, compatibility_problem, import_check, platform_facts
+from tfsdeploy.accept.bundle import (
+    Bundle,
+    BundleError,
+    compatibility_problem,
+    import_check,
+    platform_facts,
+    verify_bundle,
+)
 from tfsdeploy.accept.merge import FAILED, LOST, OK, GeneratorOutcome
 from tfsdeploy.accept.plan import GeneratorSpec
 from tfsdeploy.core.errors import HostUnreachable, TfsDeployError
@@ -147,8 +154,17 @@ def _install(runner: HostRunner, bundle: Bundle, dirs: commands.HostDirs, name: 
     made = runner.run(commands.make_dirs(dirs.env_root), timeout=60)
     if not made.ok:
         raise LoadgenError(f"{name}: cannot create {dirs.env_root}: {made.tail(1)}")
+    try:
+        verify_bundle(bundle)
+    except BundleError as err:
+        raise LoadgenError(f"{name}: {err}") from err
     runner.put_file(str(bundle.path), dirs.upload)
-    result = runner.run(commands.install_env(dirs, import_check()), timeout=SETUP_TIMEOUT_S)
+    result = runner.run(commands.install_env(dirs, import_check(), bundle.sha256),
+                        timeout=SETUP_TIMEOUT_S)
+    if result.code == 5:
+        raise LoadgenError(f"{name}: the generator environment arrived with another sha256 "
+                           f"than {bundle.sha256[:12]}... (changed in transit or on the host's "
+                           "disk): not installed; fix: run again, and check the host's disk")
     if not result.ok:
         runner.run(commands.remove_tree(dirs.upload), timeout=60)
         raise LoadgenError(f"{name}: the generator environment did not install: "

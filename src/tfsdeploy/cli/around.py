@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from tfsdeploy.cli import canary as cli_canary
 from tfsdeploy.cli import rollback as cli_rollback
+from tfsdeploy.core.errors import ExitCode, TfsDeployError
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.lock import current_user
 from tfsdeploy.run.jobs import Verb
@@ -51,6 +52,7 @@ class Around:
     facts: hooks.RunFacts
     verb: str = ""
     pre_passed: bool = False  # the pre-hook let the run go on (or the verb has none)
+    refused: bool = False  # the pre-hook stopped the run: no other hook runs
     outcome: RunResult | None = None  # the guard's action, once it ran
     results: list[dict[str, Any]] = field(default_factory=list)
 
@@ -108,6 +110,7 @@ def pre_hook(around: Around, reporter: Any) -> None:
     if moment is not None and around.found.path_for(moment) is not None:
         refusal = run_hook(around, moment, reporter, hooks.hook_env(around.facts)).refusal()
         if refusal is not None:
+            around.refused = True
             raise refusal
     around.pre_passed = True
 
@@ -229,27 +232,44 @@ def outcome_event(verb: str, result: RunResult | None) -> notify.Event | None:
 def after(around: Around, reporter: Any, *, result: RunResult | None, exit_code: int,
           seconds: float, message: str, data: dict[str, Any], json_file: str | None
           ) -> dict[str, Any]:
-    """The run's end: the ``rollback``/``promoted``/``aborted`` notification (``result``: the
-    run of the verb), ``finished`` with the command's exit code, the post-hooks (when the
-    pre-hook let the run go on), then the delivery report. Returns what to add to the JSON
-    result."""
+    """The run's end, however it ended: the ``rollback``/``promoted``/``aborted``
+    notification (``result``: the run of the verb), ``finished`` with the command's exit
+    code, the post-hooks (unless the pre-hook stopped the run: also when the run ended before
+    its pre-hook was due, the lock held or no host reachable), then the delivery report.
+    Returns what to add to the JSON result."""
     done = outcome_event(around.verb, result)
     if done is not None:
         around.notifier.send(done)
     failed = failed_hosts(result) if result is not None else []
     statuses = [(name, o.status) for name, o in result.hosts.items()] if result else []
     around.notifier.send(notify.finished(exit_code, seconds, message, failed, statuses))
-    if around.pre_passed:
+    if not around.refused:
         with hooks.result_file(data, json_file) as path:
             end = hooks.RunEnd(exit_code=exit_code, seconds=seconds, result_file=path,
                                message=message, failed_hosts=tuple(failed))
             for moment in hooks.moments_after(around.verb, exit_code):
-                if around.found.path_for(moment) is not None:
+                if around.found.has(moment):
                     run_hook(around, moment, reporter, hooks.hook_env(around.facts, end))
     delivery = around.notifier.close(NOTIFY_CLOSE_S)
     for line in delivery.lines():
         reporter.note(f"notifications: {line}")
     return {"hooks": around.results, "notifications": delivery.as_dict()}
+
+
+def ended_early(around: Around, reporter: Any, error: TfsDeployError, *, command: str,
+                seconds: float) -> None:
+    """The end of a run that raised instead of returning a result (the lock held, exit 4; no
+    host reachable, exit 3; ...): ``finished``, the post-hooks and ``on-failure`` as after any
+    run, unless the pre-hook refused it or it was invalid input found before its pre-hook
+    was due (nothing was attempted); then the notifier is closed."""
+    code = int(error.exit_code)
+    if around.refused or (code == ExitCode.INVALID and not around.pre_passed):
+        close(around)
+        return
+    data = {"command": command, "model": around.facts.model, "exit_code": code,
+            "result": hooks.result_name(code), "message": str(error), "hosts": {}}
+    after(around, reporter, result=None, exit_code=code, seconds=seconds, message=str(error),
+          data=data, json_file=None)
 
 
 def close(around: Around) -> None:

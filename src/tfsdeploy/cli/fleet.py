@@ -84,9 +84,40 @@ def canary_on(facts: HostFacts) -> dict[str, str] | None:
     return {"release": release, "state": state}
 
 
+def orphan_note(model: str, host: str) -> str:
+    """What status and deploy --check say of a host that holds a model its inventory no
+    longer places there."""
+    return (f"no longer in the inventory for {model}: fab retire --model {model} "
+            f"--hosts {host}")
+
+
+def outside_hosts(target: Target) -> tuple[ResolvedHost, ...]:
+    """The inventory's hosts that are neither the model's (its ``hosts`` pattern) nor
+    selected: where an orphaned server of the model may still run."""
+    known = {h.name for h in target.model_hosts} | {h.name for h in target.hosts}
+    return tuple(h for h in target.inventory.hosts if h.name not in known)
+
+
+def is_orphan(target: Target, host: ResolvedHost, facts: HostFacts) -> bool:
+    """The host holds the model, which the inventory no longer places on it."""
+    return facts.holds_model and host.name not in {h.name for h in target.model_hosts}
+
+
+def orphans(target: Target, *, connect: ConnectionFactory = SshConnection
+            ) -> list[dict[str, Any]]:
+    """Status rows of the hosts outside the model's that still hold it (unreachable ones are
+    not the model's hosts: left out)."""
+    outside = outside_hosts(target)
+    if not outside:
+        return []
+    rows = survey.each_host(target, host_status, hosts=outside, connect=connect)
+    return [r for r in rows if r["reachable"] and r["orphan"]]
+
+
 def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
                 ) -> dict[str, Any]:
-    """Live release, slots, traffic, version states, drift and the lock, on one host."""
+    """Live release, slots, traffic, version states, drift and the lock, on one host; an
+    orphan (the inventory no longer places the model here) is named so."""
     ports = model_ports(host, target.model)
     serving = facts.serving_release
     record = facts.record(serving or facts.current)
@@ -108,7 +139,10 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
                  for k in indexes]
     first = next((i for i in instances if i["instance"] == 0), instances[0])
     holder = facts.lock
-    return {"current": serving or facts.current, "recorded_current": facts.current,
+    orphan = is_orphan(target, host, facts)
+    return {"orphan": orphan,
+            "note": orphan_note(target.model.name, host.name) if orphan else "",
+            "current": serving or facts.current, "recorded_current": facts.current,
             "version": record.version if record else None,
             "image": record.image if record else None,
             "traffic_slot": first["traffic_slot"], "proxy_running": facts.proxy.running,
@@ -119,10 +153,12 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
                      if holder else "unreadable lock record" if facts.lock_present else None)}
 
 
-def status(target: Target, *, connect: ConnectionFactory = SshConnection
-           ) -> list[dict[str, Any]]:
-    """`fab status`: one entry per selected host, unreachable ones included."""
-    return survey.each_host(target, host_status, connect=connect)
+def status(target: Target, *, connect: ConnectionFactory = SshConnection,
+           with_orphans: bool = False) -> list[dict[str, Any]]:
+    """`fab status`: one entry per selected host, unreachable ones included; with
+    ``with_orphans``, then the inventory's other hosts that still hold the model."""
+    rows = survey.each_host(target, host_status, connect=connect)
+    return rows + (orphans(target, connect=connect) if with_orphans else [])
 
 
 def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,

@@ -23,7 +23,7 @@ from tfsdeploy.cli.render import summary_rows as render_rows
 from tfsdeploy.cli.render import write_renders
 from tfsdeploy.cli.unattended import INVALID_MODEL, update_textfile, write_json_file
 from tfsdeploy.core.canary_policy import CanaryPolicy, parse_weights
-from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
+from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
 from tfsdeploy.core.inventory import load_inventory
 from tfsdeploy.core.target import Target, load_target, render_release
 
@@ -127,11 +127,17 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
     from tfsdeploy.cli import around
 
     chosen = target(args)
+    started = time.monotonic()
     shown = around.EventReporter(output.reporter(args["json"], args["log_file"]))
     before = around.surround(shown, command, chosen, hooks_dir=args.get("hooks"),
                               notify_urls=args.get("notify") or ())
     try:
         result = run(chosen, shown, before)
+    except TfsDeployError as error:  # the lock held, no host reachable, ...: hooks still run
+        if shown.around is not None:
+            around.ended_early(shown.around, output.note_sink(args["json"]), error,
+                               command=command, seconds=time.monotonic() - started)
+        raise
     except BaseException:
         if shown.around is not None:
             around.close(shown.around)
@@ -171,13 +177,16 @@ def cmd_status(args: Options) -> int:
     """`fab status`."""
     from tfsdeploy.cli.fleet import status
 
-    rows = status(target(args))
+    rows = status(target(args), with_orphans=not args.get("hosts") and not args.get("limit"))
     if args["json"]:
         output.print_json(rows)
     else:
         output.print_table(f"{args['model']}: status", ("host", "release", "version",
                                                         "traffic", "slots", "drift", "lock"),
                            [output.status_row(r) for r in rows])
+        for row in rows:  # the table cuts the error short: its reason and fix in full
+            if not row["reachable"]:
+                print(f"{row['host']}: UNREACHABLE ({row.get('error', '')})")
     return 0 if all(r["reachable"] for r in rows) else 3
 
 
@@ -295,6 +304,23 @@ def cmd_prune(args: Options) -> int:
                   rows=prune.summary_rows(result), extra=prune.summary_data(result))
 
 
+def cmd_retire(args: Options) -> int:
+    """`fab retire` (and `--check`): by default from every inventory host (each one that holds
+    the model is retired; the others are reported absent)."""
+    from tfsdeploy.cli import retire
+
+    chosen = load_target(safe_model(args["model"]), inventory=args.get("inventory"),
+                         hosts=args.get("hosts") or "all", limit=args.get("limit"))
+    if args["check"]:
+        return output.print_check({**args, "command": "retire"},
+                                  retire.retire_check(chosen, playbook=args["playbook"]))
+    shown = output.reporter(args["json"], args["log_file"])
+    result = retire.retire(chosen, playbook=args["playbook"], lock_wait=args["lock_wait"],
+                           reporter=shown)
+    return finish("retire", result, json=args["json"], json_file=args["json_file"],
+                  metrics_file=args["metrics_file"], events=shown.events)
+
+
 def cmd_accept(args: Options) -> int:
     """`fab accept` (docs/acceptance.md)."""
     from tfsdeploy.accept.plan import AcceptOptions
@@ -315,9 +341,10 @@ COMMANDS: dict[str, Callable[[Options], int]] = {
     "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
-    "prune": cmd_prune, "accept": cmd_accept, "promote": cmd_promote, "abort": cmd_abort,
+    "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
+    "abort": cmd_abort,
 }
-UNATTENDED = ("deploy", "rollback", "guard", "prune", "promote", "abort")
+UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort")
 
 
 def main(command: str, raw: dict[str, Any]) -> int:

@@ -179,6 +179,8 @@ def print_check(args: dict[str, Any], rows: list[dict[str, Any]]) -> int:
                                                for r in rows])
     for row in rows:
         print(f"{row['host']}:")
+        for line in row.get("shape") or []:
+            print(f"  shape     {line}")
         for step in row["steps"]:
             if step["error"]:
                 print(f"  {step['phase']:<9} {step['step']:<15} WOULD FAIL: {step['error']}")
@@ -247,9 +249,10 @@ def status_row(row: dict[str, Any]) -> tuple[str, ...]:
             for c in containers)
         for instance in instances
         for slot, containers in instance["slots"].items() if containers)
+    drift = row.get("note") or ", ".join(row["drift"]) or "none"
     return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
-            traffic_cell(instances, row.get("canary")), slots or "-",
-            ", ".join(row["drift"]) or "none", row["lock"] or "free")
+            traffic_cell(instances, row.get("canary")), slots or "-", drift,
+            row["lock"] or "free")
 
 
 def print_history(model: str, rows: list[dict[str, Any]]) -> None:

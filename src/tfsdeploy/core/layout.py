@@ -123,8 +123,14 @@ class HostPaths:
         return f"{self.home}/versions"
 
     def digest_file(self, version: int) -> str:
-        """The digest record of one staged version."""
+        """The digest record of one staged version: ``<digest> <boot id>``, the sha256 of its
+        sums and the host kernel's boot id when it was staged or last verified."""
         return f"{self.digests}/{version}.sha256"
+
+    def sums_file(self, version: int) -> str:
+        """The sha256 of every file of one staged version (``sha256sum`` lines), recorded at
+        staging: what a reuse after a reboot verifies the files against."""
+        return f"{self.digests}/{version}.sums"
 
     @property
     def admin_dir(self) -> str:

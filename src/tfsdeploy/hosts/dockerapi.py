@@ -88,6 +88,9 @@ class Docker(Protocol):
     def exec(self, name: str, argv: list[str]) -> tuple[int, str]:
         """Run ``argv`` inside a running container: (exit code, output)."""
 
+    def kill(self, name: str, signal: str) -> None:
+        """Send ``signal`` (``SIGUSR2``) to a running container's main process."""
+
     def remove_image(self, image: str) -> int:
         """Remove an image that no container uses; returns the bytes it held (0: kept, in
         use or absent)."""
@@ -250,6 +253,11 @@ class SdkDocker:
             code = self._client.api.exec_inspect(created["Id"]).get("ExitCode")
         text = output.decode(errors="replace") if isinstance(output, bytes) else str(output)
         return int(code if code is not None else -1), text
+
+    def kill(self, name: str, signal: str) -> None:
+        """docker kill --signal: the signal goes to the container's PID 1."""
+        with self._calls(f"signal {signal} to {name}"):
+            self._client.api.kill(name, signal=signal)
 
     def remove_image(self, image: str) -> int:
         """Remove an unused image (never forced: an image in use stays)."""

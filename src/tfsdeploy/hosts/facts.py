@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.layout import HostPaths, is_release_id
+from tfsdeploy.core.layout import HostPaths, is_release_id, parse_server_name
 from tfsdeploy.core.proxy import ServerState, parse_stat
 from tfsdeploy.core.records import (
     BrokenRecord,
@@ -75,10 +75,17 @@ class HostFacts:
     broken: tuple[BrokenRecord, ...] = ()
     current: str | None = None  # the release the `current` link names
     live_files: dict[str, str] = field(default_factory=dict)  # current's files -> sha256
+    proxy_config: str = ""  # the proxy's haproxy.cfg as the host holds it ('' when none)
     lock: LockRecord | None = None
     lock_present: bool = False  # a lock directory exists (its record may be unreadable)
     lock_digest: str = "none"  # sha256 of the lock record's bytes ("none": no record file)
     versions: dict[int, str] = field(default_factory=dict)  # staged version -> digest or ""
+    # staged version -> the boot id of the kernel it was staged (or last verified) under
+    version_boots: dict[int, str] = field(default_factory=dict)
+    boot_id: str = ""  # the host kernel's boot id now
+    # (instance, slot) of the servers the proxy's haproxy.cfg enables: what a restarted proxy
+    # would serve, whatever its runtime state now
+    configured_slots: frozenset[tuple[int, str]] = frozenset()
     disk_free_mib: int | None = None
     gpus: tuple[GpuFact, ...] = ()
     listening: frozenset[int] = frozenset()
@@ -86,6 +93,13 @@ class HostFacts:
     images: dict[str, bool] = field(default_factory=dict)
     docker_version: str = ""
     seconds: float = 0.0  # how long reading them took
+
+    @property
+    def holds_model(self) -> bool:
+        """Whether the host holds anything of the model: containers, its proxy, release
+        records, staged versions, a ``current`` link."""
+        return bool(self.containers or self.releases or self.broken or self.versions
+                    or self.current)
 
     @property
     def servers(self) -> tuple[ContainerFact, ...]:
@@ -135,6 +149,9 @@ class HostFacts:
 
 
 DIGITS = re.compile(r"[0-9]{1,18}")  # str.isdigit() also takes "²", which int() refuses
+SHA256 = re.compile(r"[0-9a-f]{64}")
+# /proc/sys/kernel/random/boot_id: a random UUID the kernel draws at each boot
+BOOT_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def parse_sections(text: str) -> dict[str, list[tuple[str, str]]]:
@@ -179,6 +196,7 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
             broken.append(parsed if isinstance(parsed, BrokenRecord) else BrokenRecord(
                 path=path, error=f"records release {parsed.id}, which is not its directory"))
     link = _body(sections, "current").rsplit("/", 1)[-1]
+    staged = _versions(_body(sections, "versions"))
     lock_text = _body(sections, "lock")
     return HostFacts(
         host=host, containers=tuple(c for c in containers
@@ -187,10 +205,14 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
         releases=tuple(sorted(releases, key=lambda r: r.id)), broken=tuple(broken),
         current=link if is_release_id(link) else None,
         live_files=_sums(_body(sections, "live")),
+        proxy_config=_body(sections, "proxycfg"),
         lock=parse_lock(lock_text) if lock_text else None,
         lock_digest=_lock_digest(sections),
         lock_present="lockdir" in sections,
-        versions=_versions(_body(sections, "versions")),
+        versions={v: digest for v, (digest, _) in staged.items()},
+        version_boots={v: boot for v, (_, boot) in staged.items() if boot},
+        boot_id=_boot(_body(sections, "boot")),
+        configured_slots=_configured(_body(sections, "proxycfg")),
         disk_free_mib=_disk(_body(sections, "disk")), gpus=_gpus(_body(sections, "gpus")),
         listening=_listening(_body(sections, "listen")),
         tools=frozenset(_body(sections, "tools").split()), images=dict(images or {}),
@@ -218,13 +240,33 @@ def _sums(text: str) -> dict[str, str]:
     return found
 
 
-def _versions(text: str) -> dict[int, str]:
+def _versions(text: str) -> dict[int, tuple[str, str]]:
+    """``<version> [<digest> [<boot id>]]`` lines -> version -> (digest, boot id)."""
     found = {}
     for line in text.splitlines():
-        number, _, digest = line.strip().partition(" ")
+        number, *recorded = line.split() or [""]
         if DIGITS.fullmatch(number) and int(number) > 0:
-            found[int(number)] = digest.strip()
+            digest = recorded[0] if recorded and SHA256.fullmatch(recorded[0]) else ""
+            boot = recorded[1] if len(recorded) > 1 and BOOT_ID.fullmatch(recorded[1]) else ""
+            found[int(number)] = (digest, boot)
     return found
+
+
+def _boot(text: str) -> str:
+    found = text.strip()
+    return found if BOOT_ID.fullmatch(found) else ""
+
+
+def _configured(text: str) -> frozenset[tuple[int, str]]:
+    """The servers haproxy.cfg's ``server`` lines enable (``server i0-blue 127.0.0.1:8510 ...``,
+    without ``disabled``)."""
+    found = set()
+    for line in text.splitlines():
+        words = line.split()
+        parsed = parse_server_name(words[1]) if len(words) > 1 and words[0] == "server" else None
+        if parsed is not None and "disabled" not in words:
+            found.add(parsed)
+    return frozenset(found)
 
 
 def _disk(text: str) -> int | None:

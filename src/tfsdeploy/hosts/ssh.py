@@ -1,35 +1,36 @@
 """The only place that talks SSH: one connection per host per run, for commands, files and the
 Docker Engine.
 
-Host keys are always checked, on the host and on every ProxyJump hop: keys come from the
-host's ``ssh_known_hosts`` file (or the user's ~/.ssh/known_hosts), and an unknown or changed
-key refuses the connection. Commands are argument lists quoted here, once. Files are written
-atomically (a temporary name, then a rename). Docker Engine calls ride the same connection
+Host keys are always checked, on the host and on every ProxyJump hop, before authentication,
+as OpenSSH checks them (hostkeys.py): keys and CAs come from the host's ``ssh_known_hosts``
+file (or the user's ~/.ssh/known_hosts), certificates signed by a ``@cert-authority`` are
+accepted, and an unknown, changed or ``@revoked`` key refuses the connection. Commands are
+argument lists quoted here, once. Files are written atomically and durably (a temporary name,
+fsynced, then a rename, the directory fsynced). Docker Engine calls ride the same connection
 (``dockerssh``): no second login, no port forwarding.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import select
 import shlex
 import socket
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from fabric import Connection as FabricConnection
-from paramiko import RejectPolicy
 
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.hosts.commands.files import write_file
 from tfsdeploy.hosts.dockerapi import Docker, SdkDocker
 from tfsdeploy.hosts.dockerssh import docker_client
+from tfsdeploy.hosts.hostkeys import USER_KNOWN_HOSTS, check_host_keys, read_known_hosts
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,12 @@ def quiet_paramiko() -> None:
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
-def _strict(client: Any, known_hosts: str | None) -> None:
-    """Refuse unknown and changed host keys on ``client``."""
-    if known_hosts:
-        client.load_host_keys(known_hosts)
-    else:
-        client.load_system_host_keys()
-    client.set_missing_host_key_policy(RejectPolicy())
+def _hops(conn: FabricConnection) -> list[FabricConnection]:
+    """The connection and every ProxyJump hop it goes through."""
+    chain = [conn]
+    while isinstance(chain[-1].gateway, FabricConnection):
+        chain.append(chain[-1].gateway)
+    return chain
 
 
 ConnectionFactory = Callable[[ResolvedHost], Connection]
@@ -116,17 +116,18 @@ class SshConnection:
         # a known_hosts file that is missing or unreadable makes the host unreachable (as an
         # unknown key would), reported when the run first needs the host
         self._refused: HostUnreachable | None = None
+        source = v.ssh_known_hosts or USER_KNOWN_HOSTS
         try:
-            _strict(self._conn.client, v.ssh_known_hosts)
-            gateway = self._conn.gateway
-            while isinstance(gateway, FabricConnection):  # every ProxyJump hop, strictly too
-                _strict(gateway.client, v.ssh_known_hosts)
-                gateway = gateway.gateway
-        except Exception as exc:
+            entries = read_known_hosts(v.ssh_known_hosts)
+        except OSError as exc:
             self._refused = HostUnreachable(
-                f"{host.name}: the known-hosts file {v.ssh_known_hosts or '~/.ssh/known_hosts'}"
-                f" cannot be used ({type(exc).__name__}: {exc}); fix: point ssh_known_hosts "
-                "at a readable file holding the host's key")
+                f"{host.name}: the known-hosts file {source} cannot be used "
+                f"({type(exc).__name__}: {exc}); fix: point ssh_known_hosts at a readable file "
+                "holding the host's key or its CA")
+        else:
+            for hop in _hops(self._conn):  # every ProxyJump hop, strictly too
+                check_host_keys(hop.client, hop.connect_kwargs, entries, address=hop.host,
+                                port=hop.port, source=source)
         self._sftp: Any = None
         self._docker: Docker | None = None
 
@@ -141,6 +142,11 @@ class SshConnection:
             try:
                 self._conn.open()
             except Exception as exc:  # paramiko/socket errors all mean: this host is unreachable
+                # a refused key leaves paramiko's transport thread and socket running
+                # (SSHClient.connect raises without closing, and Fabric's close() does nothing
+                # before open() succeeded): close every hop's client
+                for hop in _hops(self._conn):
+                    hop.client.close()
                 raise HostUnreachable(f"{self.host.name} ({self.host.address}): "
                                       f"{type(exc).__name__}: {exc}") from exc
             # A host that vanishes without a reset (network down, machine off) must become an
@@ -204,18 +210,13 @@ class SshConnection:
         return self._sftp
 
     def put_bytes(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
-        """Write ``data`` to a temporary name beside ``path``, then rename it over ``path``
-        (a reader never sees half a file, a killed run never leaves one)."""
-        sftp = self._sftp_client()
-        temp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
-        try:
-            sftp.putfo(io.BytesIO(data), temp)
-            sftp.chmod(temp, mode)
-            sftp.posix_rename(temp, path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                sftp.remove(temp)
-            raise HostUnreachable(f"{self.host.name}: writing {path}: {exc}") from exc
+        """Write ``data`` to a temporary name beside ``path``, then rename it over ``path``,
+        durably (``files.write_file``: the file and its directory fsynced before the rename,
+        the directory after): a reader never sees half a file, a killed run or a power loss
+        never leaves one."""
+        result = self.run(write_file(path, mode=mode), stdin=data)
+        if not result.ok:
+            raise HostUnreachable(f"{self.host.name}: writing {path}: {result.tail()}")
 
     def put_file(self, local: str, path: str) -> None:
         """Upload a local file over SFTP."""

@@ -177,6 +177,22 @@ class ProxyCommands(Change):
 
 
 @dataclass(frozen=True)
+class ReloadProxy(Change):
+    """The proxy reloaded seamlessly on the configuration written before it (HAProxy's
+    master-worker reload: established connections finish on the old worker), then the runtime
+    state of the servers it keeps applied again; ``servers`` are the ones it must then have."""
+
+    kind: ClassVar[str] = "reload"
+    serving: ClassVar[bool] = True
+    container: str
+    servers: frozenset[str]
+    what: str
+
+    def describe(self) -> str:
+        return self.what
+
+
+@dataclass(frozen=True)
 class Check(Change):
     """A gate or a wait: changes nothing; ``run`` does its work and returns what it saw."""
 

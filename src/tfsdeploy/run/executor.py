@@ -24,6 +24,7 @@ from tfsdeploy.run.changes import (
     LocalCommand,
     ProxyCommands,
     PullImage,
+    ReloadProxy,
     RemoveContainer,
     RemoveImage,
     RunContainer,
@@ -84,6 +85,9 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
                 if freed else f"{change.image} kept (in use or absent)"
         elif isinstance(change, ProxyCommands):
             proxyadmin.send(conn, job.paths.admin_socket, change.commands)
+        elif isinstance(change, ReloadProxy):
+            return proxyadmin.reload(conn, job.paths.admin_socket, change.container,
+                                     change.servers, clock=job.run.clock)
         else:
             raise TypeError(f"no way to apply {type(change).__name__}")
     except (DockerFailed, proxyadmin.ProxyRefused) as error:

@@ -24,6 +24,7 @@ from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.gates import Clock
 from tfsdeploy.core.golden import GoldenExample
 from tfsdeploy.core.layout import HostPaths, Ports, container_name, host_paths, model_ports
+from tfsdeploy.core.proxy import PortMove
 from tfsdeploy.core.records import (
     GateRecord,
     InstanceRecord,
@@ -51,6 +52,7 @@ class Verb(StrEnum):
     PROMOTE = "promote"
     ABORT = "abort"
     PRUNE = "prune"
+    RETIRE = "retire"
 
 
 @dataclass
@@ -138,6 +140,10 @@ class HostJob:
     canary_comparison: dict[str, Any] | None = None
     diagnosis: Diagnosis | None = None  # the known failure a gate recognised (cause and fix)
     live_files: dict[str, str] | None = None  # --check --diff: the live release's files
+    # instances the proxy serves that the plan no longer has (fewer GPUs, placement "host")
+    # -> the slot serving each: they serve until finalize drains and removes them
+    retiring: dict[int, str | None] = field(default_factory=dict)
+    port_move: PortMove = field(default_factory=PortMove)  # old ports the proxy keeps
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")

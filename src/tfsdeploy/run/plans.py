@@ -469,3 +469,21 @@ def prune_plan(target: Target, *, playbook: str | None = None, lock_wait: float 
 
     return RunPlan(verb=Verb.PRUNE, target=target, playbook=default_playbook("prune", playbook),
                    planner=plan, lock_wait=lock_wait)
+
+
+# -- retire ------------------------------------------------------------------------------------
+
+def retire_plan(target: Target, *, playbook: str | None = None, lock_wait: float = 0.0
+                ) -> RunPlan:
+    """A retirement: the model taken off every selected host (out of rotation, drained,
+    containers and proxy removed, its files removed but the audit log), each host judged from
+    its own facts; other models are never touched."""
+    def plan(facts: Facts, session: Session) -> tuple[RunContext, list[HostJob]]:
+        context = context_for(target, session, verb=Verb.RETIRE, version=0, release_id="",
+                              golden=[], source_dir="")
+        return context, [job_for(context, host, HostRender(host, target.model, 0, None, ()),
+                                 session, facts, "") for host in target.hosts]
+
+    return RunPlan(verb=Verb.RETIRE, target=target,
+                   playbook=default_playbook("retire", playbook), planner=plan,
+                   lock_wait=lock_wait)

@@ -7,6 +7,13 @@ get the run's facts as ``TFSDEPLOY_*`` environment variables, never a terminal (
 stops the run before any host is touched; a post-hook that fails is reported and recorded, and
 changes nothing that happened on the hosts. The directory is checked before the first
 connection: a file named like a hook that cannot be run is an error that names the fix.
+
+Hooks are trusted as sshd's StrictModes trusts a user's files (``core.trust``): the hook,
+symbolic links resolved, and every directory above its target owned by the invoking user or
+root and writable by neither group nor others; otherwise another user could put their own
+program in its place. An untrusted pre-hook stops the run before any host is touched
+(exit 1); an untrusted post-hook is not run, and reported. The check is made again right
+before a hook runs, and the resolved, checked path is what runs.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
+from tfsdeploy.core.trust import trust_fix, untrusted
 
 
 class Moment(StrEnum):
@@ -149,10 +157,17 @@ class Hooks:
     directory: Path
     executables: Mapping[Moment, Path] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()  # files that look like hooks but will not run
+    # post-hooks that are not trusted (the reason and fix): reported at their moment, not run
+    untrusted: Mapping[Moment, str] = field(default_factory=dict)
 
     def path_for(self, moment: Moment) -> Path | None:
-        """The executable for ``moment``, if there is one."""
+        """The executable for ``moment``, if there is one (and it is trusted)."""
         return self.executables.get(moment)
+
+    def has(self, moment: Moment) -> bool:
+        """Whether the directory holds a hook for ``moment``, trusted or not (an untrusted
+        one is reported at its moment)."""
+        return moment in self.executables or moment in self.untrusted
 
 
 def default_hooks_dir(inventory_path: str) -> Path:
@@ -175,20 +190,28 @@ def find_hooks(directory: str | Path | None = None, *, inventory: str | None = N
             f"hooks directory {base} {'is not a directory' if base.exists() else 'does not exist'}",
             fix="create it, or name the right one with --hooks DIR", file=str(base)))
     executables: dict[Moment, Path] = {}
+    refused: dict[Moment, str] = {}
     problems: list[Problem] = []
     warnings: list[str] = []
     for entry in sorted(base.iterdir()):
         if entry.name in HOOK_NAMES:
+            moment = Moment(entry.name)
             problem = _check_executable(entry)
+            distrust = untrusted(entry) if problem is None else None
             if problem:
                 problems.append(problem)
+            elif distrust and moment.is_pre:
+                problems.append(Problem(f"hook {entry.name} is not trusted: {distrust}",
+                                        fix=trust_fix(distrust), file=str(entry)))
+            elif distrust:
+                refused[moment] = f"not trusted: {distrust}; fix: {trust_fix(distrust)}"
             else:
-                executables[Moment(entry.name)] = entry
+                executables[moment] = entry
         elif (warning := _near_miss(entry.name)) is not None:
             warnings.append(f"{entry}: {warning}")
     if problems:
         raise ConfigError(problems)
-    return Hooks(base, executables, tuple(warnings))
+    return Hooks(base, executables, tuple(warnings), refused)
 
 
 def _check_executable(path: Path) -> Problem | None:
@@ -256,6 +279,7 @@ class HookResult:
         if not self.ran:
             return f"no {self.moment} hook"
         how = (f"timed out after {self.timeout_s:g}s and was killed" if self.timed_out
+               else f"was not run: {self.error}" if self.error.startswith("not trusted")
                else f"could not start: {self.error}" if self.error
                else f"exited {self.exit_code}")
         head = f"{self.moment} hook {self.path} {how} ({self.seconds:.1f}s)"
@@ -340,11 +364,17 @@ def run_hook(hooks: Hooks, moment: Moment, env: Mapping[str, str], *,
     anything the hook does."""
     path = hooks.path_for(moment)
     if path is None:
-        return HookResult(moment, ran=False)
+        refused = hooks.untrusted.get(moment)
+        return HookResult(moment, ran=refused is not None, error=refused or "",
+                          path=str(hooks.directory / moment.value) if refused else "")
     started = time.monotonic()
+    distrust = untrusted(path)  # again: it may have changed since the run started
+    if distrust is not None:
+        return HookResult(moment, ran=True, path=str(path), timeout_s=timeout_s,
+                          error=f"not trusted: {distrust}; fix: {trust_fix(distrust)}")
     try:
         process = subprocess.Popen(
-            [str(path)], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            [str(path.resolve())], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, env=process_env(env, moment), start_new_session=True)
     except OSError as error:
         return HookResult(moment, ran=True, path=str(path), seconds=time.monotonic() - started,

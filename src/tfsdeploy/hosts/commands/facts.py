@@ -3,8 +3,9 @@
 One round trip prints every file-system fact the toolkit needs, each section after a marker
 line ``@@<name> [argument]``: the ``current`` link and the sha256 of its files, every release
 record, the lock record, the staged versions and their digests, free disk, GPUs, listening
-ports, the proxy's ``show stat`` and which tools the host has. Docker's facts come from the
-Engine API, not from here.
+ports, the proxy's configuration, its ``show stat`` and the servers its haproxy.cfg enables
+(what a restarted proxy serves), the kernel's boot id and which tools the host has. Docker's
+facts come from the Engine API, not from here.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ MARK = "@@"
 
 _SCRIPT = r'''
 home=$1; models=$2; sock=$3; root=$4
+echo "@@boot"; cat /proc/sys/kernel/random/boot_id 2>/dev/null
 echo "@@current"; readlink "$home/current" 2>/dev/null; echo
 for f in "$home"/releases/*/manifest.json; do
   [ -f "$f" ] || continue; echo "@@record $f"; cat "$f"; echo
@@ -33,6 +35,7 @@ echo "@@disk"; p=$root; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pm 
 echo "@@gpus"
 nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null
 echo "@@listen"; ss -ltnH 2>/dev/null
+echo "@@proxycfg"; cat "$home/proxy/haproxy.cfg" 2>/dev/null
 echo "@@proxy"
 [ -S "$sock" ] && command -v socat >/dev/null &&
   echo "show stat" | socat -t 2 - "UNIX-CONNECT:$sock" 2>/dev/null

@@ -1,8 +1,24 @@
-"""Files and directories on a host: create, link, append, remove (pure argv builders)."""
+"""Files and directories on a host: create, write, link, append, remove (pure argv builders).
+
+Every rename that publishes state is durable. A rename is only as durable as the directory
+entry it changes, and the renamed file only as complete as its last fsync: after a power loss
+an unsynced rename may be gone, or (ext4's delayed allocation, xfs) point at an empty file. So
+the new file (or tree) and its directory are fsynced before the rename, and the directory again
+after it. The tool is ``sync FILE...``: GNU coreutils since 8.24 (2015) opens each argument
+(``O_RDONLY|O_NONBLOCK``, directories too) and calls fsync(2) on it (src/sync.c,
+``sync_arg``); an older ``sync`` ignores its arguments and calls sync(2), which on Linux waits
+for every file system: slower, as durable. fsync(2) is what ext4 and xfs document for this
+(a directory's fsync commits the journal or log holding the rename); on overlayfs fsync of a
+file or a directory goes to the upper layer's file or directory (fs/overlayfs ``ovl_fsync``,
+``ovl_dir_fsync``), so the same commands hold there.
+"""
 
 from __future__ import annotations
 
 from tfsdeploy.hosts.commands import Argv
+
+# fsync each argument (files and directories); see the module's docstring
+SYNC = "sync --"
 
 
 class UnsafePath(ValueError):
@@ -32,21 +48,37 @@ def remove_tree(path: str, *, root: str) -> Argv:
     return ["rm", "-rf", "--", inside(path, root)]
 
 
-def _swap_link_sh(target: int, link: int) -> str:
-    """Shell: replace the symlink named by positional argument ``link`` atomically with one to
-    positional argument ``target`` (rename over the old link)."""
-    return f'ln -sfn "${target}" "${link}.new" && mv -T "${link}.new" "${link}"'
+def publish_sh(new: str, final: str) -> str:
+    """Shell: rename ``new`` (a file, a tree or a symlink) over ``final`` durably: every file
+    and directory of ``new`` and the parent directory fsynced before the rename (a symlink
+    lives in its directory), the parent again after it. Both are shell words (``"$1"``)."""
+    return (f'd=$(dirname -- {final}) && find {new} ! -type l -exec {SYNC} {{}} + && '
+            f'{SYNC} "$d" && mv -f -T -- {new} {final} && {SYNC} "$d"')
+
+
+# stdin -> a temporary name beside the file -> mode -> durable rename over it
+_WRITE = ('t="$1.tmp-$$"; { cat > "$t" && chmod "$2" "$t" && ' + publish_sh('"$t"', '"$1"')
+          + '; } || { rm -f -- "$t"; exit 1; }')
+
+
+def write_file(path: str, *, mode: int = 0o644) -> Argv:
+    """Write stdin to ``path`` atomically and durably: a temporary name beside it, fsynced,
+    renamed over it, the directory fsynced (its directory must exist)."""
+    return ["sh", "-c", _WRITE, "sh", path, f"{mode:o}"]
 
 
 def point_symlink(target: str, link: str) -> Argv:
-    """Replace ``link`` atomically with a symlink to ``target`` (rename over the old link)."""
-    return ["sh", "-c", _swap_link_sh(1, 2), "sh", target, link]
+    """Replace ``link`` atomically and durably with a symlink to ``target`` (a new link
+    renamed over the old one; the directory fsynced before and after)."""
+    return ["sh", "-c", 'ln -sfn -- "$1" "$2.new" && ' + publish_sh('"$2.new"', '"$2"'),
+            "sh", target, link]
 
 
 def append_lines(path: str, lines: list[str]) -> Argv:
-    """Append lines to a file (the audit log), creating its directory if needed."""
-    return ["sh", "-c", 'f="$1"; shift; mkdir -p "$(dirname "$f")" && printf "%s\\n" "$@" >> "$f"',
-            "sh", path, *lines]
+    """Append lines to a file (the audit log), creating its directory if needed; the file and
+    its directory are fsynced after the append (a record that survives power loss)."""
+    return ["sh", "-c", 'f="$1"; shift; d=$(dirname -- "$f"); mkdir -p -- "$d" && '
+            f'printf "%s\\n" "$@" >> "$f" && {SYNC} "$f" "$d"', "sh", path, *lines]
 
 
 def read_files(directory: str, names: tuple[str, ...]) -> Argv:

@@ -1,11 +1,14 @@
 """The fleet lock's part on one host: a directory created by ``mkdir`` (atomic), with its
 record, changed only under ``flock`` on a file beside it so that reading the record and removing
-the directory are one step: a lock is only ever removed by the token that was read."""
+the directory are one step: a lock is only ever removed by the token that was read. Every
+change is durable (``files.publish_sh``): the record fsynced before its rename, the lock
+directory and the model's directory after."""
 
 from __future__ import annotations
 
 from tfsdeploy.core.layout import HostPaths
 from tfsdeploy.hosts.commands import Argv
+from tfsdeploy.hosts.commands.files import SYNC, publish_sh
 
 # exit 0: taken; 3: held (the record printed); other: failure. A lock directory without its
 # record is an acquisition killed between its mkdir and its rename: the record is written
@@ -15,7 +18,7 @@ _ACQUIRE = ('mkdir -p "$1" && exec 9>>"$2" && flock -w 10 9 && '
             'if [ -d "$3" ]; then if [ -e "$3/info.json" ]; then '
             'cat "$3/info.json" 2>/dev/null; exit 3; fi; rm -rf -- "$3" || exit 4; fi && '
             'mkdir "$3" && printf "%s" "$4" > "$3/info.json.tmp" && '
-            'mv -f "$3/info.json.tmp" "$3/info.json"')
+            + publish_sh('"$3/info.json.tmp"', '"$3/info.json"') + f' && {SYNC} "$1"')
 # exit 0 and "removed" (or nothing when there was no lock); 3: the lock holds another record
 # now (printed). A record is named by its token, or, when it has none that can be read, by the
 # sha256 of its bytes ("none" when the file is missing).
@@ -26,7 +29,8 @@ _REMOVE = ('[ -d "$2" ] || exit 0; exec 9>>"$1" || exit 4; flock -w 10 9 || exit
            '2>/dev/null); want=$3; '
            'else held=none; [ -f "$2/info.json" ] && '
            'held=$(sha256sum < "$2/info.json" | cut -c1-64); want=$4; fi; '
-           'if [ "$held" = "$want" ]; then rm -rf -- "$2" && echo removed; '
+           'if [ "$held" = "$want" ]; then rm -rf -- "$2" && '
+           f'{SYNC} "$(dirname -- "$2")" && echo removed; '
            'else cat "$2/info.json" 2>/dev/null; exit 3; fi')
 
 
@@ -58,7 +62,7 @@ _REPLACE = ('[ -d "$2" ] || exit 3; exec 9>>"$1" || exit 4; flock -w 10 9 || exi
             'held=$(sed -n \'s/.*"token": *"\\([0-9a-f]*\\)".*/\\1/p\' "$2/info.json" '
             '2>/dev/null); '
             'if [ "$held" = "$3" ]; then printf "%s" "$4" > "$2/info.json.tmp" && '
-            'mv -f "$2/info.json.tmp" "$2/info.json"; '
+            + publish_sh('"$2/info.json.tmp"', '"$2/info.json"') + '; '
             'else cat "$2/info.json" 2>/dev/null; exit 3; fi')
 
 

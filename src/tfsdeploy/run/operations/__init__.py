@@ -6,8 +6,8 @@ planner only lists it. An operation never touches a host itself.
 
 A step called ``gate_available`` in ``tasks/*.yml`` is ``operations.gates.gate_available``;
 ``registry()`` maps every name to its function, module by module: ``preflight``, ``stage``,
-``roll``, ``gates``, ``canary``, ``finalize``, ``restore``, ``prune`` and ``custom`` (a
-playbook's own ``local`` and ``remote`` commands).
+``shape``, ``roll``, ``gates``, ``canary``, ``finalize``, ``restore``, ``prune``, ``retire``
+and ``custom`` (a playbook's own ``local`` and ``remote`` commands).
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ from tfsdeploy.run.operations import (
     preflight,
     prune,
     restore,
+    retire,
     roll,
+    shape,
     stage,
 )
 from tfsdeploy.run.operations.step import OPERATIONS, Operation
 
-MODULES = (preflight, stage, roll, gates, canary, finalize, restore, prune, custom)
+MODULES = (preflight, stage, shape, roll, gates, canary, finalize, restore, prune, retire,
+           custom)
 
 
 def registry() -> dict[str, Operation]:

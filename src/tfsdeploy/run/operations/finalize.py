@@ -6,6 +6,7 @@ from __future__ import annotations
 from tfsdeploy.core.layout import container_name
 from tfsdeploy.core.records import GOOD, ReleaseStatus
 from tfsdeploy.hosts.commands.files import point_symlink, remove_tree
+from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.run.changes import Command, RemoveContainer, StopContainer, WriteFile
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import Ops, operation
@@ -60,12 +61,51 @@ def _finish_interrupted_record(job: HostJob, serving: str) -> Ops:
     return f"current -> {serving} (recorded after an interrupted run)"
 
 
+def protected_releases(facts: HostFacts, *, window: bool = True) -> dict[str, str]:
+    """The releases no prune may remove, whatever their containers' state, each with why
+    (pure): the one ``current`` names; those whose containers sit in a slot the proxy serves
+    (its runtime state, when it answers) or that its haproxy.cfg enables (what it serves
+    after a restart); a paused canary; and, with ``window``, the rollback window: the release
+    each of these replaced (a rollback's first target). A deploy's or rollback's own prune
+    passes ``window=False``: once it rolled, its window is the release it replaced, which it
+    keeps anyway."""
+    why: dict[str, str] = {}
+    if facts.current:
+        why[facts.current] = "the `current` pointer names it"
+    served = {(s.instance, s.slot) for s in facts.proxy.servers
+              if s.takes_new_requests} if facts.proxy.answered else set()
+    for place, reason in ((p, "the proxy serves its slot") for p in sorted(served)):
+        for release in _in_slot(facts, place):
+            why.setdefault(release, reason)
+    for place in sorted(facts.configured_slots):
+        for release in _in_slot(facts, place):
+            why.setdefault(release, "the proxy's haproxy.cfg serves its slot")
+    why.update({r.id: "a paused canary" for r in facts.releases
+                if r.status == ReleaseStatus.PAUSED and r.id not in why})
+    for live in list(why) if window else []:
+        record = facts.record(live)
+        if record is not None and record.previous and record.previous not in why:
+            why[record.previous] = f"the rollback window ({live} replaced it)"
+    return why
+
+
+def _in_slot(facts: HostFacts, place: tuple[int, str]) -> list[str]:
+    """The releases serving one (instance, slot) of the proxy: its running container; when
+    none runs, the ``current`` release's if it sits there, else every container there (an
+    old release's stopped container shares the slot with the one that replaced it)."""
+    here = [c for c in facts.servers if (c.instance, c.slot) == place]
+    chosen = ([c for c in here if c.running]
+              or [c for c in here if c.release == facts.current] or here)
+    return [c.release for c in chosen]
+
+
 def doomed_releases(job: HostJob, stopped: set[str]) -> list[str]:
     """The releases beyond ``keep_releases`` that no rollback needs (pure).
 
     Only releases that served count: failed, reverted or interrupted attempts never push a
-    rollback target out. Running releases, the one this run replaced and the one the live
-    release replaced are always kept; attempts newer than the oldest kept good release stay
+    rollback target out. Running releases, the one this run replaced, the one the live
+    release replaced and every ``protected_releases`` (live, served, window: whatever their
+    containers' state) are always kept; attempts newer than the oldest kept good release stay
     for post-mortems.
     """
     keep = job.model.rollout.keep_releases
@@ -82,6 +122,7 @@ def doomed_releases(job: HostJob, stopped: set[str]) -> list[str]:
     if not run.release_id:  # a prune: the release the live one replaced is a rollback's
         live = facts.record(job.old.release if job.old else facts.current)  # first target
         kept |= {live.previous} if live and live.previous else set()
+    kept |= set(protected_releases(facts, window=not run.release_id))
     newest_good = good[-keep] if len(good) >= keep else ""
     return [r for r in releases if r not in kept and r < newest_good]
 

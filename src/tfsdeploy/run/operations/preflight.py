@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Literal
 
 from tfsdeploy.core.gates import GateFailed
-from tfsdeploy.core.layout import other_slot
-from tfsdeploy.core.proxy import FULL_WEIGHT
+from tfsdeploy.core.layout import other_slot, server_name
+from tfsdeploy.core.proxy import FULL_WEIGHT, PortMove, config_ports, proxy_instances
 from tfsdeploy.run.changes import PullImage
 from tfsdeploy.run.jobs import HostJob, InstanceJob
 from tfsdeploy.run.operations.step import Ops, operation
@@ -48,8 +48,13 @@ def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = N
         instance.new_slot = ("blue" if not instance.old else instance.old.slot if recreate
                              else other_slot(instance.old.slot))
         _canary_slots(job, instance)
+    job.retiring = _retiring(job)
+    job.port_move = port_move(job) if job.run.verb in ("deploy", "rollback") else PortMove()
     first = job.instances[0]
     note = "".join(f"; unreadable record {b.path} ignored ({b.error})" for b in facts.broken)
+    note += "".join(f"; i{i} is not in the plan: it serves until finalize removes it"
+                    for i in sorted(job.retiring))
+    note += f"; ports move: {moved_ports(job)}" if job.port_move else ""
     if job.run.verb not in ("deploy", "rollback"):
         return (f"serving {first.old.release} in {first.old.slot}" if first.old
                 else "nothing serving") + note
@@ -63,7 +68,19 @@ def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = N
                          and len(live.instances or (None,)) == len(job.instances))
     if all(i.old and i.old.release == job.run.release_id for i in job.instances):
         job.unchanged = True
+    if job.port_move:  # the same files on other ports: the containers must move too
+        job.unchanged = False
     return _describe_slots(job) + note
+
+
+def _retiring(job: HostJob) -> dict[int, str | None]:
+    """The instances the running proxy has servers for that the plan drops, with the slot
+    serving each."""
+    proxy = job.facts.proxy
+    if not proxy.running or not proxy.answered:
+        return {}
+    dropped = proxy_instances(proxy.servers) - {i.index for i in job.instances}
+    return {index: proxy.serving_slot(index) for index in sorted(dropped)}
 
 
 def _canary_slots(job: HostJob, instance: InstanceJob) -> None:
@@ -113,14 +130,62 @@ def _rollback_slots(job: HostJob) -> str:
     return f"{where}; {job.run.release_id} in {first.new_slot}"
 
 
+def live_server_ports(job: HostJob) -> dict[str, tuple[int, int]]:
+    """Where each of the live proxy's servers forwards (gRPC, REST): its running worker's
+    ``show stat`` (the ``addr`` column), else the configuration on the host."""
+    written = config_ports(job.facts.proxy_config)
+    found: dict[str, dict[str, int]] = {}
+    for server in job.facts.proxy.servers:
+        name = server_name(server.slot, server.instance)
+        port = server.port or written.servers.get((server.backend, name), 0)
+        if port:
+            found.setdefault(name, {})[server.backend] = port
+    return {name: (p["grpc"], p["rest"]) for name, p in found.items()
+            if "grpc" in p and "rest" in p}
+
+
+def port_move(job: HostJob) -> PortMove:
+    """What the proxy must keep of the ports this deploy moves: the old stable ports when the
+    plan's are not the ones it binds (served beside the new ones until the model's next
+    deploy), and each serving (or retiring) server whose container listens elsewhere than the
+    plan says (it keeps its address until that container is replaced)."""
+    facts = job.facts
+    if not facts.proxy.running or not facts.proxy.answered:
+        return PortMove()
+    ports, live = job.ports, live_server_ports(job)
+    bound = config_ports(facts.proxy_config).binds
+    grpc, rest = sorted(bound.get("grpc", ())), sorted(bound.get("rest", ()))
+    binds = tuple(zip(grpc, rest, strict=False)) if grpc and ports.grpc not in grpc else ()
+    keep = [(i.index, i.old.slot) for i in job.instances if i.old]
+    keep += [(index, slot) for index in job.retiring for slot in ports.slots]
+    servers = tuple((name, *live[name]) for index, slot in keep
+                    for name in [server_name(slot, index)]
+                    if name in live and live[name] != (ports.slot_grpc(slot, index),
+                                                       ports.slot_rest(slot, index)))
+    return PortMove(binds, servers)
+
+
+def moved_ports(job: HostJob) -> str:
+    """The ports this deploy moves, for people ('' when none)."""
+    move = job.port_move
+    parts = [f"stable ports :{g}/:{r} -> :{job.ports.grpc}/:{job.ports.rest} (the old ones "
+             "stay bound beside the new ones until the model's next deploy)"
+             for g, r in move.binds]
+    parts += [f"{name} stays on :{g}/:{r} until its container is replaced"
+              for name, g, r in move.servers]
+    return "; ".join(parts)
+
+
 @operation("check_ports")
 def check_ports(job: HostJob) -> Ops:
-    """The model's ports are free, or held by this model's own proxy and slots."""
+    """The model's ports are free, or held by this model's own proxy and slots; the ports of
+    a serving model do not move."""
     yield from ()  # a check: no change
     ports = job.ports
     mine, ours = {ports.grpc, ports.rest}, set()
     if job.facts.proxy.running:
-        ours |= {ports.grpc, ports.rest}
+        bound = config_ports(job.facts.proxy_config).binds
+        ours |= set().union(*bound.values()) if bound else {ports.grpc, ports.rest}
     for instance in job.instances:
         for slot in ports.slots:
             pair = {ports.slot_grpc(slot, instance.index), ports.slot_rest(slot, instance.index)}

@@ -1,8 +1,10 @@
 """``fab prune``: free a host's disk of what no retained release needs: the releases beyond
 ``keep_releases`` (as a deploy's finalize prunes them), the model version directories no
 retained or running release uses, and the images of pruned releases that no container uses.
-Never the live release, a release in the rollback window, or a retained one (a rollback to any
-release ``fab history`` lists keeps working)."""
+Never the live release, what the proxy serves, a release in the rollback window, or a
+retained one, nor their files, whatever their containers' state
+(``finalize.protected_releases``): a rollback to any release ``fab history`` lists keeps
+working."""
 
 from __future__ import annotations
 
@@ -50,6 +52,8 @@ def prune_versions(job: HostJob) -> Ops:
                          f"remove version {version} ({directory})")
         yield Command.of(remove_tree(paths.digest_file(version), root=paths.home),
                          f"forget version {version}'s digest")
+        yield Command.of(remove_tree(paths.sums_file(version), root=paths.home),
+                         f"forget version {version}'s sums")
     return f"removed version(s) {', '.join(map(str, versions))}"
 
 

@@ -38,6 +38,7 @@ from tfsdeploy.run.changes import (
     WriteFile,
 )
 from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.preflight import live_server_ports
 from tfsdeploy.run.operations.step import Ops, operation
 
 
@@ -103,13 +104,22 @@ def start_slot(job: HostJob) -> Ops:
     return (yield from _run_new_container(job))
 
 
+def _on_other_ports(job: HostJob) -> bool:
+    """Whether the container in the instance's new slot listens elsewhere than the plan's
+    ports (made before the model's ports moved): it is re-created, not started again."""
+    index, slot = job.instance.index, job.new_slot
+    live = live_server_ports(job).get(server_name(slot, index))
+    return live is not None and live != (job.ports.slot_grpc(slot, index),
+                                         job.ports.slot_rest(slot, index))
+
+
 @operation("resume_release")
 def resume_release(job: HostJob) -> Ops:
     """Bring a retained release back in the free slot: already running (warm), started
     again (stopped, same slot), or re-created from its record (its files are on the host)."""
     retained = [c for c in job.facts.of_release(job.run.release_id)
                 if c.instance == job.instance.index]
-    if retained and retained[0].slot == job.new_slot:
+    if retained and retained[0].slot == job.new_slot and not _on_other_ports(job):
         if retained[0].running:
             job.warm = True
             return (f"{_where(job)}{retained[0].name} still running in {job.new_slot}: warm, "
@@ -123,14 +133,16 @@ def resume_release(job: HostJob) -> Ops:
 
 
 def serving_slots(job: HostJob) -> dict[int, str | None]:
-    """Each instance's slot that takes traffic now, as this run left it."""
-    return {i.index: i.new_slot if i.switched else (i.old.slot if i.old else None)
-            for i in job.instances}
+    """Each instance's slot that takes traffic now, as this run left it (the instances the
+    plan drops serve on until finalize removes them)."""
+    return {**job.retiring, **{i.index: i.new_slot if i.switched else
+                               (i.old.slot if i.old else None) for i in job.instances}}
 
 
 def proxy_config(job: HostJob) -> WriteFile:
     """The host's proxy config as traffic flows now (a restarted proxy comes back so)."""
-    text = render_proxy_config(job.host, job.model, job.ports, serving_slots(job))
+    text = render_proxy_config(job.host, job.model, job.ports, serving_slots(job),
+                               job.port_move)
     return WriteFile(f"{job.paths.proxy_dir}/haproxy.cfg", text.encode())
 
 
@@ -233,10 +245,12 @@ def _switch_back(job: HostJob) -> Ops:
     return f"{_where(job)}traffic back on {old}"
 
 
-def drain_check(job: HostJob, slot: str, timeout_s: float, *, fail: bool = True) -> Check:
+def drain_check(job: HostJob, slot: str, timeout_s: float, *, fail: bool = True,
+                instance: int | None = None) -> Check:
     """A check that the instance's ``slot`` has no request in flight (bounded by
-    ``timeout_s``); with ``fail=False`` a slot still busy at the deadline is reported."""
-    index = job.instance.index
+    ``timeout_s``); with ``fail=False`` a slot still busy at the deadline is reported.
+    ``instance``: another instance than the current one."""
+    index = job.instance.index if instance is None else instance
 
     def run() -> str:
         started = time.monotonic()

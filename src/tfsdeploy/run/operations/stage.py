@@ -6,7 +6,10 @@ symbolic links (DVC, git-annex and Bazel stores link to their content), hashed, 
 with their sums into one archive; on the host they are unpacked into a hidden directory,
 checked and published with one rename (``commands.stage``). A version directory already on a
 host is reused only when its recorded digest is the source's (TFServing may have loaded it:
-new weights need a new version number).
+new weights need a new version number). A version staged before the host's kernel last
+booted is trusted only after every file was verified again against the sums recorded at
+staging (a power loss can leave a file short whatever was synced after it): a mismatch
+stages it again.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import os
 import tarfile
 import tempfile
 import threading
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -24,7 +28,7 @@ from typing import IO, Any
 from tfsdeploy.core.gates import GateFailed
 from tfsdeploy.hosts.commands import stage as stage_commands
 from tfsdeploy.hosts.commands.files import mkdir
-from tfsdeploy.run.changes import Command, Upload, WriteFile
+from tfsdeploy.run.changes import Change, Check, Command, Upload, WriteFile
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import Ops, operation
 
@@ -167,11 +171,19 @@ def stage_model(job: HostJob) -> Ops:
     except (SourceError, OSError) as error:
         raise GateFailed("stage_model", f"version {version} readable in the model's source",
                          str(error)) from None
+    replace = False
     if version in job.facts.versions:
-        return (yield from _check_staged(job, final, digest))
+        recorded = job.facts.versions[version]
+        if not _staged_under_another_boot(job) or (digest and recorded != digest):
+            return (yield from _check_staged(job, final, digest))
+        if (yield from _reverified(job, final, digest)):
+            return f"version {version} staged before the host's last boot: every file " \
+                   "re-verified against its recorded sums"
+        replace = True  # damaged: staged again below, over the damaged directory
     if not digest:
         raise GateFailed("stage_model", f"version {version} on the host or in the model's "
-                         f"source ({job.run.source_dir})", "neither has it")
+                         f"source ({job.run.source_dir})", "neither has it" if not replace
+                         else "the host's copy failed its re-verification")
     staging = f"{paths.model_dir}/.staging-{version}-{job.run.release_id}"
     yield Command.of(mkdir(paths.model_dir), f"create {paths.model_dir}")
     yield Upload(source=archive.path, path=f"{staging}.tar",
@@ -179,9 +191,53 @@ def stage_model(job: HostJob) -> Ops:
     yield Command.of(stage_commands.extract(f"{staging}.tar", staging),
                      f"unpack into {staging}", timeout=600)
     yield Command.of(stage_commands.verify_and_publish(
-        staging, final, digest_file=paths.digest_file(version), digest=digest),
-        f"verify sha256 of every file and publish {final}", timeout=600)
-    return f"published {final} (sha256 verified)"
+        staging, final, digest_file=paths.digest_file(version), digest=digest,
+        replace=replace), f"verify sha256 of every file and publish {final}"
+        + (" over its damaged copy" if replace else ""), timeout=600)
+    return f"published {final} (sha256 verified)" + (
+        "; the copy staged before the host's last boot failed its re-verification and was "
+        "replaced" if replace else "")
+
+
+def _staged_under_another_boot(job: HostJob) -> bool:
+    """A staged version with a recorded digest whose files the host has not verified since
+    its kernel last booted (or whose boot is not known): a power loss may have cut them short
+    after the digest was recorded (pure)."""
+    facts, version = job.facts, job.run.version
+    if not facts.versions.get(version):
+        return False  # no digest: _check_staged verifies against the source anyway
+    recorded = facts.version_boots.get(version, "")
+    return not recorded or not facts.boot_id or recorded != facts.boot_id
+
+
+def _reverified(job: HostJob, final: str, digest: str) -> Generator[Change, None, bool]:
+    """Verify every file of a version staged under another boot against the sums recorded
+    at staging (a version staged before sums were recorded: against the source's, whose
+    digest is the recorded one); on success record this boot (and those sums). Returns
+    whether the files matched (a plan, which runs no check, assumes they do)."""
+    version, paths = job.run.version, job.paths
+    recorded = job.facts.versions[version]
+    legacy = not job.facts.version_boots.get(version) and digest == recorded
+    sums = archive_of(job).sums().encode() if legacy else None
+    verdict: dict[str, bool] = {}
+
+    def verify() -> str:
+        result = job.conn.run(stage_commands.verify_recorded(
+            final, sums_file="" if legacy else paths.sums_file(version), digest=recorded),
+            timeout=600, stdin=sums)
+        verdict["ok"] = result.ok
+        return "every file matches" if result.ok else (
+            f"version {version}'s files differ from the sums recorded at staging: staged again")
+
+    yield Check(f"re-verify version {version}'s files against the sums recorded at staging "
+                "(staged before the host's last boot)", verify)
+    if not verdict.get("ok", True):
+        return False
+    if sums is not None:
+        yield WriteFile(paths.sums_file(version), sums)
+    yield Command.of(stage_commands.record_boot(paths.digest_file(version), recorded),
+                     f"record version {version} as verified since the host's last boot")
+    return True
 
 
 def _check_staged(job: HostJob, final: str, digest: str) -> Ops:

@@ -1,0 +1,105 @@
+"""A host whose shape changes: the proxy's servers follow the plan's instances.
+
+The proxy has two servers (blue, green) per instance. Its runtime API changes a server's
+state and weight; a server added at run time would not survive the proxy's next restart
+unless its configuration had it too, so the configuration stays the one description of the
+servers: when the plan has an instance the running proxy lacks (a GPU added, ``placement`` host ->
+per_gpu, a wider ``gpus`` list), ``reshape_proxy`` rewrites the proxy's configuration with the
+servers of every instance, old and new, and reloads it seamlessly before the host's first
+instance rolls: the instances serving now keep their slot, the new ones start in maintenance
+until their own switch. An instance the plan drops (a GPU removed, per_gpu -> ``host``) keeps
+serving its old release through the roll; ``remove_instances``, in finalize, once every batch
+passed, drains it, takes it out of rotation and reloads the proxy without it; ``retire_old``
+then stops its container (kept for rollback, which brings the instance back).
+"""
+
+from __future__ import annotations
+
+from tfsdeploy.core.layout import parse_server_name, proxy_name
+from tfsdeploy.core.proxy import config_ports, proxy_instances, server_names, set_state
+from tfsdeploy.run.changes import ProxyCommands, ReloadProxy
+from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.preflight import live_server_ports
+from tfsdeploy.run.operations.roll import drain_check, proxy_config, proxy_running
+from tfsdeploy.run.operations.step import Ops, operation
+
+
+def planned(job: HostJob) -> frozenset[int]:
+    """The instances the plan runs on the host."""
+    return frozenset(i.index for i in job.instances)
+
+
+def _listed(indices: frozenset[int] | set[int]) -> str:
+    return ", ".join(f"i{i}" for i in sorted(indices))
+
+
+def reload_reasons(job: HostJob, text: str) -> list[str]:
+    """Why the running proxy must load ``text`` (the configuration as the plan needs it) before
+    traffic moves: servers it lacks, servers that forward elsewhere, ports it does not bind
+    (none: the runtime API does the rest)."""
+    want = config_ports(text)
+    live = live_server_ports(job)
+    targets = {name: at for _, name in want.servers if (at := want.server(name)) is not None}
+    reasons = []
+    added = {parsed[0] for name in targets if name not in live
+             and (parsed := parse_server_name(name)) is not None}
+    if added:
+        reasons.append(f"servers of {_listed(added)} added")
+    moved = [f"{name} -> :{at[0]}" for name, at in sorted(targets.items())
+             if name in live and live[name] != at]
+    if moved:
+        reasons.append(f"servers moved ({', '.join(moved)})")
+    bound = config_ports(job.facts.proxy_config).binds
+    wanted_binds = set().union(*want.binds.values()) if want.binds else set()
+    had = set().union(*bound.values()) if bound else set()
+    if wanted_binds - had - job.facts.listening or (bound and wanted_binds != had):
+        reasons.append(f"stable ports :{', :'.join(map(str, sorted(wanted_binds)))} bound")
+    return reasons
+
+
+@operation("reshape_proxy")
+def reshape_proxy(job: HostJob) -> Ops:
+    """Before the host's first instance rolls: when the plan needs servers the running proxy
+    lacks (instances added), servers elsewhere or other ports (ports moved), rewrite its
+    configuration and reload it seamlessly (established connections finish on the old
+    worker; the runtime state of the servers it keeps is applied again)."""
+    if job.instance is not job.instances[0]:
+        return "the proxy was made to follow the plan before the host's first instance"
+    if not proxy_running(job) or not job.facts.proxy.answered:
+        return "no proxy serving yet: its first start has every instance's servers"
+    wanted = planned(job) | set(job.retiring)
+    written = proxy_config(job)
+    reasons = reload_reasons(job, written.data.decode())
+    if not reasons:
+        return f"the proxy has the servers and ports of {_listed(wanted)}"
+    live = proxy_instances(job.facts.proxy.servers)
+    yield written
+    yield ReloadProxy(proxy_name(job.model.name), server_names(wanted),
+                      f"reload the proxy seamlessly: {'; '.join(reasons)} (new servers in "
+                      f"maintenance until their switch; {_listed(live & wanted)} kept as "
+                      "they are)")
+    return f"proxy reloaded for {_listed(wanted)}: {'; '.join(reasons)}"
+
+
+@operation("remove_instances")
+def remove_instances(job: HostJob) -> Ops:
+    """Once every batch passed: each instance the plan no longer has is drained (its requests
+    finish, the host's other instances take the new ones), put in maintenance, and the proxy
+    reloaded without its servers; ``retire_old`` then stops its container."""
+    if not job.retiring:
+        return "no instance to remove"
+    drain_s = job.model.rollout.drain_timeout_s
+    gone = set(job.retiring)
+    for index, slot in sorted(job.retiring.items()):
+        if slot is None:
+            continue
+        yield ProxyCommands(tuple(set_state(index, slot, "drain")),
+                            f"proxy: instance {index}: {slot} drains (the plan drops it)")
+        yield drain_check(job, slot, drain_s, instance=index)
+        yield ProxyCommands(tuple(set_state(index, slot, "maint")),
+                            f"proxy: instance {index}: {slot} out of rotation")
+    job.retiring = {}
+    yield proxy_config(job)
+    yield ReloadProxy(proxy_name(job.model.name), server_names(planned(job)),
+                      f"reload the proxy seamlessly without the servers of {_listed(gone)}")
+    return f"{_listed(gone)} drained and removed from the proxy"
