@@ -254,6 +254,7 @@ def history(c: Any, model: str, inventory: str | None = None, hosts: str | None 
     "min_requests": "ignore windows with fewer requests (default 20)",
     "count_client_errors": "count client errors (malformed requests) too; by default only "
                            "the server's errors count",
+    "lock_wait": "seconds its rollback or abort waits for another run's lock (default 60)",
     **RUNBOOK,
     "log_file": UNATTENDED["log_file"],
     "metrics_file": UNATTENDED["metrics_file"],
@@ -262,9 +263,9 @@ def guard(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
           limit: str | None = None, max_error_rate: str = "0.01",
           slo_p99_ms: str | None = None, for_s: str = "30", interval_s: str = "5",
           duration_s: str | None = None, min_requests: str = "20",
-          count_client_errors: bool = False, hooks: str | None = None,
-          notify: list[str] | None = None, log_file: str | None = None,
-          metrics_file: str | None = None) -> None:
+          count_client_errors: bool = False, lock_wait: str = "60",
+          hooks: str | None = None, notify: list[str] | None = None,
+          log_file: str | None = None, metrics_file: str | None = None) -> None:
     """Watch TFServing's metrics and roll back automatically when the SLO breaks.
 
     A paused canary that fails against its old release is aborted instead."""

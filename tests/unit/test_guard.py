@@ -175,7 +175,7 @@ class FakeFleet:
 
 
 def _guard(slow_slot: str | None, paused: bool, **policy: Any) -> tuple[Any, Any, list[str]]:
-    from tfsdeploy.cli.guard import GuardPolicy, PausedCanary, guard
+    from tfsdeploy.cli.guard import GuardPolicy, Look, PausedCanary, guard
     from tfsdeploy.core.canary_policy import CanaryPolicy
     from tfsdeploy.run.engine import RunResult
 
@@ -200,8 +200,8 @@ def _guard(slow_slot: str | None, paused: bool, **policy: Any) -> tuple[Any, Any
     settings = {"for_s": 10, "interval_s": 5, "duration_s": 300, **policy}
     code, message = guard(target, GuardPolicy(**settings),
                           reporter=Recorder(), read=fleet.read, sleep=fleet.tick,
-                          look_for_paused=lambda _: canary, abort=abort, act=rollback,
-                          clock=lambda: fleet.now)
+                          look=lambda _: Look(canary), abort=lambda _: abort(),
+                          act=lambda _: rollback(), clock=lambda: fleet.now)
     return code, message, acted
 
 

@@ -22,7 +22,7 @@ from tfsdeploy.hosts.commands import lock as lock_commands
 
 from . import runs
 from .fakes import FakeFleet, FrozenClock, LocalConnection
-from .runs import MODEL
+from .runs import MODEL, manifest
 
 # two hosts are enough for what these tests show
 run_deploy = partial(runs.run_deploy, count=2)
@@ -58,7 +58,9 @@ def _plant(site: lock.LockSite, record: LockRecord) -> None:
 
 def test_is_stale_only_for_a_gone_process_of_this_boot_and_pid_namespace() -> None:
     assert lock.is_stale(_stale())
-    assert not lock.is_stale(_stale(boot_id="0f0e0d0c-other-boot"))
+    # another boot of another machine says nothing (this machine's: it rebooted, see
+    # test_lock_liveness)
+    assert not lock.is_stale(_stale(boot_id="0f0e0d0c-other-boot", machine_id="0" * 32))
     assert not lock.is_stale(_stale(pid_namespace="pid:[4026531999]"))
     assert not lock.is_stale(_stale(boot_id="", pid_namespace=""))  # an older record
     mine = lock.new_lock_record("deploy hp2 v1")
@@ -153,16 +155,16 @@ def test_lock_break_removes_a_record_cut_after_its_token(world: dict[str, Any]) 
     assert not any((h.dir / "r" / MODEL / "lock").exists() for h in fleet.hosts.values())
 
 
-def test_a_lock_directory_without_a_record_holds_and_lock_break_removes_it(
+def test_a_lock_directory_without_a_record_is_a_killed_acquisition_taken_over(
         world: dict[str, Any]) -> None:
+    """Each host writes the record under flock in the command that made the directory: a
+    directory without one, seen under that flock, is an acquisition killed in between."""
     run_deploy(world, 1)
     fleet: FakeFleet = world["fleet"]
     for host in fleet.hosts.values():
         (host.dir / "r" / MODEL / "lock").mkdir()
-    with pytest.raises(lock.LockHeld, match="unreadable"):
-        run_deploy(world, 2)
-    lines, _ = lock_state(target(world), breaking=True, connect=fleet.connect)
-    assert all("broken, was a lock with an unreadable record" in line for line in lines), lines
+        (host.dir / "r" / MODEL / "lock" / "info.json.tmp").write_text("")
+    assert run_deploy(world, 2).exit_code == ExitCode.OK
     assert not any((h.dir / "r" / MODEL / "lock").exists() for h in fleet.hosts.values())
 
 
@@ -192,8 +194,22 @@ def test_lock_break_leaves_a_paused_canary_s_lock_and_names_promote_and_abort(
     for host in fleet.hosts.values():
         (host.dir / "r" / MODEL / "lock").mkdir()
         (host.dir / "r" / MODEL / "lock" / "info.json").write_text(paused.model_dump_json())
+    # the canary host records the paused release: the canary is open
+    plant_release(fleet["h1"], paused.paused, canary_state="paused")
     lines, verdict = lock_state(target(world), breaking=True, connect=fleet.connect)
     assert all("NOT broken" in line and "`fab abort --model hp2`" in line for line in lines)
     assert verdict.startswith("hp2: not broken")
     assert all((h.dir / "r" / MODEL / "lock" / "info.json").exists()
                for h in fleet.hosts.values())
+
+
+def plant_release(host: Any, release_id: str, *, canary_state: str | None) -> None:
+    """A release record on a fake host (a copy of the live one under another id), with a
+    canary in ``canary_state`` (None: no canary)."""
+    live = json.loads(Path(runs.paths(host).current, "manifest.json").read_text())
+    record = {**live, "id": release_id, "status": "paused" if canary_state == "paused"
+              else "serving", "canary": {"state": canary_state, "weights": [25], "weight": 25}
+              if canary_state else None}
+    path = manifest(host, release_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))

@@ -603,7 +603,7 @@ def _guard_sees(monkeypatch: pytest.MonkeyPatch, paused: Any) -> None:
     slow = SlowFleet()
     monkeypatch.setattr(cli_guard, "guard", partial(
         cli_guard.guard, read=slow.read, sleep=slow.sleep, clock=lambda: slow.now,
-        look_for_paused=lambda target: paused))
+        look=lambda target: cli_guard.Look(paused)))
 
 
 def test_the_guard_sends_guard_triggered_then_its_rollback_with_its_hooks(

@@ -16,7 +16,7 @@ from tfsdeploy.core.catalog import Model
 from tfsdeploy.core.errors import ConfigError, Problem, shown
 from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.inventory import Inventory
-from tfsdeploy.core.layout import model_ports
+from tfsdeploy.core.layout import host_port, model_ports
 from tfsdeploy.core.versions import available_versions
 
 DEFAULT_TARGET_QPS = 100.0
@@ -241,7 +241,7 @@ def build_plan(options: AcceptOptions, inventory: Inventory) -> AcceptPlan:
         release = ReleasePlan(release_version or 0, at)
     plan = AcceptPlan(
         model=model, inventory_path=inventory.path,
-        targets=tuple(f"{h.address}:{model_ports(h, model).grpc}"
+        targets=tuple(host_port(h.address, model_ports(h, model).grpc)
                       for h in inventory.select(model=model)),
         generators=_generators(inventory, options.loadgens, qps.value),
         target_qps=qps, duration_s=duration,

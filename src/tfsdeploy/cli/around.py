@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -127,9 +127,11 @@ def run_hook(around: Around, moment: hooks.Moment, reporter: Any, env: dict[str,
 
 
 def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
-                  ) -> tuple[Callable[[], RunResult], Callable[[], RunResult]]:
-    """What `fab guard` runs when it acts: a rollback and the abort of a paused canary, each
-    with the hooks and events `fab rollback` and `fab abort` have."""
+                  ) -> tuple[Callable[[Mapping[str, str]], RunResult],
+                             Callable[[str], RunResult]]:
+    """What `fab guard` runs when it acts: a rollback of the releases it judged (per host)
+    and the abort of the canary it judged, each with the hooks and events `fab rollback` and
+    `fab abort` have."""
     def act(verb: str, run: Callable[[Callable[[RunPlan], None]], RunResult]) -> RunResult:
         around = shown.around
         assert around is not None, "the guard's runbook is prepared before it watches"
@@ -141,13 +143,15 @@ def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
         around.outcome = run(before_run)
         return around.outcome
 
-    def rollback() -> RunResult:
+    def rollback(judged: Mapping[str, str]) -> RunResult:
         return act("rollback", lambda before_run: cli_rollback.rollback(
-            target, lock_wait=lock_wait, reporter=shown, by_guard=True, before=before_run))
+            target, lock_wait=lock_wait, reporter=shown, by_guard=True, before=before_run,
+            judged=judged))
 
-    def abort() -> RunResult:
+    def abort(judged: str) -> RunResult:
         return act("abort", lambda before_run: cli_canary.finish_canary(
-            Verb.ABORT, target, lock_wait=lock_wait, reporter=shown, before=before_run))
+            Verb.ABORT, target, lock_wait=lock_wait, reporter=shown, before=before_run,
+            judged=judged))
 
     return rollback, abort
 

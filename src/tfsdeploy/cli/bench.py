@@ -12,7 +12,7 @@ from typing import Any
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.gpu import instance_gpus
-from tfsdeploy.core.layout import model_ports
+from tfsdeploy.core.layout import host_port, model_ports
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.versions import available_versions, choose_version
 from tfsdeploy.hosts.facts import HostFacts
@@ -87,7 +87,7 @@ def bench(target: Target, args: dict[str, Any], *,
     model = target.model
     version, line = data_version(target, args.get("version"), connect=connect)
     print(line, flush=True)
-    addresses = [f"{h.address}:{model_ports(h, model).grpc}" for h in target.hosts]
+    addresses = [host_port(h.address, model_ports(h, model).grpc) for h in target.hosts]
     # each stable port fronts the host's instances (one per GPU): the per-instance figure
     # divides by all of them
     instances = sum(len(instance_gpus(h, model)) for h in target.hosts)

@@ -15,7 +15,7 @@ from tfsdeploy.core.canary import CanaryState
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
 from tfsdeploy.core.fleet import ResolvedHost
 from tfsdeploy.core.layout import host_paths, model_ports
-from tfsdeploy.core.records import parse_audit
+from tfsdeploy.core.records import LockRecord, parse_audit
 from tfsdeploy.core.render import placements, render_host
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.timetext import SINCE_FIX, since_seconds
@@ -25,7 +25,7 @@ from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.probes import SlotClient
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
-from tfsdeploy.run import survey
+from tfsdeploy.run import plans, survey
 
 
 def _versions(host: ResolvedHost, model: str, port: int) -> list[dict[str, Any]]:
@@ -65,11 +65,19 @@ def traffic_shares(facts: HostFacts, instance: int = 0) -> dict[str, int]:
 
 def canary_on(facts: HostFacts) -> dict[str, str] | None:
     """The canary the host's records say is under way (running, paused, promoting, aborting):
-    its release and state; None when there is none."""
+    its release and state; or ``interrupted`` when the proxy shares the traffic with a newer
+    release that records no canary (a canary run killed at a split weight: `fab abort` undoes
+    it, `fab promote` finishes it); None when there is none."""
     open_states = {CanaryState.RUNNING, CanaryState.PAUSED, CanaryState.PROMOTING,
                    CanaryState.ABORTING}
     found = [(r.id, str((r.canary or {}).get("state"))) for r in facts.releases
              if str((r.canary or {}).get("state")) in open_states]
+    split = plans.interrupted_canary({facts.host: facts})
+    if split is not None and (not found or split[0].id > max(found)[0]):
+        # a run that holds the lock and whose process may live is still in its steps
+        holder = facts.lock
+        live = holder is not None and not holder.paused and not locks.is_stale(holder)
+        return {"release": split[0].id, "state": "running" if live else "interrupted"}
     if not found:
         return None
     release, state = max(found)
@@ -174,22 +182,43 @@ def history(target: Target, *, connect: ConnectionFactory = SshConnection
     return survey.each_host(target, host_history, connect=connect)
 
 
+def lock_line(holder: LockRecord | None, present: bool) -> str:
+    """One host's part of the lock, for people (STALE and why, when provably so)."""
+    if not present:
+        return "free"
+    if holder is None:
+        return "a lock with an unreadable record (a killed acquisition leaves an empty one)"
+    why = locks.stale_reason(holder)
+    return holder.describe() + (f" STALE: {why}" if why else "")
+
+
 def lock_state(target: Target, *, breaking: bool = False,
                connect: ConnectionFactory = SshConnection) -> tuple[list[str], str]:
     """`fab lock`: each host's part of the model's lock (every host of the model, whatever
     --hosts selects), and the verdict; with ``breaking`` each part is removed, for the token
-    that was read there (a lock taken meanwhile is left alone and reported)."""
+    that was read there (a lock taken meanwhile is left alone and reported). A paused
+    canary's part is broken only when every host of the model answers and none keeps that
+    canary open (`plans.canary_open`): a part left by a finished canary."""
+    open_on: dict[str, list[str]] = {}
+    if breaking:
+        seen = survey.each_host(target, lambda t, h, c, f: {"facts": f},
+                                hosts=target.model_hosts, connect=connect)
+        facts = {r["host"]: r["facts"] for r in seen if r["reachable"]}
+        everywhere = len(facts) == len(seen)
+        for release in {f.lock.paused for f in facts.values() if f.lock and f.lock.paused}:
+            open_on[release] = (plans.canary_open(facts, release) if everywhere
+                                else ["an unreachable host"])
+
     def look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
              ) -> dict[str, Any]:
         holder, present = facts.lock, facts.lock_present
-        line = "free" if not present else (
-            holder.describe() + (" STALE: that process is gone" if locks.is_stale(holder)
-                                 else "") if holder else "a lock with an unreadable record")
-        if breaking and holder is not None and holder.paused:
+        line = lock_line(holder, present)
+        if breaking and holder is not None and open_on.get(holder.paused):
             # the canary's release holds it on purpose: breaking it would leave the canary
             # hosts half on the new release with nothing to finish them
-            line = (f"NOT broken: {line}; finish the canary with `fab promote --model "
-                    f"{target.model.name}` or `fab abort --model {target.model.name}`")
+            line = (f"NOT broken: {line}; the canary is open on "
+                    f"{', '.join(open_on[holder.paused])}: finish it with `fab promote "
+                    f"--model {target.model.name}` or `fab abort --model {target.model.name}`")
         elif breaking and present:
             site = locks.LockSite(host.name, conn, host_paths(host, target.model))
             removed, now = locks.remove(site, holder.token if holder else "",

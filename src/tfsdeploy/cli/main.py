@@ -253,7 +253,8 @@ def cmd_guard(args: Options) -> int:
     policy = GuardPolicy(max_error_rate=args["max_error_rate"], slo_p99_ms=args["slo_p99_ms"],
                          for_s=args["for_s"], interval_s=args["interval_s"],
                          duration_s=args["duration_s"], min_requests=args["min_requests"],
-                         count_client_errors=bool(args.get("count_client_errors")))
+                         count_client_errors=bool(args.get("count_client_errors")),
+                         lock_wait=args["lock_wait"])
     chosen = target(args)
     shown = around.EventReporter(output.reporter(False, args["log_file"]))
     hooked = shown.around = around.prepare("guard", chosen, hooks_dir=args.get("hooks"),

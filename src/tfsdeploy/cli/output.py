@@ -232,6 +232,9 @@ def traffic_cell(instances: list[dict[str, Any]], canary: dict[str, str] | None)
         return (f"i{instance['instance']} " if several else "") + shown
 
     text = ", ".join(one(i) for i in instances)
+    if canary and canary["state"] == "interrupted":  # a killed run left the split
+        return text + (f"; interrupted canary {canary['release']} (its run is gone: fab abort "
+                       "or fab promote)")
     return text + (f"; {canary['state']} canary {canary['release']}" if canary else "")
 
 

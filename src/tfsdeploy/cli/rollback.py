@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from tfsdeploy.core.gates import Clock
 from tfsdeploy.core.target import Target
@@ -18,10 +18,11 @@ def rollback(target: Target, *, to: str | None = None, playbook: str | None = No
              connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
              client_factory: ClientFactory | None = None,
              before: Callable[[RunPlan], None] | None = None,
-             by_guard: bool = False) -> RunResult:
+             by_guard: bool = False, judged: Mapping[str, str] | None = None) -> RunResult:
     """Choose the release (``--to`` or the newest good on every reachable host), rebuild each
-    host's job from its record, run the rollback playbook."""
+    host's job from its record, run the rollback playbook. ``judged``: the release the guard
+    judged on each host; another one live there (read under the lock) refuses the run."""
     plan = plans.rollback_plan(target, to=to, playbook=playbook, lock_wait=lock_wait,
-                               by_guard=by_guard)
+                               by_guard=by_guard, judged=judged)
     return engine.run(plan, reporter=reporter, connect=connect, clock=clock,
                       client_factory=client_factory, before=before)

@@ -17,6 +17,7 @@ On a host (``data_root`` defaults to /srv/tfsdeploy)::
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -188,3 +189,17 @@ def proxy_name(model: str) -> str:
 def other_slot(slot: str) -> str:
     """The slot that is not ``slot``."""
     return SLOTS[1] if slot == SLOTS[0] else SLOTS[0]
+
+
+def host_port(address: str, port: int) -> str:
+    """``address:port`` for a URL or a gRPC target: an IPv6 literal in brackets (RFC 3986
+    section 3.2.2, the IP-literal of an authority; gRPC's target names take the same
+    ``[::1]:8500``, grpc doc/naming.md), a zone id's ``%`` written ``%25`` (RFC 6874).
+    Without the brackets ``fd00::11:8511`` reads as the address ``fd00::11:8511``."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return f"{address}:{port}"  # a DNS name
+    if parsed.version == 4:
+        return f"{address}:{port}"
+    return f"[{address.replace('%', '%25')}]:{port}"

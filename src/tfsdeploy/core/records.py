@@ -163,7 +163,10 @@ class LockRecord(_Record):
 
     A process is identified by the kernel's boot id, its pid namespace, its pid and that
     pid's start time: two containers with one hostname, or a pid reused after the holder
-    died, are never taken for the holder.
+    died, are never taken for the holder. The deploy machine is identified by its machine id
+    (``/etc/machine-id``, machine-id(5): set once per installation, kept across reboots):
+    the same machine id with another boot id is the same machine rebooted since, so the
+    holder cannot return.
     """
 
     token: str = Field(pattern=r"^[0-9a-f]{8,64}$")
@@ -175,6 +178,7 @@ class LockRecord(_Record):
     boot_id: str = ""
     pid_namespace: str = ""
     pid_start: int = 0
+    machine_id: str = ""  # the deploy machine's /etc/machine-id ("": an older record)
     paused: str = ""  # a paused canary's release holds the lock (fab promote / abort take it)
 
     def describe(self) -> str:

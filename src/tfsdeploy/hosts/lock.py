@@ -6,8 +6,17 @@ person and a cron job), even with different views of which hosts answer, can nev
 it, and one unreachable host does not block a rollback. Each host changes its part only under
 ``flock``, and removes it only for the token it was asked to remove (``commands.lock``): a
 stale lock broken by two runs at once is broken once, and a fresh lock is never taken for the
-stale one it replaced. A lock is stale only when its process is provably gone: same kernel
-boot, same pid namespace, and that pid no longer runs (or runs a process started later).
+stale one it replaced. A lock is stale only when its holder provably cannot return: the same
+deploy machine (machine id) booted since (another boot id), or, on this boot and in this pid
+namespace, its pid no longer runs (or runs a process started later).
+
+A run that took a strict majority holds the lock whatever a minority of hosts still keep:
+another holder then has a minority, and a minority holds nothing (a run taking the lock
+gives its parts back when it cannot reach a majority). A lock directory with no record is a
+killed acquisition (each host writes the record under ``flock`` in the command that creates
+the directory) and is taken over on that host. A paused canary's part is the exception: it
+holds the lock for the canary, wherever it is left; the engine judges a minority of such
+parts against the hosts' records (``run.engine``): parts of a finished canary are cleared.
 """
 
 from __future__ import annotations
@@ -62,6 +71,18 @@ def _boot_id() -> str:
         return ""
 
 
+def _machine_id() -> str:
+    # machine-id(5): /etc/machine-id, or /var/lib/dbus/machine-id on older systems
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            found = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if found:
+            return found
+    return ""
+
+
 def _pid_namespace() -> str:
     try:
         return os.readlink("/proc/self/ns/pid")
@@ -83,7 +104,8 @@ def new_lock_record(command: str) -> LockRecord:
     pid = os.getpid()
     return LockRecord(token=uuid.uuid4().hex, who=user_name(), machine=socket.gethostname(),
                       pid=pid, started=now_iso(), command=command, boot_id=_boot_id(),
-                      pid_namespace=_pid_namespace(), pid_start=process_start(pid))
+                      pid_namespace=_pid_namespace(), pid_start=process_start(pid),
+                      machine_id=_machine_id())
 
 
 def hand_to_paused(sites: list[LockSite], record: LockRecord, release: str) -> list[str]:
@@ -93,9 +115,12 @@ def hand_to_paused(sites: list[LockSite], record: LockRecord, release: str) -> l
     return [site.host for site in sites if not replace(site, record.token, paused)]
 
 
-def take_over_paused(sites: list[LockSite], record: LockRecord) -> list[LockSite]:
-    """A promote or abort takes the lock a paused canary holds, where it still holds it;
-    returns the sites taken when they are a strict majority (else gives them back: none)."""
+def take_over_paused(sites: list[LockSite], record: LockRecord,
+                     on_stale: Callable[[str], None] | None = None) -> list[LockSite]:
+    """A promote or abort takes the lock a paused canary holds, where it still holds it, and
+    takes free hosts as any run does (a host that was down when an earlier promote or abort
+    ended may keep the paused part alone); returns the sites taken when they are a strict
+    majority (else gives them back: none). None is taken when no host keeps a paused part."""
     held: dict[str, LockRecord] = {}
     for site in sites:
         try:
@@ -104,13 +129,31 @@ def take_over_paused(sites: list[LockSite], record: LockRecord) -> list[LockSite
             continue
         if found is not None and found.paused:
             held[site.host] = found
+    if not held:
+        return []
     taken = [site for site in sites if site.host in held
              and replace(site, held[site.host].token, record)]
-    if len(taken) * 2 > len(sites):
-        return taken
+    fresh = [site for site in sites if site.host not in held
+             and _attempt(site, record, on_stale).taken]
+    if (len(taken) + len(fresh)) * 2 > len(sites):
+        return taken + fresh
     for site in taken:  # not a majority: give the paused canary its lock back
         replace(site, record.token, held[site.host])
+    release_sites(fresh, record)
     return []
+
+
+def paused_parts(sites: list[LockSite]) -> list[tuple[LockSite, LockRecord]]:
+    """The paused canary's parts that ``sites`` keep (the hosts a run did not take)."""
+    found = []
+    for site in sites:
+        try:
+            holder, _ = read(site)
+        except HostUnreachable:
+            continue
+        if holder is not None and holder.paused:
+            found.append((site, holder))
+    return found
 
 
 def replace(site: LockSite, token: str, record: LockRecord) -> bool:
@@ -122,16 +165,31 @@ def replace(site: LockSite, token: str, record: LockRecord) -> bool:
         return False
 
 
-def is_stale(record: LockRecord) -> bool:
-    """Whether the process that took the lock is provably gone: the same kernel boot and pid
-    namespace as this process (so its pid means the same process here), and that pid no
-    longer runs, or runs a process that started after the lock was taken."""
-    if record.paused or not record.boot_id or record.boot_id != _boot_id():
-        return False
+def stale_reason(record: LockRecord) -> str | None:
+    """Why the holder of a lock provably cannot return (None: it may): its deploy machine
+    (same machine id) has booted since it took the lock (another boot id); or, on this boot
+    and in this pid namespace (so its pid means the same process here), that pid no longer
+    runs, or runs a process that started after the lock was taken. A paused canary's part is
+    held by its release, not a process: never stale."""
+    if record.paused or not record.boot_id:
+        return None
+    boot = _boot_id()
+    if record.boot_id != boot:
+        mine = _machine_id()
+        if record.machine_id and mine and record.machine_id == mine and boot:
+            return "its deploy machine has rebooted since"
+        return None
     if not record.pid_namespace or record.pid_namespace != _pid_namespace():
-        return False
+        return None
     started = process_start(record.pid)
-    return started == 0 or (record.pid_start > 0 and started != record.pid_start)
+    if started == 0 or (record.pid_start > 0 and started != record.pid_start):
+        return "that process is gone"
+    return None
+
+
+def is_stale(record: LockRecord) -> bool:
+    """Whether the holder of the lock provably cannot return (``stale_reason``)."""
+    return stale_reason(record) is not None
 
 
 @dataclass(frozen=True)
@@ -186,12 +244,12 @@ def _attempt(site: LockSite, record: LockRecord, on_stale: Callable[[str], None]
             holder = parse_lock(result.stdout)
             if holder is None:
                 return Attempt(unreadable=True)
-            if not is_stale(holder):
+            why = stale_reason(holder)
+            if why is None:
                 return Attempt(holder=holder)
             removed, _ = remove(site, holder.token)
             if removed and on_stale:
-                on_stale(f"broke a stale lock on {site.host}: {holder.describe()} "
-                         "(that process is gone)")
+                on_stale(f"broke a stale lock on {site.host}: {holder.describe()} ({why})")
         return Attempt()
     except HostUnreachable:
         return Attempt(reachable=False)
@@ -200,9 +258,11 @@ def _attempt(site: LockSite, record: LockRecord, on_stale: Callable[[str], None]
 def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float,
                      clock: Clock, model: str, on_stale: Callable[[str], None] | None = None
                      ) -> list[LockSite]:
-    """Take the lock on a strict majority of ``sites`` (all that answer), waiting up to
-    ``wait_s`` for another holder; returns the sites taken. Raises LockHeld naming a holder,
-    or LockQuorumLost when too few hosts answer."""
+    """Take the lock on a strict majority of ``sites`` (all that answer, then a majority of
+    them is enough: what a minority keeps holds nothing), waiting up to ``wait_s`` for another
+    holder; returns the sites taken. A paused canary's parts left on a minority are the
+    caller's to judge (``paused_parts``). Raises LockHeld naming a holder, or LockQuorumLost
+    when too few hosts answer."""
     end = clock.now() + wait_s
     while True:
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(sites)))) as pool:
@@ -211,7 +271,7 @@ def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float
         holders = [(s.host, a) for s, a in zip(sites, outcomes, strict=True)
                    if a.holder or a.unreadable]
         answering = sum(1 for a in outcomes if a.reachable)
-        if not holders and len(taken) * 2 > len(sites):
+        if len(taken) * 2 > len(sites):
             return taken
         release_sites(taken, record)
         if not holders and answering * 2 <= len(sites):
@@ -228,12 +288,7 @@ def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[Lo
                   ) -> str:
     paused = [(h, a.holder) for h, a in holders if a.holder is not None and a.holder.paused]
     if paused:  # no process holds it: breaking it would leave the canary's hosts half-rolled
-        host, holder = paused[0]
-        return (f"a canary of {model} is paused: release {holder.paused} holds the lock on "
-                f"{host} ({holder.command} by {holder.who}@{holder.machine} since "
-                f"{holder.started}), serving part of the requests.\n"
-                f"    fix: finish it with `fab promote --model {model}`, or return its hosts "
-                f"to the old release with `fab abort --model {model}`; then run again")
+        return paused_message(model, *paused[0])
     host, attempt = holders[0] if holders else (sites[0].host, Attempt())
     described = (attempt.holder.describe() if attempt.holder else
                  "a lock whose record is unreadable" if attempt.unreadable else
@@ -241,6 +296,15 @@ def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[Lo
     return (f"another deploy of {model} holds the lock on {host}: {described}.\n"
             f"    fix: wait (--lock-wait SECONDS), or if no deploy is running, "
             f"`fab lock --model {model} --break`")
+
+
+def paused_message(model: str, host: str, holder: LockRecord) -> str:
+    """Why a run is refused by a paused canary's part of the lock, and the way out."""
+    return (f"a canary of {model} is paused: release {holder.paused} holds the lock on "
+            f"{host} ({holder.command} by {holder.who}@{holder.machine} since "
+            f"{holder.started}), serving part of the requests.\n"
+            f"    fix: finish it with `fab promote --model {model}`, or return its hosts "
+            f"to the old release with `fab abort --model {model}`; then run again")
 
 
 def release_sites(sites: list[LockSite], record: LockRecord) -> list[str]:

@@ -17,6 +17,7 @@ import httpx
 import numpy as np
 
 from tfsdeploy.core import tfsapi
+from tfsdeploy.core.layout import host_port
 
 STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
                50: "END"}
@@ -32,6 +33,23 @@ class VersionStatus:
     error_message: str
 
 
+def http_url(address: str, port: int, path: str = "") -> str:
+    """``http://<address>:<port><path>`` with an IPv6 address bracketed (``layout.host_port``:
+    written bare, ``fd00::11:8511`` is no URL of port 8511)."""
+    return f"http://{host_port(address, port)}{path}"
+
+
+# The probes go straight to the hosts, never through a proxy named by the environment: httpx
+# honours HTTP_PROXY, HTTPS_PROXY, ALL_PROXY and NO_PROXY by default (``trust_env=True``,
+# httpx's _api.py and _utils.get_environment_proxies), and gRPC's C core honours grpc_proxy,
+# https_proxy and http_proxy (grpc doc/environment_variables.md) unless the channel argument
+# ``grpc.enable_http_proxy`` (GRPC_ARG_ENABLE_HTTP_PROXY) is 0. A proxy in cron's
+# environment would otherwise answer for the fleet (an error page, or a 200 without metrics).
+TRUST_ENV = False
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.enable_http_proxy", 0)]
+
+
 def _method(channel: grpc.Channel, path: str, response: str) -> Any:
     return channel.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
                                response_deserializer=tfsapi.message_class(response).FromString)
@@ -41,10 +59,9 @@ class SlotClient:
     """One gRPC channel to one slot of one host."""
 
     def __init__(self, address: str, port: int, model: str) -> None:
-        self.target = f"{address}:{port}"
+        self.target = host_port(address, port)
         self.model = model
-        self._channel = grpc.insecure_channel(
-            self.target, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+        self._channel = grpc.insecure_channel(self.target, options=GRPC_OPTIONS)
         self._status = _method(self._channel, tfsapi.STATUS_METHOD, tfsapi.STATUS_RESPONSE)
         self._metadata = _method(self._channel, tfsapi.METADATA_METHOD,
                                  tfsapi.METADATA_RESPONSE)
@@ -122,10 +139,19 @@ def _dtype_of(array: np.ndarray) -> str:
 METRIC_PREFIX = ":tensorflow:"
 
 
+class NotMetrics(ValueError):
+    """The page read on a metrics path is not a TFServing server's metrics."""
+
+
 def metrics(address: str, port: int, path: str, *, timeout_s: float = 5.0) -> str:
-    """One read of a server process's metrics (Prometheus text) on its REST port."""
-    reply = httpx.get(f"http://{address}:{port}{path}", timeout=timeout_s)
+    """One read of a server process's metrics (Prometheus text) on its REST port; raises
+    (httpx.HTTPError, NotMetrics) when there is none: a page without TFServing's metric
+    names is no measurement."""
+    reply = httpx.get(http_url(address, port, path), timeout=timeout_s, trust_env=TRUST_ENV)
     reply.raise_for_status()
+    if METRIC_PREFIX not in reply.text:
+        raise NotMetrics(f"GET {path} answered HTTP {reply.status_code} without TFServing's "
+                         f"metric names ({METRIC_PREFIX}...)")
     return reply.text
 
 
@@ -135,9 +161,9 @@ def rest_problems(address: str, port: int, model: str, version: int, *,
     status must say AVAILABLE, and the metrics path (when given) must serve TFServing's
     metric names."""
     problems = []
-    base = f"http://{address}:{port}"
+    base = http_url(address, port)
     try:
-        with httpx.Client(timeout=timeout_s) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=TRUST_ENV) as client:
             reply = client.get(f"{base}/v1/models/{model}/versions/{version}")
             states = [v.get("state") for v in reply.json().get("model_version_status", [])] \
                 if reply.status_code == 200 else []

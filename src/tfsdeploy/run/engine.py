@@ -14,6 +14,7 @@ previous release (2), the fleet not consistent (3).
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,6 +34,7 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import HostFacts, gather
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.run import plans
 from tfsdeploy.run.changes import Change
 from tfsdeploy.run.executor import run_step
 from tfsdeploy.run.jobs import ClientFactory, Facts, HostJob, RunContext, Session, Verb
@@ -516,15 +518,14 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
     return result
 
 
-def _take_lock(plan: RunPlan, session: Session, reporter: Reporter,
-               record: LockRecord) -> list[lock.LockSite]:
+def _take_lock(plan: RunPlan, session: Session, reporter: Reporter, record: LockRecord,
+               sites: list[lock.LockSite]) -> list[lock.LockSite]:
     """The fleet lock on a majority of the model's hosts (a promote or abort takes the one
     its paused canary holds)."""
     target = plan.target
-    sites = [lock.LockSite(h.name, session.connections[h.name], host_paths(h, target.model))
-             for h in target.model_hosts]
     try:
-        return (lock.take_over_paused(sites, record) if plan.take_over else []) or \
+        return (lock.take_over_paused(sites, record, reporter.note) if plan.take_over
+                else []) or \
             lock.acquire_majority(sites, record, wait_s=plan.lock_wait, clock=session.clock,
                                   model=target.model.name, on_stale=reporter.note)
     except lock.LockQuorumLost as error:
@@ -536,17 +537,41 @@ def _take_lock(plan: RunPlan, session: Session, reporter: Reporter,
                              "changed") from None
 
 
+def clear_finished_canary_parts(plan: RunPlan, rest: list[lock.LockSite], facts: Facts,
+                                reporter: Reporter) -> None:
+    """The paused canary's parts left on hosts this run did not take (a host that was down
+    when a promote or abort ended): removed when that canary is finished on every host of the
+    model (no record keeps it open, no proxy shares traffic with it), else the run is refused
+    as the paused canary's lock refuses it (exit 4: `fab promote` or `fab abort`)."""
+    model = plan.target.model.name
+    reachable = {h: f for h, f in facts.items() if isinstance(f, HostFacts)}
+    every_host = all(h.name in reachable for h in plan.target.model_hosts)
+    for site, holder in lock.paused_parts(rest):
+        if not every_host or plans.canary_open(reachable, holder.paused):
+            raise lock.LockHeld(lock.paused_message(model, site.host, holder))
+        removed, _ = lock.remove(site, holder.token)
+        if removed:
+            reporter.note(f"cleared the lock part that the finished canary {holder.paused} "
+                          f"left on {site.host}")
+
+
 def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threading.Event
             ) -> RunResult:
     """Under the lock: the facts, the plan, the phases; the lock given back (or handed to a
     paused canary) and the version archive removed, whatever happens."""
     target = plan.target
     record = lock.new_lock_record(f"{plan.verb} {target.model.name}")
-    taken = _take_lock(plan, session, reporter, record)
+    sites = [lock.LockSite(h.name, session.connections[h.name], host_paths(h, target.model))
+             for h in target.model_hosts]
+    paused = next((h.paused for _, h in lock.paused_parts(sites)), "") if plan.take_over \
+        else ""
+    taken = _take_lock(plan, session, reporter, record, sites)
     outcome: RunResult | None = None
     context: RunContext | None = None
     try:
         facts = gather_facts(target, session.connections, plan.images, plan.playbook.forks)
+        clear_finished_canary_parts(plan, [s for s in sites if s not in taken], facts,
+                                    reporter)
         context, jobs = plan.planner(facts, session)
         if plan.on_planned is not None:
             plan.on_planned(context)
@@ -559,9 +584,9 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
             _facts_step(job, reporter)
         outcome = run_roll(plan, context, jobs, reporter, cancel)
     finally:
-        if outcome is not None and context is not None and \
-                outcome.exit_code == ExitCode.PAUSED:  # the paused release keeps it
-            unreleased = lock.hand_to_paused(taken, record, context.release_id)
+        keeps = _kept_for(plan, outcome, context, paused, sys.exc_info()[1])
+        if keeps:  # a paused release keeps it
+            unreleased = lock.hand_to_paused(taken, record, keeps)
         else:
             unreleased = lock.release_sites(taken, record)
         if context is not None and context.archive is not None:
@@ -572,6 +597,23 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
                             f"{', '.join(unreleased)}: check with "
                             f"`fab lock --model {target.model.name}`")
     return outcome
+
+
+def _kept_for(plan: RunPlan, outcome: RunResult | None, context: RunContext | None,
+              paused: str, error: BaseException | None) -> str:
+    """The paused release the lock is handed to as the run ends ("": it is released): the
+    run's own canary when it paused; the canary a promote or abort took it from when that run
+    changed nothing (exit 1: a host unreachable at preflight; or stopped before its phases:
+    a refusal, what the guard judged is no longer under way), so the canary keeps its lock.
+    Only "nothing to do" (the canary is finished) releases it: its leftovers go with it."""
+    if outcome is not None and context is not None and outcome.exit_code == ExitCode.PAUSED:
+        return context.release_id
+    if not (plan.take_over and paused):
+        return ""
+    if outcome is not None:
+        return paused if outcome.exit_code == ExitCode.INVALID else ""
+    finished = isinstance(error, TfsDeployError) and error.exit_code == ExitCode.OK
+    return "" if finished else paused
 
 
 def _facts_step(job: HostJob, reporter: Reporter) -> None:

@@ -11,7 +11,7 @@ canary; prune judges each host from its own facts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +68,29 @@ class GuardStops(TfsDeployError):
     breaches (an attack, a broken client) must not walk the fleet back through history."""
 
     exit_code = ExitCode.INCONSISTENT
+
+
+class LiveChanged(TfsDeployError):
+    """What is live is no longer what the guard judged: it acts only on what it judged."""
+
+    exit_code = ExitCode.INCONSISTENT
+
+
+def refuse_changed(model: str, facts: dict[str, HostFacts], judged: Mapping[str, str],
+                   *, why: str = "") -> None:
+    """Raise LiveChanged when a host serves another release than the one judged there (read
+    under the lock, before any change): the guard never rolls back a release it did not
+    judge (a fix deployed while it waited for the lock, a canary that moved)."""
+    moved = {host: facts[host].serving_release for host, release in judged.items()
+             if host in facts and facts[host].serving_release != release}
+    if not moved:
+        return
+    lines = "; ".join(f"{host}: judged {judged[host]}, live now {live or 'no single release'}"
+                      for host, live in sorted(moved.items()))
+    raise LiveChanged(
+        f"what is live changed since the guard judged {model}{f' ({why})' if why else ''}: "
+        f"{lines}; the guard acts only on what it judged, so nothing was changed; a person "
+        f"must look (`fab status --model {model}`), or let the guard judge the new release")
 
 
 class NothingToDo(TfsDeployError):
@@ -220,16 +243,20 @@ def recorded_instances(record: ReleaseRecord) -> list[InstanceJob]:
 
 
 def rollback_plan(target: Target, *, to: str | None = None, playbook: str | None = None,
-                  lock_wait: float = 0.0, by_guard: bool = False) -> RunPlan:
+                  lock_wait: float = 0.0, by_guard: bool = False,
+                  judged: Mapping[str, str] | None = None) -> RunPlan:
     """A rollback: the release chosen from every reachable host's records (``to``, or the
     newest good on all of them); each host's job rebuilt from its own record and files of that
-    release. ``by_guard``: the SLO guard's, which never rolls back its own rollback."""
+    release. ``by_guard``: the SLO guard's, which never rolls back its own rollback;
+    ``judged``: the release the guard judged on each host (refused when another is live)."""
     def plan(facts: Facts, session: Session) -> tuple[RunContext, list[HostJob]]:
         reachable = {h: f for h, f in facts.items() if isinstance(f, HostFacts)}
         if not reachable:
             raise NothingReachable(
                 "every selected host is unreachable: nothing was rolled back; a person must "
                 "look (" + "; ".join(str(e) for e in facts.values()) + ")")
+        if judged:
+            refuse_changed(target.model.name, reachable, judged)
         if by_guard:
             _refuse_guards_own(reachable)
         release_id = to or choose_rollback(target, reachable, None)
@@ -299,18 +326,95 @@ def paused_canary(facts: dict[str, HostFacts]) -> tuple[ReleaseRecord | None, Ca
     return release, fleet_state(states)
 
 
-def canary_plan(verb: Verb, target: Target, *, lock_wait: float = 0.0) -> RunPlan:
+def split_releases(facts: HostFacts, instance: int = 0) -> tuple[str, str] | None:
+    """(old, new) release when the host's proxy shares an instance's new requests between two
+    running releases (a canary's weights); None otherwise. The new one is the newer id (ids
+    are UTC times), the old the other."""
+    sharing = facts.taking_requests(instance)
+    releases = sorted({c.release for c in sharing})
+    if len(sharing) != 2 or len(releases) != 2:
+        return None
+    return releases[0], releases[1]
+
+
+def interrupted_canary(facts: Mapping[str, HostFacts]
+                       ) -> tuple[ReleaseRecord, dict[str, str]] | None:
+    """A canary run killed at a split weight: hosts whose proxy shares the traffic between
+    two releases while no host records the newer one's canary as paused (or promoting,
+    aborting). Its release's record (as a host keeps it) and, per split host, the slot the
+    canary serves from; None when there is none."""
+    split: dict[str, dict[str, str]] = {}
+    records: dict[str, ReleaseRecord] = {}
+    for host, host_facts in facts.items():
+        found = split_releases(host_facts)
+        if found is None:
+            continue
+        new = found[1]
+        record = host_facts.record(new)
+        slot = next((c.slot for c in host_facts.taking_requests(0) if c.release == new), "")
+        state = str((record.canary or {}).get("state")) if record else ""
+        if record is None or state in {s.value for s in CanaryState} - {"running"}:
+            continue
+        records.setdefault(new, record)
+        split.setdefault(new, {})[host] = slot
+    if not split:
+        return None
+    newest = max(split)
+    return records[newest], split[newest]
+
+
+def canary_under_way(facts: Mapping[str, HostFacts]
+                     ) -> tuple[ReleaseRecord | None, CanaryState | None, bool]:
+    """The canary promote, abort and the guard act on: (its release's record, its state,
+    whether it is an interrupted one). A recorded canary unless a newer release splits some
+    host's traffic with no pause recorded: that one is then the canary, in state running (a
+    killed run's steps: abort undoes it, promote finishes it)."""
+    record, state = paused_canary(dict(facts))
+    interrupted = interrupted_canary(facts)
+    if interrupted is not None and (record is None or interrupted[0].id > record.id
+                                    or state in (CanaryState.DONE, CanaryState.ABORTED)):
+        return interrupted[0], CanaryState.RUNNING, True
+    return record, state, False
+
+
+OPEN_CANARY = frozenset({CanaryState.RUNNING, CanaryState.PAUSED, CanaryState.PROMOTING,
+                         CanaryState.ABORTING})
+
+
+def canary_open(facts: Mapping[str, HostFacts], release: str) -> list[str]:
+    """The hosts where the canary of ``release`` is not finished: a record keeps it running,
+    paused, promoting or aborting, or the proxy shares the traffic with it."""
+    found = []
+    for host, host_facts in facts.items():
+        record = host_facts.record(release)
+        state = str((record.canary or {}).get("state")) if record else ""
+        split = split_releases(host_facts)
+        if state in OPEN_CANARY or (split is not None and release in split):
+            found.append(host)
+    return sorted(found)
+
+
+def canary_plan(verb: Verb, target: Target, *, lock_wait: float = 0.0,
+                judged: str | None = None) -> RunPlan:
     """``fab promote`` (the paused release rolled on, from where it paused: its canary hosts
     switch fully, the other hosts roll in their batches) or ``fab abort`` (its hosts back on
-    the old release at 100 %). Either takes the lock the paused canary holds."""
+    the old release at 100 %). Either takes the lock the paused canary holds. An interrupted
+    canary (a killed run's split, no pause recorded) is finished or undone the same way.
+    ``judged``: the canary release the guard judged (refused when another is under way)."""
     def plan(facts: Facts, session: Session) -> tuple[RunContext, list[HostJob]]:
         reachable = {h: f for h, f in facts.items() if isinstance(f, HostFacts)}
         if not reachable:
             raise NothingReachable(f"every host of {target.model.name} is unreachable: "
                                    f"nothing was {verb}d; a person must look")
-        record, state = paused_canary(reachable)
+        record, state, interrupted = canary_under_way(reachable)
+        if judged is not None and (record is None or record.id != judged):
+            raise LiveChanged(
+                f"the guard judged the canary {judged} of {target.model.name}, but the canary "
+                f"under way now is {record.id if record else 'none'}: the guard acts only on "
+                "what it judged, so nothing was changed; a person must look "
+                f"(`fab status --model {target.model.name}`)")
         decided = (plan_promote if verb is Verb.PROMOTE else plan_abort)(
-            state, model=target.model.name)
+            CanaryState.PAUSED if interrupted else state, model=target.model.name)
         if decided.action is PlanAction.REFUSE:
             raise ConfigError(decided.problem())
         if decided.action is PlanAction.NOTHING or record is None:

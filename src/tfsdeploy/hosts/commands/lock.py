@@ -10,9 +10,13 @@ from tfsdeploy.core.layout import HostPaths
 from tfsdeploy.hosts.commands import Argv
 from tfsdeploy.hosts.commands.files import SYNC, publish_sh
 
-# exit 0: taken; 3: held (the record printed); other: failure
+# exit 0: taken; 3: held (the record printed); other: failure. A lock directory without its
+# record is an acquisition killed between its mkdir and its rename: the record is written
+# under this flock by the command that made the directory, so holding the flock proves that
+# command ended; the directory is then taken over (a killed acquisition must not block).
 _ACQUIRE = ('mkdir -p "$1" && exec 9>>"$2" && flock -w 10 9 && '
-            'if [ -d "$3" ]; then cat "$3/info.json" 2>/dev/null; exit 3; fi && '
+            'if [ -d "$3" ]; then if [ -e "$3/info.json" ]; then '
+            'cat "$3/info.json" 2>/dev/null; exit 3; fi; rm -rf -- "$3" || exit 4; fi && '
             'mkdir "$3" && printf "%s" "$4" > "$3/info.json.tmp" && '
             + publish_sh('"$3/info.json.tmp"', '"$3/info.json"') + f' && {SYNC} "$1"')
 # exit 0 and "removed" (or nothing when there was no lock); 3: the lock holds another record

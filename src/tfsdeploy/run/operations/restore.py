@@ -45,9 +45,14 @@ def _record_aborted(job: HostJob) -> Ops:
     list, has already cleared what this run started)."""
     record = job.facts.record(job.run.release_id)
     state = (record.canary or {}).get("state") if record else None
-    if record is None or state not in ("running", "paused", "aborting"):
+    # an interrupted canary (its run killed at a split weight) recorded no canary: the host
+    # ran it when its proxy gave the release a share of the requests
+    interrupted = record is not None and state is None and any(
+        c.release == record.id for c in job.facts.taking_requests(0))
+    if record is None or (state not in ("running", "paused", "aborting") and not interrupted):
         return "no canary here"
-    canary = {**(record.canary or {}), "state": "aborted", "updated_at": now_iso()}
+    canary = {**(record.canary or {}), "state": "aborted", "updated_at": now_iso(),
+              **({"interrupted": True} if interrupted else {})}
     yield WriteFile(f"{job.paths.release_dir(record.id)}/manifest.json",
                     record.with_status(ReleaseStatus.REVERTED).model_copy(
                         update={"canary": canary}).to_json())
