@@ -274,8 +274,8 @@ def test_the_guard_s_textfile_and_exit_code_survive_a_closed_terminal(
         "c": None, "model": MODEL, "inventory": inventory_file(world, count=2), "hosts": None,
         "limit": None, "max_error_rate": "0.01", "slo_p99_ms": None, "for_s": "30",
         "interval_s": "5", "duration_s": None, "min_requests": "20",
-        "count_client_errors": False, "hooks": None, "notify": None, "log_file": None,
-        "metrics_file": str(metrics)})
+        "count_client_errors": False, "lock_wait": "60", "hooks": None, "notify": None,
+        "log_file": None, "metrics_file": str(metrics)})
     assert code == ExitCode.ROLLED_BACK
     assert exit_sample(read_samples(str(metrics)), "guard") == 2
 

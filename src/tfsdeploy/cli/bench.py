@@ -66,18 +66,21 @@ def data_version(target: Target, requested: Any, *,
         version = choose_version(model, requested, target.inventory.path)
         return version, f"request data: warmup records of version {version} (--version)"
 
+    available = available_versions(model.source)
+    if not available:  # the records always come from the source: known before connecting
+        raise ConfigError(Problem(
+            f"model {model.name!r}: its source {model.source!r} holds no version to take "
+            "warmup records from", fix="point the model's source at the directory that holds its "
+            "numbered versions", file=target.inventory.path, field=f"models.{model.name}.source"))
+
     def look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
              ) -> dict[str, Any]:
         return {"version": live_version(facts)}
 
     rows = survey.each_host(target, look, connect=connect)
     live = {r["host"]: r.get("version") for r in rows}
-    found, line = pick_data_version(live, available_versions(model.source))
-    if found is None:
-        raise ConfigError(Problem(
-            f"model {model.name!r}: no live release on the hosts and no version in its source "
-            f"{model.source!r} to take warmup records from", fix="pass --version V",
-            file=target.inventory.path, field=f"models.{model.name}.source"))
+    found, line = pick_data_version(live, available)
+    assert found is not None  # the source holds a version
     return found, line
 
 
