@@ -4,7 +4,8 @@ no failed request; status and the release record name each instance and its GPU;
 brings both back.
 
 Model ``itgpu`` on tb1, tb2 and the suite fleet's two-GPU host tb4 (testbed_support.GPU_HOST,
-brought up by scripts/test: `scripts/testbed up --hosts 4 --gpus tb4=2`), port offset 2000.
+brought up by scripts/test: `scripts/testbed up --hosts 4 --gpus tb4=2`), port offset 4000
+(acceptit's 2000 is on tb1 and tb2 too).
 The module is in the xdist group "gpu-host": no other module uses tb4 while it runs.
 """
 
@@ -24,8 +25,8 @@ from testbed_support import ADDRESSES, GPU_HOST, STATE, SUITE_FLEET, _testbed, s
 
 pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
 
-MODEL, OFFSET = "itgpu", 2000
-BIG, BIG_OFFSET = "itgpubig", 2100
+MODEL, OFFSET = "itgpu", 4000
+BIG, BIG_OFFSET = "itgpubig", 4100
 WIDE = GPU_HOST
 HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2", WIDE)}
 STRIDE = 20  # layout.INSTANCE_PORT_STRIDE: instance k's slot ports are instance 0's + k * 20
@@ -59,7 +60,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 @pytest.fixture(scope="module")
 def big(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """Model ``itgpubig`` (port offset 2100) whose 9,000 MiB do not fit twice on a 16 GiB GPU:
+    """Model ``itgpubig`` (port offset 4100) whose 9,000 MiB do not fit twice on a 16 GiB GPU:
     rolled with ``strategy="recreate"``, on the wide host only."""
     for made in fleet_fixture(tmp_path_factory, BIG, BIG_OFFSET, {1: GOOD[1], 2: GOOD[2]},
                               serial=(1,), memory_mib=9000, hosts=HOSTS):

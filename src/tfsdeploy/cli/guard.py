@@ -334,7 +334,10 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
                    history=History(keep_s=policy.for_s))
     start = clock()
     watch = Watch(look(target), start)
-    coverage = Coverage(start, blind_after_s=max(policy.for_s, 2 * policy.interval_s))
+    # a host's first window needs two reads an interval apart, each of which may take up to
+    # the read's timeout on a busy host: blind only after that much time without one
+    coverage = Coverage(start, blind_after_s=max(
+        policy.for_s, 2 * policy.interval_s + METRICS_TIMEOUT_S))
     _announce(run, watch)
     while policy.duration_s is None or clock() - start < policy.duration_s:
         now = clock()
