@@ -121,14 +121,7 @@ def take_over_paused(sites: list[LockSite], record: LockRecord,
     takes free hosts as any run does (a host that was down when an earlier promote or abort
     ended may keep the paused part alone); returns the sites taken when they are a strict
     majority (else gives them back: none). None is taken when no host keeps a paused part."""
-    held: dict[str, LockRecord] = {}
-    for site in sites:
-        try:
-            found, _ = read(site)
-        except HostUnreachable:
-            continue
-        if found is not None and found.paused:
-            held[site.host] = found
+    held = {site.host: found for site, found in paused_parts(sites)}
     if not held:
         return []
     taken = [site for site in sites if site.host in held
