@@ -3,7 +3,11 @@
 import os
 import sys
 
-from .server import main
+from . import tfruntime
+
+tfruntime.lean()  # before anything imports tensorflow: the runtime, not the Python API
+
+from .server import main  # noqa: E402
 
 if __name__ == "__main__":
     code = main()

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from tensorflow.core.framework import attr_value_pb2, graph_pb2, node_def_pb2, types_pb2
 from tensorflow.core.protobuf import meta_graph_pb2
 
+from . import tfruntime
 from .status import Code, ServingError
 
 PYTHON_KERNEL_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
@@ -38,11 +39,8 @@ Functions = Mapping[str, Sequence[node_def_pb2.NodeDef]]
 def check_graph_versions(meta_graph: meta_graph_pb2.MetaGraphDef) -> None:
     """CheckVersions(graph_def.versions, TF_GRAPH_DEF_VERSION, TF_GRAPH_DEF_VERSION_MIN_PRODUCER,
     "GraphDef", "graph"): raise the C++ server's INVALID_ARGUMENT when it refuses the graph."""
-    import tensorflow as tf
-
     versions = meta_graph.graph_def.versions
-    consumer, release = int(tf.version.GRAPH_DEF_VERSION), tf.version.VERSION
-    min_producer = int(tf.version.GRAPH_DEF_VERSION_MIN_PRODUCER)
+    consumer, min_producer, release = tfruntime.graph_def_versions()
     if versions.producer < min_producer:
         raise ServingError(Code.INVALID_ARGUMENT, (
             f"GraphDef producer version {versions.producer} below min producer {min_producer} "

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2
 
-from . import cpp_runtime
+from . import cpp_runtime, tfruntime
 from .inference import SignatureIndex
 from .status import Code, ServingError, from_tf_exception
 
@@ -118,18 +118,16 @@ class LoadedModel:
         self._refused = cpp_runtime.unrunnable_fetches(self.meta_graph)
         self.signature_defs = dict(self.meta_graph.signature_def)
         self.indexes = {key: SignatureIndex.of(s) for key, s in self.signature_defs.items()}
-        import tensorflow as tf
-
-        self._graph = tf.Graph()
+        self._graph = tfruntime.graph()
         config = config_pb2.ConfigProto()
         if session_config is not None:
             config.CopyFrom(session_config)
         config.device_count["GPU"] = 0  # TensorFlow runs on CPU; the GPU is simulated
         config.allow_soft_placement = True
-        self._session = tf.compat.v1.Session(graph=self._graph, config=config)
+        self._session = tfruntime.session(self._graph, config)
         try:
             with self._graph.as_default():
-                tf.compat.v1.saved_model.loader.load(self._session, list(tags), export_dir)
+                tfruntime.load_saved_model(self._session, list(tags), export_dir)
         except Exception as exc:
             self._session.close()
             raise from_tf_exception(exc) from exc

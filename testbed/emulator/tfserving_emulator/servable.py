@@ -27,7 +27,7 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from . import inference, log
+from . import inference, log, tfruntime
 from .batching import BatchingOptions, BatchQueue, SharedBatchScheduler, check_allowed_sizes
 from .inference import SessionCall
 from .metrics import Metrics
@@ -268,11 +268,10 @@ class Servable:
                  f"read: {count}. Elapsed time (microseconds): {int(latency)}.")
 
     def _replay(self, path: str, iterations: int) -> tuple[int, ServingError | None]:
-        import tensorflow as tf
-
+        tf_errors = tfruntime.errors()
         count = 0
         try:
-            for record in tf.compat.v1.io.tf_record_iterator(path):
+            for record in tfruntime.tf_record_iterator(path):
                 entry = prediction_log_pb2.PredictionLog()
                 try:
                     entry.ParseFromString(record)
@@ -288,11 +287,11 @@ class Servable:
                         f"at {path}")
         except ServingError as exc:
             return count, exc
-        except tf.errors.DataLossError as exc:
+        except tf_errors.DataLossError as exc:
             return count, ServingError(
                 Code.DATA_LOSS,
                 f"{exc.message}. Please verify your warmup data is in TFRecord format.")
-        except tf.errors.OpError as exc:
+        except tf_errors.OpError as exc:
             return count, ServingError(Code(exc.error_code), exc.message)
         return count, None
 
