@@ -130,20 +130,21 @@ class Fleet(ModelFleet):
 
     def lock_dir_exists(self) -> bool:
         return any(ssh(h, f"test -d /srv/tfsdeploy/{self.model}/lock", check=False).returncode
-                   == 0 for h in HOSTS)
+                   == 0 for h in self.hosts)
 
     def served_version(self, host: str, timeout: float = 5.0) -> int:
         """Which version answers on the host's stable gRPC port (by its output)."""
-        y = grpc_predict(HOSTS[host], self.grpc_port, self.model, [2.0], timeout=timeout)[0]
+        y = grpc_predict(self.hosts[host], self.grpc_port, self.model, [2.0], timeout=timeout)[0]
         version = round(y - 2.0)
         assert abs(y - expected_y(version)) < 1e-5, f"{host}: unexpected output {y}"
         return version
 
-    def assert_serving(self, version: int, hosts: tuple[str, ...] = tuple(HOSTS)) -> None:
-        """Every host's stable port answers with ``version``'s golden outputs."""
-        for host in hosts:
+    def assert_serving(self, version: int, hosts: tuple[str, ...] | None = None) -> None:
+        """Every host's (or ``hosts``') stable port answers with ``version``'s golden
+        outputs."""
+        for host in self.hosts if hosts is None else hosts:
             for x in (1.0, 2.0, 5.0):
-                y = grpc_predict(HOSTS[host], self.grpc_port, self.model, [x], timeout=5.0)[0]
+                y = grpc_predict(self.hosts[host], self.grpc_port, self.model, [x], timeout=5.0)[0]
                 assert abs(y - expected_y(version, x)) < 1e-5, (
                     f"{host}: y({x}) = {y}, version {version} gives {expected_y(version, x)}")
 
@@ -164,8 +165,9 @@ phases:
 def make_fleet(tmp: Path, model: str, offset: int, *, window_s: float = 600.0,
                serial: tuple[int | str, ...] = (1,), min_healthy_s: float = 1.0,
                versions: tuple[int, ...] = (1, 2, 3), keep_releases: int = 3,
-               ssh_port: int = 22) -> Fleet:
-    """Write the model's version source (copies of half_plus_two), inventory and playbook."""
+               ssh_port: int = 22, hosts: dict[str, str] = HOSTS) -> Fleet:
+    """Write the model's version source (copies of half_plus_two), inventory and playbook;
+    ``hosts``: the fleet (fewer than tb1..tb3 where two hosts prove the same)."""
     source = tmp / "models" / model
     source.mkdir(parents=True, exist_ok=True)
     for version in versions:
@@ -176,13 +178,13 @@ def make_fleet(tmp: Path, model: str, offset: int, *, window_s: float = 600.0,
         warmup="Warmup(samples=20)",
         rollout=f"Rollout(serial={serial!r}, min_healthy_s={min_healthy_s!r}, "
                 f"window_s={window_s!r}, keep_releases={keep_releases!r}, "
-                f"load_timeout_s=120)", ssh_port=ssh_port))
+                f"load_timeout_s=120)", ssh_port=ssh_port, hosts=hosts))
     (tmp / "playbooks").mkdir(exist_ok=True)
     playbook = tmp / "playbooks" / "deploy-fast.yml"
     playbook.write_text(FAST_PLAYBOOK)
     (tmp / "tasks").symlink_to(REPO / "tasks")  # playbooks find their task lists in ../tasks
     return Fleet(model=model, offset=offset, tmp=tmp, inventory=inventory, source=source,
-                 fast_playbook=playbook)
+                 fast_playbook=playbook, hosts=dict(hosts))
 
 
 def fleet_fixture(tmp_path_factory: pytest.TempPathFactory, model: str, offset: int,
@@ -204,7 +206,7 @@ def deploy_v1_then_v2(fleet: Fleet) -> dict[int, str]:
 
 def release_of(fleet: Fleet, version: int, *, status: str | None = None) -> str:
     """The one release of ``version`` (with ``status``) that every host holds."""
-    found: set[str] = {m["id"] for h in HOSTS for m in fleet.releases(h).values()
+    found: set[str] = {m["id"] for h in fleet.hosts for m in fleet.releases(h).values()
                        if m["version"] == version and (status is None or m["status"] == status)}
     assert len(found) == 1, f"one release of v{version} on every host: {found}"
     return found.pop()
@@ -228,8 +230,9 @@ class Prober:
     ``bad_ratio`` > 0 sends that share of requests with a wrong input name (INVALID_ARGUMENT
     from the server: counted as an error by TFServing's metrics, not by this prober)."""
 
-    def __init__(self, fleet: Fleet, hosts: tuple[str, ...] = tuple(HOSTS),
+    def __init__(self, fleet: Fleet, hosts: tuple[str, ...] | None = None,
                  interval_s: float = 0.05, bad_ratio: float = 0.0) -> None:
+        hosts = tuple(fleet.hosts) if hosts is None else hosts
         self.fleet, self.hosts, self.interval_s, self.bad_ratio = fleet, hosts, interval_s, \
             bad_ratio
         self.samples: list[Sample] = []
@@ -256,7 +259,7 @@ class Prober:
     def _loop(self, host: str) -> None:
         grpc = api()["grpc"]
 
-        channel = grpc.insecure_channel(f"{HOSTS[host]}:{self.fleet.grpc_port}")
+        channel = grpc.insecure_channel(f"{self.fleet.hosts[host]}:{self.fleet.grpc_port}")
         stub = api()["service"].PredictionServiceStub(channel)
         good = predict_request(self.fleet.model, [2.0])
         bad = predict_request(self.fleet.model, [2.0], input_name="not_x")

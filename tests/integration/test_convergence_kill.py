@@ -1,7 +1,10 @@
 """kill -9 of `fab deploy` at several points, each followed by `fab deploy` again (converges,
 breaks the dead process's stale lock) and by `fab rollback` (works), while every host's stable
 port is probed from background threads: no probe may ever fail (v1 serves before the first
-kill, so some release always exists)."""
+kill, so some release always exists).
+
+Two hosts (tb1, tb2) prove what three would: with serial [1, "100%"] tb1 is batch 1 and tb2
+batch 2, so every kill point has a host rolled and a host not yet started."""
 
 from __future__ import annotations
 
@@ -14,14 +17,14 @@ from rollback_support import (
     fleet_fixture,
     json_from,
 )
-from testbed_support import HOSTS
+from testbed_support import TWO_HOSTS
 
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "rbk5", 700
 
 # where to kill: the first progress line matching the pattern (serial [1, "100%"]: tb1 is the
-# canary, so "tb1 ... switch_traffic ok" kills with tb1 switched and tb2/tb3 not yet started)
+# canary, so "tb1 ... switch_traffic ok" kills with tb1 switched and tb2 not yet started)
 KILL_POINTS = {
     "after_start_slot": r"tb1 +roll +start_slot +ok",
     "during_gate_health": r"tb1 +roll +gate_warmup +ok",
@@ -36,7 +39,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     # keep_releases is raised so that the many v2 releases of the killed deploys never prune
     # v1, the rollback target (retention itself is tested in test_rollback_retention.py)
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=0.0,
-                             serial=(1, "100%"), keep_releases=20)
+                             serial=(1, "100%"), keep_releases=20, hosts=TWO_HOSTS)
 
 
 @pytest.fixture(scope="module")
@@ -62,9 +65,9 @@ def test_kill_9_then_deploy_then_rollback(fleet: Fleet, v1: str, point: str) -> 
         assert again.code == 0, f"killed at: {line}\n{again.describe()}"
         assert "broke a stale lock" in again.out, again.describe()
         result = json_from(again.stdout)
-        assert set(result["hosts"]) == set(HOSTS)
+        assert set(result["hosts"]) == set(fleet.hosts)
         fleet.assert_serving(2)
-        for host in HOSTS:
+        for host in fleet.hosts:
             running = [c for c in fleet.containers(host) if c["status"] == "running"]
             assert len(running) == 1 and running[0]["version"] == "2", (host, running)
             current = fleet.current(host)
@@ -72,27 +75,27 @@ def test_kill_9_then_deploy_then_rollback(fleet: Fleet, v1: str, point: str) -> 
                 host, current["id"], running)
             assert fleet.proxy(host)["status"] == "running"
         assert not fleet.lock_dir_exists()
-        deployed = {h: fleet.current(h)["id"] for h in HOSTS}
+        deployed = {h: fleet.current(h)["id"] for h in fleet.hosts}
 
         # (b) roll back: v1 everywhere again
         back = fleet.fab("rollback", "--json")
         assert back.code == 0, f"killed at: {line}\n{back.describe()}"
         assert json_from(back.stdout)["release"] == v1
         fleet.assert_serving(1)
-        for host in HOSTS:
+        for host in fleet.hosts:
             assert fleet.current(host)["id"] == v1
             assert fleet.releases(host)[deployed[host]]["status"] == "rolled_back"
             running = [c for c in fleet.containers(host) if c["status"] == "running"]
             assert [c["release"] for c in running] == [v1], (host, running)
     failures = prober.failures()
     assert prober.count() > 100 and not failures, f"killed at: {line}\n{prober.summary()}"
-    for host in HOSTS:
+    for host in fleet.hosts:
         assert set(prober.versions(host)) <= {1, 2}
 
 
 def test_kill_9_of_a_rollback_then_rollback_again(fleet: Fleet, v1: str) -> None:
-    """A rollback killed right after its first switch (tb1 back on v1, not recorded; tb2 and
-    tb3 still on v2): `fab rollback` again finishes it, with no failed probe."""
+    """A rollback killed right after its first switch (tb1 back on v1, not recorded; tb2 still
+    on v2): `fab rollback` again finishes it, with no failed probe."""
     fleet.assert_serving(1)
     fleet.deploy(2, fast=False)
     fleet.assert_serving(2)
@@ -106,7 +109,7 @@ def test_kill_9_of_a_rollback_then_rollback_again(fleet: Fleet, v1: str) -> None
         assert "broke a stale lock" in again.out, again.describe()
         assert json_from(again.stdout)["release"] == v1
         fleet.assert_serving(1)
-        for host in HOSTS:
+        for host in fleet.hosts:
             assert fleet.current(host)["id"] == v1, host
             running = [c for c in fleet.containers(host) if c["status"] == "running"]
             assert [c["release"] for c in running] == [v1], (host, running)

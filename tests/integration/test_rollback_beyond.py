@@ -1,5 +1,6 @@
 """`fab rollback` beyond the window (window_s=0: the old release's container is stopped) and
-`fab rollback --to` an older release, on the real testbed."""
+`fab rollback --to` an older release, on the real testbed: tb1 and tb2 (serial [1, "100%"]:
+a first and a second batch; every assertion is per host)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from rollback_support import (
     json_from,
     release_of,
 )
-from testbed_support import HOSTS
+from testbed_support import TWO_HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -23,7 +24,7 @@ MODEL, OFFSET = "rbk2", 400
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=0.0,
-                             serial=(1, "100%"), keep_releases=5)
+                             serial=(1, "100%"), keep_releases=5, hosts=TWO_HOSTS)
 
 
 def test_rollback_beyond_the_window_starts_the_old_release_again(fleet: Fleet) -> None:
@@ -31,7 +32,7 @@ def test_rollback_beyond_the_window_starts_the_old_release_again(fleet: Fleet) -
     fleet.deploy(2)
     v1, v2 = release_of(fleet, 1), release_of(fleet, 2)
     before = {}
-    for host in HOSTS:
+    for host in fleet.hosts:
         state = {c["release"]: c for c in fleet.containers(host)}
         assert state[v1]["status"] == "exited", f"{host}: beyond the window v1 is stopped"
         assert state[v2]["status"] == "running"
@@ -45,7 +46,7 @@ def test_rollback_beyond_the_window_starts_the_old_release_again(fleet: Fleet) -
     fleet.assert_serving(1)
     assert not prober.failures(), prober.summary()
 
-    for host in HOSTS:
+    for host in fleet.hosts:
         outcome = result["hosts"][host]
         steps = {s["step"]: s for s in outcome["steps"]}
         # started again (the stopped container, from its record), then gated like a deploy
@@ -69,7 +70,7 @@ def test_rollback_to_an_older_release_recreates_it_from_its_record(fleet: Fleet)
     fleet.deploy(3)
     fleet.assert_serving(3)
     v1 = release_of(fleet, 1)
-    records = {h: fleet.releases(h)[v1] for h in HOSTS}
+    records = {h: fleet.releases(h)[v1] for h in fleet.hosts}
     with Prober(fleet) as prober:
         run = fleet.fab("rollback", "--to", v1, "--json")
     assert run.code == 0, run.describe()
@@ -77,7 +78,7 @@ def test_rollback_to_an_older_release_recreates_it_from_its_record(fleet: Fleet)
     assert result["release"] == v1
     fleet.assert_serving(1)
     assert not prober.failures(), prober.summary()
-    for host in HOSTS:
+    for host in fleet.hosts:
         steps = {s["step"]: s for s in result["hosts"][host]["steps"]}
         assert "re-created from its record" in steps["resume_release"]["detail"], steps
         # a fresh container is not warm: the warmup gate ran
@@ -96,13 +97,13 @@ def test_default_rollback_never_returns_to_a_rolled_back_release(fleet: Fleet) -
     """On v1 after `--to v1`: the default target is v3 (rolled back from, excluded) or v2
     (served well, never rolled back from), never a release marked rolled_back."""
     statuses = {}
-    for host in HOSTS:
+    for host in fleet.hosts:
         statuses[host] = {m["id"]: (m["version"], m["status"])
                           for m in fleet.releases(host).values()}
     run = fleet.fab("rollback", "--json")
     result = json_from(run.stdout)
     target = result["release"]
-    for host in HOSTS:
+    for host in fleet.hosts:
         assert statuses[host][target][1] == "serving", (target, statuses[host])
     assert run.code == 0, run.describe()
     fleet.assert_serving(statuses["tb1"][target][0])

@@ -53,6 +53,8 @@ REGISTRY = "10.87.0.1:5000"
 ADDRESSES = {f"tb{n}": f"10.87.0.{10 + n}" for n in range(1, 11)}
 # the hosts of a test module's model unless it names others
 HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2", "tb3")}
+# the fleet of a module whose cases are per host and need only a first and a second batch
+TWO_HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2")}
 # The suite's fleet (scripts/test brings it up so): tb1..tb3 as the demo's, plus tb4 with two
 # GPUs, reserved (left out of inventory/testbed.py), which only the modules of the xdist group
 # "gpu-host" use (one at a time): the per-GPU tests and the GPU filler, whose GPU use would
