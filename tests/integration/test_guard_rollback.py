@@ -2,7 +2,8 @@
 slot's REST port); with good traffic only it exits 0 after its duration; with an injected error
 rate (Predict with a wrong input name: INVALID_ARGUMENT, counted with --count-client-errors:
 by default client errors never count) it rolls the release back, exit 2; the guard never rolls
-back the release its own rollback made current."""
+back the release its own rollback made current. Two hosts (tb1, tb2): the guard reads and
+rolls back every host the same way."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from rollback_support import (
     Prober,
     fleet_fixture,
 )
-from testbed_support import HOSTS
+from testbed_support import TWO_HOSTS
 
 pytestmark = pytest.mark.testbed
 
@@ -26,7 +27,8 @@ GUARD = ("--for-s", "3", "--interval-s", "1", "--max-error-rate", "0.05",
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=600.0, serial=(1,))
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=600.0, serial=(1,),
+                             hosts=TWO_HOSTS)
 
 
 def exit_code_sample(text: str) -> float:
@@ -72,7 +74,7 @@ def test_guard_rolls_back_on_an_injected_error_rate(fleet: Fleet,
     # the good requests never failed, and every host now answers with v1
     assert not prober.failures(), prober.summary()
     fleet.assert_serving(1)
-    for host in HOSTS:
+    for host in fleet.hosts:
         assert fleet.current(host)["id"] == releases[1]
         assert fleet.releases(host)[releases[2]]["status"] == "rolled_back"
     text = metrics.read_text()
