@@ -187,9 +187,9 @@ def repository_component(model: str) -> str:
     """A model name as one repository path component: lowercased, any run of other
     characters turned into '-'; a name that changed gets 8 hex of its sha256 so that two
     models never share a repository (``ResNet50`` and ``resnet50``)."""
+    if _COMPONENT.fullmatch(model):
+        return model
     lowered = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "model"
-    if lowered == model and _COMPONENT.fullmatch(lowered):
-        return lowered
     return f"{lowered}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
 
 

@@ -116,7 +116,7 @@ class Registry:
             return False
         query = {k: v for k, v in params.items() if k in ("service", "scope")}
         try:
-            answer = httpx.get(params["realm"], params=query, auth=login, timeout=TIMEOUT)
+            answer = self._client.get(params["realm"], params=query, auth=login)
         except httpx.HTTPError as error:
             raise RegistryError(f"registry {self.host}: token service unreachable: "
                                 f"{error}") from None

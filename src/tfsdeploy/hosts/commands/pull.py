@@ -17,21 +17,21 @@ from tfsdeploy.hosts.commands import Argv
 NO_SPACE = 6  # exit code of free_space when a filesystem lacks room
 MISMATCH = 5  # exit code of verify_pulled when the files differ from the sums
 
-# "$1" directory that will hold the version, "$2" bytes it needs there, "$3" bytes the image
-# needs in the engine's root directory (both filesystems may be one: then their sum)
-_FREE = ('free() { df -Pk -- "$1" | awk \'NR == 2 { print $4 * 1024 }\'; }; '
+# "$1" directory that will hold the version, "$2" KiB it needs there, "$3" KiB the image needs
+# in the engine's root directory (both filesystems may be one: then their sum); df's
+# 1024-byte blocks, in the shell's integers (awk would print large numbers as floats)
+_FREE = ('free() { df -Pk -- "$1" | awk \'NR == 2 { print $4 }\'; }; '
          'dev() { df -P -- "$1" | awk \'NR == 2 { print $1 }\'; }; '
          'mkdir -p -- "$1" || exit 1; '
          'root=$(docker info --format "{{.DockerRootDir}}" 2>/dev/null) || root=/var/lib/docker; '
          '[ -d "$root" ] || root=/; '
          'need=$2; if [ "$(dev "$1")" = "$(dev "$root")" ]; then need=$(($2 + $3)); fi; '
          'have=$(free "$1"); '
-         'if [ "$have" -lt "$need" ]; then '
-         'echo "no space: $1 has $have bytes free, the version needs $need"; exit 6; fi; '
+         'if [ "$have" -lt "$need" ]; then echo "no space: $1 has $((have / 1024)) MiB '
+         'free, the version needs $((need / 1024 + 1)) MiB"; exit 6; fi; '
          'have=$(free "$root"); '
-         'if [ "$have" -lt "$3" ]; then '
-         'echo "no space: the engine root $root has $have bytes free, the image needs $3"; '
-         'exit 6; fi')
+         'if [ "$have" -lt "$3" ]; then echo "no space: the engine root $root has '
+         '$((have / 1024)) MiB free, the image needs $(($3 / 1024 + 1)) MiB"; exit 6; fi')
 
 # "$1" image reference, "$2" staging directory; the container is created (never started)
 # only to copy the files out of the image, and always removed
@@ -61,7 +61,8 @@ _VERIFY = ('cd "$1/version" || exit 1; '
 def free_space(directory: str, *, need_bytes: int, image_bytes: int) -> Argv:
     """Exit 6 with a line saying which filesystem lacks room when ``directory`` cannot hold
     ``need_bytes`` or the engine's root directory the image's ``image_bytes``."""
-    return ["sh", "-c", _FREE, "sh", directory, str(need_bytes), str(image_bytes)]
+    return ["sh", "-c", _FREE, "sh", directory, str(-(-need_bytes // 1024)),
+            str(-(-image_bytes // 1024))]
 
 
 def extract(reference: str, staging: str) -> Argv:
