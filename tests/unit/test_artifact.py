@@ -342,3 +342,40 @@ def test_no_space_is_said_before_the_pull(tmp_path: Path) -> None:
     assert result.stdout.startswith(f"no space: {tmp_path / 'models'} has ")
     ok = _sh(pull_commands.free_space(str(tmp_path / "models"), need_bytes=1, image_bytes=1))
     assert ok.returncode == 0, ok.stdout + ok.stderr
+
+
+# -- the pull bound -----------------------------------------------------------------------------
+
+def test_no_more_hosts_pull_at_once_than_max_pulls() -> None:
+    """The executor holds one of the run's pull slots for each host's pull (--max-pulls)."""
+    import threading
+    from types import SimpleNamespace
+
+    from tfsdeploy.run.changes import PullModel
+    from tfsdeploy.run.executor import apply_change
+    from tfsdeploy.run.plans import pull_slots
+
+    lock, state = threading.Lock(), {"now": 0, "most": 0}
+    release = threading.Event()
+
+    def pull(reference: str, on_progress: Any) -> None:
+        with lock:
+            state["now"] += 1
+            state["most"] = max(state["most"], state["now"])
+        release.wait(0.2)
+        with lock:
+            state["now"] -= 1
+
+    run = SimpleNamespace(pull_slots=pull_slots(2))
+    jobs = [SimpleNamespace(name=f"h{i}", run=run, conn=SimpleNamespace(
+        docker=SimpleNamespace(pull=pull))) for i in range(6)]
+    change = PullModel("reg:5000/models/m@sha256:00", what="version 1")
+    threads = [threading.Thread(target=apply_change, args=(job, "stage_model", change,
+                                                           lambda host, p: None))
+               for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert state["most"] == 2
+    assert pull_slots(None)._initial_value == 8  # type: ignore[attr-defined]
