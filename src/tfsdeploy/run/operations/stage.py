@@ -310,7 +310,7 @@ def _pull(job: HostJob, final: str, digest: str, *, replace: bool) -> Ops:
                      timeout=600)
     yield Command.of(stage_commands.verify_and_publish(
         staging, final, digest_file=paths.digest_file(run.version), digest=digest,
-        replace=replace), f"publish {final}" + (" over its damaged copy" if replace else ""),
-        timeout=600)
+        replace=replace, checked=True),
+        f"publish {final}" + (" over its damaged copy" if replace else ""), timeout=600)
     yield RemoveImage(reference)
     return f"pulled {reference}, published {final} (sha256 verified)"
