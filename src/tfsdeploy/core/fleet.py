@@ -123,7 +123,7 @@ class HostVars:
     docker_gpus: DockerGpus | None = None
     # how stage_model brings a model version onto the host: "push" uploads it over the host's
     # SSH connection; "pull" publishes it once to model_registry and the host's engine pulls
-    # it by digest (docs/models.md, "Distributing model versions")
+    # it by digest (docs/distribution.md)
     model_transfer: Literal["push", "pull"] = "push"
     model_registry: ModelRegistry | None = None
     # the deploy machine speaks plain HTTP to model_registry (as an engine's
