@@ -153,6 +153,7 @@ def test_an_interrupted_pull_leaves_nothing_loadable_and_a_rerun_completes(
     watched = fleet.background("stage", "--version", "3", own_session=True)
     watched.kill_when(rf"pull {REGISTRY}/tfsdeploy-models/{MODEL}@sha256:")
     expected = _sums_of(fleet.source / "3")
+    print("after the kill:", {h: _versions_on(h) for h in fleet.hosts})
     for host in fleet.hosts:
         # the version directory appears whole (verified, one rename) or not at all
         names = _versions_on(host)
