@@ -2,7 +2,7 @@
 machine) against pull (published once to the registry, every host's engine pulls by digest).
 
     python benchmarks/bench_transfer.py [--hosts 3] [--model benchtransfer] [--version-dir DIR]
-                                        [--max-pulls 1,8] [--keep]
+                                        [--max-pulls 1,8] [--include-reserved] [--keep]
 
 For each mode it removes the model from the hosts, then runs ``fab stage --json`` of resnet50's
 version 1 (``--version-dir``, default the test models' resnet50/1, ~200 MB) on the first
@@ -54,10 +54,11 @@ from transfer_support import wire_counter  # noqa: E402
 MB = 1_000_000
 
 
-def testbed_hosts(count: int) -> dict[str, str]:
-    """The first ``count`` non-reserved hosts of the running testbed."""
+def testbed_hosts(count: int, *, reserved: bool = False) -> dict[str, str]:
+    """The first ``count`` hosts of the running testbed (the reserved ones too when
+    ``reserved``: staging starts no container and leaves their GPUs alone)."""
     entries = [e for e in json.loads((STATE / "hosts.json").read_text())["hosts"]
-               if not e.get("reserved")]
+               if reserved or not e.get("reserved")]
     if len(entries) < count:
         sys.exit(f"the testbed has {len(entries)} usable host(s), {count} wanted: "
                  f"scripts/testbed up --hosts {count + 1} --reserve tb4 ...")
@@ -122,9 +123,11 @@ def main() -> None:
     parser.add_argument("--max-pulls", default="8",
                         help="comma-separated --max-pulls values to run pull with")
     parser.add_argument("--keep", action="store_true")
+    parser.add_argument("--include-reserved", action="store_true",
+                        help="stage on the reserved hosts too (10 hosts with tb4 reserved)")
     args = parser.parse_args()
     ensure_fleet()
-    hosts = testbed_hosts(args.hosts)
+    hosts = testbed_hosts(args.hosts, reserved=args.include_reserved)
     assert all(ADDRESSES.get(h) == a for h, a in hosts.items()), hosts
     tmp = Path(tempfile.mkdtemp(prefix="bench-transfer-"))
     source = tmp / "models" / args.model

@@ -379,3 +379,22 @@ def test_no_more_hosts_pull_at_once_than_max_pulls() -> None:
         thread.join(timeout=10)
     assert state["most"] == 2
     assert pull_slots(None)._initial_value == 8  # type: ignore[attr-defined]
+
+
+def test_publish_without_any_model_registry_is_a_config_error(tmp_path: Path) -> None:
+    from tfsdeploy.cli.stage import registries
+    from tfsdeploy.core.target import load_target
+
+    source = _version(tmp_path / "src" / "1").parent
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(
+        'from tfsdeploy.core.catalog import Model, Signature, TensorSpec\n'
+        'from tfsdeploy.core.fleet import Host\n'
+        'x = {"x": TensorSpec("DT_FLOAT", (-1, 1))}\n'
+        'hosts = [Host("h1", "10.0.0.1"), Host("h2", "10.0.0.2", vars={"model_registry": '
+        '"reg:5000/models", "model_registry_insecure": True})]\n'
+        f'models = [Model(name="m", source={str(source)!r}, signature=Signature(x, x), '
+        'memory_mib=512, latency_slo_ms=50)]\n')
+    assert registries(load_target("m", inventory=str(inventory))) == [("reg:5000/models", True)]
+    with pytest.raises(ConfigError, match="no selected host of m names a model_registry"):
+        registries(load_target("m", inventory=str(inventory), hosts="h1"))
