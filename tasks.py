@@ -102,6 +102,7 @@ VALUES = {
     "rps": "RPS", "min_qps": "QPS", "target_qps": "QPS", "per_instance_qps": "QPS",
     "load_factor": "FRACTION", "availability_factor": "FRACTION", "lines": "N",
     "concurrency": "N", "procs": "N", "min_requests": "N", "instances_per_host": "N",
+    "max_pulls": "N",
 }
 
 
@@ -144,6 +145,32 @@ UNATTENDED = {
 }
 
 
+MAX_PULLS = ("hosts with model_transfer 'pull' that pull the version at once (default 8)")
+
+
+@command(help={**SELECT, "version": "model version to publish (default: the newest in the "
+                                  "model's source)",
+               "json": "print the result as JSON"})
+def publish(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+            limit: str | None = None, version: str | None = None, json: bool = False) -> None:
+    """Pack a model version once and push it to the hosts' model_registry as an image."""
+    _main("publish", locals())
+
+
+@command(help={**SELECT, "version": "model version to stage (default: the newest in the "
+                                  "model's source)",
+               "playbook": "playbook file (default: playbooks/stage.yml)",
+               "lock_wait": "seconds to wait for another run's lock before exiting 4 (default 0)",
+               "max_pulls": MAX_PULLS, **UNATTENDED})
+def stage(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+          limit: str | None = None, version: str | None = None, playbook: str | None = None,
+          lock_wait: str = "0", max_pulls: str | None = None, json: bool = False,
+          log_file: str | None = None, json_file: str | None = None,
+          metrics_file: str | None = None) -> None:
+    """Stage a model version on every host ahead of a release; nothing serving changes."""
+    _main("stage", locals())
+
+
 @command(help={**SELECT, "version": "model version to render (default: the newest in the "
                                   "model's source)",
             "out": "output directory; one folder per host (default: render/)"})
@@ -174,6 +201,7 @@ def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
     "step_s": "seconds each canary step is held and judged (default: the policy's, 60)",
     "pause": "after the last canary step, stop holding the canary (exit 6): fab promote or "
              "fab abort finish it",
+    "max_pulls": MAX_PULLS,
     **RUNBOOK,
     **UNATTENDED,
 })
@@ -181,9 +209,9 @@ def deploy(c: Any, model: str, inventory: str | None = None, hosts: str | None =
            limit: str | None = None, version: str | None = None, playbook: str | None = None,
            lock_wait: str = "0", check: bool = False, diff: bool = False,
            canary_weights: str | None = None, step_s: str | None = None,
-           pause: bool = False, hooks: str | None = None, notify: list[str] | None = None,
-           json: bool = False, log_file: str | None = None, json_file: str | None = None,
-           metrics_file: str | None = None) -> None:
+           pause: bool = False, max_pulls: str | None = None, hooks: str | None = None,
+           notify: list[str] | None = None, json: bool = False, log_file: str | None = None,
+           json_file: str | None = None, metrics_file: str | None = None) -> None:
     """Roll a model release host by host in a dual-version window, gated on health."""
     _main("deploy", locals())
 
@@ -410,4 +438,4 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | N
 
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
-                lock, logs, exec_, prune, retire, accept, promote, abort)
+                lock, logs, exec_, prune, retire, accept, promote, abort, publish, stage)

@@ -56,6 +56,11 @@ defaults = {
     "docker_gpus": "all",
     "gpu_safety_margin": 1.2,
     "gpu_headroom": 0.1,
+    # model versions go to the testbed's registry once; every host pulls them by digest
+    # (docs/distribution.md)
+    "model_transfer": "pull",
+    "model_registry": f"{REGISTRY}/tfsdeploy-models",
+    "model_registry_insecure": True,  # plain HTTP, as the engines' --insecure-registry
 }
 
 models = [

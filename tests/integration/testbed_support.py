@@ -238,12 +238,15 @@ models = [
 def inventory_text(*, title: str, model: str, source: Path, golden: Path, offset: int,
                    warmup: str, rollout: str, groups: str = "{}", memory_mib: int = 512,
                    gpu_mib: int = 16384, gpus: int | dict[str, int] = 1, slo_ms: int = 50,
-                   hosts: dict[str, str] = HOSTS, ssh_port: int = 22) -> str:
+                   hosts: dict[str, str] = HOSTS, ssh_port: int = 22,
+                   extra_vars: dict[str, Any] | None = None) -> str:
     """A test inventory (Python): ``hosts`` (``gpus`` GPUs of ``gpu_mib`` each) with
     ``groups``, and one model of the half_plus_two signature whose ``warmup`` and ``rollout``
     are the Warmup(...) and Rollout(...) expressions given; ``gpus`` per host name (default
-    1) when a dict; ``ssh_port`` ALT_SSH_PORT for a module that cuts its own runs' SSH off."""
+    1) when a dict; ``ssh_port`` ALT_SSH_PORT for a module that cuts its own runs' SSH off;
+    ``extra_vars`` more defaults (``model_transfer``, ...)."""
     extra = f'\n    "ssh_port": {ssh_port!r},' if ssh_port != 22 else ""
+    extra += "".join(f"\n    {k!r}: {v!r}," for k, v in (extra_vars or {}).items())
     gpus_expr = f"{gpus!r}.get(name, 1)" if isinstance(gpus, dict) else repr(gpus)
     return INVENTORY.format(
         title=title, model=model, hosts=hosts, ssh_key=str(SSH_KEY), extra_defaults=extra,

@@ -26,12 +26,12 @@ def deploy(target: Target, *, version: int | str | None = None, playbook: str | 
            connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
            client_factory: ClientFactory | None = None,
            before: Callable[[RunPlan], None] | None = None,
-           canary: CanaryPolicy | None = None) -> RunResult:
+           canary: CanaryPolicy | None = None, max_pulls: int | None = None) -> RunResult:
     """Validate everything, take the lock, run the deploy playbook; always release the lock
     (a paused canary keeps it). ``before`` sees the plan once everything is validated, before
     any connection (a pre-hook may stop the run there)."""
     plan = plans.deploy_plan(target, version=version, playbook=playbook, lock_wait=lock_wait,
-                             canary=canary)
+                             canary=canary, max_pulls=max_pulls)
     result = engine.run(plan, reporter=reporter, connect=connect, clock=clock,
                         client_factory=client_factory, before=before)
     left = orphans(target, connect=connect)  # a deploy never leaves one unsaid

@@ -138,7 +138,7 @@ def cmd_deploy(args: Options) -> int:
     return _surrounded("deploy", args, lambda chosen, shown, before: deploy.deploy(
         chosen, version=args["version"], playbook=args["playbook"],
         lock_wait=args["lock_wait"], reporter=shown, before=before,
-        canary=_canary_option(chosen, args)))
+        canary=_canary_option(chosen, args), max_pulls=args.get("max_pulls")))
 
 
 def _canary_option(chosen: Target, args: Options) -> CanaryPolicy | None:
@@ -358,6 +358,34 @@ def cmd_prune(args: Options) -> int:
                   rows=prune.summary_rows(result), extra=prune.summary_data(result))
 
 
+def cmd_publish(args: Options) -> int:
+    """`fab publish`: the version packed once and pushed to each registry the model's hosts
+    name; only what a registry lacks is pushed."""
+    from tfsdeploy.cli import stage
+
+    chosen = target(args)
+    published = stage.publish_version(chosen, args["version"])
+    if args["json"]:
+        output.print_json(stage.publish_data(chosen, published))
+        return 0
+    for done in published:
+        print(done.describe())
+        print(f"digest {done.digest}  tag {done.tag}")
+    return 0
+
+
+def cmd_stage(args: Options) -> int:
+    """`fab stage`: the version put in place on every selected host ahead of a release."""
+    from tfsdeploy.cli import stage
+
+    shown = output.reporter(args["json"], args["log_file"])
+    result = stage.stage(target(args), version=args["version"], playbook=args["playbook"],
+                         lock_wait=args["lock_wait"], max_pulls=args["max_pulls"],
+                         reporter=shown)
+    return finish("stage", result, json=args["json"], json_file=args["json_file"],
+                  metrics_file=args["metrics_file"], events=shown.events)
+
+
 def cmd_retire(args: Options) -> int:
     """`fab retire` (and `--check`): by default from every inventory host (each one that holds
     the model is retired; the others are reported absent)."""
@@ -396,9 +424,9 @@ COMMANDS: dict[str, Callable[[Options], int]] = {
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
     "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
-    "abort": cmd_abort,
+    "abort": cmd_abort, "publish": cmd_publish, "stage": cmd_stage,
 }
-UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort")
+UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort", "stage")
 
 
 def main(command: str, raw: dict[str, Any]) -> int:

@@ -151,6 +151,7 @@ BOUNDS: dict[str, Bound] = {
     "procs": Bound(1, 1024, whole=True),
     "instances_per_host": Bound(1, 1024, whole=True),
     "lines": Bound(1, MILLION, whole=True),
+    "max_pulls": Bound(1, 10_000, whole=True),   # hosts pulling a model version at once
     "rps": Bound(0, 10 * MILLION, above=True),
     "min_qps": Bound(0, 10 * MILLION, above=True),
     "target_qps": Bound(0, 10 * MILLION, above=True),

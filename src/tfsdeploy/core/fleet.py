@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, Strict
 
+from tfsdeploy.core.artifact import ArtifactError, model_repo
 from tfsdeploy.core.catalog import CHECKED
 from tfsdeploy.core.schema import (
     AbsoluteDir,
@@ -62,6 +63,17 @@ TfsVersion = Annotated[str, Strict(), pattern_rule(
 DockerGpus = Annotated[str, Strict(), pattern_rule(
     r'all|[0-9]{1,3}|"?(device|capabilities)=[A-Za-z0-9_,:-]+"?', "a `docker run --gpus` value",
     "write 'all', a count, or 'device=0,1'")]
+def _registry_problem(value: str) -> str | None:
+    # the same rules fab publish applies
+    try:
+        model_repo(value, "model")
+    except ArtifactError as error:
+        return "is not a registry repository prefix: " + str(error).split(": ", 1)[-1]
+    return None
+
+
+ModelRegistry = Annotated[str, Strict(), Field(max_length=255), rule(
+    _registry_problem, "write host[:port]/repository, e.g. 'registry:5000/tfsdeploy-models'")]
 GpuMargin = Annotated[float, Strict(), Field(le=10.0, allow_inf_nan=False), rule(
     lambda v: "is below 1: the reservation would be smaller than the model's footprint"
     if v < 1.0 else None, "set gpu_safety_margin between 1.2 and 1.5 (the measured need "
@@ -109,6 +121,14 @@ class HostVars:
     load_retry_interval_micros: Annotated[int, Strict(), Field(ge=0, le=3_600_000_000)] = \
         5_000_000
     docker_gpus: DockerGpus | None = None
+    # how stage_model brings a model version onto the host: "push" uploads it over the host's
+    # SSH connection; "pull" publishes it once to model_registry and the host's engine pulls
+    # it by digest (docs/distribution.md)
+    model_transfer: Literal["push", "pull"] = "push"
+    model_registry: ModelRegistry | None = None
+    # the deploy machine speaks plain HTTP to model_registry (as an engine's
+    # --insecure-registry); otherwise HTTPS
+    model_registry_insecure: Flag = False
 
     def __post_init__(self) -> None:
         if isinstance(self.slot_ports, Mapping):

@@ -104,6 +104,32 @@ class PullImage(Change):
 
 
 @dataclass(frozen=True)
+class PullModel(Change):
+    """A model version's image pulled onto the host by digest (model_transfer pull), holding
+    one of the run's pull slots (--max-pulls) for the pull."""
+
+    kind: ClassVar[str] = "pull-model"
+    reference: str  # registry/repository@sha256:...
+    what: str = ""
+
+    def describe(self) -> str:
+        return f"pull {self.what} ({self.reference})"
+
+
+@dataclass(frozen=True)
+class Publish(Change):
+    """The version published to the fleet's registry when it is not there yet (once per run
+    and registry, whichever host needs it first); ``run`` says what it pushed."""
+
+    kind: ClassVar[str] = "publish"
+    what: str
+    run: Callable[[], str] = field(compare=False, repr=False)
+
+    def describe(self) -> str:
+        return self.what
+
+
+@dataclass(frozen=True)
 class RunContainer(Change):
     """A container created and started."""
 

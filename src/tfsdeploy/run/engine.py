@@ -267,6 +267,9 @@ def run_phases(state: RunState) -> RunResult:
         finish(state, ExitCode.INCONSISTENT,
                f"{len(state.failed)} host(s) failed within the allowed threshold and still "
                f"serve their previous release: {', '.join(sorted(state.failed))}")
+    elif state.context.verb is Verb.STAGE:
+        finish(state, ExitCode.OK, f"version {state.context.version} staged on every host; "
+               "nothing serving was changed")
     elif state.context.verb is Verb.ABORT:  # the release in the context is the one aborted
         finish(state, ExitCode.OK, f"canary {state.context.release_id} aborted: every host "
                "serves the release it served before the canary")

@@ -23,7 +23,9 @@ from tfsdeploy.run.changes import (
     Command,
     LocalCommand,
     ProxyCommands,
+    Publish,
     PullImage,
+    PullModel,
     ReloadProxy,
     RemoveContainer,
     RemoveImage,
@@ -71,6 +73,11 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
             if change.if_missing and conn.docker.image_present(change.image):
                 return f"{change.image} present"
             conn.docker.pull(change.image, lambda p: on_progress(job.name, p))
+        elif isinstance(change, PullModel):
+            with job.run.pull_slots:
+                conn.docker.pull(change.reference, lambda p: on_progress(job.name, p))
+        elif isinstance(change, Publish):
+            return change.run()
         elif isinstance(change, RunContainer):
             conn.docker.run(change.spec)
         elif isinstance(change, StartContainer):

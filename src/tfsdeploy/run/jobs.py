@@ -41,6 +41,7 @@ from tfsdeploy.hosts.ssh import Connection
 
 ClientFactory = Callable[[str, int, str], Any]
 FRACTION_FLAG = "--per_process_gpu_memory_fraction"
+DEFAULT_MAX_PULLS = 8  # see benchmarks/model_transfer.py for the measurement
 
 
 class Verb(StrEnum):
@@ -52,6 +53,7 @@ class Verb(StrEnum):
     PROMOTE = "promote"
     ABORT = "abort"
     PRUNE = "prune"
+    STAGE = "stage"
     RETIRE = "retire"
 
 
@@ -68,6 +70,12 @@ class RunContext:
     golden: list[GoldenExample]
     source_dir: str
     archive: Any = None  # operations.stage.VersionArchive, built when first uploaded
+    packed: Any = None  # publish.PackedVersion, the version as an image (model_transfer pull)
+    published: dict[str, Any] = field(default_factory=dict)  # model_registry -> Published
+    publish_lock: threading.Lock = field(default_factory=threading.Lock)
+    # model_transfer pull: at most this many hosts pull at once (--max-pulls)
+    pull_slots: threading.BoundedSemaphore = field(
+        default_factory=lambda: threading.BoundedSemaphore(DEFAULT_MAX_PULLS))
     client_factory: ClientFactory | None = None  # tests pass a fake TFServing client
     check: bool = False  # --check: plan only
     reason: str = ""  # "guard": a rollback the SLO guard started

@@ -11,6 +11,7 @@ canary; prune judges each host from its own facts.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from tfsdeploy.core.target import Target, render_release
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.lock import current_user
 from tfsdeploy.run.jobs import (
+    DEFAULT_MAX_PULLS,
     Facts,
     HostJob,
     InstanceJob,
@@ -160,12 +162,52 @@ def job_for(context: RunContext, host: ResolvedHost, render: HostRender, session
 
 # -- deploy ------------------------------------------------------------------------------------
 
+def check_transfer(target: Target) -> None:
+    """Every selected host with ``model_transfer: pull`` names a ``model_registry`` (a config
+    error, before any connection, otherwise)."""
+    missing = sorted(h.name for h in target.hosts
+                     if h.vars.model_transfer == "pull" and not h.vars.model_registry)
+    if missing:
+        raise ConfigError(Problem(
+            f"model_transfer is 'pull' but no model_registry is set for "
+            f"{', '.join(missing)}", fix="set model_registry (e.g. "
+            "'registry:5000/tfsdeploy-models') where model_transfer is set, or use "
+            "model_transfer 'push'", file=target.inventory.path, field="model_registry"))
+
+
+def pull_slots(max_pulls: int | None) -> threading.BoundedSemaphore:
+    """How many hosts pull a model version at once (``--max-pulls``)."""
+    return threading.BoundedSemaphore(max_pulls or DEFAULT_MAX_PULLS)
+
+
+def stage_plan(target: Target, *, version: int | str | None = None,
+               playbook: str | None = None, lock_wait: float = 0.0,
+               max_pulls: int | None = None) -> RunPlan:
+    """A stage: the version put in place on every selected host ahead of a release (the
+    deploy's stage step, alone); nothing serving is touched."""
+    check_transfer(target)
+    renders = render_release(target, version)
+    chosen = renders[0].version
+    source = deployable_source(target, chosen)
+
+    def plan(facts: Facts, session: Session) -> tuple[RunContext, list[HostJob]]:
+        context = context_for(target, session, verb=Verb.STAGE, version=chosen,
+                              release_id="", golden=[], source_dir=str(source))
+        context.pull_slots = pull_slots(max_pulls)
+        return context, [job_for(context, r.host, r, session, facts, r.host.vars.image)
+                         for r in renders]
+
+    return RunPlan(verb=Verb.STAGE, target=target, playbook=default_playbook("stage", playbook),
+                   planner=plan, lock_wait=lock_wait, version=chosen)
+
+
 def deploy_plan(target: Target, *, version: int | str | None = None,
                 playbook: str | None = None, lock_wait: float = 0.0,
-                canary: CanaryPolicy | None = None) -> RunPlan:
+                canary: CanaryPolicy | None = None, max_pulls: int | None = None) -> RunPlan:
     """A deploy: every host rolls the release rendered for it, with the image its own vars
     name. Everything is rendered and validated here, before any connection; the canary
     policy is ``canary`` (the command line's) or the model's."""
+    check_transfer(target)
     renders = render_release(target, version)
     chosen = renders[0].version
     source = deployable_source(target, chosen)
@@ -177,6 +219,7 @@ def deploy_plan(target: Target, *, version: int | str | None = None,
         context = context_for(target, session, verb=Verb.DEPLOY, version=chosen,
                               release_id=release_id, golden=golden, source_dir=str(source),
                               canary=policy)
+        context.pull_slots = pull_slots(max_pulls)
         return context, [job_for(context, r.host, r, session, facts, r.host.vars.image)
                          for r in renders]
 

@@ -36,7 +36,8 @@ _RECORD = ('record() { mkdir -p -- "$(dirname -- "$1")" && ' + _BOOT
 # it. "replace": a damaged version already there is moved aside (into the staging directory,
 # removed with it) just before that rename: two renames apart, never a half version.
 _PUBLISH = (_RECORD + 'cd "$1" || exit 1; '
-            'if ! (cd version && sha256sum --quiet --check ../SHA256SUMS); then '
+            'if [ "$6" != checked ] && ! (cd version && sha256sum --quiet --check ../SHA256SUMS); '
+            'then '
             'cd /; rm -rf -- "$1"; exit 5; fi; cd /; '
             'record "$3" "$4" "$1/SHA256SUMS" || exit 1; '
             'models=$(dirname -- "$2"); '
@@ -72,13 +73,15 @@ def extract(archive: str, staging: str) -> Argv:
 
 
 def verify_and_publish(staging: str, final: str, *, digest_file: str, digest: str,
-                       replace: bool = False) -> Argv:
+                       replace: bool = False, checked: bool = False) -> Argv:
     """Check the staged files against their sums, record the version's digest, sums and the
     boot id, then rename ``staging/version`` to ``final`` (durably) unless a version
     directory is already there: an existing, possibly live, version directory is never
-    touched, unless ``replace`` (a version whose files failed their re-verification)."""
+    touched, unless ``replace`` (a version whose files failed their re-verification).
+    ``checked``: the files were verified just before (``commands.pull.verify_pulled``), so
+    they are not read again."""
     return ["sh", "-c", _PUBLISH, "sh", staging, final, digest_file, digest,
-            "replace" if replace else "keep"]
+            "replace" if replace else "keep"] + (["checked"] if checked else [])
 
 
 def verify_existing(sums: str, final: str, *, digest_file: str, digest: str) -> Argv:

@@ -25,47 +25,28 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from tfsdeploy.core.artifact import ArtifactError, model_repo
 from tfsdeploy.core.gates import GateFailed
+from tfsdeploy.hosts.commands import pull as pull_commands
 from tfsdeploy.hosts.commands import stage as stage_commands
 from tfsdeploy.hosts.commands.files import mkdir
-from tfsdeploy.run.changes import Change, Check, Command, Upload, WriteFile
+from tfsdeploy.hosts.registry import Registry, RegistryError
+from tfsdeploy.run.changes import (
+    Change,
+    Check,
+    Command,
+    Publish,
+    PullModel,
+    RemoveImage,
+    Upload,
+    WriteFile,
+)
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import Ops, operation
-
-CHUNK = 1 << 20
-
-
-class SourceError(Exception):
-    """The model version on the deploying machine cannot be shipped as it is."""
-
-
-def _files(root: Path) -> list[tuple[str, Path]]:
-    """(relative name, path) of every file under ``root``, symbolic links followed, sorted."""
-    found: list[tuple[str, Path]] = []
-    seen: set[str] = set()
-    for directory, dirs, files in os.walk(root, followlinks=True):
-        real = os.path.realpath(directory)
-        if real in seen:  # a link back up the tree
-            raise SourceError(f"{directory} links back to {real}: a loop in the model source")
-        seen.add(real)
-        dirs.sort()
-        for name in sorted(files):
-            path = Path(directory, name)
-            relative = path.relative_to(root).as_posix()
-            if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in relative):
-                raise SourceError(f"file name {relative!r} holds a control character")
-            if not path.is_file():
-                raise SourceError(f"{relative} is not a regular file (a dangling link?)")
-            found.append((relative, path))
-    return found
-
-
-def _digest_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+from tfsdeploy.run.publish import PackedVersion, Published, pack, publish
+from tfsdeploy.run.sources import SourceError
+from tfsdeploy.run.sources import file_sha256 as _digest_file
+from tfsdeploy.run.sources import files_of as _files
 
 
 class _HashingReader(io.RawIOBase):
@@ -166,9 +147,11 @@ def stage_model(job: HostJob) -> Ops:
     if job.target_running:
         return f"version {version} is in use by the running release"
     archive = archive_of(job)
+    pulling = job.host.vars.model_transfer == "pull"
     try:
-        digest = archive.digest() if Path(job.run.source_dir).is_dir() else ""
-    except (SourceError, OSError) as error:
+        digest = "" if not Path(job.run.source_dir).is_dir() else (
+            packed_of(job).files.digest() if pulling else archive.digest())
+    except (SourceError, ArtifactError, OSError) as error:
         raise GateFailed("stage_model", f"version {version} readable in the model's source",
                          str(error)) from None
     replace = False
@@ -184,6 +167,9 @@ def stage_model(job: HostJob) -> Ops:
         raise GateFailed("stage_model", f"version {version} on the host or in the model's "
                          f"source ({job.run.source_dir})", "neither has it" if not replace
                          else "the host's copy failed its re-verification")
+    if pulling:
+        detail = yield from _pull(job, final, digest, replace=replace)
+        return detail
     staging = f"{paths.model_dir}/.staging-{version}-{job.run.release_id}"
     yield Command.of(mkdir(paths.model_dir), f"create {paths.model_dir}")
     yield Upload(source=archive.path, path=f"{staging}.tar",
@@ -256,3 +242,75 @@ def _check_staged(job: HostJob, final: str, digest: str) -> Ops:
         sums, final, digest_file=job.paths.digest_file(job.run.version), digest=digest),
         f"verify the files already in {final} against the source")
     return f"version {job.run.version} already staged, verified against the source"
+
+
+# -- model_transfer pull -----------------------------------------------------------------------
+
+# room kept free beside a pulled version (the staging copy's directories, the sums, the
+# records): a version that exactly fills a disk would leave the host unable to write its logs
+PULL_MARGIN_BYTES = 64 << 20
+
+
+def packed_of(job: HostJob) -> PackedVersion:
+    """The run's image of the version (packed on first need, once for every host)."""
+    run = job.run
+    with run.publish_lock:
+        if run.packed is None:
+            run.packed = pack(run.model.name, run.version, Path(run.source_dir))
+        packed: PackedVersion = run.packed
+    return packed
+
+
+def publish_once(job: HostJob) -> str:
+    """Publish the version to the host's ``model_registry`` unless this run already did (or
+    failed to: every host then fails with the same reason, without asking again)."""
+    run, host_vars = job.run, job.host.vars
+    prefix = str(host_vars.model_registry)
+    with run.publish_lock:
+        done = run.published.get(prefix)
+        if done is None:
+            registry = Registry(prefix.split("/", 1)[0],
+                                insecure=host_vars.model_registry_insecure)
+            try:
+                done = publish(run.packed, registry, prefix)
+            except (RegistryError, SourceError, ArtifactError) as error:
+                done = error
+            finally:
+                registry.close()
+            run.published[prefix] = done
+    if isinstance(done, Exception):
+        raise GateFailed("stage_model", f"version {run.version} published to {prefix}",
+                         str(done))
+    published: Published = done
+    return published.describe()
+
+
+def _pull(job: HostJob, final: str, digest: str, *, replace: bool) -> Ops:
+    """Publish if needed, pull by digest, copy out, verify against the source's sums,
+    publish into place with one rename; the image is removed once the files are in place."""
+    run, paths, host_vars = job.run, job.paths, job.host.vars
+    packed = packed_of(job)
+    prefix = str(host_vars.model_registry)
+    reference = model_repo(prefix, run.model.name).reference(packed.digest)
+    staging = f"{paths.model_dir}/.pull-{run.version}"
+    size_mib = packed.files.total_bytes / (1 << 20)
+    yield Publish(f"publish version {run.version} to {prefix} unless it is there",
+                  lambda: publish_once(job))
+    yield Command.of(pull_commands.free_space(
+        paths.model_dir, need_bytes=packed.files.total_bytes + PULL_MARGIN_BYTES,
+        image_bytes=packed.layer.size), f"room for version {run.version} "
+        f"({size_mib:.1f} MiB) and its image on the host")
+    yield PullModel(reference, what=f"version {run.version} ({size_mib:.1f} MiB)")
+    yield Command.of(pull_commands.extract(reference, staging),
+                     f"copy version {run.version} out of its image into {staging}",
+                     timeout=600)
+    yield WriteFile(f"{staging}/SHA256SUMS", packed.files.sums().encode())
+    yield Command.of(pull_commands.verify_pulled(staging),
+                     "verify every pulled file against the source's sha256 and file list",
+                     timeout=600)
+    yield Command.of(stage_commands.verify_and_publish(
+        staging, final, digest_file=paths.digest_file(run.version), digest=digest,
+        replace=replace, checked=True),
+        f"publish {final}" + (" over its damaged copy" if replace else ""), timeout=600)
+    yield RemoveImage(reference)
+    return f"pulled {reference}, published {final} (sha256 verified)"

@@ -1,0 +1,212 @@
+"""A model version as a content-addressed OCI image (pure): its file manifest, the image's
+config and manifest documents, and where it lives in the fleet's registry.
+
+The image holds one layer: an uncompressed tar of ``version/<files>`` (nothing else), written
+deterministically (``run.publish``), so the same files always give the same layer, config and
+manifest digest: publishing again finds every blob and the manifest already there. The
+version's file manifest (every file's path, sha256 and size) rides in the image config's
+labels for people (``docker inspect``); a host never trusts it: it verifies the files it
+extracted against the sums the deploy machine computed from the model's source.
+
+Facts this relies on (OCI image-spec and distribution-spec, github.com/opencontainers):
+- an image manifest is ``schemaVersion: 2`` with ``mediaType``
+  ``application/vnd.oci.image.manifest.v1+json``, a ``config`` descriptor
+  (``application/vnd.oci.image.config.v1+json``) and ``layers`` descriptors (mediaType,
+  digest, size); its digest is the sha256 of the exact bytes PUT to the registry;
+- ``application/vnd.oci.image.layer.v1.tar`` is an uncompressed tar layer, so the config's
+  ``rootfs.diff_ids`` entry equals the layer's digest (a SavedModel's variables barely
+  compress, and compression would cost every publish CPU for nothing);
+- a layer entry named ``.wh.<name>`` is a whiteout (it deletes ``<name>``) and ``.wh..wh..opq``
+  an opaque directory: a model file with such a name cannot travel in a layer;
+- repository name components are ``[a-z0-9]+((\\.|_|__|-+)[a-z0-9]+)*`` and tags
+  ``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`` (distribution-spec, "Pulling manifests").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
+LABEL_MANIFEST = "dev.tfsdeploy.files"
+LABEL_MODEL = "dev.tfsdeploy.model"
+LABEL_VERSION = "dev.tfsdeploy.version"
+LABEL_SUMS = "dev.tfsdeploy.sums-digest"
+LAYER_ROOT = "version"  # the layer's only top-level directory
+
+_COMPONENT = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*")
+_WHITEOUT = ".wh."
+
+
+class ArtifactError(ValueError):
+    """A version that cannot travel as an image, or a registry reference that is wrong."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One file of a version: its path relative to the version directory, sha256, size."""
+
+    path: str
+    sha256: str
+    size: int
+
+
+@dataclass(frozen=True)
+class FileManifest:
+    """Every file of one version, sorted by path."""
+
+    files: tuple[FileEntry, ...]
+
+    @staticmethod
+    def of(entries: Iterable[FileEntry]) -> FileManifest:
+        """The manifest of ``entries``; a path whose layer entry would be a whiteout is
+        refused."""
+        files = tuple(sorted(entries, key=lambda e: e.path))
+        for entry in files:
+            if any(part.startswith(_WHITEOUT) for part in entry.path.split("/")):
+                raise ArtifactError(
+                    f"{entry.path}: a file or directory named '.wh.*' is an OCI whiteout: in "
+                    "an image layer it deletes a file instead of holding one; rename it, or "
+                    "stage this model with model_transfer 'push'")
+        return FileManifest(files)
+
+    def sums(self) -> str:
+        """``sha256sum`` lines (GNU format), the text both transfers verify against."""
+        return "".join(f"{e.sha256}  {e.path}\n" for e in self.files)
+
+    def digest(self) -> str:
+        """The version's digest: the sha256 of its sums (what a host records)."""
+        return hashlib.sha256(self.sums().encode()).hexdigest()
+
+    @property
+    def total_bytes(self) -> int:
+        """The version's size."""
+        return sum(e.size for e in self.files)
+
+    def to_json(self) -> str:
+        """Compact JSON: ``[[path, sha256, size], ...]``."""
+        return json.dumps([[e.path, e.sha256, e.size] for e in self.files],
+                          separators=(",", ":"))
+
+
+def parse_sums(text: str) -> dict[str, str]:
+    """``sha256sum`` lines -> {path: sha256}; a malformed line is an ArtifactError."""
+    found: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        digest, sep, path = line.partition("  ")
+        if not sep or not re.fullmatch(r"[0-9a-f]{64}", digest) or not path:
+            raise ArtifactError(f"line {number} of the sums is not '<sha256>  <path>'")
+        found[path] = digest
+    return found
+
+
+def mismatches(expected: FileManifest, seen: Mapping[str, tuple[str, int]]) -> list[str]:
+    """What differs between the manifest and the files seen ({path: (sha256, size)}): missing,
+    extra, other size, other content; empty when they match exactly."""
+    problems: list[str] = []
+    want = {e.path: e for e in expected.files}
+    for path in sorted(want.keys() - seen.keys()):
+        problems.append(f"{path}: missing")
+    for path in sorted(seen.keys() - want.keys()):
+        problems.append(f"{path}: not in the manifest")
+    for path in sorted(want.keys() & seen.keys()):
+        digest, size = seen[path]
+        if size != want[path].size:
+            problems.append(f"{path}: {size} bytes, the manifest says {want[path].size}")
+        elif digest != want[path].sha256:
+            problems.append(f"{path}: sha256 {digest[:12]}, the manifest says "
+                            f"{want[path].sha256[:12]}")
+    return problems
+
+
+def sha256_digest(data: bytes) -> str:
+    """An OCI digest of ``data``: ``sha256:<hex>``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def canonical(document: Mapping[str, object]) -> bytes:
+    """The exact bytes of a JSON document as pushed (sorted keys, no spaces): the same
+    document always has the same digest."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Descriptor:
+    """An OCI content descriptor."""
+
+    media_type: str
+    digest: str
+    size: int
+
+    def as_dict(self) -> dict[str, object]:
+        """The descriptor as the image manifest holds it."""
+        return {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+
+
+def config_document(*, model: str, version: int, files: FileManifest, layer_digest: str
+                    ) -> bytes:
+    """The image config: a linux image with one uncompressed layer, no command, and the
+    version's identity and file manifest as labels (no timestamp: content-addressed)."""
+    return canonical({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Labels": {LABEL_MODEL: model, LABEL_VERSION: str(version),
+                              LABEL_SUMS: files.digest(), LABEL_MANIFEST: files.to_json()}},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    })
+
+
+def image_manifest(config: Descriptor, layer: Descriptor, *, model: str, version: int
+                   ) -> bytes:
+    """The OCI image manifest of a version's image."""
+    return canonical({
+        "schemaVersion": 2, "mediaType": MANIFEST_TYPE,
+        "config": config.as_dict(), "layers": [layer.as_dict()],
+        "annotations": {"org.opencontainers.image.title": f"{model} version {version}",
+                        LABEL_MODEL: model, LABEL_VERSION: str(version)},
+    })
+
+
+@dataclass(frozen=True)
+class RegistryRepo:
+    """Where a model's images live: the registry's host[:port] and the repository path."""
+
+    registry: str
+    repository: str
+
+    def reference(self, digest: str) -> str:
+        """The pull reference by digest: ``registry/repository@sha256:...``."""
+        return f"{self.registry}/{self.repository}@{digest}"
+
+
+def repository_component(model: str) -> str:
+    """A model name as one repository path component: lowercased, any run of other
+    characters turned into '-'; a name that changed gets 8 hex of its sha256 so that two
+    models never share a repository (``ResNet50`` and ``resnet50``)."""
+    if _COMPONENT.fullmatch(model):
+        return model
+    lowered = re.sub(r"[^a-z0-9]+", "-", model.lower()).strip("-") or "model"
+    return f"{lowered}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
+
+
+def model_repo(prefix: str, model: str) -> RegistryRepo:
+    """The repository of ``model`` under ``model_registry`` (``host[:port]/path``)."""
+    registry, sep, path = prefix.strip("/").partition("/")
+    if not registry or not sep or not path:
+        raise ArtifactError(f"model_registry {prefix!r} is not 'host[:port]/repository', "
+                            "e.g. 'registry:5000/tfsdeploy-models'")
+    for part in path.split("/"):
+        if not _COMPONENT.fullmatch(part):
+            raise ArtifactError(f"model_registry {prefix!r}: {part!r} is not a repository "
+                                "name component (lowercase letters, digits, '.', '_', '-')")
+    return RegistryRepo(registry, f"{path}/{repository_component(model)}")
+
+
+def version_tag(version: int, files: FileManifest) -> str:
+    """A readable tag beside the digest: ``v<version>-<12 hex of the sums digest>`` (pulls
+    are always by digest; the tag only names the image for people)."""
+    return f"v{version}-{files.digest()[:12]}"

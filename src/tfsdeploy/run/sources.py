@@ -1,0 +1,43 @@
+"""A model version's files in its source on the deploy machine: listed (symbolic links
+followed: DVC, git-annex and Bazel stores link to their content) and hashed."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+CHUNK = 1 << 20
+
+
+class SourceError(Exception):
+    """The model version on the deploying machine cannot be shipped as it is."""
+
+
+def files_of(root: Path) -> list[tuple[str, Path]]:
+    """(relative name, path) of every file under ``root``, symbolic links followed, sorted."""
+    found: list[tuple[str, Path]] = []
+    seen: set[str] = set()
+    for directory, dirs, files in os.walk(root, followlinks=True):
+        real = os.path.realpath(directory)
+        if real in seen:  # a link back up the tree
+            raise SourceError(f"{directory} links back to {real}: a loop in the model source")
+        seen.add(real)
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(directory, name)
+            relative = path.relative_to(root).as_posix()
+            if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in relative):
+                raise SourceError(f"file name {relative!r} holds a control character")
+            if not path.is_file():
+                raise SourceError(f"{relative} is not a regular file (a dangling link?)")
+            found.append((relative, path))
+    return found
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,80 @@
+"""model_transfer push on the real fleet (for hosts that reach no registry): the deploy
+machine uploads the version over each host's SSH connection, as the counters of
+test_model_pull.py see it: a copy per host over SSH, nothing from the registry.
+
+Two hosts: one copy per host is what is shown."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rollback_support import FAST_PLAYBOOK, GOLDEN, SOURCE_MODEL, Fleet
+from testbed_support import (
+    HOSTS,
+    REPO,
+    Run,
+    copy_version,
+    fab_env,
+    fleet_lifetime,
+    inventory_text,
+)
+from transfer_support import pad_version, wire_counter
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "itpush", 4300
+PAD = 4 << 20
+TWO = {name: HOSTS[name] for name in ("tb1", "tb2")}
+
+
+def _make(tmp: Path) -> Fleet:
+    source = tmp / "models" / MODEL
+    source.mkdir(parents=True)
+    copy_version(SOURCE_MODEL / "1", source, 1)
+    pad_version(source / "1", PAD, f"{time.time_ns()}")
+    inventory = tmp / "inventory.py"
+    inventory.write_text(inventory_text(
+        title="the push test", model=MODEL, source=source, golden=GOLDEN, offset=OFFSET,
+        warmup="Warmup(samples=5)", hosts=TWO,
+        # a registry is named, yet push never uses it
+        extra_vars={"model_transfer": "push", "model_registry": "10.87.0.1:5000/tfsdeploy-models"},
+        rollout="Rollout(serial=('100%',), min_healthy_s=1.0, window_s=0.0, "
+                "load_timeout_s=120)"))
+    (tmp / "playbooks").mkdir()
+    playbook = tmp / "playbooks" / "deploy-fast.yml"
+    playbook.write_text(FAST_PLAYBOOK)
+    (tmp / "tasks").symlink_to(REPO / "tasks")
+    return Fleet(model=MODEL, offset=OFFSET, tmp=tmp, source=source, inventory=inventory,
+                 fast_playbook=playbook, hosts=TWO)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from fleet_lifetime(MODEL, lambda: _make(tmp_path_factory.mktemp(MODEL)),
+                              keep_env="TFSDEPLOY_PUSH_TESTS_KEEP", hosts=TWO)
+
+
+def test_push_uploads_a_copy_per_host_over_ssh_and_every_host_serves(fleet: Fleet) -> None:
+    with wire_counter(fleet.hosts) as counter:
+        argv = counter.wrap(fleet.argv("deploy", "--version", "1", "--json",
+                                       playbook=fleet.fast_playbook))
+        started = time.monotonic()
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=REPO,
+                              env=fab_env())
+        sent = counter.read()
+    run = Run(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+    fleet.log.append(run.describe())
+    assert run.code == 0, run.describe()
+    print(f"bytes sent over SSH per host: {sent['ssh']}; by the registry: {sent['registry']}")
+    for host in fleet.hosts:
+        assert sent["ssh"][host] > PAD, (host, sent)  # the version's copy went over SSH
+        assert sent["registry"][host] < PAD // 4, (host, sent)  # none came from there
+    details = [s["detail"] for o in run.json()["hosts"].values() for s in o["steps"]
+               if s["step"] == "stage_model"]
+    assert all(d.startswith("published /srv/tfsdeploy/models/itpush/1") for d in details), \
+        details
+    fleet.assert_serving(1, hosts=tuple(TWO))
