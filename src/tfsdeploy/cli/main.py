@@ -117,6 +117,23 @@ def cmd_render(args: Options) -> int:
     return 0
 
 
+def cmd_observe(args: Options) -> int:
+    """`fab observe`."""
+    from tfsdeploy.cli.observe import observe
+
+    inventory = load_inventory(args["inventory"])
+    model = safe_model(args["model"]) if args.get("model") else None
+    written, published = observe(inventory, model, Path(args["out"]),
+                                 targets=bool(args.get("targets")))
+    for path in written:
+        print(path)
+    for place in published:
+        print(f"targets: {place}")
+    print(f"{len(written)} files written; check them with `promtool check config "
+          f"{args['out']}/prometheus/prometheus.yml`")
+    return 0
+
+
 def cmd_hosts(args: Options) -> int:
     """`fab hosts`."""
     inventory = load_inventory(args["inventory"])
@@ -183,8 +200,18 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
         if shown.around is not None:
             around.close(shown.around)
         raise
+    _retarget(chosen)
     return finish(command, result, json=args["json"], json_file=args["json_file"],
                   metrics_file=args["metrics_file"], events=shown.events, around=shown.around)
+
+
+def _retarget(chosen: Target) -> None:
+    """The model's Prometheus targets rewritten from what serves now (cli/observe.py), in
+    the places the inventory's ``monitoring`` names; never changes the run's exit code."""
+    from tfsdeploy.cli.observe import after_run
+
+    with hangup_survived():
+        after_run(chosen)
 
 
 def cmd_promote(args: Options) -> int:
@@ -396,7 +423,7 @@ COMMANDS: dict[str, Callable[[Options], int]] = {
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
     "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
-    "abort": cmd_abort,
+    "abort": cmd_abort, "observe": cmd_observe,
 }
 UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort")
 
