@@ -24,7 +24,7 @@ import os
 import runpy
 import traceback
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -52,7 +52,8 @@ class Inventory:
     groups: Mapping[str, tuple[str, ...]]
     models: Mapping[str, Model]
     notify: tuple[str, ...] = ()  # event receivers of every deploy/rollback (docs/hooks.md)
-    monitoring: Monitoring = Monitoring()  # the fleet's Prometheus (core/monitoring.py)
+    # the fleet's Prometheus (core/monitoring.py)
+    monitoring: Monitoring = field(default_factory=Monitoring)
 
     def host(self, name: str) -> ResolvedHost:
         """The host called ``name``."""

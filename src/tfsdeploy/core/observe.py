@@ -180,18 +180,38 @@ def _client_errors() -> str:
     return "|".join(sorted(CLIENT_ERRORS))
 
 
+def _rate(metric: str, selector: str, window: str) -> str:
+    return f"sum by (model) (rate({metric}{{{selector}}}[{window}]))"
+
+
+def server_errors(model: str, window: str) -> str:
+    """Server errors/s of one model; 0 (not nothing) while it has requests but no error:
+    TFServing creates a status's series at its first request."""
+    sel = f'job="{job_name(model)}"'
+    failed = f'{sel},status!~"OK|{_client_errors()}"'
+    return f"({_rate(REQUEST_COUNT, failed, window)} or {_rate(REQUEST_COUNT, sel, window)} * 0)"
+
+
+def slow_requests(model: Model, window: str) -> str:
+    """Successful requests/s slower than the SLO bucket; 0 while it has requests but none
+    succeeded (request_latency's series appear at a first success)."""
+    sel = f'job="{job_name(model.name)}"'
+    le = f'{sel},le=~"{slo_bucket(model.latency_slo_ms).le_pattern}"'
+    return (f"(({_rate(REQUEST_LATENCY + '_count', sel, window)} - "
+            f"{_rate(REQUEST_LATENCY + '_bucket', le, window)})"
+            f" or {_rate(REQUEST_COUNT, sel, window)} * 0)")
+
+
 def recording_rules(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]:
     """Per model: request rate, server-error ratio, P50/P99 (seconds, per model and per
     release), and the SLO's bad-request ratio over each burn-rate window."""
     m, w = model.name, seconds(monitoring.rate_window_s)
     sel = f'job="{job_name(m)}"'
-    bucket = slo_bucket(model.latency_slo_ms)
     rules: list[dict[str, Any]] = [
         {"record": "model:tfserving_requests:rate", "labels": {"window": w},
-         "expr": f"sum by (model) (rate({REQUEST_COUNT}{{{sel}}}[{w}]))"},
+         "expr": _rate(REQUEST_COUNT, sel, w)},
         {"record": "model:tfserving_server_errors:ratio_rate", "labels": {"window": w},
-         "expr": f'sum by (model) (rate({REQUEST_COUNT}{{{sel},status!~"OK|{_client_errors()}"}}'
-                 f"[{w}])) / sum by (model) (rate({REQUEST_COUNT}{{{sel}}}[{w}]))"},
+         "expr": f"{server_errors(m, w)} / {_rate(REQUEST_COUNT, sel, w)}"},
     ]
     for q, name in ((0.5, "p50"), (0.99, "p99")):
         rules.append({
@@ -204,18 +224,13 @@ def recording_rules(model: Model, monitoring: Monitoring) -> list[dict[str, Any]
             "expr": f"histogram_quantile({q}, sum by (model, release, version, le) "
                     f"(rate({REQUEST_LATENCY}_bucket{{{sel}}}[{w}]))) / 1e6"})
     for window in SLO_WINDOWS:
-        # bad = server errors + successful requests slower than the SLO bucket; out of every
+        # bad = server errors + successful requests slower than the SLO bucket, out of every
         # request but those a client caused (request_latency counts successes only)
-        errors = (f'sum by (model) (rate({REQUEST_COUNT}{{{sel},status!~"OK|{_client_errors()}"}}'
-                  f"[{window}]))")
-        slow = (f"(sum by (model) (rate({REQUEST_LATENCY}_count{{{sel}}}[{window}])) - "
-                f'sum by (model) (rate({REQUEST_LATENCY}_bucket{{{sel},le=~"{bucket.le_pattern}"}}'
-                f"[{window}])))")
-        total = (f'sum by (model) (rate({REQUEST_COUNT}{{{sel},status!~"{_client_errors()}"}}'
-                 f"[{window}]))")
+        total = _rate(REQUEST_COUNT, f'{sel},status!~"{_client_errors()}"', window)
         rules.append({"record": "model:tfsdeploy_slo_bad_requests:ratio_rate",
                       "labels": {"window": window},
-                      "expr": f"({errors} + {slow}) / {total}"})
+                      "expr": f"({server_errors(m, window)} + {slow_requests(model, window)})"
+                              f" / {total}"})
     return rules
 
 
@@ -240,8 +255,9 @@ def model_alerts(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]:
     for long, short, burn, for_, severity in BURN_WINDOWS:
         ratio = "model:tfsdeploy_slo_bad_requests:ratio_rate"
         alerts.append(_alert(
-            f"TFServingSLOBurnRate{long}", f'{ratio}{{model="{m}",window="{long}"}} > '
-            f'({burn} * {budget}) and {ratio}{{model="{m}",window="{short}"}} > ({burn} * {budget})',
+            f"TFServingSLOBurnRate{long}",
+            f'{ratio}{{model="{m}",window="{long}"}} > ({burn} * {budget}) and on (model) '
+            f'{ratio}{{model="{m}",window="{short}"}} > ({burn} * {budget})',
             for_, severity,
             f"{m}: failed or slower than {model.latency_slo_ms:g} ms (judged at the "
             f"{bucket.micros / 1000:.4g} ms bucket) at {burn}x the error budget ({budget:g}) "
