@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.unit.helpers import model
 from tfsdeploy.cli.observe import merged_groups, write_observability
 from tfsdeploy.core.catalog import Batching
 from tfsdeploy.core.errors import ConfigError
@@ -30,7 +31,6 @@ from tfsdeploy.core.observe import (
     target_groups,
 )
 from tfsdeploy.core.target import Target
-from tests.unit.helpers import model
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 MONITORING = Monitoring(node_exporters=("deploy-1:9100",),
@@ -229,7 +229,8 @@ def unit_tests() -> list[dict[str, Any]]:
             ("10m", "TFServingSLOBurnRate6h", []),
             ("40m", "TFServingSLOBurnRate6h", [BURN_6H])]),
         # client errors only (INVALID_ARGUMENT): never the release's failure
-        case(latency(5, FAST_BUCKET) + [
+        case([
+            *latency(5, FAST_BUCKET),
             {"series": f':tensorflow:serving:request_count{{{PROCESS},model_name="m",'
                        f'status="INVALID_ARGUMENT"}}', "values": "0+50x500"},
             {"series": f':tensorflow:serving:request_count{{{PROCESS},model_name="m",'

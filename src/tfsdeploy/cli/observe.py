@@ -74,6 +74,16 @@ def write_observability(inventory: Inventory, models: Sequence[Model], out: Path
 
     config = prometheus_config(models, monitoring, targets_dir=scraped_targets_dir(inventory))
     put(out / "prometheus" / "prometheus.yml", to_yaml(config))
+    local = local_targets_dir(inventory) if monitoring.hosts is None else None
+    if monitoring.hosts is None:
+        # the targets files exist from the start: Prometheus watches a file_sd file's
+        # directory for changes only if it exists when it reads the configuration (else it
+        # sees new targets only at each refresh_interval)
+        folder = local or out / "prometheus" / LOCAL_TARGETS
+        folder.mkdir(parents=True, exist_ok=True)
+        for model in models:
+            if not (folder / targets_file(model.name)).exists():
+                write_atomic(str(folder / targets_file(model.name)), "[]\n", mode=0o644)
     for model in models:
         put(out / "prometheus" / "rules" / f"{model.name}.yml",
             to_yaml(rule_groups(model, monitoring)))
