@@ -51,7 +51,8 @@ def rendered(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_observability(inv, list(inv.models.values()), out)
     groups = target_groups(inv.model("m"), inv.hosts,
                            [ServingProcess("h1", 0, "blue", "r1-v1", 1)])
-    (out / "prometheus" / "targets").mkdir()
+    # observe made the targets file, empty, for Prometheus to watch from its start
+    assert json.loads((out / "prometheus" / "targets" / "m.json").read_text()) == []
     (out / "prometheus" / "targets" / "m.json").write_text(json.dumps(groups))
     return out
 
@@ -277,6 +278,18 @@ def unit_tests() -> list[dict[str, Any]]:
               textfile("deploy", "last_run_timestamp_seconds", "0+0x500")], [
             ("50m", "TfsdeployCanaryPausedTooLong", []),
             ("70m", "TfsdeployCanaryPausedTooLong", [{"model": "m", "severity": "ticket"}])]),
+        # ... a guard from cron watched it afterwards (exit 0): still held, still fires
+        case([textfile("deploy", "last_run_exit_code", "6+0x500"),
+              textfile("deploy", "last_run_timestamp_seconds", "0+0x500"),
+              textfile("guard", "last_run_exit_code", "0+0x500"),
+              textfile("guard", "last_run_timestamp_seconds", "300+0x500")], [
+            ("70m", "TfsdeployCanaryPausedTooLong", [{"model": "m", "severity": "ticket"}])]),
+        # ... a guard aborted it (exit 2) at t=300 s: silent
+        case([textfile("deploy", "last_run_exit_code", "6+0x500"),
+              textfile("deploy", "last_run_timestamp_seconds", "0+0x500"),
+              textfile("guard", "last_run_exit_code", "2+0x500"),
+              textfile("guard", "last_run_timestamp_seconds", "300+0x500")], [
+            ("70m", "TfsdeployCanaryPausedTooLong", [])]),
         # ... promoted at t=100 s: silent
         case([textfile("deploy", "last_run_exit_code", "6+0x500"),
               textfile("deploy", "last_run_timestamp_seconds", "0+0x500"),

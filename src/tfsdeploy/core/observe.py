@@ -304,15 +304,17 @@ def toolkit_alerts(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]
     success = "tfsdeploy_last_success_timestamp_seconds"
     duration = "tfsdeploy_last_run_duration_seconds"
     deploy = f'{{model="{m}",command="deploy"}}'
-    finished = f'{{model="{m}",command=~"promote|abort|guard"}}'
+    guard = f'{{model="{m}",command="guard"}}'
+    paused_at = f"max by (model) ({run}{deploy})"
+    # `fab deploy --pause` exits 6 and holds the canary until a promote or an abort, or a
+    # guard that aborts it (exit 2), runs after it; a guard that only watched (exit 0) does not
+    ended = (f'(max by (model) ({run}{{model="{m}",command=~"promote|abort"}}) > on (model) '
+             f"{paused_at}) or (max by (model) ({run}{guard} and on (model, command, instance) "
+             f"({code}{guard} == 2)) > on (model) {paused_at})")
     alerts = [_alert(
         "TfsdeployCanaryPausedTooLong",
-        # `fab deploy --pause` exits 6 and holds the canary until promote or abort (or a guard
-        # that aborts it) runs; a later run of those ends it
         f"(max by (model) ({code}{deploy}) == 6) and on (model) "
-        f"(time() - max by (model) ({run}{deploy}) > {monitoring.canary_pause_max_s}) "
-        f"unless on (model) (max by (model) ({run}{finished}) > on (model) "
-        f"max by (model) ({run}{deploy}))",
+        f"(time() - {paused_at} > {monitoring.canary_pause_max_s}) unless on (model) ({ended})",
         None, "ticket",
         f"{m}: a canary has been paused for over {monitoring.canary_pause_max_s} s: "
         f"`fab promote --model {m}` or `fab abort --model {m}`", model=m)]
