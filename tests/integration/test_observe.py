@@ -4,8 +4,9 @@ version within two scrape intervals (every deploy rewrites the model's file_sd t
 good release fires no alert, and a release slower than the SLO fires the P99 alert within its
 `for`.
 
-Model ``itobserve`` on tb1 and tb2 (rolled together), port offset 4400, latency SLO 35 ms. Versions: 1 good
-(half_plus_two/1), 2 = half_plus_two_bad/16 (answers as half_plus_two/2, 40 ms slower). The
+Model ``itobserve`` on tb1 and tb2 (rolled together), port offset 4400, latency SLO 35 ms.
+Versions: 1 good (half_plus_two/1), 2 = half_plus_two_bad/16 (answers as half_plus_two/2,
+40 ms slower). The
 inventory's ``monitoring`` sets a 6 s scrape interval, and the P99 alert's window (12 s) and
 `for` (6 s), so that the module stays short. Two intervals must cover Prometheus' own delay:
 its discovery manager hands new file_sd targets to the scrapers at most every 5 s
