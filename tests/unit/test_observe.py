@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -353,3 +354,73 @@ def test_the_p99_for_and_windows_follow_the_inventory(tmp_path: Path) -> None:
     (p99,) = [r for g in rules["groups"] for r in g["rules"]
               if r.get("alert") == "TFServingP99AboveSLO"]
     assert p99["for"] == "3s" and 'window="5s"' in p99["expr"] and "> 0.06" in p99["expr"]
+
+
+# -- the targets a run rewrites -----------------------------------------------------------------
+
+def test_a_run_rewrites_the_targets_as_its_processes_change_and_at_its_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    from tfsdeploy.cli import observe
+
+    inv = fleet(Monitoring(local_targets_dir=str(tmp_path / "targets")))
+    target = Target(inv, inv.model("m"), inv.hosts)
+    serving = [ServingProcess("h1", 0, "blue", "r1", 1), ServingProcess("h2", 0, "blue", "r1", 1)]
+    surveys: list[int] = []
+
+    def survey(_target: Target) -> tuple[list[ServingProcess], list[str]]:
+        surveys.append(len(serving))
+        return list(serving), []
+
+    monkeypatch.setattr(observe, "running_processes", survey)
+    written = tmp_path / "targets" / "m.json"
+
+    def versions() -> set[tuple[str, str, str]]:
+        return {(g["labels"]["host"], g["labels"]["slot"], g["labels"]["version"])
+                for g in json.loads(written.read_text())}
+
+    class Quiet:
+        def __init__(self) -> None:
+            self.events: list[Any] = []
+
+        def step(self, *args: Any) -> None:
+            pass
+
+    retargeter = observe.Retargeter(target)
+    shown = observe.TeeReporter(Quiet(), retargeter)
+    assert shown.events == []  # the inner reporter's, through the tee
+    serving.append(ServingProcess("h1", 0, "green", "r2", 2))
+    shown.step("h1", "roll", "upload_release", "ok", 0.1, "")  # no process changed: no write
+    time.sleep(0.3)
+    assert not written.exists()
+    shown.step("h1", "roll", "gate_available", "ok", 0.1, "version 2 AVAILABLE")
+    deadline = time.monotonic() + 10
+    while not written.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ("h1", "green", "2") in versions() and ("h1", "blue", "1") in versions()
+    del serving[0]  # h1's old slot retired
+    shown.step("h1", "roll", "gate_available", "failed", 0.1, "")  # a failed step: no write
+    retargeter.close()  # the run ended: the final write
+    assert versions() == {("h1", "green", "2"), ("h2", "blue", "1")}
+
+    def broken(_target: Target) -> tuple[list[ServingProcess], list[str]]:
+        raise OSError("no route to host")
+
+    monkeypatch.setattr(observe, "running_processes", broken)
+    observe.after_run(target)  # never raises: one line on stderr
+    assert "the Prometheus targets of m could not be rewritten: OSError: no route to host" \
+        in capsys.readouterr().err
+
+
+def test_without_a_place_for_the_targets_a_run_reads_no_host(monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    from tfsdeploy.cli import observe
+
+    def survey(_target: Target) -> Any:
+        raise AssertionError("read the hosts")
+
+    monkeypatch.setattr(observe, "running_processes", survey)
+    inv = fleet(Monitoring())
+    target = Target(inv, inv.model("m"), inv.hosts)
+    assert not observe.retargets(target)
+    observe.after_run(target)

@@ -179,14 +179,22 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
     before any host is changed), events during the run, the post-hooks and the delivery
     report after it."""
     from tfsdeploy.cli import around
+    from tfsdeploy.cli.observe import Retargeter, TeeReporter, retargets
 
     chosen = target(args)
     started = time.monotonic()
-    shown = around.EventReporter(output.reporter(args["json"], args["log_file"]))
+    inner = output.reporter(args["json"], args["log_file"])
+    retarget = Retargeter(chosen) if retargets(chosen) else None
+    shown = around.EventReporter(TeeReporter(inner, retarget) if retarget else inner)
     before = around.surround(shown, command, chosen, hooks_dir=args.get("hooks"),
                               notify_urls=args.get("notify") or ())
     try:
-        result = run(chosen, shown, before)
+        try:
+            result = run(chosen, shown, before)
+        finally:
+            if retarget is not None:  # the model's targets from what serves now
+                with hangup_survived():
+                    retarget.close()
     except TfsDeployError as error:  # the lock held, no host reachable, ...: hooks still run
         if shown.around is not None:
             with hangup_survived():
@@ -200,18 +208,8 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
         if shown.around is not None:
             around.close(shown.around)
         raise
-    _retarget(chosen)
     return finish(command, result, json=args["json"], json_file=args["json_file"],
                   metrics_file=args["metrics_file"], events=shown.events, around=shown.around)
-
-
-def _retarget(chosen: Target) -> None:
-    """The model's Prometheus targets rewritten from what serves now (cli/observe.py), in
-    the places the inventory's ``monitoring`` names; never changes the run's exit code."""
-    from tfsdeploy.cli.observe import after_run
-
-    with hangup_survived():
-        after_run(chosen)
 
 
 def cmd_promote(args: Options) -> int:

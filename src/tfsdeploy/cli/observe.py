@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -175,12 +176,76 @@ def _upload(inventory: Inventory, monitoring: Monitoring, name: str, text: str) 
     return written
 
 
+# the steps after which a host runs other serving processes than before: a new release's
+# process loaded (its ports open once its version is AVAILABLE), an old one stopped or removed,
+# a retained one started again
+CHANGES_PROCESSES = frozenset({"gate_available", "retire_old", "stop_old", "remove_new",
+                               "resume_release", "remove_containers"})
+
+
+class Retargeter:
+    """Rewrites the model's targets while a run rolls: after each step that changed which
+    processes serve (``CHANGES_PROCESSES``), in a thread of its own so that the roll never
+    waits for it; steps that come while it writes are taken together in its next pass.
+    ``close`` waits for it and writes the run's final targets."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="retarget", daemon=True)
+        self._thread.start()
+
+    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+             detail: str) -> None:
+        """A run's step: a change of the serving processes wakes the writer."""
+        if status == "ok" and task in CHANGES_PROCESSES:
+            self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            if self._closed:
+                return
+            self._wake.clear()
+            after_run(self.target)
+
+    def close(self) -> None:
+        """The last write, from what serves at the end of the run."""
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=120)
+        after_run(self.target)
+
+
+class TeeReporter:
+    """A run's reporter whose steps also reach the retargeter; everything else is the
+    inner reporter's."""
+
+    def __init__(self, inner: Any, retargeter: Retargeter) -> None:
+        self._inner, self._retargeter = inner, retargeter
+
+    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+             detail: str) -> None:
+        """As the inner reporter, then the retargeter."""
+        self._inner.step(host, phase, task, status, seconds, detail)
+        self._retargeter.step(host, phase, task, status, seconds, detail)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def retargets(target: Target) -> bool:
+    """Whether the inventory names a place for the targets."""
+    monitoring = target.inventory.monitoring
+    return monitoring.hosts is not None or monitoring.local_targets_dir is not None
+
+
 def after_run(target: Target) -> None:
     """After a deploy, rollback, promote or abort: the model's targets rewritten where the
     inventory names a place; a failure is one line on stderr (it never changes the run's
     exit code)."""
-    monitoring = target.inventory.monitoring
-    if monitoring.hosts is None and monitoring.local_targets_dir is None:
+    if not retargets(target):
         return
     try:
         publish_targets(target)
