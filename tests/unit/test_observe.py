@@ -424,3 +424,23 @@ def test_without_a_place_for_the_targets_a_run_reads_no_host(monkeypatch: pytest
     target = Target(inv, inv.model("m"), inv.hosts)
     assert not observe.retargets(target)
     observe.after_run(target)
+
+
+def test_fab_observe_writes_the_files_and_refuses_an_unknown_model(tmp_path: Path) -> None:
+    from tests.unit.test_cli import _fab
+
+    out = tmp_path / "out"
+    done = _fab("observe", "--inventory", "inventory/example_production.py", "--out", str(out),
+                tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        "grafana/fleet.json", "grafana/ranker.json", "grafana/resnet50.json",
+        "prometheus/prometheus.yml", "prometheus/rules/ranker.yml",
+        "prometheus/rules/resnet50.yml"]  # the targets live on the monitoring hosts
+    config = yaml.safe_load((out / "prometheus" / "prometheus.yml").read_text())
+    assert config["scrape_configs"][0]["file_sd_configs"][0]["files"] == \
+        ["/etc/prometheus/tfsdeploy/resnet50.json"]
+    refused = _fab("observe", "--model", "nope", "--out", str(tmp_path / "x"),
+                   "--inventory", "inventory/example_production.py", tmp_path=tmp_path)
+    assert refused.returncode == 1 and "model 'nope' is not in the catalog" in refused.stderr
+    assert not (tmp_path / "x").exists()  # nothing written
