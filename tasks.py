@@ -180,6 +180,19 @@ def render(c: Any, model: str, inventory: str | None = None, hosts: str | None =
     _main("render", locals())
 
 
+@command(help={"model": "only this model (default: every model of the catalog)",
+               "inventory": INVENTORY,
+               "out": "output directory (default: observe/)",
+               "targets": "also read each model's hosts and write its file_sd targets (where "
+                          "the inventory's monitoring names, else DIR/prometheus/targets/)"})
+def observe(c: Any, model: str | None = None, inventory: str | None = None,
+            out: str = "observe", targets: bool = False) -> None:
+    """Write Prometheus' scrape config, rules and alerts and Grafana dashboards for the fleet.
+
+    From the inventory and the catalog; with --targets, also the serving processes' targets."""
+    _main("observe", locals())
+
+
 @command(help={"inventory": INVENTORY, "hosts": "hosts, groups or globs, comma-separated",
             "limit": "further narrow the hosts"})
 def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
@@ -438,4 +451,5 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | N
 
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
-                lock, logs, exec_, prune, retire, accept, promote, abort, publish, stage)
+                lock, logs, exec_, prune, retire, accept, promote, abort, publish, stage,
+                observe)

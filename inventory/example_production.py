@@ -5,11 +5,15 @@ built-in defaults < `defaults` < groups (in the order declared here) < host vars
 
 - gpu_a: 8 hosts with one 24 GiB GPU, serving resnet50 (the latency-sensitive group);
 - gpu_b: 8 hosts with one 16 GiB GPU, serving the ranker (throughput-oriented);
-- gpu_c: 8 hosts with two 40 GiB GPUs, serving both models.
+- gpu_c: 8 hosts with two 40 GiB GPUs, serving both models;
+- monitoring: the Prometheus server (no GPU, no model), whose file_sd targets every deploy,
+  rollback, promote and abort rewrites (`monitoring` at the end; `fab observe` renders its
+  configuration, rules and dashboards).
 """
 
 from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
 from tfsdeploy.core.fleet import Gpu, Group, Host
+from tfsdeploy.core.monitoring import Monitoring
 
 REGISTRY = "registry.internal.example:5000"
 
@@ -22,6 +26,7 @@ hosts = (
     _rack("gpu-a", 1, [Gpu(0, 24576, "NVIDIA A10")])
     + _rack("gpu-b", 2, [Gpu(0, 16384, "NVIDIA T4")])
     + _rack("gpu-c", 3, [Gpu(0, 40960, "NVIDIA A100-40GB"), Gpu(1, 40960, "NVIDIA A100-40GB")])
+    + [Host("prom-01", "10.20.9.1")]
 )
 
 groups = {
@@ -32,6 +37,7 @@ groups = {
                    vars={"gpu_headroom": 0.15}),
     # a canary host per group, rolled first by the playbooks' `serial: [1, ...]`
     "canaries": Group(["gpu-a01", "gpu-b01", "gpu-c01"]),
+    "monitoring": Group(["prom-01"]),
 }
 
 defaults = {
@@ -84,3 +90,16 @@ models = [
         rollout=Rollout(serial=(2, "50%", "100%"), max_fail_percentage=10),
     ),
 ]
+
+# Prometheus on the monitoring group reads /etc/prometheus/tfsdeploy/<model>.json (file_sd);
+# the deploy machines run node_exporter with its textfile collector reading the cron jobs'
+# --metrics-file (scripts/unattended/crontab.example), and cron runs the guard every 5 minutes
+# and the rollback drill nightly.
+monitoring = Monitoring(
+    hosts="monitoring",
+    targets_dir="/etc/prometheus/tfsdeploy",
+    node_exporters=("deploy-01.internal.example:9100",),
+    error_budget=0.001,  # 99.9% of requests answered within latency_slo_ms
+    cron_periods={"guard": 300, "rollback": 86400},
+)
+

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
 from tfsdeploy.core.fleet import Gpu, Group, Host
+from tfsdeploy.core.monitoring import Monitoring
 
 STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
 MODELS = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy")) / "models"
@@ -97,3 +98,13 @@ models = [
         golden=str(MODELS / "resnet50" / "catalog.json"),
     ),
 ]
+
+# The testbed's Prometheus (`scripts/testbed up`: 10.87.0.1:9090) reads the targets from the
+# state dir; every deploy, rollback, promote and abort made with this inventory rewrites its
+# model's file there. Short intervals: a test fleet's releases last minutes.
+monitoring = Monitoring(
+    local_targets_dir=str(STATE / "prometheus" / "targets"),
+    scrape_interval_s=5, evaluation_interval_s=5, rate_window_s=30, p99_for_s=60,
+    alert_for_s=60,
+)
+

@@ -20,6 +20,7 @@ from typing import Any
 
 import hosts as hostlib
 import images
+import prometheus
 import registry
 from common import (
     BRIDGE,
@@ -421,7 +422,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     timer.phase("hosts", t)
     if not args.no_images:
         images.ensure(places, [hostlib.Host(i, places) for i in range(1, args.hosts + 1)], timer)
+    t = time.monotonic()
+    prom = prometheus.ensure(places)
+    timer.phase("prometheus", t)
     print_summary(places, states, reg, gpus, timer)
+    print(f"  prometheus: http://{prometheus.ADDRESS}/ ({prom}); config "
+          f"{prometheus.config_file(places)}")
+    return 0
+
+
+def cmd_prometheus(args: argparse.Namespace) -> int:
+    """Start (or reload) the testbed's Prometheus alone; idempotent, the hosts untouched."""
+    preflight()
+    places = Places.from_env()
+    (places.state / "logs").mkdir(parents=True, exist_ok=True)
+    state = prometheus.ensure(places, targets=not args.no_targets)
+    print(f"prometheus: http://{prometheus.ADDRESS}/ ({state}); config "
+          f"{prometheus.config_file(places)}")
     return 0
 
 
@@ -466,6 +483,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
     jobs: list[Callable[[], None]] = [
         functools.partial(registry.stop, places),
+        functools.partial(prometheus.stop, places),
         functools.partial(images.stop_builder, places),
     ]
     jobs += [functools.partial(hostlib.stop, hostlib.Host(i, places)) for i in indexes]
@@ -538,6 +556,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             for s in states
         ],
         "registry": {"address": REGISTRY, "pid": reg_pid, "answers": reg_ok},
+        "prometheus": {"address": prometheus.ADDRESS, "pid": prometheus.pid(places),
+                       "answers": prometheus.answers()},
         "bridge": run(["ip", "link", "show", BRIDGE], check=False).returncode == 0,
     }
     if args.json:
@@ -549,7 +569,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         print(
             f"bridge {BRIDGE}: {'up' if report['bridge'] else 'DOWN'}   registry {REGISTRY}: "
-            f"{mark(reg_ok, reg_pid)}   state: {places.state}"
+            f"{mark(reg_ok, reg_pid)}   prometheus {prometheus.ADDRESS}: "
+            f"{mark(report['prometheus']['answers'], report['prometheus']['pid'])}   "
+            f"state: {places.state}"
         )
         if not states:
             print("no hosts (start them with scripts/testbed up)")
@@ -627,8 +649,14 @@ def main(argv: list[str]) -> int:
         "status", help="show hosts, daemons and registry (exit 3 if not healthy)"
     )
     status.add_argument("--json", action="store_true")
+    prom = sub.add_parser(
+        "prometheus", help=f"start (or reload) the testbed's Prometheus on {prometheus.ADDRESS} "
+        "alone (up starts it too); idempotent")
+    prom.add_argument("--no-targets", action="store_true",
+                      help="do not read the hosts for the models' current targets")
     args = parser.parse_args(argv)
-    handler = {"up": cmd_up, "down": cmd_down, "status": cmd_status}[args.command]
+    handler = {"up": cmd_up, "down": cmd_down, "status": cmd_status,
+               "prometheus": cmd_prometheus}[args.command]
     try:
         return handler(args)
     except TestbedError as exc:

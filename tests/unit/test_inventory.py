@@ -137,7 +137,9 @@ def test_unknown_model_lists_known() -> None:
 
 def test_shipped_inventories_load() -> None:
     prod = load_inventory("inventory/example_production.py")
-    assert len(prod.hosts) == 24 and set(prod.models) == {"resnet50", "ranker"}
+    assert len(prod.hosts) == 25 and set(prod.models) == {"resnet50", "ranker"}
+    assert [h.name for h in prod.hosts if not h.gpus] == ["prom-01"]  # the Prometheus host
+    assert prod.monitoring.hosts == "monitoring"
     assert {g for h in prod.hosts for g in h.groups} >= {"gpu_a", "gpu_b", "gpu_c"}
     testbed = load_inventory("inventory/testbed.py")
     assert len(testbed.hosts) >= 3 and "resnet50" in testbed.models

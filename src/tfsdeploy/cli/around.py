@@ -140,7 +140,12 @@ def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
         def before_run(plan: RunPlan) -> None:
             hook_plan(around, shown, plan)
 
-        around.outcome = run(before_run)
+        try:
+            around.outcome = run(before_run)
+        finally:  # what serves now is what the model's Prometheus targets name
+            from tfsdeploy.cli.observe import after_run
+
+            after_run(target)
         return around.outcome
 
     def rollback(judged: Mapping[str, str]) -> RunResult:

@@ -117,6 +117,23 @@ def cmd_render(args: Options) -> int:
     return 0
 
 
+def cmd_observe(args: Options) -> int:
+    """`fab observe`."""
+    from tfsdeploy.cli.observe import observe
+
+    inventory = load_inventory(args["inventory"])
+    model = safe_model(args["model"]) if args.get("model") else None
+    written, published = observe(inventory, model, Path(args["out"]),
+                                 targets=bool(args.get("targets")))
+    for path in written:
+        print(path)
+    for place in published:
+        print(f"targets: {place}")
+    print(f"{len(written)} files written; check them with `promtool check config "
+          f"{args['out']}/prometheus/prometheus.yml`")
+    return 0
+
+
 def cmd_hosts(args: Options) -> int:
     """`fab hosts`."""
     inventory = load_inventory(args["inventory"])
@@ -162,14 +179,22 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
     before any host is changed), events during the run, the post-hooks and the delivery
     report after it."""
     from tfsdeploy.cli import around
+    from tfsdeploy.cli.observe import Retargeter, TeeReporter, retargets
 
     chosen = target(args)
     started = time.monotonic()
-    shown = around.EventReporter(output.reporter(args["json"], args["log_file"]))
+    inner = output.reporter(args["json"], args["log_file"])
+    retarget = Retargeter(chosen) if retargets(chosen) else None
+    shown = around.EventReporter(TeeReporter(inner, retarget) if retarget else inner)
     before = around.surround(shown, command, chosen, hooks_dir=args.get("hooks"),
                               notify_urls=args.get("notify") or ())
     try:
-        result = run(chosen, shown, before)
+        try:
+            result = run(chosen, shown, before)
+        finally:
+            if retarget is not None:  # the model's targets from what serves now
+                with hangup_survived():
+                    retarget.close()
     except TfsDeployError as error:  # the lock held, no host reachable, ...: hooks still run
         if shown.around is not None:
             with hangup_survived():
@@ -424,7 +449,7 @@ COMMANDS: dict[str, Callable[[Options], int]] = {
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
     "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
-    "abort": cmd_abort, "publish": cmd_publish, "stage": cmd_stage,
+    "abort": cmd_abort, "publish": cmd_publish, "stage": cmd_stage, "observe": cmd_observe,
 }
 UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort", "stage")
 

@@ -24,7 +24,7 @@ import os
 import runpy
 import traceback
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -33,6 +33,7 @@ from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.fleet import SLOT_NAMES, VAR_NAMES, Group, Host, HostVars, ResolvedHost
 from tfsdeploy.core.gpu import instance_gpus
 from tfsdeploy.core.layout import model_ports
+from tfsdeploy.core.monitoring import Monitoring, check_monitoring
 from tfsdeploy.core.schema import (
     GroupName,
     check,
@@ -51,6 +52,8 @@ class Inventory:
     groups: Mapping[str, tuple[str, ...]]
     models: Mapping[str, Model]
     notify: tuple[str, ...] = ()  # event receivers of every deploy/rollback (docs/hooks.md)
+    # the fleet's Prometheus (core/monitoring.py)
+    monitoring: Monitoring = field(default_factory=Monitoring)
 
     def host(self, name: str) -> ResolvedHost:
         """The host called ``name``."""
@@ -125,6 +128,7 @@ def load_inventory(path: str | None = None) -> Inventory:
         defaults=namespace.get("defaults", {}),
         models=namespace.get("models", []),
         notify=namespace.get("notify", []),
+        monitoring=namespace.get("monitoring"),
     )
 
 
@@ -163,7 +167,8 @@ def _line_in(path: str, exc: BaseException) -> int | None:
 
 def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Group],
                     defaults: Mapping[str, Any], models: Iterable[Model],
-                    notify: object = (), base_dir: str | None = None) -> Inventory:
+                    notify: object = (), monitoring: object = None,
+                    base_dir: str | None = None) -> Inventory:
     """Check and resolve inventory data (pure); raises ConfigError with every problem.
     Relative ``ssh_key`` and ``ssh_known_hosts`` are taken from ``base_dir`` (default: the
     directory of ``path``), wherever the command runs from."""
@@ -182,6 +187,8 @@ def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Gr
     problems += _check_names(path, host_list, group_map)
     model_map, found = _checked_models(path, models)
     problems += found
+    observed, found = check_monitoring(monitoring, path)
+    problems += found
     if problems:
         raise ConfigError(problems)
     beside = os.path.dirname(path) if base_dir is None else base_dir
@@ -190,12 +197,26 @@ def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Gr
     inventory = Inventory(
         path=path, hosts=resolved,
         groups=MappingProxyType({k: tuple(g.hosts) for k, g in group_map.items()}),
-        models=MappingProxyType(model_map), notify=tuple(receivers or ()))
+        models=MappingProxyType(model_map), notify=tuple(receivers or ()),
+        monitoring=observed or Monitoring())
     problems = [p for h in resolved for p in host_port_problems(path, h)]
+    problems += monitoring_host_problems(inventory)
     problems += placement_problems(inventory)
     if problems:
         raise ConfigError(merge_hosts(problems))
     return inventory
+
+
+def monitoring_host_problems(inventory: Inventory) -> list[Problem]:
+    """``monitoring.hosts`` must name hosts of the inventory."""
+    pattern = inventory.monitoring.hosts
+    if pattern is None:
+        return []
+    try:
+        inventory.match(pattern, "monitoring.hosts")
+    except ConfigError as error:
+        return list(error.problems)
+    return []
 
 
 def merge_hosts(problems: list[Problem]) -> list[Problem]:
