@@ -25,8 +25,11 @@ SLOW_WARMUP_RECORDS = 1000  # TFServing's limit: one more and the version fails 
 SLOW_MATRIX = 512  # heavy signature: HEAVY_STEPS chained [512,512] matmuls per request
 SLOW_STEPS = 30  # tuned for ~20-40 s of warmup on a 2-core machine (see docs/models.md)
 TOO_LARGE_MIB = 20000  # declared simulated-GPU footprint of version 15 (a T4 has 16384)
-CANARY_B = 3.0  # versions 16 and 17 answer as good version 2 does (where they are right)
+CANARY_B = 3.0  # versions 16, 17 and 21 answer as good version 2 does (where they are right)
 SLOWER_MS = 40  # version 16: this much slower per request than version 2, same answers
+# version 21: slower by far more than a busy machine's latency noise (a test judging latency
+# beside other tests: a good release's P99 stays well under it, the slow one's never does)
+MUCH_SLOWER_MS = 300
 DIFFERENT_ABOVE = 100.0  # version 17: wrong (by +1) for inputs above this, right below
 
 _SOURCES = (Path(__file__), Path(savedmodel.__file__), Path(__file__).with_name("spec.py"))
@@ -334,8 +337,8 @@ def save_canary_variant(path: Path, *, sleep_ms: int = 0, wrong_above: float | N
 
 def _build_canary_variant(version: int, *, sleep_ms: int = 0,
                           wrong_above: float | None = None) -> VersionSpec:
-    """Versions 16 (slower) and 17 (different on large inputs): for the canary's analysis and
-    prediction comparison against good version 2."""
+    """Versions 16 (slower), 21 (much slower) and 17 (different on large inputs): for the
+    canary's analysis, latency alerts and the prediction comparison against good version 2."""
 
     def build(path: Path) -> dict[str, Any]:
         save_canary_variant(path, sleep_ms=sleep_ms, wrong_above=wrong_above)
@@ -386,5 +389,6 @@ def specs() -> list[VersionSpec]:
         _build_too_large(15),
         _build_canary_variant(16, sleep_ms=SLOWER_MS),
         _build_canary_variant(17, wrong_above=DIFFERENT_ABOVE),
+        _build_canary_variant(21, sleep_ms=MUCH_SLOWER_MS),
         _build_tf1(1),
     ]

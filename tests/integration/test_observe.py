@@ -5,9 +5,11 @@ over SSH on the inventory's monitoring host), a
 good release fires no alert, and a release slower than the SLO fires the P99 alert within its
 `for`.
 
-Model ``itobserve`` on tb1 and tb2 (rolled together), port offset 4400, latency SLO 35 ms.
-Versions: 1 good (half_plus_two/1), 2 = half_plus_two_bad/16 (answers as half_plus_two/2,
-40 ms slower). The
+Model ``itobserve`` on tb1 and tb2 (rolled together), port offset 4400, latency SLO 200 ms.
+Versions: 1 good (half_plus_two/1), 2 = half_plus_two_bad/21 (answers as half_plus_two/2,
+300 ms slower). The SLO sits far above the latency noise of a busy machine (a good release's
+P99 reached 62 ms beside a load average of 9) and far below the slow release's floor, so the
+module runs beside the other fleet tests and still judges both ways. The
 inventory's ``monitoring`` sets a 6 s scrape interval, and the P99 alert's window (12 s) and
 `for` (6 s), so that the module stays short. Two intervals must cover Prometheus' own delay:
 its discovery manager hands new file_sd targets to the scrapers at most every 5 s
@@ -39,15 +41,12 @@ import pytest
 from deploy_support import GOOD, Fleet, fleet_fixture
 from testbed_support import ADDRESSES, VENV_BIN, api, fab_env, predict_request, ssh
 
-# a good release must fire nothing, the P99 and batching-queue alerts included: on 2 cores
-# busy with the parallel tiers a half_plus_two request's P99 reaches the SLO (measured: 62 ms
-# beside a load average of 9), so the module runs alone, after them
-pytestmark = [pytest.mark.testbed, pytest.mark.quiet]
+pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itobserve", 4400
 HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2")}
-SLOWER = ("half_plus_two_bad", 16)  # answers as half_plus_two/2, 40 ms slower
-SLO_MS = 35
+SLOWER = ("half_plus_two_bad", 21)  # answers as half_plus_two/2, 300 ms slower
+SLO_MS = 200
 SCRAPE_S, WINDOW_S, FOR_S = 6, 12, 6
 # the targets go over SSH to tb1 as the "Prometheus host" (as to a production one), into a
 # directory that tb1 and this machine share (/var/tmp is not one of a testbed host's private
@@ -289,7 +288,7 @@ def test_a_release_slower_than_the_slo_fires_the_p99_alert_within_its_for(
     # it waited its `for`, and fired at the evaluation after it (evaluations every 1 s)
     assert FOR_S - 0.5 <= pending_for <= FOR_S + 2.5, pending_for
     assert not clients.failures, clients.failures[:5]
-    # the latency alerts only: requests 40 ms slower also wait in the batching queue behind
+    # the latency alerts only: requests 300 ms slower also wait in the batching queue behind
     # each other (its alert may fire too); the SLO's burn-rate alerts may be pending (their
     # `for` is minutes); no load or warmup alert
     firing = {a["labels"]["alertname"] for a in prometheus.alerts() if a["state"] == "firing"}
