@@ -391,12 +391,19 @@ def cmd_accept(args: Options) -> int:
                       show_table=output.print_table)
 
 
+def cmd_gateway(args: Options) -> int:
+    """`fab gateway` (and `--check [--diff]`)."""
+    from tfsdeploy.cli.gateway import cmd_gateway as run_gateway
+
+    return run_gateway(args["inventory"], check=args["check"], diff=args["diff"])
+
+
 COMMANDS: dict[str, Callable[[Options], int]] = {
     "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
     "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
-    "abort": cmd_abort,
+    "abort": cmd_abort, "gateway": cmd_gateway,
 }
 UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort")
 
