@@ -135,10 +135,26 @@ def cmd_deploy(args: Options) -> int:
         return output.print_check(args, deploy.check(
             target(args), version=args["version"], playbook=args["playbook"],
             diff=args["diff"]))
-    return _surrounded("deploy", args, lambda chosen, shown, before: deploy.deploy(
+    code = _surrounded("deploy", args, lambda chosen, shown, before: deploy.deploy(
         chosen, version=args["version"], playbook=args["playbook"],
         lock_wait=args["lock_wait"], reporter=shown, before=before,
         canary=_canary_option(chosen, args)))
+    gateway_notes(args)
+    return code
+
+
+def gateway_notes(args: Options) -> None:
+    """A line on stderr per gateway host routing the model whose configuration no longer
+    matches the inventory (nothing when no gateway routes it); never changes the exit code."""
+    from tfsdeploy.run.gateway import gateway_drift
+
+    with hangup_survived():
+        try:
+            inventory = load_inventory(args.get("inventory"))
+            for note in gateway_drift(inventory, args["model"]):
+                print(note, file=sys.stderr, flush=True)
+        except (Exception, KeyboardInterrupt) as error:
+            print(f"gateway: not compared ({type(error).__name__}: {error})", file=sys.stderr)
 
 
 def _canary_option(chosen: Target, args: Options) -> CanaryPolicy | None:
@@ -228,6 +244,7 @@ def cmd_status(args: Options) -> int:
         for row in rows:  # the table cuts the error short: its reason and fix in full
             if not row["reachable"]:
                 print(f"{row['host']}: UNREACHABLE ({row.get('error', '')})")
+    gateway_notes(args)
     return 0 if all(r["reachable"] for r in rows) else 3
 
 

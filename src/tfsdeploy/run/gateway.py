@@ -23,9 +23,11 @@ from tfsdeploy.core.gateway_config import (
     carried_state,
     gateway_image,
     gateway_paths,
+    plan_gateway,
     render_gateway_files,
     route_health,
 )
+from tfsdeploy.core.inventory import Inventory
 from tfsdeploy.hosts import gateway as gw
 from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.proxyadmin import ProxyRefused
@@ -183,3 +185,29 @@ def _health_text(health: dict[str, tuple[int, int]]) -> str:
 
 def _health_line(plan: GatewayPlan, servers: tuple[GatewayServer, ...]) -> str:
     return _health_text(route_health(plan, servers))
+
+
+def gateway_drift(inventory: Inventory, model: str, *,
+                  connect: ConnectionFactory = SshConnection) -> list[str]:
+    """One line per gateway host routing ``model`` whose live files differ from what the
+    inventory renders now (or that cannot be read): what `fab status` and `fab deploy` say."""
+    if inventory.gateway is None or inventory.gateway.route(model) is None:
+        return []
+    plan = plan_gateway(inventory)
+    notes = []
+    for host in plan.hosts:
+        conn = connect(host)
+        try:
+            live = gw.live_files(conn, gateway_paths(host))
+        except FAILURES as error:
+            notes.append(f"gateway {host.name}: its configuration could not be read ({error})")
+            continue
+        finally:
+            conn.close()
+        if not live:
+            notes.append(f"gateway {host.name}: no gateway configured there yet (run "
+                         "`fab gateway`)")
+        elif live != render_gateway_files(plan, host):
+            notes.append(f"gateway {host.name}: its configuration no longer matches the "
+                         "inventory (`fab gateway --diff` shows how; `fab gateway` rolls it)")
+    return notes
