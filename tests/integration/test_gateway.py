@@ -7,8 +7,9 @@ One set-up: v1 deployed, the gateway rolled. Then, in order:
 - steady load through the gateway: its connections to each host's gRPC port are the same
   ones (the same source ports, counted with `ss -tn` in tbgw) at the start and at the end;
 - `fab deploy` v1 -> v2 over both hosts under load through the gateway: 0 failed requests;
-- the rate limit (the gateway re-rolled with one: a seamless reload): the requests let
-  through hold within 5 % of it, the others answered RESOURCE_EXHAUSTED;
+- the rate limit: `fab status` says the gateway no longer matches an inventory that sets
+  one; the gateway re-rolled with it (a seamless reload), the requests let through hold
+  within 5 % of it, the others are answered RESOURCE_EXHAUSTED (REST: 429);
 - one host's proxy killed under load: the gateway takes the host out within its check
   interval, and no more requests fail than were in flight when it died.
 """
@@ -163,11 +164,13 @@ def test_a_deploy_through_the_gateway_fails_no_request(fleet: Fleet) -> None:
     steady = load(50.0)
     try:
         time.sleep(1.0)
-        run = fleet.fab("deploy", "--version", "2", timeout=300)
+        run = fleet.fab("deploy", "--version", "2", timeout=300,
+                        inventory=gateway_inventory(fleet, "gateway"))
         time.sleep(1.0)
     finally:
         steady.stop()
     assert run.code == 0, run.describe()
+    assert "gateway tbgw:" not in run.out, run.out  # its configuration matches the inventory
     bad = failed(steady.samples)
     print(f"\ndeploy v1 -> v2 through the gateway: {len(steady.samples)} requests, "
           f"{len(bad)} failed, answers {sorted({s.y for s in steady.samples if s.ok})}")
@@ -178,6 +181,10 @@ def test_a_deploy_through_the_gateway_fails_no_request(fleet: Fleet) -> None:
 
 def test_the_rate_limit_holds_within_five_percent(fleet: Fleet) -> None:
     limited = gateway_inventory(fleet, "gateway_limited", limit=RATE_LIMIT)
+    status = fleet.fab("status", inventory=limited)
+    assert status.code == 0, status.describe()
+    assert "gateway tbgw: its configuration no longer matches the inventory" in status.out, \
+        status.out
     rolled = fab_gateway(fleet, limited)
     assert rolled.code == 0, rolled.describe()
     assert "reloaded" in rolled.out, rolled.out
