@@ -71,11 +71,13 @@ def roll_gateway(plan: GatewayPlan, *, say: Say, check: bool = False, diff: bool
     clock = clock or SystemClock()
     wanted = files_for(plan)
     conns: dict[str, Connection] = {}
+    current = ""  # the host a failure before any live change is reported on
     try:
         for host in plan.hosts:
             conns[host.name] = connect(host)
         lives = {}
         for host in plan.hosts:
+            current = host.name
             conn, paths = conns[host.name], gateway_paths(host)
             lives[host.name] = gw.live_files(conn, paths)
             changed = lives[host.name] != wanted[host.name]
@@ -97,10 +99,9 @@ def roll_gateway(plan: GatewayPlan, *, say: Say, check: bool = False, diff: bool
         result.exit_code = failure.code
         say(f"{failure.host}: FAILED: {failure.message}")
     except FAILURES as error:  # before any live file changed
-        name = next((h for h in (x.name for x in plan.hosts) if h not in result.hosts), "?")
-        result.hosts[name] = f"refused: {error}"
+        result.hosts[current] = f"refused: {error}"
         result.exit_code = ExitCode.INVALID
-        say(f"{name}: refused before any host changed: {error}")
+        say(f"{current}: refused before any host changed: {error}")
     finally:
         for conn in conns.values():
             conn.close()
