@@ -131,6 +131,7 @@ def test_a_configuration_one_host_refuses_changes_no_host() -> None:
     fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2", refuse=True)}
     result, lines = _roll(_plan(), fakes)
     assert result.exit_code == ExitCode.INVALID
+    assert any(line.startswith("gw2: refused before any host changed") for line in lines)
     assert "haproxy -c in" in result.hosts["gw2"] and "unknown keyword" in result.hosts["gw2"]
     for fake in fakes.values():
         assert not fake.live and not fake.running
