@@ -149,6 +149,9 @@ def test_the_rendered_directory_passes_haproxy_check(tmp_path: Path) -> None:
     assert "server s1 10.0.0.1:8500 proto h2 check port 8501 check-proto h1 inter 1000ms" in config
     assert "http-check send meth GET uri /v1/models/m1 ver HTTP/1.1" in config
     assert "AVAILABLE" in config and "http-reuse always" in config
+    # idle connections are purged every pool-purge-delay (default 5 s), and a connection
+    # between two requests is idle: the gateway keeps them an hour
+    assert config.count("pool-purge-delay 3600000ms") == 8  # 2 models x 2 hosts x gRPC, REST
     # the rate: the requests let through, RESOURCE_EXHAUSTED / 429 beyond
     assert "if { sc_gpc0_rate(0) ge 1000 }" in config
     assert "m1.rate-limited.grpc.http" in files and "status 429" in config
