@@ -23,6 +23,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from deploy_load import Sample, SteadyLoad, Target
@@ -75,12 +76,27 @@ def fab_gateway(fleet: Fleet, inventory: Path, *args: str) -> Run:
     return run
 
 
+def _testbed(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(REPO / "scripts" / "testbed"), *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def _daemons() -> dict[str, tuple[int, int]]:
+    """Each serving host's sshd and dockerd pids (scripts/testbed status)."""
+    report = json.loads(_testbed("status", "--json").stdout)
+    return {h["name"]: (h["sshd"], h["dockerd"]) for h in report["hosts"]}
+
+
+UP: dict[str, Any] = {}  # what the fixture's `up --gateway` did
+
+
 def _gateway_up() -> None:
     if os.geteuid() != 0:
         pytest.skip("the local fleet needs root")
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "testbed"), "up", "--gateway"],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    before = _daemons()
+    proc = _testbed("up", "--gateway")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    UP.update(before=before, after=_daemons(), out=proc.stdout)
 
 
 def _gateway_clean() -> None:
@@ -142,6 +158,14 @@ def load(rate: float, *, rest: bool = True, workers: int = 4) -> SteadyLoad:
 
 def failed(samples: list[Sample]) -> list[Sample]:
     return [s for s in samples if not s.ok]
+
+
+def test_up_gateway_leaves_the_serving_hosts_alone(fleet: Fleet) -> None:
+    """`scripts/testbed up --gateway` adds tbgw; tb1..tbN keep their daemons (other runs use
+    them at the same time)."""
+    assert "tbgw 10.87.0.30" in str(UP["out"]) and "the other hosts untouched" in str(UP["out"])
+    assert UP["after"] == UP["before"], UP
+    assert all(sshd and dockerd for sshd, dockerd in UP["before"].values())
 
 
 def test_the_gateway_keeps_its_connections_to_each_host_under_steady_load(fleet: Fleet) -> None:
