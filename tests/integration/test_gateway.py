@@ -11,7 +11,10 @@ One set-up: v1 deployed, the gateway rolled. Then, in order:
   one; the gateway re-rolled with it (a seamless reload), the requests let through hold
   within 5 % of it, the others are answered RESOURCE_EXHAUSTED (REST: 429);
 - one host's proxy killed under load: the gateway takes the host out within its check
-  interval, and no more requests fail than were in flight when it died.
+  interval, and no more requests fail than were in flight when it died;
+- `fab retire --hosts tb2` under load: tb2 drained on tbgw before its own proxy, no request
+  fails.
+Before them, `scripts/testbed up --gateway` has left tb1..tbN's daemons as they were.
 """
 
 from __future__ import annotations
@@ -265,3 +268,31 @@ def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
     after = [s for s in steady.samples if s.sent > killed + out_after]
     assert after and all(s.ok for s in after)
     assert re.search(r"DOWN", server_status("tb2")), json.dumps(server_status("tb2"))
+
+
+def test_retire_drains_the_host_at_the_gateway_before_its_proxy(fleet: Fleet) -> None:
+    """`fab retire --hosts tb2` under load through the gateway: tb2 is drained on tbgw first
+    (the audit log's order), no request fails, tb1 takes them all."""
+    end = time.monotonic() + 10
+    while not server_status("tb2").startswith("UP"):  # back from the previous test
+        assert time.monotonic() < end, server_status("tb2")
+        time.sleep(0.1)
+    steady = load(50.0, rest=False)
+    try:
+        time.sleep(1.0)
+        run = fleet.fab("retire", "--hosts", "tb2", inventory=gateway_inventory(fleet, "gateway"))
+        retired = time.monotonic()
+        time.sleep(1.0)
+    finally:
+        steady.stop()
+    assert run.code == 0, run.describe()
+    changes = [e["details"]["change"] for e in fleet.audit("tb2")
+               if e["event"] == "drain_model"]
+    gateway_first = f"gateway: tb2 drains for {MODEL} (no new request routed to it)"
+    assert changes and changes[0] == gateway_first, changes
+    assert server_status("tb2").startswith(("DRAIN", "DOWN")), server_status("tb2")
+    bad = failed(steady.samples)
+    late = [s for s in steady.samples if s.sent > retired]
+    print(f"\nretire tb2 through the gateway: {len(steady.samples)} requests, {len(bad)} failed")
+    assert not bad, [s.error for s in bad[:5]]
+    assert late and all(s.ok for s in late)
