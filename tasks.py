@@ -193,6 +193,17 @@ def observe(c: Any, model: str | None = None, inventory: str | None = None,
     _main("observe", locals())
 
 
+@command(help={"inventory": INVENTORY,
+               "check": "show per gateway host whether its configuration would change; "
+                        "touch nothing",
+               "diff": "show the diff of every gateway host's files against what is live "
+                       "(implies --check)"})
+def gateway(c: Any, inventory: str | None = None, check: bool = False,
+            diff: bool = False) -> None:
+    """Render the gateway hosts' HAProxy from the inventory and roll it host by host."""
+    _main("gateway", locals())
+
+
 @command(help={"inventory": INVENTORY, "hosts": "hosts, groups or globs, comma-separated",
             "limit": "further narrow the hosts"})
 def hosts(c: Any, inventory: str | None = None, hosts: str | None = None,
@@ -452,4 +463,4 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | N
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
                 lock, logs, exec_, prune, retire, accept, promote, abort, publish, stage,
-                observe)
+                observe, gateway)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
 from tfsdeploy.core.fleet import Gpu, Group, Host
+from tfsdeploy.core.gateway import Gateway, Route
 from tfsdeploy.core.monitoring import Monitoring
 
 STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
@@ -38,13 +39,32 @@ def _hosts() -> list[Host]:
 
 
 hosts = _hosts()
+serving = [h.name for h in hosts]
+
+
+def _gateway_hosts() -> list[Host]:
+    """The gateway host `scripts/testbed up --gateway` started (none: no gateway), with its
+    own pinned key (a plain `up` rewrites known_hosts with tb1..tbN only)."""
+    state_file = STATE / "gateway.json"
+    if not state_file.is_file():
+        return []
+    return [Host(e["name"], e["address"], vars={"ssh_known_hosts": e["known_hosts"]})
+            for e in json.loads(state_file.read_text())["hosts"]]
+
+
+gateway_hosts = _gateway_hosts()
+hosts += gateway_hosts
 
 groups = {
-    "canary": Group([hosts[0].name]),
-    "main": Group([h.name for h in hosts[1:]]),
+    "canary": Group([serving[0]]),
+    "main": Group(serving[1:]),
     # where `fab accept --loadgens loadgens` runs its load generators
-    "loadgens": Group([h.name for h in hosts[:2]]),
+    "loadgens": Group(serving[:2]),
 }
+if gateway_hosts:
+    # routes, does not serve: the implicit group `all` (every model's default hosts) leaves
+    # the gateway's group out
+    groups["gateway"] = Group([h.name for h in gateway_hosts])
 
 defaults = {
     "ssh_user": "root",
@@ -108,3 +128,7 @@ monitoring = Monitoring(
     alert_for_s=60,
 )
 
+if gateway_hosts:
+    # `fab gateway`: each model on its own pair of ports of the gateway host
+    gateway = Gateway(routes=[Route("half_plus_two", grpc_port=9600, rest_port=9601),
+                              Route("resnet50", grpc_port=9500, rest_port=9501)])

@@ -15,6 +15,10 @@ GATEWAY = "10.87.0.1"
 PREFIX_LEN = 24
 REGISTRY = f"{GATEWAY}:5000"
 MAX_HOSTS = 10
+# the gateway host (`up --gateway`): a host like tbN in every way but its name and address,
+# outside tb1..tb10 (10.87.0.30, host index 20), in the inventory's gateway group
+GATEWAY_INDEX = 20
+GATEWAY_HOST = "tbgw"
 DEFAULT_HOSTS = 3
 DEFAULT_GPU_MIB = 16384
 DEFAULT_GPUS = 1
@@ -87,7 +91,7 @@ class Places:
 
 
 def host_name(index: int) -> str:
-    return f"tb{index}"
+    return GATEWAY_HOST if index == GATEWAY_INDEX else f"tb{index}"
 
 
 def host_address(index: int) -> str:
@@ -96,7 +100,7 @@ def host_address(index: int) -> str:
 
 def veth_name(index: int) -> str:
     # the root-namespace end of host tbN's veth pair (IFNAMSIZ is 15)
-    return f"tfs-tb{index}"
+    return f"tfs-{host_name(index)}"
 
 
 def log(message: str) -> None:

@@ -29,6 +29,7 @@ from common import (
     DEFAULT_GPUS,
     DEFAULT_HOSTS,
     FLEET_DIR,
+    GATEWAY_INDEX,
     MAX_GPUS,
     MAX_HOSTS,
     NVIDIA_SMI_PATH,
@@ -385,9 +386,71 @@ def check_ssh(places: Places, count: int) -> None:
         list(pool.map(one, range(1, count + 1)))
 
 
+GATEWAY_IMAGE = f"{REGISTRY}/tfsdeploy-proxy:2.6"
+
+
+def gateway_json(places: Places) -> Path:
+    """What `up --gateway` writes: the gateway host, for inventory/testbed.py."""
+    return places.state / "gateway.json"
+
+
+def gateway_known_hosts(places: Places) -> Path:
+    """The gateway host's pinned key, in a file of its own: a plain `up` rewrites
+    known_hosts with tb1..tbN only."""
+    return places.ssh / "known_hosts.gateway"
+
+
+def gateway_up(places: Places) -> str:
+    """Start (or repair) the gateway host tbgw, alone: tb1..tbN are not looked at, restarted
+    or reconfigured (other runs may be using them), nor is any image rebuilt or pushed; the
+    gateway's image is pulled from the registry as it is."""
+    if not registry.answers():
+        raise TestbedError("the registry does not answer: bring the fleet up first "
+                           "(scripts/testbed up)")
+    ensure_client_key(places)
+    runtime = install_gpu_tools(places)
+    hostlib.ensure_bridge()
+    host = hostlib.Host(GATEWAY_INDEX, places)
+    state = hostlib.inspect(host)
+    what = "running"
+    if not state.healthy:
+        hostlib.start(host, runtime=runtime, gpus=None)
+        hostlib.wait_ready(host)
+        what = "started"
+    elif hostlib.refresh_sshd(host):
+        what = "sshd-reconfigured"
+    keytype, key = Path(f"{host.dir}/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    gateway_known_hosts(places).write_text(
+        f"{host.address},{host.name} {keytype} {key}\n"
+        f"[{host.address}]:{hostlib.ALT_SSH_PORT} {keytype} {key}\n")
+    docker = ["docker", "-H", f"unix://{host.docker_socket}"]
+    if run([*docker, "image", "inspect", GATEWAY_IMAGE], check=False).returncode != 0:
+        run([*docker, "pull", "--quiet", GATEWAY_IMAGE], timeout=600)
+    data = {"hosts": [{"name": host.name, "address": host.address, "gateway": True,
+                       "known_hosts": str(gateway_known_hosts(places)), "gpus": []}]}
+    tmp = gateway_json(places).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.rename(gateway_json(places))
+    out = run(["ssh", "-i", str(places.ssh_key), "-o",
+               f"UserKnownHostsFile={gateway_known_hosts(places)}", "-o",
+               "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", f"root@{host.address}",
+               "hostname"], check=False, timeout=30)
+    if out.returncode != 0 or out.stdout.strip() != host.name:
+        raise TestbedError(f"ssh to {host.name} failed: {out.stderr.strip()} "
+                           f"(sshd log: {host.log_path('sshd')})")
+    return what
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     preflight()
     places = Places.from_env()
+    if args.gateway:
+        t = time.monotonic()
+        what = gateway_up(places)
+        print(f"testbed up --gateway: tbgw {hostlib.Host(GATEWAY_INDEX, places).address} {what} "
+              f"({time.monotonic() - t:.1f}s); {gateway_json(places)}; the other hosts "
+              "untouched")
+        return 0
     timer = Timer()
     shape, reserved_now = current_shape(places)
     if args.hosts is None:  # as many as there are, at least the default
@@ -487,6 +550,10 @@ def cmd_down(args: argparse.Namespace) -> int:
         functools.partial(images.stop_builder, places),
     ]
     jobs += [functools.partial(hostlib.stop, hostlib.Host(i, places)) for i in indexes]
+    gateway = hostlib.Host(GATEWAY_INDEX, places)
+    if gateway.netns_path.exists() or (gateway.dir / "holder.json").exists():
+        jobs.append(functools.partial(hostlib.stop, gateway))
+        gateway_json(places).unlink(missing_ok=True)
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         for future in [pool.submit(job) for job in jobs]:
             future.result()
@@ -530,6 +597,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     indexes = existing_hosts(places)
     with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
         states = list(pool.map(lambda i: hostlib.inspect(hostlib.Host(i, places)), indexes))
+    gw_host = hostlib.Host(GATEWAY_INDEX, places)
+    gw_state = hostlib.inspect(gw_host) if gateway_json(places).exists() else None
     reg_pid = registry.pid(places)
     reg_ok = registry.answers()
     runtime = places.bin / "simgpu-runtime"
@@ -559,6 +628,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         "prometheus": {"address": prometheus.ADDRESS, "pid": prometheus.pid(places),
                        "answers": prometheus.answers()},
         "bridge": run(["ip", "link", "show", BRIDGE], check=False).returncode == 0,
+        # `up --gateway`'s host; not counted in the exit code (the serving fleet's health)
+        "gateway": None if gw_state is None else {
+            "name": gw_state.name, "address": gw_state.address, "healthy": gw_state.healthy,
+            "sshd": gw_state.sshd, "dockerd": gw_state.dockerd},
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -583,6 +656,9 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"dockerd {mark(s.docker_ok and s.dockerd, s.dockerd):<12} images: {images}"
                 f"{stale}"
             )
+        if gw_state is not None:
+            print(f"  {gw_state.name} {gw_state.address:<11} gateway host: "
+                  f"{'healthy' if gw_state.healthy else 'DOWN (scripts/testbed up --gateway)'}")
     healthy = bool(states) and all(s.healthy for s in states) and reg_ok
     return 0 if healthy else 3
 
@@ -631,6 +707,9 @@ def main(argv: list[str]) -> int:
         "for all hosts, or one host; a list sizes the GPUs one by one; 0 = no GPU",
     )
     up.add_argument("--no-images", action="store_true", help="skip building/pushing/pulling images")
+    up.add_argument("--gateway", action="store_true",
+                    help="start (or repair) only the gateway host tbgw (10.87.0.30, the "
+                    "inventory's gateway group); tb1..tbN are left exactly as they are")
     up.add_argument(
         "--ssh-forwarding",
         choices=("yes", "no"),

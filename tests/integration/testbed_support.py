@@ -10,7 +10,8 @@ stable gRPC/REST 8500/8501 + o, slots 8510/8511 and 8520/8521 + o (the proxy's a
 a unix socket on the host, no port).
 Offsets in use: 0 is the default inventory's (the demo's half_plus_two and resnet50), 200
 hand-run demos, 300-800 the rollback tests, 900 benchmarks/bench_rollback.py, 1000-1300 the
-deploy tests, 1400 benchmarks/bench_deploy.py, 4400 the observability test (itobserve).
+deploy tests, 1400 benchmarks/bench_deploy.py, 4400 the observability test (itobserve), 4500 the
+gateway tests (test_gateway.py, on tb1, tb2 and the gateway host tbgw).
 
 The test models are half_plus_two and its relatives (docs/models.md): a good version v answers
 y = 0.5 x + v + 1, so a Predict of x = 2 tells which version serves.

@@ -152,10 +152,26 @@ def cmd_deploy(args: Options) -> int:
         return output.print_check(args, deploy.check(
             target(args), version=args["version"], playbook=args["playbook"],
             diff=args["diff"]))
-    return _surrounded("deploy", args, lambda chosen, shown, before: deploy.deploy(
+    code = _surrounded("deploy", args, lambda chosen, shown, before: deploy.deploy(
         chosen, version=args["version"], playbook=args["playbook"],
         lock_wait=args["lock_wait"], reporter=shown, before=before,
         canary=_canary_option(chosen, args), max_pulls=args.get("max_pulls")))
+    gateway_notes(args)
+    return code
+
+
+def gateway_notes(args: Options) -> None:
+    """A line on stderr per gateway host routing the model whose configuration no longer
+    matches the inventory (nothing when no gateway routes it); never changes the exit code."""
+    from tfsdeploy.run.gateway import gateway_drift
+
+    with hangup_survived():
+        try:
+            inventory = load_inventory(args.get("inventory"))
+            for note in gateway_drift(inventory, args["model"]):
+                print(note, file=sys.stderr, flush=True)
+        except (Exception, KeyboardInterrupt) as error:
+            print(f"gateway: not compared ({type(error).__name__}: {error})", file=sys.stderr)
 
 
 def _canary_option(chosen: Target, args: Options) -> CanaryPolicy | None:
@@ -253,6 +269,7 @@ def cmd_status(args: Options) -> int:
         for row in rows:  # the table cuts the error short: its reason and fix in full
             if not row["reachable"]:
                 print(f"{row['host']}: UNREACHABLE ({row.get('error', '')})")
+    gateway_notes(args)
     return 0 if all(r["reachable"] for r in rows) else 3
 
 
@@ -444,12 +461,20 @@ def cmd_accept(args: Options) -> int:
                       show_table=output.print_table)
 
 
+def cmd_gateway(args: Options) -> int:
+    """`fab gateway` (and `--check [--diff]`)."""
+    from tfsdeploy.cli.gateway import cmd_gateway as run_gateway
+
+    return run_gateway(args["inventory"], check=args["check"], diff=args["diff"])
+
+
 COMMANDS: dict[str, Callable[[Options], int]] = {
     "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
     "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
     "abort": cmd_abort, "publish": cmd_publish, "stage": cmd_stage, "observe": cmd_observe,
+    "gateway": cmd_gateway,
 }
 UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort", "stage")
 

@@ -31,6 +31,7 @@ from typing import Any
 from tfsdeploy.core.catalog import Model, validate_catalog
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.fleet import SLOT_NAMES, VAR_NAMES, Group, Host, HostVars, ResolvedHost
+from tfsdeploy.core.gateway import Gateway, gateway_problems
 from tfsdeploy.core.gpu import instance_gpus
 from tfsdeploy.core.layout import model_ports
 from tfsdeploy.core.monitoring import Monitoring, check_monitoring
@@ -54,6 +55,15 @@ class Inventory:
     notify: tuple[str, ...] = ()  # event receivers of every deploy/rollback (docs/hooks.md)
     # the fleet's Prometheus (core/monitoring.py)
     monitoring: Monitoring = field(default_factory=Monitoring)
+    gateway: Gateway | None = None  # the gateway layer (core/gateway.py), if declared
+
+    @property
+    def gateway_hosts(self) -> tuple[ResolvedHost, ...]:
+        """The hosts of the gateway's group (none without a gateway)."""
+        if self.gateway is None:
+            return ()
+        names = set(self.groups.get(self.gateway.group, ()))
+        return tuple(h for h in self.hosts if h.name in names)
 
     def host(self, name: str) -> ResolvedHost:
         """The host called ``name``."""
@@ -104,8 +114,8 @@ class Inventory:
         return tuple(h for h in self.hosts if h.name in wanted)
 
     def _names_for(self, token: str) -> set[str]:
-        if token == "all":
-            return {h.name for h in self.hosts}
+        if token == "all":  # the serving hosts: gateway hosts route, they do not serve
+            return {h.name for h in self.hosts} - {h.name for h in self.gateway_hosts}
         if token in self.groups:
             return set(self.groups[token])
         return {h.name for h in self.hosts if fnmatch.fnmatchcase(h.name, token)}
@@ -128,6 +138,7 @@ def load_inventory(path: str | None = None) -> Inventory:
         defaults=namespace.get("defaults", {}),
         models=namespace.get("models", []),
         notify=namespace.get("notify", []),
+        gateway=namespace.get("gateway"),
         monitoring=namespace.get("monitoring"),
     )
 
@@ -168,7 +179,7 @@ def _line_in(path: str, exc: BaseException) -> int | None:
 def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Group],
                     defaults: Mapping[str, Any], models: Iterable[Model],
                     notify: object = (), monitoring: object = None,
-                    base_dir: str | None = None) -> Inventory:
+                    base_dir: str | None = None, gateway: object = None) -> Inventory:
     """Check and resolve inventory data (pure); raises ConfigError with every problem.
     Relative ``ssh_key`` and ``ssh_known_hosts`` are taken from ``base_dir`` (default: the
     directory of ``path``), wherever the command runs from."""
@@ -189,6 +200,9 @@ def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Gr
     problems += found
     observed, found = check_monitoring(monitoring, path)
     problems += found
+    checked_gateway, found = (None, []) if gateway is None else \
+        check(Gateway, gateway, file=path, prefix="gateway")
+    problems += found
     if problems:
         raise ConfigError(problems)
     beside = os.path.dirname(path) if base_dir is None else base_dir
@@ -198,10 +212,14 @@ def build_inventory(path: str, *, hosts: Iterable[Host], groups: Mapping[str, Gr
         path=path, hosts=resolved,
         groups=MappingProxyType({k: tuple(g.hosts) for k, g in group_map.items()}),
         models=MappingProxyType(model_map), notify=tuple(receivers or ()),
-        monitoring=observed or Monitoring())
+        monitoring=observed or Monitoring(), gateway=checked_gateway)
     problems = [p for h in resolved for p in host_port_problems(path, h)]
     problems += monitoring_host_problems(inventory)
     problems += placement_problems(inventory)
+    if checked_gateway is not None:
+        problems += gateway_problems(
+            checked_gateway, path=path, groups=inventory.groups, models=inventory.models,
+            placed=lambda m: _placed_quietly(inventory, m))
     if problems:
         raise ConfigError(merge_hosts(problems))
     return inventory
@@ -385,6 +403,14 @@ def host_port_problems(path: str, host: ResolvedHost) -> list[Problem]:
                 host=host.name, file=path, field=name.split("[", 1)[0]))
         owners.setdefault(port, name)
     return problems
+
+
+def _placed_quietly(inventory: Inventory, model: Model) -> tuple[ResolvedHost, ...]:
+    """The hosts of ``model`` (none when its pattern is wrong: placement reports that)."""
+    try:
+        return inventory.match(model.hosts, f"models.{model.name}.hosts")
+    except ConfigError:
+        return ()
 
 
 def placement_problems(inventory: Inventory) -> list[Problem]:

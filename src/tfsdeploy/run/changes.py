@@ -190,6 +190,25 @@ class RemoveImage(Change):
 
 
 @dataclass(frozen=True)
+class GatewayState(Change):
+    """A serving host's state for its model on every gateway host that routes it: ``drain``
+    (no new request; the wait ends when none is in flight there, bounded by ``timeout_s``) or
+    ``ready`` (back in rotation)."""
+
+    kind: ClassVar[str] = "gateway"
+    serving: ClassVar[bool] = True
+    model: str
+    host: str
+    state: str  # drain | ready
+    timeout_s: float = 30.0
+
+    def describe(self) -> str:
+        return (f"gateway: {self.host} drains for {self.model} (no new request routed to it)"
+                if self.state == "drain" else
+                f"gateway: {self.host} back in rotation for {self.model}")
+
+
+@dataclass(frozen=True)
 class ProxyCommands(Change):
     """Runtime commands on the proxy's admin socket (no reload)."""
 

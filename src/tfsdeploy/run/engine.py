@@ -37,7 +37,15 @@ from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.run import plans
 from tfsdeploy.run.changes import Change
 from tfsdeploy.run.executor import run_step
-from tfsdeploy.run.jobs import ClientFactory, Facts, HostJob, RunContext, Session, Verb
+from tfsdeploy.run.jobs import (
+    ClientFactory,
+    Facts,
+    GatewayLink,
+    HostJob,
+    RunContext,
+    Session,
+    Verb,
+)
 from tfsdeploy.run.operations import registry
 from tfsdeploy.run.operations.canary import CanaryPaused
 from tfsdeploy.run.plans import RunPlan
@@ -489,12 +497,25 @@ def open_session(target: Target, connect: ConnectionFactory, clock: Clock,
     conns = {h.name: connect(h) for h in target.model_hosts}
     for host in target.hosts:
         conns.setdefault(host.name, connect(host))
-    return Session(connections=conns, clock=clock, client_factory=client_factory)
+    return Session(connections=conns, clock=clock, client_factory=client_factory,
+                   gateway=gateway_link(target, connect))
+
+
+def gateway_link(target: Target, connect: ConnectionFactory) -> GatewayLink | None:
+    """The gateway hosts routing the model, each with its connection (None: no gateway
+    routes it)."""
+    gateway = target.inventory.gateway
+    if gateway is None or gateway.route(target.model.name) is None:
+        return None
+    hosts = target.inventory.gateway_hosts
+    return GatewayLink(hosts=hosts, connections={h.name: connect(h) for h in hosts})
 
 
 def close_session(session: Session) -> None:
     """Close every connection of the run."""
     for conn in session.connections.values():
+        conn.close()
+    for conn in (session.gateway.connections.values() if session.gateway else ()):
         conn.close()
 
 

@@ -12,15 +12,24 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.gates import GateFailed
+from tfsdeploy.core.gates import Clock, GateFailed, Verdict, poll
+from tfsdeploy.core.gateway_config import (
+    GatewayPaths,
+    drain_commands,
+    gateway_paths,
+    ready_commands,
+)
 from tfsdeploy.core.records import AuditEntry, now_iso
+from tfsdeploy.hosts import gateway as gateway_host
 from tfsdeploy.hosts import proxyadmin
 from tfsdeploy.hosts.commands.files import append_lines
 from tfsdeploy.hosts.dockerapi import DockerFailed
+from tfsdeploy.hosts.ssh import Connection
 from tfsdeploy.run.changes import (
     Change,
     Check,
     Command,
+    GatewayState,
     LocalCommand,
     ProxyCommands,
     Publish,
@@ -90,6 +99,8 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
             freed = conn.docker.remove_image(change.image)
             return f"{change.image}: {freed / (1 << 20):.1f} MiB ({freed} bytes) freed" \
                 if freed else f"{change.image} kept (in use or absent)"
+        elif isinstance(change, GatewayState):
+            return gateway_state(job, change, step)
         elif isinstance(change, ProxyCommands):
             proxyadmin.send(conn, job.paths.admin_socket, change.commands)
         elif isinstance(change, ReloadProxy):
@@ -100,6 +111,40 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
     except (DockerFailed, proxyadmin.ProxyRefused) as error:
         raise GateFailed(step, f"{change.describe()} to succeed", str(error)) from None
     return ""
+
+
+def gateway_state(job: HostJob, change: GatewayState, step: str) -> str:
+    """Set the host's state for its model on every gateway host that routes it; a drain
+    waits until no request of the host is in flight there. A gateway host that refuses or
+    cannot be reached fails the step: the host must not leave its rotation unannounced."""
+    link = job.run.gateway
+    if link is None:
+        return "no gateway routes the model"
+    commands = (drain_commands if change.state == "drain" else ready_commands)(
+        change.model, change.host)
+    for host in link.hosts:
+        conn, paths = link.connections[host.name], gateway_paths(host)
+        try:
+            gateway_host.commands(conn, paths, commands)
+            if change.state == "drain":
+                _wait_drained(conn, paths, change, job.run.clock, step)
+        except (proxyadmin.ProxyRefused, HostUnreachable, OSError) as error:
+            raise GateFailed(step, f"gateway {host.name} to {change.state} {change.host}",
+                             str(error)) from None
+    return f"{change.state} on {', '.join(h.name for h in link.hosts)}"
+
+
+def _wait_drained(conn: Connection, paths: GatewayPaths, change: GatewayState, clock: Clock,
+                  step: str) -> None:
+    def idle() -> Verdict:
+        busy = sum(s.sessions for s in gateway_host.stat(conn, paths)
+                   if s.host == change.host and s.backend.startswith(f"{change.model}-"))
+        return Verdict.ok("none in flight") if busy == 0 else \
+            Verdict.wait(f"{busy} request(s) in flight")
+
+    poll(idle, step=step, expected=f"no request of {change.model} in flight to {change.host} "
+         "at the gateway", deadline_s=change.timeout_s, clock=clock, interval_s=0.1,
+         max_interval_s=0.5)
 
 
 def run_local(change: LocalCommand, step: str) -> str:

@@ -81,6 +81,7 @@ class RunContext:
     reason: str = ""  # "guard": a rollback the SLO guard started
     canary: CanaryPolicy | None = None  # weighted steps on the first batch (None: none)
     canary_hosts: frozenset[str] = frozenset()  # the first batch, set when the roll starts
+    gateway: GatewayLink | None = None  # the gateway hosts routing the model
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -152,6 +153,7 @@ class HostJob:
     # -> the slot serving each: they serve until finalize drains and removes them
     retiring: dict[int, str | None] = field(default_factory=dict)
     port_move: PortMove = field(default_factory=PortMove)  # old ports the proxy keeps
+    gateway_drained: bool = False  # the gateway hosts route none of the model's requests here
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")
@@ -273,6 +275,15 @@ Facts = dict[str, HostFacts | HostUnreachable]
 
 
 @dataclass(frozen=True)
+class GatewayLink:
+    """The gateway hosts that route the run's model, and a connection to each (opened when
+    first used): a host leaving the rotation is drained there first."""
+
+    hosts: tuple[ResolvedHost, ...]
+    connections: Mapping[str, Connection]
+
+
+@dataclass
 class Session:
     """What the engine owns for one run and lends its planner: one connection per host, the
     run's clock (cancellable: a Ctrl-C ends its waits) and the factory of TFServing clients."""
@@ -280,6 +291,7 @@ class Session:
     connections: Mapping[str, Connection]
     clock: Clock
     client_factory: ClientFactory | None = None
+    gateway: GatewayLink | None = None  # the model's gateway hosts (None: no gateway routes it)
 
     def release_files(self, host: ResolvedHost, model: Model, release_id: str
                       ) -> dict[str, str]:

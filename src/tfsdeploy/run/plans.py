@@ -142,7 +142,7 @@ def context_for(target: Target, session: Session, *, verb: Verb, version: int,
     return RunContext(verb=verb, model=target.model, version=version, release_id=release_id,
                       who=current_user(), clock=session.clock, golden=golden,
                       source_dir=source_dir, client_factory=session.client_factory,
-                      reason=reason, canary=canary)
+                      reason=reason, canary=canary, gateway=session.gateway)
 
 
 def job_for(context: RunContext, host: ResolvedHost, render: HostRender, session: Session,

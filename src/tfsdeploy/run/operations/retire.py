@@ -13,7 +13,7 @@ from tfsdeploy.core.proxy import set_state
 from tfsdeploy.hosts.commands.files import remove_tree
 from tfsdeploy.run.changes import Command, ProxyCommands, RemoveContainer
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations.roll import drain_check
+from tfsdeploy.run.operations.roll import drain_check, gateway_drain
 from tfsdeploy.run.operations.step import Ops, operation
 
 
@@ -27,6 +27,7 @@ def drain_model(job: HostJob) -> Ops:
     live = sorted({(s.instance, s.slot) for s in proxy.servers if s.takes_new_requests})
     if not live:
         return "no server in rotation"
+    yield from gateway_drain(job, job.model.rollout.drain_timeout_s, whole_host=True)
     yield ProxyCommands(tuple(c for i, slot in live for c in set_state(i, slot, "drain")),
                         "proxy: every server of the model drains (out of rotation)")
     for index, slot in live:

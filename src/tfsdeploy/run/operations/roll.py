@@ -30,6 +30,7 @@ from tfsdeploy.hosts.facts import ProxyFact
 from tfsdeploy.run.changes import (
     Check,
     Command,
+    GatewayState,
     ProxyCommands,
     RemoveContainer,
     RunContainer,
@@ -298,12 +299,36 @@ def take_out_of_rotation(job: HostJob, timeout_s: float | None = None) -> Ops:
     slot = job.old.slot
     job.instance.out_of_rotation = True
     keeps = f"the host keeps {len(job.instances) - 1} of {len(job.instances)} instance(s) serving"
+    yield from gateway_drain(job, timeout_s or job.model.rollout.drain_timeout_s)
     yield ProxyCommands(tuple(set_state(job.instance.index, slot, "drain")),
                         f"proxy: {_where(job)}{slot} drains")
     yield drain_check(job, slot, timeout_s or job.model.rollout.drain_timeout_s)
     yield ProxyCommands(tuple(set_state(job.instance.index, slot, "maint")),
                         f"proxy: {_where(job)}{slot} out of rotation ({keeps})")
     return keeps
+
+
+def gateway_drain(job: HostJob, timeout_s: float, *, whole_host: bool = False) -> Ops:
+    """Before the host's last serving instance leaves the rotation (``whole_host``: the
+    model leaves the host): every gateway host that routes the model stops sending it
+    requests, and those in flight there finish."""
+    if job.run.gateway is None or job.gateway_drained:
+        return "no gateway to drain"
+    if not whole_host and any(not i.out_of_rotation for i in job.instances
+                              if i is not job.instance):
+        return "another instance keeps the host serving"
+    yield GatewayState(job.model.name, job.name, "drain", timeout_s)
+    job.gateway_drained = True
+    return "drained at the gateway"
+
+
+def gateway_ready(job: HostJob) -> Ops:
+    """The host serves again: back in the gateway hosts' rotation."""
+    if job.run.gateway is None or not job.gateway_drained:
+        return "not drained at the gateway"
+    yield GatewayState(job.model.name, job.name, "ready")
+    job.gateway_drained = False
+    return "back in the gateway's rotation"
 
 
 @operation("stop_old")
@@ -325,6 +350,7 @@ def put_in_rotation(job: HostJob) -> Ops:
     job.switched = job.took_traffic = True
     job.instance.out_of_rotation = False
     yield proxy_config(job)
+    yield from gateway_ready(job)
     return f"{_where(job)}{job.new_slot} serves again"
 
 
@@ -336,6 +362,7 @@ def _back_in_rotation(job: HostJob) -> Ops:
                             f"proxy: {_where(job)}{job.old.slot} back in rotation")
     job.instance.out_of_rotation = job.switched = False
     yield proxy_config(job)
+    yield from gateway_ready(job)
     return f"{_where(job)}old release serving again"
 
 

@@ -1,0 +1,310 @@
+"""The gateway layer on the testbed: clients talk only to the gateway host tbgw
+(`scripts/testbed up --gateway`), whose HAProxy `fab gateway` renders from the inventory and
+rolls; behind it the model's two hosts tb1 and tb2.
+
+Model ``itgateway`` (port offset 4500), v1/v2 = half_plus_two 1/2 (x = 2 answers 3.0 / 4.0).
+One set-up: v1 deployed, the gateway rolled. Then, in order:
+- steady load through the gateway: its connections to each host's gRPC port are the same
+  ones (the same source ports, counted with `ss -tn` in tbgw) at the start and at the end;
+- `fab deploy` v1 -> v2 over both hosts under load through the gateway: 0 failed requests;
+- the rate limit: `fab status` says the gateway no longer matches an inventory that sets
+  one; the gateway re-rolled with it (a seamless reload), the requests let through hold
+  within 5 % of it, the others are answered RESOURCE_EXHAUSTED (REST: 429);
+- one host's proxy killed under load: the gateway takes the host out within its check
+  interval, and no more requests fail than were in flight when it died;
+- `fab retire --hosts tb2` under load: tb2 drained on tbgw before its own proxy, no request
+  fails.
+Before them, `scripts/testbed up --gateway` has left tb1..tbN's daemons as they were.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploy_load import Sample, SteadyLoad, Target
+from deploy_support import GOOD, Fleet, fleet_fixture
+from testbed_support import ADDRESSES, REPO, STATE, VENV_BIN, Run, fab_env, netns, ssh
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "itgateway", 4500
+HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2")}
+GATEWAY_HOST, GATEWAY_ADDRESS = "tbgw", "10.87.0.30"
+GRPC, REST = 8500 + OFFSET, 8501 + OFFSET  # the hosts' stable ports, and the gateway's
+CHECK_INTERVAL_MS = 500
+RATE_LIMIT = 60  # requests/s let through, per gateway host
+# how long the steady load of the connection test lasts (the suite's budget; 60 by hand)
+STEADY_S = float(os.environ.get("TFSDEPLOY_GATEWAY_STEADY_S", "6"))
+V1_Y, V2_Y = 3.0, 4.0
+# tbgw's files as the root namespace sees them (its /srv/tfsdeploy is a private bind mount)
+GATEWAY_ROOT = STATE / "hosts" / GATEWAY_HOST / "srv" / "gateway"
+
+GATEWAY_BLOCK = '''
+from tfsdeploy.core.gateway import Gateway, Route
+hosts.append(Host({host!r}, {address!r}, vars={{"ssh_known_hosts": {known!r}}}))
+groups["gateway"] = Group([{host!r}])
+gateway = Gateway(routes=[Route({model!r}, grpc_port={grpc}, rest_port={rest}{limit})],
+                  check_interval_ms={interval}, check_timeout_ms={timeout})
+'''
+
+
+def gateway_inventory(fleet: Fleet, name: str, limit: int | None = None) -> Path:
+    """The fleet's inventory with tbgw in its gateway group and the gateway routing the model
+    on its own ports (``limit``: its request-rate limit)."""
+    path = fleet.tmp / f"{name}.py"
+    path.write_text(fleet.inventory.read_text() + GATEWAY_BLOCK.format(
+        host=GATEWAY_HOST, address=GATEWAY_ADDRESS,
+        known=str(STATE / "ssh" / "known_hosts.gateway"), model=MODEL, grpc=GRPC, rest=REST,
+        limit="" if limit is None else f", rate_limit_rps={limit}",
+        interval=CHECK_INTERVAL_MS, timeout=CHECK_INTERVAL_MS // 2))
+    return path
+
+
+def fab_gateway(fleet: Fleet, inventory: Path, *args: str) -> Run:
+    """``fab gateway --inventory I`` (no --model: the gateway routes the inventory's)."""
+    argv = [str(VENV_BIN / "fab"), "gateway", "--inventory", str(inventory), *args]
+    started = time.monotonic()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env=fab_env())
+    run = Run(argv, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
+    fleet.log.append(run.describe())
+    return run
+
+
+def _testbed(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(REPO / "scripts" / "testbed"), *args],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+def _daemons() -> dict[str, tuple[int, int]]:
+    """Each serving host's sshd and dockerd pids (scripts/testbed status)."""
+    report = json.loads(_testbed("status", "--json").stdout)
+    return {h["name"]: (h["sshd"], h["dockerd"]) for h in report["hosts"]}
+
+
+UP: dict[str, Any] = {}  # what the fixture's `up --gateway` did
+
+
+def _gateway_up() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the local fleet needs root")
+    before = _daemons()
+    proc = _testbed("up", "--gateway")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    UP.update(before=before, after=_daemons(), out=proc.stdout)
+
+
+def _gateway_clean() -> None:
+    docker = ["docker", "-H", f"unix://{STATE}/hosts/{GATEWAY_HOST}/run/docker.sock"]
+    subprocess.run([*docker, "rm", "-f", "tfs-gateway"], capture_output=True, check=False)
+    subprocess.run(["rm", "-rf", str(GATEWAY_ROOT)], check=False)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    _gateway_up()
+    _gateway_clean()
+    for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
+                              hosts=HOSTS, serial=(1, "100%"), min_healthy_s=1.0):
+        made.deploy(1)
+        rolled = fab_gateway(made, gateway_inventory(made, "gateway"))
+        assert rolled.code == 0, rolled.describe()
+        try:
+            yield made
+        finally:
+            _gateway_clean()
+
+
+def admin(command: str) -> str:
+    """A runtime-API command on tbgw's gateway (its socket, from the root namespace)."""
+    return subprocess.run(["socat", "-t", "5", "-", f"UNIX-CONNECT:{GATEWAY_ROOT}/admin/"
+                           "admin.sock"], input=command + "\n", capture_output=True,
+                          text=True, timeout=10, check=True).stdout
+
+
+def server_status(host: str) -> str:
+    for line in admin("show stat").splitlines():
+        fields = line.split(",")
+        if fields[:2] == [f"{MODEL}-grpc", host]:
+            return fields[17]
+    raise AssertionError(f"no server {host} in {MODEL}-grpc")
+
+
+def backend_connections() -> dict[str, set[int]]:
+    """tbgw's established connections to each host's gRPC port: host -> source ports."""
+    out = subprocess.run(netns(GATEWAY_HOST, "ss", "-Htn", "state", "established"),
+                         capture_output=True, text=True, timeout=10, check=True).stdout
+    found: dict[str, set[int]] = {name: set() for name in HOSTS}
+    for line in out.splitlines():
+        words = line.split()
+        local, peer = words[-2], words[-1]
+        for name, address in HOSTS.items():
+            if peer == f"{address}:{GRPC}":
+                found[name].add(int(local.rpartition(":")[2]))
+    return found
+
+
+def load(rate: float, *, rest: bool = True, workers: int = 4) -> SteadyLoad:
+    targets = [Target(GATEWAY_HOST, GATEWAY_ADDRESS, GRPC, "grpc")]
+    if rest:
+        targets.append(Target(GATEWAY_HOST, GATEWAY_ADDRESS, REST, "rest"))
+    return SteadyLoad(MODEL, targets, rate=rate, workers=workers).start()
+
+
+def rest_code(path: str) -> int:
+    """The HTTP status of a GET through the gateway's REST port."""
+    conn = http.client.HTTPConnection(GATEWAY_ADDRESS, REST, timeout=10)
+    try:
+        conn.request("GET", path)
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status
+    finally:
+        conn.close()
+
+
+def failed(samples: list[Sample]) -> list[Sample]:
+    return [s for s in samples if not s.ok]
+
+
+def test_up_gateway_leaves_the_serving_hosts_alone(fleet: Fleet) -> None:
+    """`scripts/testbed up --gateway` adds tbgw; tb1..tbN keep their daemons (other runs use
+    them at the same time)."""
+    assert "tbgw 10.87.0.30" in str(UP["out"]) and "the other hosts untouched" in str(UP["out"])
+    assert UP["after"] == UP["before"], UP
+    assert all(sshd and dockerd for sshd, dockerd in UP["before"].values())
+
+
+def test_the_gateway_keeps_its_connections_to_each_host_under_steady_load(fleet: Fleet) -> None:
+    steady = load(50.0)
+    try:
+        time.sleep(2.0)  # the pool fills
+        first = backend_connections()
+        time.sleep(STEADY_S)
+        last = backend_connections()
+    finally:
+        steady.stop()
+    print(f"\ngateway -> host gRPC connections (source ports) over {STEADY_S:g} s of load: "
+          f"first {first}, last {last}")
+    for host in HOSTS:
+        assert first[host], f"no connection from the gateway to {host}'s gRPC port"
+        assert last[host] == first[host], f"{host}: connections changed under steady load"
+    assert not failed(steady.samples), failed(steady.samples)[:3]
+    assert {s.y for s in steady.samples} == {V1_Y}
+    assert len(steady.samples) >= 0.8 * 100 * (2 + STEADY_S)
+
+
+def test_a_deploy_through_the_gateway_fails_no_request(fleet: Fleet) -> None:
+    steady = load(50.0)
+    try:
+        time.sleep(1.0)
+        run = fleet.fab("deploy", "--version", "2", timeout=300,
+                        inventory=gateway_inventory(fleet, "gateway"))
+        time.sleep(1.0)
+    finally:
+        steady.stop()
+    assert run.code == 0, run.describe()
+    assert "gateway tbgw:" not in run.out, run.out  # its configuration matches the inventory
+    bad = failed(steady.samples)
+    print(f"\ndeploy v1 -> v2 through the gateway: {len(steady.samples)} requests, "
+          f"{len(bad)} failed, answers {sorted({s.y for s in steady.samples if s.ok})}")
+    assert not bad, [f"{s.target} {s.error}" for s in bad[:5]]
+    assert {s.y for s in steady.samples} == {V1_Y, V2_Y}
+    assert steady.samples[-1].y == V2_Y
+
+
+def test_the_rate_limit_holds_within_five_percent(fleet: Fleet) -> None:
+    limited = gateway_inventory(fleet, "gateway_limited", limit=RATE_LIMIT)
+    status = fleet.fab("status", inventory=limited)
+    assert status.code == 0, status.describe()
+    assert "gateway tbgw: its configuration no longer matches the inventory" in status.out, \
+        status.out
+    rolled = fab_gateway(fleet, limited)
+    assert rolled.code == 0, rolled.describe()
+    assert "reloaded" in rolled.out, rolled.out
+    burst = load(2.0 * RATE_LIMIT, rest=False, workers=8)
+    try:
+        time.sleep(6.5)
+    finally:
+        burst.stop()
+    span = 5.0  # after the first second: the limit's 1 s window filled
+    window = burst.between(burst.t0 + 1.0, burst.t0 + 1.0 + span)
+    let_through = sum(s.ok for s in window) / span
+    refused = [s for s in window if not s.ok]
+    print(f"\nrate limit {RATE_LIMIT}/s, sent {len(window) / span:.1f}/s: let through "
+          f"{let_through:.1f}/s, refused {len(refused) / span:.1f}/s")
+    assert abs(let_through - RATE_LIMIT) <= 0.05 * RATE_LIMIT
+    assert refused and all(s.error.startswith("RESOURCE_EXHAUSTED: rate limit of "
+                                              f"{RATE_LIMIT} requests/s") for s in refused), \
+        {s.error for s in refused}
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        codes = list(pool.map(lambda _: rest_code(f"/v1/models/{MODEL}"), range(150)))
+    assert 429 in codes and 200 in codes, codes
+    unlimited = fab_gateway(fleet, gateway_inventory(fleet, "gateway"))
+    assert unlimited.code == 0, unlimited.describe()
+
+
+def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
+        fleet: Fleet) -> None:
+    steady = load(100.0, rest=False, workers=6)
+    try:
+        time.sleep(2.0)
+        assert server_status("tb2") == "UP"
+        ssh("tb2", f"docker kill tfs-proxy-{MODEL}")
+        killed = time.monotonic()
+        while server_status("tb2").startswith("UP"):
+            assert time.monotonic() - killed < 10, "tb2 never left the rotation"
+            time.sleep(0.05)
+        out_after = time.monotonic() - killed
+        time.sleep(2.0)
+    finally:
+        steady.stop()
+        ssh("tb2", f"docker start tfs-proxy-{MODEL}", check=False)
+    in_flight = sum(1 for s in steady.samples if s.sent <= killed < s.done)
+    bad = failed(steady.samples)
+    print(f"\nproxy of tb2 killed: out of rotation after {out_after * 1000:.0f} ms (check "
+          f"interval {CHECK_INTERVAL_MS} ms); {len(bad)} failed requests, {in_flight} in "
+          f"flight at the kill; {len(steady.samples)} requests in all")
+    assert out_after <= CHECK_INTERVAL_MS / 1000 + 0.2  # + one read of the stat over socat
+    assert len(bad) <= in_flight, [f"{s.error}" for s in bad[:5]]
+    after = [s for s in steady.samples if s.sent > killed + out_after]
+    assert after and all(s.ok for s in after)
+    assert re.search(r"DOWN", server_status("tb2")), json.dumps(server_status("tb2"))
+
+
+def test_retire_drains_the_host_at_the_gateway_before_its_proxy(fleet: Fleet) -> None:
+    """`fab retire --hosts tb2` under load through the gateway: tb2 is drained on tbgw first
+    (the audit log's order), no request fails, tb1 takes them all."""
+    end = time.monotonic() + 10
+    while not server_status("tb2").startswith("UP"):  # back from the previous test
+        assert time.monotonic() < end, server_status("tb2")
+        time.sleep(0.1)
+    steady = load(50.0, rest=False)
+    try:
+        time.sleep(1.0)
+        run = fleet.fab("retire", "--hosts", "tb2", inventory=gateway_inventory(fleet, "gateway"))
+        retired = time.monotonic()
+        time.sleep(1.0)
+    finally:
+        steady.stop()
+    assert run.code == 0, run.describe()
+    changes = [e["details"]["change"] for e in fleet.audit("tb2")
+               if e["event"] == "drain_model"]
+    gateway_first = f"gateway: tb2 drains for {MODEL} (no new request routed to it)"
+    assert changes and changes[0] == gateway_first, changes
+    assert server_status("tb2").startswith(("DRAIN", "DOWN")), server_status("tb2")
+    bad = failed(steady.samples)
+    late = [s for s in steady.samples if s.sent > retired]
+    print(f"\nretire tb2 through the gateway: {len(steady.samples)} requests, {len(bad)} failed")
+    assert not bad, [s.error for s in bad[:5]]
+    assert late and all(s.ok for s in late)

@@ -1,0 +1,207 @@
+"""The gateway setting (core/gateway.py) and HAProxy's file for it (core/gateway_config.py):
+every rule refused with its place and fix, the rendered directory accepted by the real
+HAProxy (`haproxy -c`, the same Debian 2.6 package as the proxy image), and the pieces the
+roll and the deploy use (stat parsing, carried drains, drain commands)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tfsdeploy.core.catalog import Model, Signature, TensorSpec
+from tfsdeploy.core.errors import ConfigError
+from tfsdeploy.core.fleet import Group, Host
+from tfsdeploy.core.gateway import Gateway, Route
+from tfsdeploy.core.gateway_config import (
+    GATEWAY_FILE,
+    GatewayServer,
+    carried_state,
+    drain_commands,
+    grpc_answer,
+    parse_gateway_stat,
+    plan_gateway,
+    render_gateway_files,
+    route_health,
+)
+from tfsdeploy.core.inventory import Inventory, build_inventory
+
+SIG = Signature(inputs={"x": TensorSpec("DT_FLOAT", (-1, 1))},
+                outputs={"y": TensorSpec("DT_FLOAT", (-1, 1))})
+HOSTS = [Host("s1", "10.0.0.1"), Host("s2", "10.0.0.2"), Host("gw1", "10.0.0.9"),
+         Host("gw2", "10.0.0.10")]
+
+
+def model(name: str, **extra: Any) -> Model:
+    return Model(name=name, source=f"/srv/{name}", signature=SIG, memory_mib=512,
+                 latency_slo_ms=50, **extra)
+
+
+def inventory(gateway: object, *, models: list[Model] | None = None,
+              groups: dict[str, Group] | None = None) -> Inventory:
+    return build_inventory(
+        "inv.py", hosts=HOSTS,
+        groups={"gateway": Group(["gw1", "gw2"])} if groups is None else groups,
+        defaults={}, gateway=gateway,
+        models=models if models is not None else [model("m1"),
+                                                  model("m2", port_offset=100)])
+
+
+def problems(gateway: object, **kwargs: Any) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        inventory(gateway, **kwargs)
+    return [p.render() for p in caught.value.problems]
+
+
+def test_all_leaves_the_gateway_hosts_out_and_the_routes_reach_the_serving_hosts() -> None:
+    inv = inventory(Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)]))
+    assert [h.name for h in inv.select(model=inv.model("m1"))] == ["s1", "s2"]
+    assert [h.name for h in inv.gateway_hosts] == ["gw1", "gw2"]
+    plan = plan_gateway(inv)
+    assert [(s.name, s.grpc, s.rest) for s in plan.routes[0].servers] == [
+        ("s1", "10.0.0.1:8500", "10.0.0.1:8501"), ("s2", "10.0.0.2:8500", "10.0.0.2:8501")]
+
+
+@pytest.mark.parametrize(("gateway", "expected"), [
+    (Gateway(routes=[Route("nope", grpc_port=9500, rest_port=9501)]),
+     "[file inv.py, field gateway.routes[0].model] model 'nope' is not in the catalog"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501),
+                     Route("m1", grpc_port=9600, rest_port=9601)]),
+     "model 'm1' is routed twice"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501),
+                     Route("m2", grpc_port=9501, rest_port=9502)]),
+     "[file inv.py, field gateway.routes[1].grpc_port] routes[0].rest_port and "
+     "routes[1].grpc_port are both 9501"),
+    (Gateway(routes=[Route("m1", grpc_port=9500)]), "model 'm1' has only a gRPC port"),
+    (Gateway(routes=[Route("m1")]),
+     "model 'm1' has no ports and the gateway no domain: no request could reach it"),
+    (Gateway(domain="models.example.com", routes=[Route("m1")], grpc_port=9500,
+             rest_port=9500),
+     "grpc_port and rest_port are both 9500"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)], check_interval_ms=500,
+             check_timeout_ms=500),
+     "check_timeout_ms 500 is not below check_interval_ms 500"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)], request_timeout_ms=40),
+     "request_timeout_ms 40 is below the latency SLO of model 'm1' (50 ms)"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)], group="edge"),
+     "the gateway's group 'edge' is not declared"),
+])
+def test_each_rule_is_refused_with_its_place(gateway: Gateway, expected: str) -> None:
+    found = problems(gateway)
+    assert any(expected in p for p in found), found
+    assert all("fix:" in p for p in found)
+
+
+def test_a_model_whose_name_is_no_dns_label_needs_its_own_ports() -> None:
+    found = problems(Gateway(domain="models.example.com", routes=[Route("m_1")]),
+                     models=[model("m_1")])
+    assert any("cannot be the first label of an authority 'm_1.models.example.com'" in p
+               and "give this Route its own grpc_port and rest_port" in p for p in found), found
+
+
+def test_a_model_placed_on_a_gateway_host_is_refused() -> None:
+    found = problems(Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)]),
+                     models=[model("m1", hosts="s1,gw1")])
+    assert any("model 'm1' is placed on gateway host(s) gw1" in p for p in found), found
+
+
+@pytest.mark.parametrize(("gateway", "field"), [
+    ({"routes": []}, "gateway"),
+    (Gateway(routes=[Route("m1", grpc_port=0, rest_port=9501)]), "gateway.routes[0].grpc_port"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501, rate_limit_rps=0)]),
+     "gateway.routes[0].rate_limit_rps"),
+    (Gateway(routes=[Route("m1")], domain="Models.Example"), "gateway.domain"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)], check_interval_ms=True),
+     "gateway.check_interval_ms"),
+])
+def test_values_are_typed_and_bounded(gateway: object, field: str) -> None:
+    found = problems(gateway)
+    assert found and any(field in p for p in found), found
+
+
+def _check(directory: Path) -> subprocess.CompletedProcess[str]:
+    haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
+    return subprocess.run([haproxy, "-c", "-f", str(directory / GATEWAY_FILE)],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def _write(files: dict[str, str], directory: Path) -> None:
+    directory.mkdir()
+    for name, text in files.items():
+        (directory / name).write_text(text)
+
+
+def test_the_rendered_directory_passes_haproxy_check(tmp_path: Path) -> None:
+    inv = inventory(Gateway(domain="models.example.com", routes=[
+        Route("m1", rate_limit_rps=1000), Route("m2", grpc_port=9500, rest_port=9501)]))
+    plan = plan_gateway(inv)
+    files = render_gateway_files(plan, plan.hosts[0], files_dir=str(tmp_path / "gw"),
+                                 admin_socket=str(tmp_path / "admin.sock"))
+    _write(files, tmp_path / "gw")
+    checked = _check(tmp_path / "gw")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "[WARNING]" not in checked.stdout + checked.stderr
+    config = files[GATEWAY_FILE]
+    # h2c to every host's stable gRPC port, checked over HTTP/1 on its REST port
+    assert "server s1 10.0.0.1:8500 proto h2 check port 8501 check-proto h1 inter 1000ms" in config
+    assert "http-check send meth GET uri /v1/models/m1 ver HTTP/1.1" in config
+    assert "AVAILABLE" in config and "http-reuse always" in config
+    # idle connections are purged every pool-purge-delay (default 5 s), and a connection
+    # between two requests is idle: the gateway keeps them an hour
+    assert config.count("pool-purge-delay 3600000ms") == 8  # 2 models x 2 hosts x gRPC, REST
+    # the rate: the requests let through, RESOURCE_EXHAUSTED / 429 beyond
+    assert "if { sc_gpc0_rate(0) ge 1000 }" in config
+    assert "m1.rate-limited.grpc.http" in files and "status 429" in config
+    assert "use_backend m1-grpc if { req.hdr(host),field(1,:),lower -m str " \
+           "m1.models.example.com }" in config
+    assert "frontend m2-grpc\n    bind :9500 proto h2" in config
+
+
+def test_a_broken_answer_file_is_what_haproxy_refuses(tmp_path: Path) -> None:
+    """The check is real: HAProxy reads the errorfiles the configuration names."""
+    inv = inventory(Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501,
+                                          rate_limit_rps=5)]))
+    plan = plan_gateway(inv)
+    files = render_gateway_files(plan, plan.hosts[0], files_dir=str(tmp_path / "gw"),
+                                 admin_socket=str(tmp_path / "admin.sock"))
+    del files["m1.rate-limited.grpc.http"]
+    _write(files, tmp_path / "gw")
+    assert _check(tmp_path / "gw").returncode != 0
+
+
+def test_the_grpc_answer_is_a_trailers_only_response() -> None:
+    text = grpc_answer(8, "rate limit of 5 requests/s reached: 100%")
+    assert text.split("\r\n") == [
+        "HTTP/1.1 200 OK", "Content-Type: application/grpc", "grpc-status: 8",
+        "grpc-message: rate limit of 5 requests/s reached: 100%25", "Content-Length: 0", "", ""]
+
+
+STAT = ("# pxname,svname,qcur,qmax,scur,smax,slim,stot,bin,bout,dreq,dresp,ereq,econ,eresp,"
+        "wretr,wredis,status\n") + """m1-grpc,s1,0,0,3,5,,10,0,0,,0,,0,0,0,0,UP
+m1-grpc,s2,0,0,0,1,,10,0,0,,0,,0,0,0,0,DRAIN
+m1-grpc,BACKEND,0,0,3,5,,10,0,0,,0,,0,0,0,0,UP
+m1-rest,s1,0,0,0,0,,0,0,0,,0,,0,0,0,0,UP
+m1-rest,s2,0,0,0,0,,0,0,0,,0,,0,0,0,0,MAINT
+m1-grpc-frontend,FRONTEND,0,0,0,0,,0,0,0,,0,,0,0,0,0,OPEN
+"""
+
+
+def test_stat_health_and_the_drains_a_reload_carries_over() -> None:
+    servers = parse_gateway_stat(STAT)
+    assert servers[0] == GatewayServer("m1-grpc", "s1", "UP", 3)
+    inv = inventory(Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)]))
+    plan = plan_gateway(inv)
+    assert route_health(plan, servers) == {"m1": (2, 2)}
+    assert carried_state(servers, plan) == ["set server m1-grpc/s2 state drain",
+                                            "set server m1-rest/s2 state maint"]
+    assert drain_commands("m1", "s2") == ["set server m1-grpc/s2 state drain",
+                                          "set server m1-rest/s2 state drain"]
+
+
+def test_no_gateway_declared_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="the inventory declares no gateway"):
+        plan_gateway(build_inventory("inv.py", hosts=HOSTS, groups={}, defaults={},
+                                     models=[model("m1")]))

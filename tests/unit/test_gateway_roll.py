@@ -1,0 +1,181 @@
+"""`fab gateway`'s roll (run/gateway.py) against fake gateway hosts: a configuration one host
+refuses (`haproxy -c`) changes no host; a good one is written and reloaded host by host, with
+the drains the old worker held set again; a new worker with a model that has no serving host
+up puts that host back on its previous files and stops the roll (exit 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.core.fleet import Group, Host, ResolvedHost
+from tfsdeploy.core.gateway import Gateway, Route
+from tfsdeploy.core.gateway_config import GATEWAY_FILE, plan_gateway
+from tfsdeploy.core.inventory import build_inventory
+from tfsdeploy.hosts.dockerapi import ContainerState
+from tfsdeploy.hosts.ssh import Result
+from tfsdeploy.run.gateway import roll_gateway
+
+from .fakes import FrozenClock
+from .test_gateway import model
+
+
+@dataclass
+class FakeDocker:
+    host: FakeGatewayHost
+
+    def state(self, name: str) -> ContainerState | None:
+        return ContainerState("running", 0, 0) if self.host.running else None
+
+    def image_present(self, image: str) -> bool:
+        return True
+
+    def kill(self, name: str, signal: str) -> None:
+        self.host.events.append(f"kill {signal}")
+        self.host.reload()
+
+    def run(self, spec: Any) -> None:
+        self.host.events.append(f"run {spec.name}")
+        self.host.reload()
+
+    def remove(self, name: str) -> None:
+        self.host.running = False
+
+
+@dataclass
+class FakeGatewayHost:
+    """A gateway host: its live directory, the worker's pid and its servers' states."""
+
+    name: str
+    refuse: bool = False  # haproxy -c refuses
+    dark: bool = False  # the new worker's servers stay DOWN
+    live: dict[str, str] = field(default_factory=dict)
+    running: bool = False
+    pid: int = 100
+    states: dict[str, str] = field(default_factory=dict)  # "backend/server" -> status
+    events: list[str] = field(default_factory=list)
+
+    def reload(self) -> None:
+        self.running, self.pid = True, self.pid + 1
+        servers = [line.split()[1] for line in self.live.get(GATEWAY_FILE, "").splitlines()
+                   if line.strip().startswith("server ")]
+        backends = [line.split()[1] for line in self.live.get(GATEWAY_FILE, "").splitlines()
+                    if line.startswith("backend ") and line.split()[1].endswith(("-grpc",
+                                                                                 "-rest"))]
+        status = "DOWN" if self.dark else "UP"
+        self.states = {f"{b}/{s}": status for b in backends for s in set(servers)}
+
+
+class FakeConnection:
+    def __init__(self, host: ResolvedHost, fake: FakeGatewayHost) -> None:
+        self.host, self.fake = host, fake
+        self.docker = FakeDocker(fake)
+
+    def run(self, argv: list[str], *, timeout: float | None = None,
+            stdin: bytes | None = None) -> Result:
+        fake, text = self.fake, (stdin or b"").decode()
+        out, code = "", 0
+        if argv[0] == "socat":
+            for command in (c.strip() for c in text.split(";")):
+                fake.events.append(command)
+                if command == "show info":
+                    out += f"Pid: {fake.pid}\n"
+                elif command == "show stat":
+                    out += "# pxname,svname,scur,status\n" + "".join(
+                        f"{k.split('/')[0]},{k.split('/')[1]},0,{v}\n"
+                        for k, v in fake.states.items())
+                elif command.startswith("set server "):
+                    fake.states[command.split()[2]] = command.split()[-1].upper()
+        elif argv[:2] == ["docker", "run"]:
+            fake.events.append("haproxy -c")
+            code, out = (1, "[ALERT] parsing [haproxy.cfg:12]: unknown keyword") \
+                if fake.refuse else (0, "Configuration file is valid")
+        elif argv[:2] == ["sh", "-c"] and "for f in *" in argv[2]:
+            out = "\n".join(fake.live) if argv[-1].endswith("/config") else ""
+        elif argv[:2] == ["sh", "-c"] and "@@file" in argv[2]:
+            out = "".join(f"@@file {n}\n{fake.live[n]}\n" for n in argv[5:]) + "@@end\n"
+        elif argv[:2] == ["sh", "-c"] and "cat >" in argv[2] and "/config/" in argv[4]:
+            fake.live[argv[4].rsplit("/", 1)[1]] = text
+            fake.events.append(f"write {argv[4].rsplit('/', 1)[1]}")
+        elif argv[:2] == ["sh", "-c"] and "rm -f" in argv[2]:
+            for name in argv[5:]:
+                fake.live.pop(name, None)
+        return Result(tuple(argv), code, out, "")
+
+    def put_bytes(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
+        self.fake.events.append(f"stage {path.rsplit('/', 1)[1]}")
+
+    def close(self) -> None:
+        pass
+
+
+def _plan(limit: int | None = None) -> Any:
+    hosts = [Host("s1", "10.0.0.1"), Host("s2", "10.0.0.2"), Host("gw1", "10.0.0.9"),
+             Host("gw2", "10.0.0.10")]
+    inv = build_inventory("inv.py", hosts=hosts, groups={"gateway": Group(["gw1", "gw2"])},
+                          defaults={}, models=[model("m1")],
+                          gateway=Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501,
+                                                        rate_limit_rps=limit)]))
+    return plan_gateway(inv)
+
+
+def _roll(plan: Any, fakes: dict[str, FakeGatewayHost], **options: Any) -> Any:
+    lines: list[str] = []
+    result = roll_gateway(plan, say=lines.append, clock=FrozenClock(),
+                          connect=lambda h: FakeConnection(h, fakes[h.name]), **options)
+    return result, lines
+
+
+def test_a_configuration_one_host_refuses_changes_no_host() -> None:
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2", refuse=True)}
+    result, lines = _roll(_plan(), fakes)
+    assert result.exit_code == ExitCode.INVALID
+    assert any(line.startswith("gw2: refused before any host changed") for line in lines)
+    assert "haproxy -c in" in result.hosts["gw2"] and "unknown keyword" in result.hosts["gw2"]
+    for fake in fakes.values():
+        assert not fake.live and not fake.running
+        assert not any(e.startswith(("write", "run", "kill")) for e in fake.events)
+
+
+def test_the_roll_goes_host_by_host_and_carries_the_drains_over() -> None:
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    first, _ = _roll(_plan(), fakes)
+    assert first.exit_code == ExitCode.OK, first.hosts
+    assert all(f.running and f.live[GATEWAY_FILE] for f in fakes.values())
+    assert fakes["gw1"].events.index("haproxy -c") < fakes["gw1"].events.index("run tfs-gateway")
+    # checked on both hosts before the first one changes
+    assert fakes["gw2"].events.index("haproxy -c") < fakes["gw2"].events.index("run tfs-gateway")
+    again, _ = _roll(_plan(), fakes)
+    assert again.hosts == {"gw1": "up to date; m1 2/2 up", "gw2": "up to date; m1 2/2 up"}
+    fakes["gw1"].states["m1-grpc/s2"] = "DRAIN"  # a deploy drained s2 there
+    seen = len(fakes["gw1"].events)
+    changed, _ = _roll(_plan(limit=50), fakes)
+    assert changed.exit_code == ExitCode.OK, changed.hosts
+    assert "m1.rate-limited.grpc.http" in fakes["gw1"].live
+    events = fakes["gw1"].events[seen:]
+    assert events.index("write m1.rate-limited.grpc.http") < events.index("write haproxy.cfg")
+    assert events[events.index("kill SIGUSR2"):].count("set server m1-grpc/s2 state drain") == 1
+    assert fakes["gw1"].states["m1-grpc/s2"] == "DRAIN"
+    assert "reloaded: worker" in changed.hosts["gw1"]
+
+
+def test_check_and_diff_touch_nothing() -> None:
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    result, _ = _roll(_plan(), fakes, check=True, diff=True)
+    assert result.hosts == {"gw1": "would change", "gw2": "would change"}
+    assert "+++ gw1:rendered/gateway/haproxy.cfg" in result.diffs["gw1"]
+    assert all(f.events == [] and not f.live for f in fakes.values())
+
+
+def test_a_new_worker_with_no_serving_host_up_puts_the_host_back() -> None:
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    _roll(_plan(), fakes)
+    before = dict(fakes["gw1"].live)
+    fakes["gw1"].dark = True
+    result, _ = _roll(_plan(limit=50), fakes)
+    assert result.exit_code == ExitCode.ROLLED_BACK, result.hosts
+    assert "no serving host up for m1" in result.hosts["gw1"]
+    assert fakes["gw1"].live == before  # the previous files, reloaded
+    assert "m1.rate-limited.grpc.http" not in fakes["gw2"].live  # the roll stopped there
+
