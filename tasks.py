@@ -101,7 +101,8 @@ VALUES = {
     "canary_weights": "PERCENTS", "max_error_rate": "RATE", "slo_p99_ms": "MS", "slo_p99": "MS",
     "rps": "RPS", "min_qps": "QPS", "target_qps": "QPS", "per_instance_qps": "QPS",
     "load_factor": "FRACTION", "availability_factor": "FRACTION", "lines": "N",
-    "concurrency": "N", "procs": "N", "min_requests": "N", "instances_per_host": "N",
+    "concurrency": "N", "procs": "N", "host": "HOST", "budget": "DURATION",
+    "step": "DURATION", "write": "FILE", "min_requests": "N", "instances_per_host": "N",
 }
 
 
@@ -299,6 +300,22 @@ def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
 
 
 @command(help={
+    "model": SELECT["model"], "inventory": INVENTORY,
+    "host": "the host to measure on, one of the model's (default: its first)",
+    "budget": "time the search may take, e.g. 10m (default 10m); the catalog's configuration "
+              "is always measured",
+    "step": "each rate step's measured window, e.g. 5s (default 5s)",
+    "out": "directory for tune.json and tune.png (default: tune-MODEL/)",
+    "write": "write the recommended Batching(...)/Threads(...) as Python to this file",
+})
+def tune(c: Any, model: str, inventory: str | None = None, host: str | None = None,
+         budget: str = "10m", step: str = "5s", out: str | None = None,
+         write: str | None = None) -> None:
+    """Measure batching and thread configurations on one host, beside what serves."""
+    _main("tune", locals())
+
+
+@command(help={
     "target_qps": "the QPS the fleet must carry (required)",
     "sweep_report": "per-instance figure from a `bench --sweep` report (best point under SLO)",
     "per_instance_qps": "or give the per-instance QPS at the SLO directly",
@@ -410,4 +427,4 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | N
 
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
-                lock, logs, exec_, prune, retire, accept, promote, abort)
+                lock, logs, exec_, prune, retire, accept, promote, abort, tune)

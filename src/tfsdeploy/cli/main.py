@@ -302,6 +302,13 @@ def cmd_bench(args: Options) -> int:
     return bench(target(args), args)
 
 
+def cmd_tune(args: Options) -> int:
+    """`fab tune`."""
+    from tfsdeploy.cli.tune import run_tune
+
+    return run_tune(target(args), args)
+
+
 def cmd_plan_capacity(args: Options) -> int:
     """`fab plan-capacity`."""
     from tfsdeploy.loadtest.cli import plan_capacity
@@ -396,7 +403,7 @@ COMMANDS: dict[str, Callable[[Options], int]] = {
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
     "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
-    "abort": cmd_abort,
+    "abort": cmd_abort, "tune": cmd_tune,
 }
 UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort")
 

@@ -27,6 +27,7 @@ from typing import Any
 from tfsdeploy.core.catalog import Batching, Model, Threads
 from tfsdeploy.core.errors import Problem
 from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.gpu import GpuPlan
 from tfsdeploy.core.render import render_host
 from tfsdeploy.core.validate import timeout_budget_us, validate_model, validate_render
 
@@ -341,3 +342,27 @@ def recommend(trials: Sequence[Trial], min_gain: float = DEFAULT_MIN_GAIN) -> in
     if trials[top].score <= 0:
         return None
     return top if better(trials[top], trials[0], min_gain) else 0
+
+
+# -- where a scratch instance runs --------------------------------------------------------------
+
+SCRATCH_PORT_FLOOR = 14000  # above every port an inventory's slots use (8500.. + offsets)
+
+
+def scratch_ports(listening: frozenset[int], *, floor: int = SCRATCH_PORT_FLOOR,
+                  ceiling: int = 65535) -> tuple[int, int] | None:
+    """The first (gRPC, REST) pair of adjacent ports from ``floor`` that nothing listens on."""
+    for port in range(floor, ceiling):
+        if port not in listening and port + 1 not in listening:
+            return port, port + 1
+    return None
+
+
+def scratch_gpu_problem(plan: GpuPlan, resident: int) -> str | None:
+    """Why ``plan``'s GPU cannot hold one more instance of the model beside the ``resident``
+    ones (and the other models'), with the arithmetic; None when it can."""
+    more = replace(plan, slots=resident + 1)
+    if more.window_total <= more.limit:
+        return None
+    return (f"{plan.where} of {plan.host} cannot hold a scratch instance of {plan.model} "
+            f"beside the {resident} running: {more.arithmetic()}")

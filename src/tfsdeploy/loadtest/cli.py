@@ -532,3 +532,23 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
              else "")
     return EXIT_OK, (result.explain() + f"\n=> minimum {result.minimum} instances, "
                      f"recommended {result.recommended}{hosts}")
+
+
+def warmup_payloads(model: str, data_from_warmup: Path) -> payloads.Payloads:
+    """The request bodies of a version's warmup records (what `fab bench` sends)."""
+    ns = build_parser().parse_args(["localhost:1"])
+    ns.model, ns.data_from_warmup = model, data_from_warmup
+    return load_requests(ns)
+
+
+def measure_once(targets: Sequence[str], bodies: payloads.Payloads, **options: Any
+                 ) -> dict[str, Any]:
+    """One load run from Python with already loaded request bodies; returns its report
+    (the ghz-style JSON of `fab bench --report`). ``options`` as ``run_bench``'s, e.g.
+    ``rps=200.0, duration=3.0, concurrency=64, procs=1``; no gate is applied."""
+    ns = build_parser().parse_args(list(targets))
+    for key, value in options.items():
+        if not hasattr(ns, key) or key == "targets":
+            raise TypeError(f"measure_once: unknown option {key!r}")
+        setattr(ns, key, value)
+    return execute(build_run(ns, bodies), ns)

@@ -1,0 +1,97 @@
+"""`fab tune` on the local fleet: trials of ``ittune`` on tb1 beside its live release, which
+serves its clients with no failed request meanwhile; tune.json's shape and the recommendation
+rule, the PNG, the Python written by --write, the inventory untouched and no scratch instance
+left, also after Ctrl-C. The figures themselves are the shared machine's and noisy: only the
+behaviour is asserted (benchmarks/bench_tune.py prints the figures).
+
+Model ``ittune`` (port offset 4700) on tb1; its scratch instances listen above 14000.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Iterator
+
+import pytest
+from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
+from testbed_support import ADDRESSES, Watched, ssh
+
+pytestmark = [pytest.mark.testbed]
+
+MODEL, OFFSET = "ittune", 4700
+HOSTS = {"tb1": ADDRESSES["tb1"]}
+CATALOG = {"max_batch_size": 32, "batch_timeout_micros": 2000, "num_batch_threads": 2}
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1]},
+                              serial=("100%",), hosts=HOSTS):
+        made.deploy(1)
+        yield made
+
+
+def scratch_left(host: str = "tb1") -> list[str]:
+    listed = ssh(host, f"docker ps -aq --filter label=tfsdeploy.tune={MODEL}; "
+                       f"ls -A /srv/tfsdeploy/{MODEL}/tune 2>/dev/null", check=False)
+    return listed.stdout.split()
+
+
+def test_tune_measures_beside_the_live_release_and_recommends(fleet: Fleet) -> None:
+    before = fleet.inventory.read_text()
+    serving = fleet.containers("tb1")
+    out, pasted = fleet.tmp / "tuned", fleet.tmp / "tuned.py"
+    with Traffic(fleet, "tb1") as client:
+        run = fleet.fab("tune", "--host", "tb1", "--budget", "45s", "--step", "1s",
+                        "--out", str(out), "--write", str(pasted), timeout=240)
+    assert run.code == 0, run.describe()
+    assert not client.failures, client.failures[:5]
+    assert client.ok > 20, client.ok
+    assert "warning: the trials share tb1's CPUs and GPU" in run.out, run.out
+
+    data = json.loads((out / "tune.json").read_text())
+    trials = data["trials"]
+    assert len(trials) >= 2, trials  # the catalog's and at least one candidate
+    assert {k: trials[0]["batching"][k] for k in CATALOG} == CATALOG
+    assert trials[0]["threads"]["intra_op"] == 1 and trials[0]["threads"]["inter_op"] == 2
+    for trial in trials:
+        assert {"batching", "threads", "qps", "p99_ms", "meets_slo"} <= set(trial), trial
+        assert trial["batching"]["batch_timeout_micros"] <= 50_000 / 3
+        sizes = trial["batching"]["allowed_batch_sizes"]
+        assert sizes[-1] == trial["batching"]["max_batch_size"], trial
+        if trial["meets_slo"]:
+            assert trial["p99_ms"] <= data["slo_p99_ms"] and trial["qps"] > 0, trial
+            assert trial["mean_batch_size"] is not None, trial  # TFServing's own histogram
+            assert trial["cpu_cores"] is not None and trial["cpu_cores"] > 0, trial
+    index = data["recommended"]
+    assert index is not None and trials[index]["meets_slo"], data
+    best = max(t["qps"] for t in trials if t["meets_slo"])
+    if index == 0:
+        assert best <= trials[0]["qps"] * 1.05 or not trials[0]["meets_slo"], data
+    else:
+        assert trials[index]["qps"] == best and trials[index]["qps"] > trials[0]["qps"], data
+    assert (out / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    from tfsdeploy.core.catalog import Batching, Threads
+    pasted_text = pasted.read_text()
+    chosen = eval(f"dict({pasted_text.split(chr(10), 1)[1]})",  # noqa: S307
+                  {"Batching": Batching, "Threads": Threads})
+    assert chosen["batching"].max_batch_size == trials[index]["batching"]["max_batch_size"]
+
+    assert fleet.inventory.read_text() == before
+    assert scratch_left() == []
+    assert [c["id"] for c in fleet.containers("tb1")] == [c["id"] for c in serving]
+    fleet.assert_serving(1)
+
+
+def test_ctrl_c_removes_the_scratch_instance(fleet: Fleet) -> None:
+    proc = Watched(fleet.argv("tune", "--host", "tb1", "--budget", "5m", "--step", "1s",
+                                 "--out", str(fleet.tmp / "stopped")), [])
+    proc.wait_for(r"trial 0: batch", timeout=60)
+    proc.wait_for(r"trial 0: \d|trial 1: batch", timeout=120)  # a scratch instance ran
+    proc.send(signal.SIGINT)
+    run = proc.finish(timeout=120)
+    assert run.code == 2, run.describe()
+    assert scratch_left() == []
+    fleet.assert_serving(1)
