@@ -98,29 +98,35 @@ class RatePoint:
 
 @dataclass(frozen=True)
 class Ramp:
-    """How the offered rate moves: ``growth`` after a step that met the SLO, halved after
-    the first steps that did not, at most ``max_steps``."""
+    """How the offered rate moves: doubled while each step meets the SLO, halved while none
+    has yet, then bisected between the highest rate that met it and the lowest that did not
+    until they are within ``precision`` of each other; at most ``max_steps``. A step that met
+    the SLO but answered less than ``saturated`` of the offered rate counts as not meeting it:
+    in an open loop the backlog of a full server only grows."""
 
     slo_ms: float
-    growth: float = 1.3
+    growth: float = 2.0
+    precision: float = 1.15
     max_steps: int = 8
-    saturated: float = 0.9  # achieved below this share of the offered rate: the server is full
+    saturated: float = 0.9
+
+    def held(self, point: RatePoint) -> bool:
+        """Whether the server held the offered rate within the SLO."""
+        return point.meets(self.slo_ms) and point.qps >= self.saturated * point.rate
 
     def next_rate(self, points: Sequence[RatePoint]) -> float | None:
         """The next rate to offer, or None when the trial's figure is known."""
         if not points or len(points) >= self.max_steps:
             return None
-        last = points[-1]
-        met = [p for p in points if p.meets(self.slo_ms)]
-        if not last.meets(self.slo_ms):
-            return last.rate / 2 if not met and last.rate >= 2 else None
-        if last.qps < self.saturated * last.rate:
-            return None  # met the SLO but could not take more: the instance is full
-        higher = [p.rate for p in points if p.rate > last.rate and not p.meets(self.slo_ms)]
-        rate = last.rate * self.growth
-        if higher and rate >= min(higher):
-            return None  # the next step up already failed
-        return rate
+        held = [p.rate for p in points if self.held(p)]
+        above = [p.rate for p in points if not self.held(p) and p.rate > max(held, default=0)]
+        if not held:
+            low = min(p.rate for p in points)
+            return low / 2 if low >= 2 else None
+        if not above:
+            return max(held) * self.growth
+        low, high = max(held), min(above)
+        return (low + high) / 2 if high > low * self.precision else None
 
     def at_slo(self, points: Sequence[RatePoint]) -> RatePoint | None:
         """The step that met the SLO with the highest achieved QPS (None: none did)."""

@@ -124,11 +124,26 @@ def tune(target: Target, host: ResolvedHost, options: TuneOptions, *, note: Note
             _remove_scratch(conn, model, paths, note, leftover=True)
             return _search_on(target, host, conn, facts, options, note=note)
     finally:
+        with _signals_noted(note):
+            _clean_up(conn, host, paths, model, note=note, connect=connect)
+
+
+def _clean_up(conn: Connection, host: ResolvedHost, paths: HostPaths, model: Model, *,
+              note: Note, connect: ConnectionFactory) -> None:
+    """Remove the scratch instances; on a fresh connection when a signal broke the first
+    one mid-call (an interrupted Docker call leaves its stream unusable)."""
+    try:
+        _remove_scratch(conn, model, paths, note)
+    except ScratchLeft:
+        raise
+    except Exception:  # any failure of the old connection: try a new one
+        fresh = connect(host)
         try:
-            with _signals_noted(note):
-                _remove_scratch(conn, model, paths, note)
+            _remove_scratch(fresh, model, paths, note)
         finally:
-            conn.close()
+            fresh.close()
+    finally:
+        conn.close()
 
 
 def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
@@ -312,8 +327,7 @@ class _Bench:
         best = ramp.at_slo(points)
         window, cores = figures[best.rate] if best else (None, None)
         last = points[-1]
-        stop = (f"P99 {last.p99_ms:.1f} ms at {last.rate:.0f}/s offered" if not
-                last.meets(slo) else f"{last.qps:.0f} of {last.rate:.0f}/s answered")
+        stop = _limit(ramp, points, best)
         chosen = best or last
         return Trial(config=config, qps=best.qps if best else 0.0, p50_ms=chosen.p50_ms,
                      p95_ms=chosen.p95_ms, p99_ms=chosen.p99_ms, meets_slo=best is not None,
@@ -340,6 +354,18 @@ class _Bench:
         except Exception:  # no page: the figures are left out, the trial still counts
             page = None
         return page, self.conn.docker.cpu_seconds(name), time.monotonic()
+
+
+def _limit(ramp: Ramp, points: Sequence[RatePoint], best: RatePoint | None) -> str:
+    """What stopped the ramp: the lowest offered rate above the kept one it did not hold."""
+    over = [p for p in points if not ramp.held(p) and (best is None or p.rate > best.rate)]
+    if not over:
+        return f"every rate held in {len(points)} steps"
+    first = min(over, key=lambda p: p.rate)
+    why = (f"P99 {first.p99_ms:.1f} ms" if first.p99_ms > ramp.slo_ms else
+           f"{first.error_pct:.2g}% errors" if first.error_pct else
+           f"{first.qps:.0f}/s answered")
+    return f"{why} at {first.rate:.0f}/s offered"
 
 
 def _flag_lines(render: HostRender) -> list[str]:
