@@ -7,8 +7,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import pytest
+
 from tfsdeploy.core.catalog import Batching, Model, Threads
 from tfsdeploy.core.errors import Problem
+from tfsdeploy.core.gpu import plan_instances
+from tfsdeploy.core.stages import parse_totals, stage_window
 from tfsdeploy.core.tune import (
     Config,
     Dimension,
@@ -19,6 +23,8 @@ from tfsdeploy.core.tune import (
     config_problems,
     dimensions,
     recommend,
+    scratch_gpu_problem,
+    scratch_ports,
     search,
 )
 
@@ -251,3 +257,67 @@ def test_the_ramp_has_a_step_limit() -> None:
     ramp = Ramp(slo_ms=50.0, max_steps=3)
     assert ramp.next_rate([_point(1, 1), _point(2, 1), _point(4, 1)]) is None
     assert ramp.next_rate([]) is None
+
+
+def test_scratch_ports_are_the_first_free_pair_above_14000() -> None:
+    assert scratch_ports(frozenset()) == (14000, 14001)
+    assert scratch_ports(frozenset({14001, 14002})) == (14003, 14004)
+    assert scratch_ports(frozenset({14000}), ceiling=14001) is None
+
+
+def test_a_gpu_without_room_for_one_more_instance_is_refused_with_the_arithmetic() -> None:
+    # 16384 MiB GPU: a 5000 MiB model x 1.2 takes 0.367, a CUDA context 512 MiB (0.031):
+    # one live + one scratch (0.797) fits under 0.9, two live (a deploy window) + one does not
+    m = model(memory_mib=5000)
+    inv = inventory(models=[m])
+    plan = plan_instances(inv.select("h1")[0], m)[0].plan
+    assert plan is not None
+    assert scratch_gpu_problem(plan, 1) is None
+    problem = scratch_gpu_problem(plan, 2)
+    assert problem is not None
+    assert problem.startswith("this GPU of h1 cannot hold a scratch instance of m beside the "
+                              "2 running: fraction = ceil(5000 MiB x 1.2 / 16384 MiB")
+    assert "3 x 0.367 + 3 x 512 MiB CUDA context / 16384 MiB = 1.101 + 0.094 = 1.195" in problem
+    assert problem.endswith("limit 1 - 0.1 = 0.900")
+
+
+PAGE = """# TYPE :tensorflow:serving:request_count counter
+:tensorflow:serving:request_count{{model_name="m",status="OK"}} {ok}
+:tensorflow:serving:request_count{{model_name="m",status="UNAVAILABLE"}} {full}
+:tensorflow:serving:request_count{{model_name="other",status="OK"}} 999
+# TYPE :tensorflow:serving:request_latency histogram
+:tensorflow:serving:request_latency_sum{{model_name="m",API="predict",entrypoint="GRPC"}} {lat}
+:tensorflow:serving:request_latency_count{{model_name="m",API="predict",entrypoint="GRPC"}} {ok}
+:tensorflow:serving:request_latency_sum{{model_name="other",API="predict",entrypoint="GRPC"}} 5
+:tensorflow:serving:request_latency_count{{model_name="other",API="predict",entrypoint="GRPC"}} 5
+# TYPE :tensorflow:serving:batching_session:queuing_latency histogram
+:tensorflow:serving:batching_session:queuing_latency_sum{{thread_pool_name=""}} {queue}
+:tensorflow:serving:batching_session:queuing_latency_count{{thread_pool_name=""}} {ok}
+# TYPE :tensorflow:serving:batching_session:processed_batch_size histogram
+:tensorflow:serving:batching_session:processed_batch_size_bucket{{le="+Inf"}} {batches}
+:tensorflow:serving:batching_session:processed_batch_size_sum {items}
+:tensorflow:serving:batching_session:processed_batch_size_count {batches}
+"""
+
+
+def test_the_stage_window_is_the_servers_own_figures_between_two_reads() -> None:
+    before = parse_totals(PAGE.format(ok=100, full=0, lat=500_000, queue=100_000, batches=20,
+                                      items=100), "m")
+    after = parse_totals(PAGE.format(ok=300, full=7, lat=2_500_000, queue=1_300_000,
+                                     batches=45, items=300), "m")
+    window = stage_window(before, after)
+    assert window.requests_ok == 200 and window.queue_full == 7
+    assert window.request_ms == pytest.approx(10.0)  # 2 000 000 us over 200 requests
+    assert window.queue_ms == pytest.approx(6.0)
+    assert window.queue_share == pytest.approx(0.6)
+    assert window.mean_batch == pytest.approx(8.0)  # 200 items in 25 batches
+    assert window.runtime_ms is None  # not on the page
+
+
+def test_a_restarted_server_counts_everything_it_reports_as_new() -> None:
+    before = parse_totals(PAGE.format(ok=900, full=0, lat=9e6, queue=1e6, batches=90,
+                                      items=900), "m")
+    after = parse_totals(PAGE.format(ok=10, full=0, lat=1e5, queue=5e4, batches=2,
+                                     items=10), "m")
+    window = stage_window(before, after)
+    assert window.requests_ok == 10 and window.mean_batch == pytest.approx(5.0)
