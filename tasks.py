@@ -94,7 +94,7 @@ VALUES = {
     "loadgens": "HOSTS", "version": "VERSION", "data_version": "VERSION",
     "release": "VERSION", "to": "RELEASE", "playbook": "FILE", "hooks": "DIR", "out": "DIR",
     "notify": "URL", "log_file": "FILE", "json_file": "FILE", "metrics_file": "FILE",
-    "report": "FILE", "sweep_report": "FILE", "sweep_plot": "FILE",
+    "report": "FILE", "sweep_report": "FILE", "tune_report": "FILE", "sweep_plot": "FILE",
     "lock_wait": "SECONDS", "step_s": "SECONDS", "for_s": "SECONDS", "interval_s": "SECONDS",
     "duration_s": "SECONDS", "duration": "DURATION", "interval": "DURATION",
     "start_margin": "DURATION", "timeout": "DURATION", "since": "TIME", "release_at": "OFFSET",
@@ -318,6 +318,7 @@ def tune(c: Any, model: str, inventory: str | None = None, host: str | None = No
 @command(help={
     "target_qps": "the QPS the fleet must carry (required)",
     "sweep_report": "per-instance figure from a `bench --sweep` report (best point under SLO)",
+    "tune_report": "or the recommended trial's QPS at the SLO from a `fab tune` tune.json",
     "per_instance_qps": "or give the per-instance QPS at the SLO directly",
     "load_factor": "share of capacity used at peak (default 0.65)",
     "availability_factor": "share left after a rolling release or a lost instance (0.9)",
@@ -325,7 +326,8 @@ def tune(c: Any, model: str, inventory: str | None = None, host: str | None = No
     "json": "print JSON",
 })
 def plan_capacity(c: Any, target_qps: str, sweep_report: str | None = None,
-                  per_instance_qps: str | None = None, load_factor: str = "0.65",
+                  tune_report: str | None = None, per_instance_qps: str | None = None,
+                  load_factor: str = "0.65",
                   availability_factor: str = "0.9", instances_per_host: str = "1",
                   json: bool = False) -> None:
     """Instances needed: target QPS / (per-instance QPS x load factor x availability)."""

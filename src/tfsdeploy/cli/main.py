@@ -313,14 +313,19 @@ def cmd_plan_capacity(args: Options) -> int:
     """`fab plan-capacity`."""
     from tfsdeploy.loadtest.cli import plan_capacity
 
-    source: str | float | None = args["sweep_report"] or args["per_instance_qps"]
-    if source is None:
-        raise ConfigError(Problem("no per-instance figure",
-                                  fix="pass --sweep-report FILE or --per-instance-qps N"))
+    given = [k for k in ("sweep_report", "tune_report", "per_instance_qps")
+             if args.get(k) is not None]
+    if len(given) != 1:
+        raise ConfigError(Problem(
+            "no per-instance figure" if not given else
+            f"{' and '.join('--' + k.replace('_', '-') for k in given)} both give the "
+            "per-instance figure", fix="pass one of --sweep-report FILE, --tune-report FILE "
+                                       "or --per-instance-qps N"))
+    source: str | float = args[given[0]]
     code, text = plan_capacity(args["target_qps"], source, load_factor=args["load_factor"],
                                availability_factor=args["availability_factor"],
                                instances_per_host=args["instances_per_host"],
-                               as_json=args["json"])
+                               as_json=args["json"], tune=given[0] == "tune_report")
     print(text)
     return code
 

@@ -175,6 +175,7 @@ OPTION_TYPES: dict[str, Any] = {
     "step": Annotated[str, parsed(duration_text, "write it like 5s or 500ms")],
     "sweep_report": Annotated[str, parsed(input_file, "name the JSON report of `fab bench "
                                                       "--sweep`")],
+    "tune_report": Annotated[str, parsed(input_file, "name the tune.json of `fab tune`")],
 }
 
 

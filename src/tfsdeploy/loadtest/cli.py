@@ -511,8 +511,10 @@ _DURATION_KEYS = frozenset({
 def plan_capacity(target_qps: float, source: str | Path | float, *,
                   load_factor: float = 0.65, availability_factor: float = 0.9,
                   headroom: float = 0.15, failure_domains: int = 1,
-                  instances_per_host: int = 1, as_json: bool = False) -> tuple[int, str]:
-    """Capacity plan from a sweep report path or a per-instance QPS number.
+                  instances_per_host: int = 1, as_json: bool = False,
+                  tune: bool = False) -> tuple[int, str]:
+    """Capacity plan from a sweep report path (with ``tune``: a `fab tune` report's) or a
+    per-instance QPS number.
 
     Returns ``(exit_code, text)``: 0 and the arithmetic (or JSON), or 1 and the error.
     """
@@ -522,6 +524,8 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
     try:
         if isinstance(source, (int, float)):
             result = capacity.plan(target_qps, float(source), **factors)  # type: ignore[arg-type]
+        elif tune:
+            result = capacity.plan_from_tune(target_qps, Path(source), **factors)
         else:
             result = capacity.plan_from_sweep(target_qps, Path(source), **factors)
     except capacity.CapacityError as err:
