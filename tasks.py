@@ -102,7 +102,8 @@ VALUES = {
     "rps": "RPS", "min_qps": "QPS", "target_qps": "QPS", "per_instance_qps": "QPS",
     "load_factor": "FRACTION", "availability_factor": "FRACTION", "lines": "N",
     "concurrency": "N", "procs": "N", "host": "HOST", "budget": "DURATION",
-    "step": "DURATION", "write": "FILE", "min_requests": "N", "instances_per_host": "N",
+    "step": "DURATION", "write": "FILE", "for_": "DURATION", "min_requests": "N",
+    "instances_per_host": "N",
 }
 
 
@@ -316,6 +317,18 @@ def tune(c: Any, model: str, inventory: str | None = None, host: str | None = No
 
 
 @command(help={
+    **SELECT,
+    "for_": "how long to read each live instance's metrics, e.g. 60s (default 60s); "
+            "the instance must take traffic meanwhile",
+    "json": "print the findings as JSON",
+})
+def diagnose(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+             limit: str | None = None, for_: str = "60s", json: bool = False) -> None:
+    """Name the stage that limits each live instance (gRPC threads, batching, pools, CPUs)."""
+    _main("diagnose", locals())
+
+
+@command(help={
     "target_qps": "the QPS the fleet must carry (required)",
     "sweep_report": "per-instance figure from a `bench --sweep` report (best point under SLO)",
     "tune_report": "or the recommended trial's QPS at the SLO from a `fab tune` tune.json",
@@ -429,4 +442,5 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | N
 
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
-                lock, logs, exec_, prune, retire, accept, promote, abort, tune)
+                lock, logs, exec_, prune, retire, accept, promote, abort, tune,
+                diagnose)

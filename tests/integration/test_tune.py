@@ -22,13 +22,19 @@ pytestmark = [pytest.mark.testbed]
 
 MODEL, OFFSET = "ittune", 4700
 HOSTS = {"tb1": ADDRESSES["tb1"]}
-CATALOG = {"max_batch_size": 32, "batch_timeout_micros": 2000, "num_batch_threads": 2}
+# a batch timeout of a third of the 50 ms SLO (the most the toolkit allows): under light
+# traffic every batch closes on it half-empty, the limit `fab diagnose` must name
+CATALOG = {"max_batch_size": 32, "batch_timeout_micros": 16000, "num_batch_threads": 2}
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1]},
                               serial=("100%",), hosts=HOSTS):
+        text = made.inventory.read_text()
+        assert "batch_timeout_micros=2000," in text
+        made.inventory.write_text(text.replace("batch_timeout_micros=2000,",
+                                               "batch_timeout_micros=16000,"))
         made.deploy(1)
         yield made
 
@@ -58,7 +64,7 @@ def test_tune_measures_beside_the_live_release_and_recommends(fleet: Fleet) -> N
     assert trials[0]["threads"]["intra_op"] == 1 and trials[0]["threads"]["inter_op"] == 2
     for trial in trials:
         assert {"batching", "threads", "qps", "p99_ms", "meets_slo"} <= set(trial), trial
-        assert trial["batching"]["batch_timeout_micros"] <= 50_000 / 3
+        assert trial["batching"]["batch_timeout_micros"] <= 50_000 // 3
         sizes = trial["batching"]["allowed_batch_sizes"]
         assert sizes[-1] == trial["batching"]["max_batch_size"], trial
         if trial["meets_slo"]:
@@ -86,7 +92,8 @@ def test_tune_measures_beside_the_live_release_and_recommends(fleet: Fleet) -> N
     fleet.assert_serving(1)
 
 
-def test_ctrl_c_removes_the_scratch_instance(fleet: Fleet) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_removes_the_scratch_instance(fleet: Fleet, sig: signal.Signals) -> None:
     proc = Watched(fleet.argv("tune", "--host", "tb1", "--budget", "5m", "--step", "1s",
                                  "--out", str(fleet.tmp / "stopped")), [])
     proc.wait_for(r"trial 0: batch", timeout=60)
@@ -94,8 +101,23 @@ def test_ctrl_c_removes_the_scratch_instance(fleet: Fleet) -> None:
     while not scratch_left() and time.monotonic() < deadline:  # its scratch instance runs
         time.sleep(0.5)
     assert scratch_left(), proc.text()
-    proc.send(signal.SIGINT)
+    proc.send(sig)
     run = proc.finish(timeout=120)
     assert run.code == 2, run.describe()
+    assert f"{sig.name}: stop" in run.out, run.describe()
     assert scratch_left() == []
     fleet.assert_serving(1)
+
+
+def test_diagnose_names_the_batch_timeout_that_leaves_batches_half_empty(fleet: Fleet) -> None:
+    with Traffic(fleet, "tb1") as client:
+        run = fleet.fab("diagnose", "--for", "5s", "--json", timeout=120)
+    assert run.code == 0, run.describe()
+    assert not client.failures, client.failures[:5]
+    (row,) = json.loads(run.stdout)
+    found = row["diagnosis"]
+    assert row["host"] == "tb1" and found["stage"] == "batch_timeout", found
+    assert "close on the 16 ms timeout half-empty" in found["summary"], found
+    assert any(f.startswith("batch queueing ") for f in found["figures"]), found
+    assert any(f.startswith("CPU ") and "user" in f for f in found["figures"]), found
+    assert found["fix"].startswith("lower batch_timeout_micros (now 16000)"), found

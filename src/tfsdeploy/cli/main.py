@@ -309,6 +309,22 @@ def cmd_tune(args: Options) -> int:
     return run_tune(target(args), args)
 
 
+def cmd_diagnose(args: Options) -> int:
+    """`fab diagnose`."""
+    from tfsdeploy.cli.tune import print_diagnosis
+    from tfsdeploy.core.timetext import duration_seconds
+    from tfsdeploy.run.diagnose import diagnose_hosts
+
+    window = duration_seconds(args.get("for_") or "60s")
+    print(f"reading each instance's metrics for {window:g} s", file=sys.stderr, flush=True)
+    rows = diagnose_hosts(target(args), window)
+    if args.get("json"):
+        output.print_json(rows)
+    else:
+        print_diagnosis(rows)
+    return 0 if all(r.get("reachable") for r in rows) else 1
+
+
 def cmd_plan_capacity(args: Options) -> int:
     """`fab plan-capacity`."""
     from tfsdeploy.loadtest.cli import plan_capacity
@@ -408,7 +424,7 @@ COMMANDS: dict[str, Callable[[Options], int]] = {
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
     "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
-    "abort": cmd_abort, "tune": cmd_tune,
+    "abort": cmd_abort, "tune": cmd_tune, "diagnose": cmd_diagnose,
 }
 UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort")
 

@@ -173,6 +173,7 @@ OPTION_TYPES: dict[str, Any] = {
     "report": OutputFile, "sweep_plot": OutputFile, "out": OutputDir, "write": OutputFile,
     "budget": Annotated[str, parsed(duration_text, "write it like 10m, 90s or 1h")],
     "step": Annotated[str, parsed(duration_text, "write it like 5s or 500ms")],
+    "for_": Annotated[str, parsed(duration_text, "write it like 60s or 2m")],
     "sweep_report": Annotated[str, parsed(input_file, "name the JSON report of `fab bench "
                                                       "--sweep`")],
     "tune_report": Annotated[str, parsed(input_file, "name the tune.json of `fab tune`")],

@@ -124,3 +124,23 @@ def draw(result: TuneResult, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def print_diagnosis(rows: list[dict[str, Any]]) -> None:
+    """`fab diagnose`'s findings, host by host."""
+    for row in rows:
+        head = f"{row['host']}:"
+        if not row.get("reachable"):
+            print(f"{head} unreachable: {row.get('error')}")
+            continue
+        found = row.get("diagnosis")
+        if found is None:
+            print(f"{head} {row.get('note')}")
+            continue
+        print(f"{head} {row['container']} ({row['release']})")
+        print(f"  limit: {found['summary']}")
+        for line in found["figures"]:
+            print(f"    {line}")
+        print(f"  fix: {found['fix']}")
+        for line in found["notes"]:
+            print(f"  note: {line}")

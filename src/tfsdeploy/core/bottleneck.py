@@ -14,10 +14,15 @@ The first rule that holds names the limit; each limit has its own rule and fix.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from tfsdeploy.core import tfproto
 from tfsdeploy.core.catalog import Batching, Threads
+from tfsdeploy.core.flags import parse_flags_file
+from tfsdeploy.core.render import BATCHING_CONFIG, FLAGS
 from tfsdeploy.core.stages import StageWindow
+from tfsdeploy.core.validate import DEFAULT_MAX_BATCH_SIZE, parse_text_proto
 
 GRPC_DEFAULT_PER_CPU = 4  # TFServing's --grpc_max_threads default: 4 x the CPUs (main.cc)
 QUEUE_BOUND = 0.5  # batch queueing above half the latency: the scheduler limits
@@ -238,3 +243,35 @@ def _notes(e: Evidence) -> tuple[str, ...]:
                          "(system calls, network): many small requests; batching on the "
                          "client side or REST -> gRPC helps")
     return tuple(notes)
+
+
+def release_config(files: Mapping[str, str]) -> tuple[Batching, Threads]:
+    """The batching and thread settings a live release runs with, from its rendered files
+    (tfserving.flags and batching.config as the host keeps them): what the server was given,
+    whatever the catalog says now."""
+    flags = {f.name: f.value for f in parse_flags_file(files.get(FLAGS, ""))[0]}
+
+    def flag(name: str) -> int:
+        value = flags.get(name, "0")
+        return int(value) if value.isascii() and value.isdigit() else 0
+
+    threads = Threads(intra_op=flag("tensorflow_intra_op_parallelism"),
+                      inter_op=flag("tensorflow_inter_op_parallelism"),
+                      session=flag("tensorflow_session_parallelism"),
+                      grpc_max_threads=flag("grpc_max_threads"),
+                      rest_api_num_threads=flag("rest_api_num_threads"))
+    if flags.get("enable_batching") != "true" or BATCHING_CONFIG not in files:
+        return Batching(enabled=False), threads
+    params, problem = parse_text_proto(files[BATCHING_CONFIG], tfproto.BatchingParameters,
+                                       "", BATCHING_CONFIG)
+    if problem is not None:
+        return Batching(enabled=False), threads
+
+    def wrapped(name: str, default: int) -> int:
+        return int(getattr(params, name).value) if params.HasField(name) else default
+
+    return Batching(max_batch_size=wrapped("max_batch_size", DEFAULT_MAX_BATCH_SIZE),
+                    batch_timeout_micros=wrapped("batch_timeout_micros", 0),
+                    max_enqueued_batches=wrapped("max_enqueued_batches", 1),
+                    num_batch_threads=wrapped("num_batch_threads", 1),
+                    allowed_batch_sizes=tuple(params.allowed_batch_sizes)), threads

@@ -118,11 +118,13 @@ def tune(target: Target, host: ResolvedHost, options: TuneOptions, *, note: Note
     model = target.model
     conn = connect(host)
     paths = host_paths(host, model)
+    stop = _Stop()
     try:
-        with _stops_raise():
+        with _stops_noted(stop, note):
             facts = gather(conn, model.name, paths)
             _remove_scratch(conn, model, paths, note, leftover=True)
-            return _search_on(target, host, conn, facts, options, note=note)
+            stop.check()
+            return _search_on(target, host, conn, facts, options, note=note, stop=stop)
     finally:
         with _signals_noted(note):
             _clean_up(conn, host, paths, model, note=note, connect=connect)
@@ -147,7 +149,7 @@ def _clean_up(conn: Connection, host: ResolvedHost, paths: HostPaths, model: Mod
 
 
 def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
-               options: TuneOptions, *, note: Note) -> TuneResult:
+               options: TuneOptions, *, note: Note, stop: _Stop) -> TuneResult:
     model = target.model
     live = facts.serving(0)
     if live is None:
@@ -178,7 +180,7 @@ def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: Host
         note(f"warning: {line}")
     bench = _Bench(target=target, host=host, conn=conn, paths=host_paths(host, model),
                    version=live.version, image=live.image, ports=ports, bodies=bodies,
-                   co_located=co_located, options=options, note=note)
+                   co_located=co_located, options=options, note=note, stop=stop)
     dims = dimensions(model, host_cpus=cpus)
     course = search(Config.of(model), dims, measure=bench.trial, problems=bench.problems,
                     budget_s=options.budget_s, estimate_s=bench.estimate_s(),
@@ -226,6 +228,7 @@ class _Bench:
     co_located: list[Model]
     options: TuneOptions
     note: Note
+    stop: _Stop
     made: int = 0
 
     @property
@@ -242,6 +245,7 @@ class _Bench:
         return self.model.warmup.timeout_s / 4 + self.options.probe_s + 4 * self.options.step_s
 
     def trial(self, config: Config) -> Trial:
+        self.stop.check()
         started = time.monotonic()
         index = self.made
         self.made += 1
@@ -289,6 +293,7 @@ class _Bench:
         client = probes.SlotClient(self.host.address, self.ports[0], self.model.name)
 
         def check() -> Verdict:
+            self.stop.check()
             state = self.conn.docker.state(name)
             if state is not None and state.status in ("exited", "dead"):
                 return Verdict.fail(f"the scratch instance exited ({state.exit_code}): "
@@ -315,6 +320,7 @@ class _Bench:
         figures: dict[float, tuple[StageWindow | None, float | None]] = {}
         rate: float | None = first_rate(float(probe["rps"]))
         while rate is not None:
+            self.stop.check()
             before = self._server_reads(name)
             report = self._load(target, rps=rate, duration=self.options.step_s,
                                 concurrency=_workers(rate, slo))
@@ -342,7 +348,9 @@ class _Bench:
                               concurrency=concurrency, procs=self.options.procs,
                               timeout=max(2.0, self.model.latency_slo_ms / 100))
         if report.get("endReason") == "cancel":
-            raise TuneStopped("interrupted during a trial's load")
+            raise TuneStopped("SIGINT: stopped during a load step; the scratch instances are "
+                              "removed, the live release was never touched")
+        self.stop.check()
         return report
 
     def _server_reads(self, name: str) -> tuple[str | None, tuple[float, float] | None,
@@ -423,12 +431,31 @@ def _remove_scratch(conn: Connection, model: Model, paths: HostPaths, note: Note
                           f"; remove them with `docker rm -f` on the host")
 
 
+class _Stop:
+    """Ctrl-C, SIGTERM or SIGHUP asked the search to stop: noted by the handler, acted on at
+    the next safe point (``check``), never in the middle of an SSH or Docker call."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.signal = ""
+
+    def check(self) -> None:
+        """Raise TuneStopped when a signal came."""
+        if self.event.is_set():
+            raise TuneStopped(f"{self.signal}: stopped; the scratch instances are removed, "
+                              "the live release was never touched")
+
+
 @contextmanager
-def _stops_raise() -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP end the search (the clean-up runs in ``finally``)."""
+def _stops_noted(stop: _Stop, note: Note) -> Iterator[None]:
+    """Ctrl-C, SIGTERM and SIGHUP end the search at its next safe point (the clean-up runs
+    in ``finally``). During a load step the load generator takes Ctrl-C itself: it ends the
+    step, whose report says so."""
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise TuneStopped(f"{signal.Signals(signum).name}: stopped; the scratch instances "
-                          "are removed, the live release was never touched")
+        if not stop.event.is_set():
+            stop.signal = signal.Signals(signum).name
+            note(f"{stop.signal}: stopping after the current step")
+        stop.event.set()
 
     with _handlers(handler):
         yield
