@@ -116,3 +116,21 @@ def test_refusals_come_before_latency_shares(stage: str) -> None:
                                         statuses={"OK": 3000, "UNAVAILABLE": 5}),
                          max_in_flight=63 if stage == "grpc_threads" else 10)
     assert diagnose(evidence).stage == stage
+
+
+def test_the_live_releases_own_files_give_its_settings() -> None:
+    from tfsdeploy.core.bottleneck import release_config
+    from tfsdeploy.core.render import BATCHING_CONFIG, FLAGS, render_fleet
+
+    from .helpers import inventory, model
+
+    m = model(threads=Threads(intra_op=1, inter_op=3, grpc_max_threads=40))
+    inv = inventory(models=[m])
+    render = render_fleet(inv, m, 3, inv.select("h1"))[0]
+    files = {f.name: f.text for f in render.files}
+    batching, threads = release_config(files)
+    assert batching == replace(m.batching, enabled=True)
+    assert (threads.intra_op, threads.inter_op, threads.grpc_max_threads) == (1, 3, 40)
+    off = dict(files, **{FLAGS: files[FLAGS].replace("--enable_batching=true", "")})
+    assert release_config(off)[0].enabled is False
+    assert release_config({FLAGS: files[FLAGS], BATCHING_CONFIG: "{json"})[0].enabled is False
