@@ -121,3 +121,26 @@ def test_diagnose_names_the_batch_timeout_that_leaves_batches_half_empty(fleet: 
     assert any(f.startswith("batch queueing ") for f in found["figures"]), found
     assert any(f.startswith("CPU ") and "user" in f for f in found["figures"]), found
     assert found["fix"].startswith("lower batch_timeout_micros (now 16000)"), found
+
+
+def test_diagnose_names_a_grpc_quota_too_small_for_the_load(fleet: Fleet) -> None:
+    # a quota of 4 holds 3 requests at once (one thread polls); the catalog allows it for an
+    # expected concurrency of 2, and a load of 16 in flight then meets it
+    text = fleet.inventory.read_text()
+    assert "grpc_max_threads=256)," in text
+    small = fleet.tmp / "inventory_quota.py"
+    small.write_text(text.replace("grpc_max_threads=256),", "grpc_max_threads=4),")
+                     .replace("port_offset=", "expected_concurrency=2, port_offset="))
+    fleet.deploy(1, inventory=small)
+    load = Watched(fleet.argv("bench", "--concurrency", "16", "--duration", "20s",
+                              inventory=small), [])
+    try:
+        load.wait_for(r"request data", timeout=60)
+        run = fleet.fab("diagnose", "--for", "5s", "--json", inventory=small, timeout=120)
+    finally:
+        load.finish(timeout=120)
+    assert run.code == 0, run.describe()
+    found = json.loads(run.stdout)[0]["diagnosis"]
+    assert found["stage"] == "grpc_threads", found
+    assert "reached the 3 the quota of 4 holds" in found["summary"], found
+    assert found["fix"].startswith("raise grpc_max_threads to at least 8"), found

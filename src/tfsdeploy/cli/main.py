@@ -322,7 +322,7 @@ def cmd_diagnose(args: Options) -> int:
         output.print_json(rows)
     else:
         print_diagnosis(rows)
-    return 0 if all(r.get("reachable") for r in rows) else 1
+    return 0 if all(r.get("reachable") for r in rows) else 3
 
 
 def cmd_plan_capacity(args: Options) -> int:
