@@ -119,6 +119,14 @@ def test_the_budget_stops_the_search_before_a_trial_it_cannot_hold() -> None:
     assert course.ended == "budget: 90 s of 100 s spent, a trial takes about 30 s"
 
 
+def test_the_budget_expects_what_the_trials_took_not_the_first_estimate() -> None:
+    made: list[Config] = []
+    search(Config.of(model()), [_batch_dim()],
+           measure=_measure(lambda c: float(c.batching.max_batch_size), made, seconds=10.0),
+           problems=_no_problems, budget_s=40.0, estimate_s=100.0)
+    assert len(made) == 4  # 10 s each: the fourth ends at 40 s
+
+
 def test_a_candidate_the_rules_refuse_is_never_measured_and_ends_its_direction() -> None:
     # the timeout rule (at most a third of the SLO) is the toolkit's own, through the render
     m = model(batching=Batching(max_batch_size=8, batch_timeout_micros=20000,
@@ -198,7 +206,8 @@ def test_the_python_to_paste_is_the_configuration() -> None:
                              allowed_batch_sizes=(4, 16)), Threads(intra_op=2))
     text = config.python()
     assert text == ("batching=Batching(max_batch_size=16, batch_timeout_micros=500, "
-                    "allowed_batch_sizes=(4, 16)),\nthreads=Threads(intra_op=2),\n")
+                    "num_batch_threads=1, allowed_batch_sizes=(4, 16)),\n"
+                    "threads=Threads(intra_op=2, inter_op=0),\n")
     from tfsdeploy.core import catalog
     namespace = {"Batching": catalog.Batching, "Threads": catalog.Threads}
     assert eval(f"dict({text})", namespace) == {"batching": config.batching,

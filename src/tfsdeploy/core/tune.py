@@ -71,10 +71,15 @@ class Config:
                 f"threads={_call('Threads', asdict(self.threads), asdict(Threads()))},\n")
 
 
+SEARCHED = frozenset({"max_batch_size", "batch_timeout_micros", "num_batch_threads",
+                      "intra_op", "inter_op"})
+
+
 def _call(name: str, values: dict[str, Any], defaults: dict[str, Any]) -> str:
-    """``Name(key=value, ...)`` with the keys that differ from the defaults."""
+    """``Name(key=value, ...)`` with the searched keys and those that differ from the
+    defaults."""
     args = [f"{k}={tuple(v) if isinstance(v, list) else v!r}" for k, v in values.items()
-            if v != defaults[k]]
+            if k in SEARCHED or v != defaults[k]]
     return f"{name}({', '.join(args)})"
 
 
@@ -291,14 +296,16 @@ def search(current: Config, dims: Sequence[Dimension], *, measure: Callable[[Con
            problems: Callable[[Config], list[Problem]], budget_s: float, estimate_s: float,
            min_gain: float = DEFAULT_MIN_GAIN) -> Search:
     """Coordinate search from ``current`` (see the module docstring). ``measure`` runs one
-    trial; ``estimate_s`` is what a trial is expected to cost until trials say better."""
+    trial; a trial is expected to cost what the trials so far took on average
+    (``estimate_s`` while they took no time)."""
     course = Search()
     course.trials.append(measure(current))  # always: the figure everything is judged against
     best = course.trials[0]
     seen = {current}
 
     def trial(config: Config) -> Trial:
-        expected = max(estimate_s, course.spent_s / len(course.trials))
+        # what the trials took so far (the first always ran), else the caller's estimate
+        expected = course.spent_s / len(course.trials) or estimate_s
         if course.spent_s + expected > budget_s:
             raise BudgetSpent(f"budget: {course.spent_s:.0f} s of {budget_s:.0f} s spent, a "
                               f"trial takes about {expected:.0f} s")
