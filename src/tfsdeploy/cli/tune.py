@@ -108,7 +108,9 @@ def draw(result: TuneResult, path: Path) -> None:
     for index, t in enumerate(result.course.trials):
         if t.p99_ms is None:
             continue
-        ax.plot([t.p99_ms], [t.qps], "o", color="tab:blue" if t.meets_slo else "tab:grey")
+        ax.plot([t.p99_ms], [t.qps], "s" if index == 0 else "o",
+                color="tab:blue" if t.meets_slo else "tab:grey",
+                label="catalog's configuration (trial 0)" if index == 0 else None)
         ax.annotate(str(index), (t.p99_ms, t.qps), textcoords="offset points", xytext=(4, 4),
                     fontsize=8)
     ax.axvline(slo, color="tab:red", linestyle="--", label=f"SLO P99 {slo:g} ms")
@@ -120,7 +122,7 @@ def draw(result: TuneResult, path: Path) -> None:
     ax.set_ylabel("QPS at the SLO")
     ax.set_title(f"fab tune: {result.model.name} on {result.host}")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
