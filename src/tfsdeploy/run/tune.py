@@ -48,6 +48,7 @@ from tfsdeploy.core.tune import (
     scratch_ports,
     search,
 )
+from tfsdeploy.core.warmup import WarmupError
 from tfsdeploy.hosts import probes
 from tfsdeploy.hosts.commands.containers import parse_gpus, scratch_spec
 from tfsdeploy.hosts.commands.files import mkdir, remove_tree
@@ -55,7 +56,7 @@ from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.facts import HostFacts, gather
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.loadtest.cli import measure_once, warmup_payloads
-from tfsdeploy.loadtest.payloads import Payloads
+from tfsdeploy.loadtest.payloads import PayloadError, Payloads
 
 Note = Callable[[str], None]
 
@@ -210,7 +211,14 @@ def _payloads(model: Model, version: int) -> Payloads:
             f"the live version {version} of {model.name} is not in its source {model.source!r}"
             ": the trials send its warmup records", fix="restore the version in the source",
             field=f"models.{model.name}.source"))
-    return warmup_payloads(model.name, directory)
+    try:
+        return warmup_payloads(model.name, directory)
+    except (WarmupError, PayloadError, OSError) as error:
+        raise ConfigError(Problem(
+            f"the warmup records of {model.name} version {version} cannot be the trials' "
+            f"requests: {error}", fix="give the version representative warmup records "
+            "(assets.extra/tf_serving_warmup_requests)",
+            field=f"models.{model.name}.source")) from None
 
 
 @dataclass
