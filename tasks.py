@@ -94,15 +94,16 @@ VALUES = {
     "loadgens": "HOSTS", "version": "VERSION", "data_version": "VERSION",
     "release": "VERSION", "to": "RELEASE", "playbook": "FILE", "hooks": "DIR", "out": "DIR",
     "notify": "URL", "log_file": "FILE", "json_file": "FILE", "metrics_file": "FILE",
-    "report": "FILE", "sweep_report": "FILE", "sweep_plot": "FILE",
+    "report": "FILE", "sweep_report": "FILE", "tune_report": "FILE", "sweep_plot": "FILE",
     "lock_wait": "SECONDS", "step_s": "SECONDS", "for_s": "SECONDS", "interval_s": "SECONDS",
     "duration_s": "SECONDS", "duration": "DURATION", "interval": "DURATION",
     "start_margin": "DURATION", "timeout": "DURATION", "since": "TIME", "release_at": "OFFSET",
     "canary_weights": "PERCENTS", "max_error_rate": "RATE", "slo_p99_ms": "MS", "slo_p99": "MS",
     "rps": "RPS", "min_qps": "QPS", "target_qps": "QPS", "per_instance_qps": "QPS",
     "load_factor": "FRACTION", "availability_factor": "FRACTION", "lines": "N",
-    "concurrency": "N", "procs": "N", "min_requests": "N", "instances_per_host": "N",
-    "max_pulls": "N",
+    "concurrency": "N", "procs": "N", "host": "HOST", "budget": "DURATION",
+    "step": "DURATION", "write": "FILE", "for_": "DURATION", "min_requests": "N",
+    "instances_per_host": "N", "max_pulls": "N",
 }
 
 
@@ -351,8 +352,37 @@ def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
 
 
 @command(help={
+    "model": SELECT["model"], "inventory": INVENTORY,
+    "host": "the host to measure on, one of the model's (default: its first)",
+    "budget": "time the search may take, e.g. 10m (default 10m); the catalog's configuration "
+              "is always measured",
+    "step": "each rate step's measured window, e.g. 5s (default 5s)",
+    "out": "directory for tune.json and tune.png (default: tune-MODEL/)",
+    "write": "write the recommended Batching(...)/Threads(...) as Python to this file",
+})
+def tune(c: Any, model: str, inventory: str | None = None, host: str | None = None,
+         budget: str = "10m", step: str = "5s", out: str | None = None,
+         write: str | None = None) -> None:
+    """Measure batching and thread configurations on one host, beside what serves."""
+    _main("tune", locals())
+
+
+@command(help={
+    **SELECT,
+    "for_": "how long to read each live instance's metrics, e.g. 60s (default 60s); "
+            "the instance must take traffic meanwhile",
+    "json": "print the findings as JSON",
+})
+def diagnose(c: Any, model: str, inventory: str | None = None, hosts: str | None = None,
+             limit: str | None = None, for_: str = "60s", json: bool = False) -> None:
+    """Name the stage that limits each live instance (gRPC threads, batching, pools, CPUs)."""
+    _main("diagnose", locals())
+
+
+@command(help={
     "target_qps": "the QPS the fleet must carry (required)",
     "sweep_report": "per-instance figure from a `bench --sweep` report (best point under SLO)",
+    "tune_report": "or the recommended trial's QPS at the SLO from a `fab tune` tune.json",
     "per_instance_qps": "or give the per-instance QPS at the SLO directly",
     "load_factor": "share of capacity used at peak (default 0.65)",
     "availability_factor": "share left after a rolling release or a lost instance (0.9)",
@@ -360,7 +390,8 @@ def bench(c: Any, model: str, inventory: str | None = None, hosts: str | None = 
     "json": "print JSON",
 })
 def plan_capacity(c: Any, target_qps: str, sweep_report: str | None = None,
-                  per_instance_qps: str | None = None, load_factor: str = "0.65",
+                  tune_report: str | None = None, per_instance_qps: str | None = None,
+                  load_factor: str = "0.65",
                   availability_factor: str = "0.9", instances_per_host: str = "1",
                   json: bool = False) -> None:
     """Instances needed: target QPS / (per-instance QPS x load factor x availability)."""
@@ -463,4 +494,4 @@ def accept(c: Any, model: str, inventory: str | None = None, target_qps: str | N
 
 ns = Collection(render, hosts, deploy, rollback, status, history, guard, bench, plan_capacity,
                 lock, logs, exec_, prune, retire, accept, promote, abort, publish, stage,
-                observe, gateway)
+                observe, gateway, tune, diagnose)

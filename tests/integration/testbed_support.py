@@ -11,7 +11,8 @@ a unix socket on the host, no port).
 Offsets in use: 0 is the default inventory's (the demo's half_plus_two and resnet50), 200
 hand-run demos, 300-800 the rollback tests, 900 benchmarks/bench_rollback.py, 1000-1300 the
 deploy tests, 1400 benchmarks/bench_deploy.py, 4400 the observability test (itobserve), 4500 the
-gateway tests (test_gateway.py, on tb1, tb2 and the gateway host tbgw).
+gateway tests (test_gateway.py, on tb1, tb2 and the gateway host tbgw), 4700 test_tune.py, 4750
+benchmarks/bench_tune.py (`fab tune`'s scratch instances listen on free ports above 14000).
 
 The test models are half_plus_two and its relatives (docs/models.md): a good version v answers
 y = 0.5 x + v + 1, so a Predict of x = 2 tells which version serves.

@@ -643,7 +643,9 @@ OPTION_ARGS: dict[str, st.SearchStrategy[Any]] = {
     "metrics_file": OUTPUT_FILE_ARGS, "report": OUTPUT_FILE_ARGS,
     "sweep_plot": OUTPUT_FILE_ARGS, "out": OUTPUT_DIR_ARGS, "sweep_report": INPUT_FILE_ARGS,
     "inventory": INVENTORY_ARGS, "playbook": PLAYBOOK_ARGS, "hooks": HOOKS_ARGS,
-    "notify": NOTIFY_ARGS,
+    "notify": NOTIFY_ARGS, "write": OUTPUT_FILE_ARGS, "budget": DURATION_ARGS,
+    "step": DURATION_ARGS, "for_": DURATION_ARGS, "tune_report": INPUT_FILE_ARGS,
+    "host": PATTERN_ARGS,
 }
 _OUT = st.sampled_from([f"{TMP}/out.json", f"{TMP}/new/dir/out.json"])
 # values each option takes, so that a hostile one reaches the checks behind the others
@@ -666,11 +668,14 @@ GOOD_OPTION_ARGS: dict[str, st.SearchStrategy[Any]] = {
     "playbook": st.sampled_from(["{project}/playbooks/deploy.yml",
                                  "{project}/playbooks/rollback.yml"]),
     "hooks": st.just(f"{TMP}/hooks"), "notify": st.just(["http://127.0.0.1:1/x"]),
+    "write": _OUT, "budget": st.sampled_from(["10m", "90s"]), "step": st.just("5s"),
+    "for_": st.just("2s"), "tune_report": st.just(f"{TMP}/sweep.json"),
+    "host": st.sampled_from(["tb1", "tb2"]),
 }
 GOOD_NUMBER_ARGS = st.sampled_from(["1", "0.5", "2", "30"])
 # every other option that takes a value is a number
 FLAGS = ("check", "diff", "pause", "json", "follow", "force", "sweep", "break_",
-         "count_client_errors")
+         "count_client_errors", "targets")
 
 
 @dataclass(frozen=True)

@@ -214,11 +214,18 @@ def certainly_invalid(name: str, value: Any) -> bool:
         "out": lambda v: _unusable_output(v, directory=True),
         "inventory": lambda v: not _is_file(v), "playbook": lambda v: not _is_file(v),
         "lines": lambda v: not _number(v) or float(v) < 1,
+        "write": lambda v: _unusable_output(v, directory=False),
+        "budget": lambda v: not any(c.isascii() and c.isdigit() for c in v),
+        "step": lambda v: not any(c.isascii() and c.isdigit() for c in v),
+        "for_": lambda v: not any(c.isascii() and c.isdigit() for c in v),
+        # `fab tune --host`: one of the model's hosts (both testbed models are on all three)
+        "host": lambda v: v not in ("tb1", "tb2", "tb3"),
     }
     if name in rules:
         return bool(rules[name](value))
-    return name not in ("hooks", "sweep_report", "release", "data_version", "interval",
-                        "release_at", "start_margin", "timeout") and not _number(value)
+    return name not in ("hooks", "sweep_report", "tune_report", "release", "data_version",
+                        "interval", "release_at", "start_margin", "timeout") \
+        and not _number(value)
 
 
 def names_it(output: str, flag: str, value: Any) -> bool:

@@ -327,6 +327,14 @@ class FakeDocker:
         c = self.by_name.get(name)
         return "\n".join(c.log.splitlines()[-lines:]) if c else ""
 
+    def labelled(self, label: str, value: str) -> list[str]:
+        self._call("labelled", (label, value))
+        return sorted(n for n, c in self.by_name.items() if c.labels.get(label) == value)
+
+    def cpu_seconds(self, name: str) -> tuple[float, float] | None:
+        self._call("cpu_seconds", name)
+        return (0.0, 0.0) if name in self.by_name else None
+
     def image_present(self, image: str) -> bool:
         self._call("image_present", image)
         return image in self.images

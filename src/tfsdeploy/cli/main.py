@@ -344,18 +344,46 @@ def cmd_bench(args: Options) -> int:
     return bench(target(args), args)
 
 
+def cmd_tune(args: Options) -> int:
+    """`fab tune`."""
+    from tfsdeploy.cli.tune import run_tune
+
+    return run_tune(target(args), args)
+
+
+def cmd_diagnose(args: Options) -> int:
+    """`fab diagnose`."""
+    from tfsdeploy.cli.tune import print_diagnosis
+    from tfsdeploy.core.timetext import duration_seconds
+    from tfsdeploy.run.diagnose import diagnose_hosts
+
+    window = duration_seconds(args.get("for_") or "60s")
+    print(f"reading each instance's metrics for {window:g} s", file=sys.stderr, flush=True)
+    rows = diagnose_hosts(target(args), window)
+    if args.get("json"):
+        output.print_json(rows)
+    else:
+        print_diagnosis(rows)
+    return 0 if all(r.get("reachable") for r in rows) else 3
+
+
 def cmd_plan_capacity(args: Options) -> int:
     """`fab plan-capacity`."""
     from tfsdeploy.loadtest.cli import plan_capacity
 
-    source: str | float | None = args["sweep_report"] or args["per_instance_qps"]
-    if source is None:
-        raise ConfigError(Problem("no per-instance figure",
-                                  fix="pass --sweep-report FILE or --per-instance-qps N"))
+    given = [k for k in ("sweep_report", "tune_report", "per_instance_qps")
+             if args.get(k) is not None]
+    if len(given) != 1:
+        raise ConfigError(Problem(
+            "no per-instance figure" if not given else
+            f"{' and '.join('--' + k.replace('_', '-') for k in given)} both give the "
+            "per-instance figure", fix="pass one of --sweep-report FILE, --tune-report FILE "
+                                       "or --per-instance-qps N"))
+    source: str | float = args[given[0]]
     code, text = plan_capacity(args["target_qps"], source, load_factor=args["load_factor"],
                                availability_factor=args["availability_factor"],
                                instances_per_host=args["instances_per_host"],
-                               as_json=args["json"])
+                               as_json=args["json"], tune=given[0] == "tune_report")
     print(text)
     return code
 
@@ -474,7 +502,7 @@ COMMANDS: dict[str, Callable[[Options], int]] = {
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
     "prune": cmd_prune, "retire": cmd_retire, "accept": cmd_accept, "promote": cmd_promote,
     "abort": cmd_abort, "publish": cmd_publish, "stage": cmd_stage, "observe": cmd_observe,
-    "gateway": cmd_gateway,
+    "gateway": cmd_gateway, "tune": cmd_tune, "diagnose": cmd_diagnose,
 }
 UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abort", "stage")
 

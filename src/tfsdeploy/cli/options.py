@@ -171,9 +171,13 @@ OPTION_TYPES: dict[str, Any] = {
                                             "e.g. r20250131-080000000-v3")],
     "duration": Annotated[str, parsed(duration_text, "write it like 30s, 500ms, 2m or 1.5h")],
     "json_file": OutputFile, "metrics_file": OutputFile, "log_file": OutputFile,
-    "report": OutputFile, "sweep_plot": OutputFile, "out": OutputDir,
+    "report": OutputFile, "sweep_plot": OutputFile, "out": OutputDir, "write": OutputFile,
+    "budget": Annotated[str, parsed(duration_text, "write it like 10m, 90s or 1h")],
+    "step": Annotated[str, parsed(duration_text, "write it like 5s or 500ms")],
+    "for_": Annotated[str, parsed(duration_text, "write it like 60s or 2m")],
     "sweep_report": Annotated[str, parsed(input_file, "name the JSON report of `fab bench "
                                                       "--sweep`")],
+    "tune_report": Annotated[str, parsed(input_file, "name the tune.json of `fab tune`")],
 }
 
 

@@ -181,6 +181,14 @@ def parse_server_name(name: str) -> tuple[int, str] | None:
     return int(head[1:]), slot
 
 
+TUNE_LABEL = f"{LABEL_PREFIX}.tune"  # `fab tune`'s scratch instances: the model they measure
+
+
+def scratch_name(model: str, trial: int) -> str:
+    """`fab tune`'s scratch instance of one trial."""
+    return f"tfs-{model}-tune-{trial}"
+
+
 def proxy_name(model: str) -> str:
     """The per-host proxy container of a model."""
     return f"tfs-proxy-{model}"

@@ -183,6 +183,12 @@ def _loaded_versions(entry: Any) -> set[int] | None:
     return None  # latest/all: depends on the directory, checked at deploy time
 
 
+def timeout_budget_us(slo_ms: float) -> int:
+    """The longest batch_timeout_micros the toolkit allows under a latency SLO: a third of it
+    (a request that waits the whole timeout must still have time to run and answer)."""
+    return int(slo_ms * 1000 / 3)
+
+
 def _wrapper(message: Any, field: str, default: int | None) -> int | None:
     return getattr(message, field).value if message.HasField(field) else default
 
@@ -218,7 +224,7 @@ def check_batching(params: Any, host: str, slo_ms: float) -> list[Problem]:
             problems.append(problem(f"{field} is {value}; {reason}",
                                     f"set {field} to 1 or more", field))
     timeout = _wrapper(params, "batch_timeout_micros", 0) or 0
-    budget = int(slo_ms * 1000 / 3)
+    budget = timeout_budget_us(slo_ms)
     if timeout < 0:
         problems.append(problem(f"batch_timeout_micros is {timeout}; TFServing fails the load "
                                 "(it must be non-negative)", "set it to 0 or more",

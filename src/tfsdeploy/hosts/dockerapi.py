@@ -62,6 +62,13 @@ class Docker(Protocol):
     def containers(self, model: str) -> list[ContainerFact]:
         """The model's containers (servers and proxy), running or not."""
 
+    def labelled(self, label: str, value: str) -> list[str]:
+        """The names of the containers whose ``label`` is ``value``, running or not."""
+
+    def cpu_seconds(self, name: str) -> tuple[float, float] | None:
+        """CPU time a running container used so far, (user, system) in seconds (None: no
+        such container, or the engine reports no split)."""
+
     def run(self, spec: ContainerSpec) -> None:
         """Create and start a container."""
 
@@ -177,6 +184,26 @@ class SdkDocker:
                 all=True, filters={"label": f"{LABEL_PREFIX}.proxy={model}"})]
         facts = [container_fact(attrs) for attrs in listed]
         return sorted((f for f in facts if f is not None), key=lambda f: (f.release, f.name))
+
+    def labelled(self, label: str, value: str) -> list[str]:
+        """Names of the containers labelled ``label=value``."""
+        with self._calls("list containers"):
+            listed = self._client.api.containers(all=True, filters={"label": f"{label}={value}"})
+        return sorted(str((c.get("Names") or [""])[0]).lstrip("/") for c in listed)
+
+    def cpu_seconds(self, name: str) -> tuple[float, float] | None:
+        """One stats read: the cgroup's user and system CPU time (the Engine reports both,
+        in ns, as cpu_stats.cpu_usage.usage_in_usermode / usage_in_kernelmode)."""
+        try:
+            with self._calls(f"stats {name}"):
+                stats = self._client.api.stats(name, stream=False, one_shot=True)
+        except docker.errors.NotFound:
+            return None
+        usage = (stats.get("cpu_stats") or {}).get("cpu_usage") or {}
+        user, system = usage.get("usage_in_usermode"), usage.get("usage_in_kernelmode")
+        if user is None or system is None:
+            return None
+        return int(user) / 1e9, int(system) / 1e9
 
     def run(self, spec: ContainerSpec) -> None:
         """Create and start."""

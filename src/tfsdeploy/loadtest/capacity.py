@@ -29,6 +29,7 @@ DEFAULT_AVAILABILITY_FACTOR = 0.9
 DEFAULT_HEADROOM = 0.15
 DEFAULT_FAILURE_DOMAINS = 1
 SWEEP_KIND = "tfsdeploy.sweep"
+TUNE_KIND = "tfsdeploy.tune"
 
 
 class CapacityError(ValueError):
@@ -164,3 +165,31 @@ def plan_from_sweep(target_qps: float, path: Path, **factors: Any) -> CapacityPl
     source = (f"{path}: best point under the SLO, concurrency {best.get('concurrency')}, "
               f"p99 {best.get('p99_ms', 0):.2f} ms, over {report.get('instances', 1)} instance(s)")
     return plan(target_qps, qps, source=source, **factors)
+
+
+def per_instance_qps_from_tune(report: Mapping[str, Any]) -> tuple[float, str]:
+    """The recommended trial's QPS at the SLO in a `fab tune` report (tune.json): one
+    scratch instance measured alone, so it is the per-instance figure; and where it is from."""
+    if report.get("kind") != TUNE_KIND:
+        raise CapacityError("not a fab tune report (tune.json from `fab tune --out DIR`)")
+    index, trials = report.get("recommended"), report.get("trials")
+    if not isinstance(trials, list) or not trials:
+        raise CapacityError("the tune report holds no trial")
+    if index is None:
+        raise CapacityError("no trial of the tune report met the SLO: no per-instance figure")
+    if not isinstance(index, int) or not 0 <= index < len(trials):
+        raise CapacityError(f"the tune report's recommended trial {index!r} is not one of its "
+                            f"{len(trials)} trials")
+    trial = trials[index]
+    if not trial.get("meets_slo") or not trial.get("qps"):
+        raise CapacityError(f"the tune report's recommended trial {index} did not meet the SLO")
+    label = trial.get("label") or f"trial {index}"
+    return float(trial["qps"]), (
+        f"trial {index} of fab tune on {report.get('host')} ({label}), p99 "
+        f"{float(trial.get('p99_ms') or 0):.2f} ms at the SLO {report.get('slo_p99_ms')} ms")
+
+
+def plan_from_tune(target_qps: float, path: Path, **factors: Any) -> CapacityPlan:
+    """``plan`` with the per-instance figure of a `fab tune` report's recommended trial."""
+    qps, where = per_instance_qps_from_tune(load_sweep_report(path))
+    return plan(target_qps, qps, source=f"{path}: {where}", **factors)

@@ -511,8 +511,10 @@ _DURATION_KEYS = frozenset({
 def plan_capacity(target_qps: float, source: str | Path | float, *,
                   load_factor: float = 0.65, availability_factor: float = 0.9,
                   headroom: float = 0.15, failure_domains: int = 1,
-                  instances_per_host: int = 1, as_json: bool = False) -> tuple[int, str]:
-    """Capacity plan from a sweep report path or a per-instance QPS number.
+                  instances_per_host: int = 1, as_json: bool = False,
+                  tune: bool = False) -> tuple[int, str]:
+    """Capacity plan from a sweep report path (with ``tune``: a `fab tune` report's) or a
+    per-instance QPS number.
 
     Returns ``(exit_code, text)``: 0 and the arithmetic (or JSON), or 1 and the error.
     """
@@ -522,6 +524,8 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
     try:
         if isinstance(source, (int, float)):
             result = capacity.plan(target_qps, float(source), **factors)  # type: ignore[arg-type]
+        elif tune:
+            result = capacity.plan_from_tune(target_qps, Path(source), **factors)
         else:
             result = capacity.plan_from_sweep(target_qps, Path(source), **factors)
     except capacity.CapacityError as err:
@@ -532,3 +536,23 @@ def plan_capacity(target_qps: float, source: str | Path | float, *,
              else "")
     return EXIT_OK, (result.explain() + f"\n=> minimum {result.minimum} instances, "
                      f"recommended {result.recommended}{hosts}")
+
+
+def warmup_payloads(model: str, data_from_warmup: Path) -> payloads.Payloads:
+    """The request bodies of a version's warmup records (what `fab bench` sends)."""
+    ns = build_parser().parse_args(["localhost:1"])
+    ns.model, ns.data_from_warmup = model, data_from_warmup
+    return load_requests(ns)
+
+
+def measure_once(targets: Sequence[str], bodies: payloads.Payloads, **options: Any
+                 ) -> dict[str, Any]:
+    """One load run from Python with already loaded request bodies; returns its report
+    (the ghz-style JSON of `fab bench --report`). ``options`` as ``run_bench``'s, e.g.
+    ``rps=200.0, duration=3.0, concurrency=64, procs=1``; no gate is applied."""
+    ns = build_parser().parse_args(list(targets))
+    for key, value in options.items():
+        if not hasattr(ns, key) or key == "targets":
+            raise TypeError(f"measure_once: unknown option {key!r}")
+        setattr(ns, key, value)
+    return execute(build_run(ns, bodies), ns)

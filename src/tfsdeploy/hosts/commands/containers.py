@@ -9,15 +9,17 @@ for /tmp, the model and release files mounted read-only.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tfsdeploy.core.layout import (
     LABEL_PREFIX,
     PROXY_ADMIN_MOUNT,
+    TUNE_LABEL,
     HostPaths,
     Ports,
     container_name,
     proxy_name,
+    scratch_name,
 )
 from tfsdeploy.core.render import CONTAINER_CONFIG_DIR, CONTAINER_MODEL_ROOT
 
@@ -95,6 +97,24 @@ def server_spec(*, model: str, release_id: str, slot: str, version: int, image: 
     return ContainerSpec(name=container_name(model, release_id, instance), image=image,
                          command=command, entrypoint=(SERVER_BINARY,), labels=labels,
                          mounts=mounts, gpus=gpus, user=SERVER_USER)
+
+
+def scratch_spec(*, model: str, trial: int, version: int, image: str, paths: HostPaths,
+                 config_dir: str, ports: tuple[int, int], flags: Sequence[str],
+                 gpus: GpuRequest | None) -> ContainerSpec:
+    """A scratch instance of ``model`` for `fab tune`: a serving container as ``server_spec``
+    makes it (the same binary, user, mounts and hardening) on ``ports`` (gRPC, REST) with
+    its configuration from ``config_dir``, labelled as a tuning trial and not as one of the
+    model's servers: no deploy, status or prune ever counts it, and no proxy sends it a
+    request."""
+    spec = server_spec(model=model, release_id=f"tune{trial}", slot="tune", version=version,
+                       image=image, paths=paths,
+                       ports=Ports(grpc=ports[0], rest=ports[1], slots={"tune": ports}),
+                       flags=flags, gpus=gpus)
+    labels = {TUNE_LABEL: model, f"{LABEL_PREFIX}.role": "tune",
+              f"{LABEL_PREFIX}.trial": str(trial), f"{LABEL_PREFIX}.version": str(version)}
+    mounts = (spec.mounts[0], Mount(config_dir, CONTAINER_CONFIG_DIR))
+    return replace(spec, name=scratch_name(model, trial), labels=labels, mounts=mounts)
 
 
 def proxy_spec(*, model: str, image: str, paths: HostPaths) -> ContainerSpec:

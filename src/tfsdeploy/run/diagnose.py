@@ -1,0 +1,86 @@
+"""`fab diagnose`: read each selected host's live instance over a window and name the stage
+that limits it (core/bottleneck.py). Read-only: one connection per host (run/survey.py), the
+serving container's metrics page (its slot's REST port) and CPU time at the window's ends,
+and its proxy's requests in flight every second in between."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from tfsdeploy.core.bottleneck import Evidence, diagnose, release_config
+from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.layout import host_paths, model_ports
+from tfsdeploy.core.proxy import parse_stat
+from tfsdeploy.core.stages import parse_totals, stage_window
+from tfsdeploy.core.target import Target
+from tfsdeploy.hosts import probes, proxyadmin
+from tfsdeploy.hosts.facts import HostFacts, read_release_files
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.run import survey
+
+SAMPLE_S = 1.0
+
+
+def diagnose_hosts(target: Target, window_s: float, *,
+                   connect: ConnectionFactory = SshConnection,
+                   clock: Callable[[], float] = time.monotonic,
+                   sleep: Callable[[float], None] = time.sleep) -> list[dict[str, Any]]:
+    """One row per selected host: its finding (``diagnosis``) or why there is none."""
+    def look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
+             ) -> dict[str, Any]:
+        live = facts.serving(0)
+        if live is None:
+            return {"diagnosis": None, "note": f"nothing of {target.model.name} serves here"}
+        evidence = _read_window(target, host, conn, facts, live.name, live.slot, live.release,
+                                window_s, clock=clock, sleep=sleep)
+        return {"container": live.name, "release": live.release,
+                "diagnosis": diagnose(evidence).as_json()}
+
+    return survey.each_host(target, look, connect=connect)
+
+
+def _read_window(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
+                 name: str, slot: str, release: str, window_s: float, *,
+                 clock: Callable[[], float], sleep: Callable[[float], None]) -> Evidence:
+    model = target.model
+    paths = host_paths(host, model)
+    batching, threads = release_config(read_release_files(conn, paths, release))
+    rest = model_ports(host, model).slot_rest(slot, 0)
+    path = host.vars.monitoring_path
+    cpus = _host_cpus(conn)
+    before = parse_totals(probes.metrics(host.address, rest, path), model.name)
+    cpu_before, started = conn.docker.cpu_seconds(name), clock()
+    in_flight = _in_flight(conn, paths.admin_socket, slot)
+    while clock() - started < window_s:
+        sleep(min(SAMPLE_S, max(0.0, window_s - (clock() - started))))
+        now = _in_flight(conn, paths.admin_socket, slot)
+        in_flight = max(in_flight, now) if now is not None and in_flight is not None else \
+            (now if in_flight is None else in_flight)
+    after = parse_totals(probes.metrics(host.address, rest, path), model.name)
+    cpu_after, elapsed = conn.docker.cpu_seconds(name), clock() - started
+    user = system = None
+    if cpu_before is not None and cpu_after is not None:
+        user, system = cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1]
+    return Evidence(host=host.name, window_s=elapsed, stages=stage_window(before, after),
+                    batching=batching, threads=threads, slo_ms=model.latency_slo_ms,
+                    host_cpus=cpus, cpu_user_s=user, cpu_system_s=system,
+                    max_in_flight=in_flight)
+
+
+def _in_flight(conn: Connection, socket: str, slot: str) -> int | None:
+    """Requests in flight at instance 0's slot, as its proxy counts them (None: no answer)."""
+    try:
+        servers = parse_stat(proxyadmin.stat(conn, socket))
+    except Exception:  # a proxy that does not answer: the gRPC rule has no figure
+        return None
+    found = [s.sessions for s in servers if s.backend == "grpc" and s.slot == slot
+             and s.instance == 0]
+    return found[0] if found else None
+
+
+def _host_cpus(conn: Connection) -> int:
+    result = conn.run(["nproc"], timeout=30)
+    text = result.stdout.strip()
+    return int(text) if result.ok and text.isascii() and text.isdigit() else 1
