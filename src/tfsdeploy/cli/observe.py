@@ -187,18 +187,21 @@ class Retargeter:
     """Rewrites the model's targets while a run rolls: after each step that changed which
     processes serve (``CHANGES_PROCESSES``), in a thread of its own so that the roll never
     waits for it; steps that come while it writes are taken together in its next pass.
-    ``close`` waits for it and writes the run's final targets."""
+    ``close`` waits for it and writes the run's final targets, if the run reached a host (a
+    run refused before, on its input or its lock, changed nothing and connects to none)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self._wake = threading.Event()
         self._closed = False
+        self._reached = False
         self._thread = threading.Thread(target=self._loop, name="retarget", daemon=True)
         self._thread.start()
 
     def step(self, host: str, phase: str, task: str, status: str, seconds: float,
              detail: str) -> None:
         """A run's step: a change of the serving processes wakes the writer."""
+        self._reached = True
         if status == "ok" and task in CHANGES_PROCESSES:
             self._wake.set()
 
@@ -215,7 +218,8 @@ class Retargeter:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=120)
-        after_run(self.target)
+        if self._reached:
+            after_run(self.target)
 
 
 class TeeReporter:
