@@ -50,6 +50,7 @@ from tfsdeploy.run.operations import registry
 from tfsdeploy.run.operations.canary import CanaryPaused
 from tfsdeploy.run.plans import RunPlan
 from tfsdeploy.run.playbook import Phase, Playbook, Task
+from tfsdeploy.run.signals import handled
 
 
 class Interrupted(Exception):
@@ -462,16 +463,8 @@ def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[N
         reporter.note(f"{signal.Signals(signum).name}: finishing the current steps, then "
                       "restoring; the lock is released at the end")
 
-    if threading.current_thread() is not threading.main_thread():
+    with handled(handler):
         yield
-        return
-    wanted = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {s: signal.signal(s, handler) for s in wanted}
-    try:
-        yield
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)
 
 
 def gather_facts(target: Target, conns: Mapping[str, Connection], images: Sequence[str],

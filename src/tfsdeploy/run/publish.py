@@ -36,7 +36,7 @@ from tfsdeploy.core.artifact import (
     version_tag,
 )
 from tfsdeploy.hosts.registry import CHUNK, Registry
-from tfsdeploy.run.sources import SourceError, files_of
+from tfsdeploy.run.sources import HashingReader, SourceError, files_of
 
 
 class _Sink(io.RawIOBase):
@@ -58,23 +58,6 @@ class _Sink(io.RawIOBase):
         self.size += len(data)
         if self._keep is not None:
             self._keep.write(data)
-        return len(data)
-
-
-class _Hashing(io.RawIOBase):
-    """Reads a file into the tar while hashing exactly the bytes read."""
-
-    def __init__(self, handle: IO[bytes]) -> None:
-        self._handle = handle
-        self.digest = hashlib.sha256()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self._handle.read(len(buffer))
-        self.digest.update(data)
-        buffer[:len(data)] = data
         return len(data)
 
 
@@ -103,7 +86,7 @@ def write_layer(source: Path, sink: IO[bytes]) -> FileManifest:
         for name, path in files:
             size = path.stat().st_size
             with path.open("rb") as handle:
-                reader = _Hashing(handle)
+                reader = HashingReader(handle)
                 try:
                     tar.addfile(_entry(f"{LAYER_ROOT}/{name}", directory=False, size=size),
                                 io.BufferedReader(reader))

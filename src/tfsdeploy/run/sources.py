@@ -4,8 +4,10 @@ followed: DVC, git-annex and Bazel stores link to their content) and hashed."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 from pathlib import Path
+from typing import IO, Any
 
 CHUNK = 1 << 20
 
@@ -41,3 +43,21 @@ def file_sha256(path: Path) -> str:
         while chunk := handle.read(CHUNK):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+class HashingReader(io.RawIOBase):
+    """Reads a file (for an archive) while hashing exactly the bytes read: the digest is of
+    what was packed, even if the file changes meanwhile."""
+
+    def __init__(self, handle: IO[bytes]) -> None:
+        self._handle = handle
+        self.digest = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._handle.read(len(buffer))
+        self.digest.update(data)
+        buffer[:len(data)] = data
+        return len(data)

@@ -57,6 +57,7 @@ from tfsdeploy.hosts.facts import HostFacts, gather
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.loadtest.cli import measure_once, warmup_payloads
 from tfsdeploy.loadtest.payloads import PayloadError, Payloads
+from tfsdeploy.run.signals import handled
 
 Note = Callable[[str], None]
 
@@ -465,7 +466,7 @@ def _stops_noted(stop: _Stop, note: Note) -> Iterator[None]:
             note(f"{stop.signal}: stopping after the current step")
         stop.event.set()
 
-    with _handlers(handler):
+    with handled(handler):
         yield
 
 
@@ -475,20 +476,5 @@ def _signals_noted(note: Note) -> Iterator[None]:
     def handler(signum: int, frame: FrameType | None) -> None:
         note(f"{signal.Signals(signum).name}: removing the scratch instances first")
 
-    with _handlers(handler):
+    with handled(handler):
         yield
-
-
-@contextmanager
-def _handlers(handler: Callable[[int, FrameType | None], None],
-              wanted: Sequence[signal.Signals] = (signal.SIGINT, signal.SIGTERM,
-                                                  signal.SIGHUP)) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, handler) for s in wanted}
-    try:
-        yield
-    finally:
-        for number, old in previous.items():
-            signal.signal(number, old)

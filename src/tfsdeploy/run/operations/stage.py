@@ -23,7 +23,6 @@ import threading
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
 
 from tfsdeploy.core.artifact import ArtifactError, model_repo
 from tfsdeploy.core.gates import GateFailed
@@ -44,26 +43,9 @@ from tfsdeploy.run.changes import (
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import Ops, operation
 from tfsdeploy.run.publish import PackedVersion, Published, pack, publish
-from tfsdeploy.run.sources import SourceError
+from tfsdeploy.run.sources import HashingReader, SourceError
 from tfsdeploy.run.sources import file_sha256 as _digest_file
 from tfsdeploy.run.sources import files_of as _files
-
-
-class _HashingReader(io.RawIOBase):
-    """Reads a file for the archive while hashing exactly the bytes archived."""
-
-    def __init__(self, handle: IO[bytes]) -> None:
-        self._handle = handle
-        self.digest = hashlib.sha256()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self._handle.read(len(buffer))
-        self.digest.update(data)
-        buffer[:len(data)] = data
-        return len(data)
 
 
 @dataclass
@@ -106,7 +88,7 @@ class VersionArchive:
                 info = tarfile.TarInfo(f"version/{name}")
                 info.size, info.mode = file.stat().st_size, 0o644
                 with file.open("rb") as handle:
-                    reader = _HashingReader(handle)
+                    reader = HashingReader(handle)
                     tar.addfile(info, io.BufferedReader(reader))
                 if reader.digest.hexdigest() != expected.get(name):
                     os.unlink(path)
