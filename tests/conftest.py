@@ -30,9 +30,10 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 # Every test module is one xdist group unless it names a group itself: a module's tests share
 # module-scoped fixtures (one model on the fleet, one emulator), so they run in one worker, in
 # file order. Modules that must not overlap share a group (``gpu-host``: the users of the
-# suite fleet's two-GPU host). Groups are handed to the workers longest first, by the times
-# the last run recorded (scripts/test-report writes them), so that the longest module does not
-# start last.
+# suite fleet's two-GPU host; ``ssh-cut``: the modules that refuse new connections to a host's
+# second sshd port, 2222, which all of them reach the hosts on). Groups are handed to the
+# workers longest first, by the times the last run recorded (scripts/test-report writes them),
+# so that the longest module does not start last.
 
 DURATIONS = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy")) / "test-durations.json"
 # a guess for a group no run has timed yet: fleet tiers first, then the rest

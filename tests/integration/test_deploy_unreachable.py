@@ -23,7 +23,9 @@ from deploy_support import (
 )
 from testbed_support import ALT_SSH_PORT, HOSTS, expected_y, grpc_predict
 
-pytestmark = pytest.mark.testbed
+# cuts new SSH connections to a host's second sshd port, which the other modules that cut one
+# use too: the modules of the group "ssh-cut" run one after another (tests/conftest.py)
+pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("ssh-cut")]
 
 MODEL, OFFSET = "itunreach", 1200
 

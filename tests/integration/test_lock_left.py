@@ -19,7 +19,9 @@ from tfsdeploy.core.layout import HostPaths
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.commands import lock as lock_commands
 
-pytestmark = pytest.mark.testbed
+# cuts new SSH connections to a host's second sshd port, which the other modules that cut one
+# use too: the modules of the group "ssh-cut" run one after another (tests/conftest.py)
+pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("ssh-cut")]
 
 MODEL, OFFSET = "itlockleft", 3350
 

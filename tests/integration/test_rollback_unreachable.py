@@ -17,7 +17,9 @@ from rollback_support import (
 )
 from testbed_support import ALT_SSH_PORT, HOSTS
 
-pytestmark = pytest.mark.testbed
+# cuts new SSH connections to a host's second sshd port, which the other modules that cut one
+# use too: the modules of the group "ssh-cut" run one after another (tests/conftest.py)
+pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("ssh-cut")]
 
 MODEL, OFFSET = "rbk3", 500
 DOWN = "tb3"
