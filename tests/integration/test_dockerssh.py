@@ -479,3 +479,17 @@ def test_failing_dial_stdio_is_named_with_its_error() -> None:
     sock.close()
     runner.close()
 
+
+
+def test_a_command_that_ends_before_reading_its_input_is_its_answer_not_a_lost_link() -> None:
+    """A command that exits without reading its standard input (as socat does while the
+    socket it should write to is not there yet) closes its channel while the input is being
+    sent: the run gives the command's own exit status and output, and the connection stays
+    usable. A 64 MiB input cannot fit the channel's window, so the close always comes first."""
+    runner = connect("tb2")
+    try:
+        result = runner.run(["sh", "-c", "echo refused >&2; exit 3"], stdin=b"x" * (64 << 20))
+        assert (result.code, result.stderr.strip()) == (3, "refused"), result
+        assert runner.run(["echo", "still", "here"]).stdout == "still here\n"
+    finally:
+        runner.close()

@@ -179,8 +179,9 @@ class SshConnection:
             channel = transport.open_session(timeout=10)
             channel.exec_command(shlex.join(argv))
             if stdin is not None:
-                channel.sendall(stdin)
-            channel.shutdown_write()
+                _send_input(channel, stdin)
+            if not channel.closed:
+                channel.shutdown_write()
             out, err = _drain(channel, time.monotonic() + limit)
             code = channel.recv_exit_status() if channel.exit_status_ready() else -1
             channel.close()
@@ -240,6 +241,18 @@ class SshConnection:
         self._sftp = None
         self._docker = None
         self._conn.close()
+
+
+def _send_input(channel: Any, data: bytes) -> None:
+    """Send a command's standard input. A command may end, and its channel close, before it
+    reads all of it (socat when the socket it should write to is not there yet): that is the
+    command's answer, read as usual from its exit status, not a lost connection. A dead link
+    closes the channel too, but sends no exit status, which ``run`` reports."""
+    try:
+        channel.sendall(data)
+    except OSError:
+        if not channel.closed:
+            raise
 
 
 def _drain(channel: Any, deadline: float) -> tuple[bytes, bytes]:
