@@ -17,7 +17,7 @@ import ast
 import importlib
 import importlib.util
 import re
-from functools import cache
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -141,21 +141,32 @@ def _lite_log_file() -> descriptor_pb2.FileDescriptorProto:
     return lite
 
 
-@cache
+# One pool and one class per message for the whole process, whichever thread asks first (a
+# run's hosts gate in parallel): a message built from another pool's classes is refused
+# ("Parameter to CopyFrom() must be instance of same class"). functools.cache would let two
+# first callers each build a pool.
+_BUILDING = threading.Lock()
+_POOLS: list[descriptor_pool.DescriptorPool] = []
+
+
 def _pool() -> descriptor_pool.DescriptorPool:
     """The private pool: PredictRequest, its dependencies and the cut-down PredictionLog."""
-    pool = descriptor_pool.DescriptorPool()
-    done: set[str] = set()
-    for name in _ROOT_FILES:
-        _add_with_deps(pool, name, done)
-    pool.Add(_lite_log_file())
-    return pool
+    with _BUILDING:
+        if not _POOLS:
+            pool = descriptor_pool.DescriptorPool()
+            done: set[str] = set()
+            for name in _ROOT_FILES:
+                _add_with_deps(pool, name, done)
+            pool.Add(_lite_log_file())
+            _POOLS.append(pool)
+        return _POOLS[0]
 
 
 def message_class(full_name: str) -> type[Message]:
     """The generated class for a message of the private pool, e.g. ``PREDICT_REQUEST``."""
     descriptor = _pool().FindMessageTypeByName(full_name)
-    cls: type[Message] = message_factory.GetMessageClass(descriptor)
+    with _BUILDING:  # the class is made once, on first use, for every thread
+        cls: type[Message] = message_factory.GetMessageClass(descriptor)
     return cls
 
 
