@@ -1,0 +1,111 @@
+"""model_transfer pull when the host's Docker engine dies mid-pull (kill -9 of tb3's dockerd,
+the process a real host's systemd would restart): the stage fails on that host with nothing a
+server could load in the model's directory, and once the engine is back (`scripts/testbed up`
+repairs the host as a reboot would) the same `fab stage` completes it.
+
+It kills a whole host's engine, which every other module's containers on tb3 depend on: it
+runs alone (``fleet_exclusive``). Nothing is deployed: model ``itpulleng`` is only staged, on
+tb3 alone. Its version is padded with 192 MiB of random bytes so that the pull is under way
+when the engine dies (about 2 s of pulling here)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from rollback_support import FAST_PLAYBOOK, GOLDEN, SOURCE_MODEL, Fleet
+from testbed_support import (
+    HOSTS,
+    REGISTRY,
+    REPO,
+    copy_version,
+    fleet_lifetime,
+    inventory_text,
+    ssh,
+)
+from transfer_support import pad_version
+
+pytestmark = [pytest.mark.testbed, pytest.mark.fleet_exclusive]
+
+MODEL, OFFSET, HOST = "itpulleng", 4250, "tb3"
+PULL = {"model_transfer": "pull", "model_registry": f"{REGISTRY}/tfsdeploy-models",
+        "model_registry_insecure": True}
+# the suite fleet's shape (scripts/test), given back to `up` when it repairs tb3
+SUITE_UP = ("up", "--hosts", "4", "--reserve", "tb4", "--gpus", "tb4=2", "--gpu-mib",
+            "tb4=16384", "--no-images")
+
+
+def _make(tmp: Path) -> Fleet:
+    source = tmp / "models" / MODEL
+    source.mkdir(parents=True)
+    copy_version(SOURCE_MODEL / "1", source, 1)
+    pad_version(source / "1", 192 << 20, f"{time.time_ns()}")
+    inventory = tmp / "inventory.py"
+    inventory.write_text(inventory_text(
+        title="the engine-killed pull test", model=MODEL, source=source, golden=GOLDEN,
+        offset=OFFSET, warmup="Warmup(samples=5)", extra_vars=PULL,
+        hosts={HOST: HOSTS[HOST]},
+        rollout="Rollout(serial=('100%',), min_healthy_s=1.0, keep_releases=3)"))
+    (tmp / "playbooks").mkdir()
+    playbook = tmp / "playbooks" / "deploy-fast.yml"
+    playbook.write_text(FAST_PLAYBOOK)
+    (tmp / "tasks").symlink_to(REPO / "tasks")
+    return Fleet(model=MODEL, offset=OFFSET, tmp=tmp, source=source, inventory=inventory,
+                 fast_playbook=playbook, hosts={HOST: HOSTS[HOST]})
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from fleet_lifetime(MODEL, lambda: _make(tmp_path_factory.mktemp(MODEL)),
+                              keep_env="TFSDEPLOY_PULL_TESTS_KEEP")
+
+
+def _testbed(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(REPO / "scripts" / "testbed"), *args], capture_output=True,
+                          text=True, timeout=900)
+
+
+def _dockerd_pid() -> int:
+    status = json.loads(_testbed("status", "--json").stdout)
+    return int(next(h["dockerd"] for h in status["hosts"] if h["name"] == HOST))
+
+
+def _names() -> list[str]:
+    return ssh(HOST, f"ls -A /srv/tfsdeploy/models/{MODEL} 2>/dev/null; true").stdout.split()
+
+
+def _sums_ok(source: Path) -> bool:
+    listed = ssh(HOST, f"cd /srv/tfsdeploy/models/{MODEL}/1 && find . -type f | sort | "
+                       "xargs sha256sum", check=False).stdout
+    want = sorted(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  ./{p.relative_to(source)}"
+                  for p in source.rglob("*") if p.is_file())
+    return sorted(listed.splitlines()) == want
+
+
+def test_an_engine_killed_mid_pull_leaves_nothing_loadable_and_a_rerun_completes(
+        fleet: Fleet) -> None:
+    engine = _dockerd_pid()
+    stage = fleet.background("stage", "--version", "1")
+    try:
+        # the pull's first progress line (0 of its layers yet)
+        stage.wait_for(rf"{HOST}: pull {REGISTRY}/tfsdeploy-models/{MODEL}@sha256:")
+        os.kill(engine, signal.SIGKILL)
+        run = stage.finish(timeout=300)
+        assert run.code != 0, run.describe()
+        assert f"{HOST}" in run.out and "failed" in run.out, run.describe()
+        # the version directory appears whole (verified, one rename) or not at all
+        assert set(_names()) <= {".pull-1"}, _names()
+    finally:
+        repaired = _testbed(*SUITE_UP)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    again = fleet.fab("stage", "--version", "1", "--json")
+    assert again.code == 0, again.describe()
+    assert _names() == ["1"], _names()
+    assert _sums_ok(fleet.source / "1")
