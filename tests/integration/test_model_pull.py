@@ -26,7 +26,6 @@ from testbed_support import (
     fab_env,
     fleet_lifetime,
     inventory_text,
-    netns,
     ssh,
 )
 from transfer_support import pad_version, registry_blob, wire_counter
@@ -49,8 +48,6 @@ def _make(tmp: Path) -> Fleet:
     for version in (1, 2, 3):
         copy_version(SOURCE_MODEL / str(version), source, version)
         pad_version(source / str(version), PAD, tag)
-    copy_version(SOURCE_MODEL / "1", source, 4)  # staged only (the registry-cut test)
-    pad_version(source / "4", PAD, tag)
     inventory = tmp / "inventory.py"
     inventory.write_text(inventory_text(
         title="the pull tests", model=MODEL, source=source, golden=GOLDEN, offset=OFFSET,
@@ -174,53 +171,6 @@ def test_an_interrupted_pull_leaves_nothing_loadable_and_a_rerun_completes(
     stages = [s["detail"] for o in deploy.json()["hosts"].values() for s in o["steps"]
               if s["step"] == "stage_model"]
     assert all("already staged" in d for d in stages), stages
-    fleet.assert_serving(3)
-
-
-class registry_refused:
-    """Connections from ``host`` (its engine) to the registry's port refused with a reset
-    while inside, as a stopped registry refuses them; always undone."""
-
-    def __init__(self, host: str) -> None:
-        address, port = REGISTRY.split(":")
-        self.rule = ["OUTPUT", "-p", "tcp", "-d", address, "--dport", port, "-m", "comment",
-                     "--comment", f"tfsdeploy-pull-tests-{MODEL}", "-j", "REJECT",
-                     "--reject-with", "tcp-reset"]
-        self.host = host
-
-    def __enter__(self) -> registry_refused:
-        subprocess.run(netns(self.host, "iptables", "-I", *self.rule), check=True,
-                       capture_output=True)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        while subprocess.run(netns(self.host, "iptables", "-D", *self.rule),
-                             capture_output=True).returncode == 0:
-            pass
-
-
-def test_a_host_that_cannot_reach_the_registry_fails_its_stage_and_a_rerun_completes(
-        fleet: Fleet) -> None:
-    """The registry refuses one host (tb2) while the fleet stages a version no host has: that
-    host's stage fails naming the registry, before anything else changes on it (no version
-    directory a server could load, what serves unchanged); once it reaches the registry again,
-    the same `fab stage` completes there."""
-    cut = "tb2"
-    before = {h: (fleet.current(h) or {}).get("id") for h in fleet.hosts}
-    with registry_refused(cut):
-        run = fleet.fab("stage", "--version", "4", "--json")
-    assert run.code != 0, run.describe()
-    outcome = run.json()["hosts"][cut]
-    assert outcome["status"] == "failed", outcome
-    assert REGISTRY in outcome["error"], outcome["error"]  # names where it could not pull
-    assert set(_versions_on(cut)) - {"1", "2", "3", ".pull-4"} == set(), _versions_on(cut)
-    again = fleet.fab("stage", "--version", "4", "--json")
-    assert again.code == 0, again.describe()
-    expected = _sums_of(fleet.source / "4")
-    for host in fleet.hosts:
-        assert _sums_on(host, 4) == expected, host
-        assert ".pull-4" not in _versions_on(host), host
-        assert (fleet.current(host) or {}).get("id") == before[host], host  # what serves
     fleet.assert_serving(3)
 
 

@@ -1,4 +1,5 @@
-"""model_transfer pull when the host's Docker engine dies mid-pull (kill -9 of tb3's dockerd,
+"""model_transfer pull when the registry refuses the host's engine (as a stopped registry
+does), and when the host's Docker engine dies mid-pull (kill -9 of tb3's dockerd,
 the process a real host's systemd would restart): the stage fails on that host with nothing a
 server could load in the model's directory, and once the engine is back (`scripts/testbed up`
 repairs the host as a reboot would) the same `fab stage` completes it.
@@ -28,6 +29,7 @@ from testbed_support import (
     copy_version,
     fleet_lifetime,
     inventory_text,
+    netns,
     ssh,
 )
 from transfer_support import pad_version
@@ -47,6 +49,8 @@ def _make(tmp: Path) -> Fleet:
     source.mkdir(parents=True)
     copy_version(SOURCE_MODEL / "1", source, 1)
     pad_version(source / "1", 192 << 20, f"{time.time_ns()}")
+    copy_version(SOURCE_MODEL / "2", source, 2)  # the registry-refused test's
+    pad_version(source / "2", 4 << 20, f"{time.time_ns()}")
     inventory = tmp / "inventory.py"
     inventory.write_text(inventory_text(
         title="the engine-killed pull test", model=MODEL, source=source, golden=GOLDEN,
@@ -81,8 +85,8 @@ def _names() -> list[str]:
     return ssh(HOST, f"ls -A /srv/tfsdeploy/models/{MODEL} 2>/dev/null; true").stdout.split()
 
 
-def _sums_ok(source: Path) -> bool:
-    listed = ssh(HOST, f"cd /srv/tfsdeploy/models/{MODEL}/1 && find . -type f | sort | "
+def _sums_ok(source: Path, version: int = 1) -> bool:
+    listed = ssh(HOST, f"cd /srv/tfsdeploy/models/{MODEL}/{version} && find . -type f | sort | "
                        "xargs sha256sum", check=False).stdout
     want = sorted(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  ./{p.relative_to(source)}"
                   for p in source.rglob("*") if p.is_file())
@@ -109,3 +113,45 @@ def test_an_engine_killed_mid_pull_leaves_nothing_loadable_and_a_rerun_completes
     assert again.code == 0, again.describe()
     assert _names() == ["1"], _names()
     assert _sums_ok(fleet.source / "1")
+
+
+class registry_refused:
+    """Connections from ``host`` (its engine) to the registry's port refused with a reset
+    while inside, as a stopped registry refuses them; always undone."""
+
+    def __init__(self, host: str) -> None:
+        address, port = REGISTRY.split(":")
+        self.rule = ["OUTPUT", "-p", "tcp", "-d", address, "--dport", port, "-m", "comment",
+                     "--comment", f"tfsdeploy-pull-tests-{MODEL}", "-j", "REJECT",
+                     "--reject-with", "tcp-reset"]
+        self.host = host
+
+    def __enter__(self) -> registry_refused:
+        subprocess.run(netns(self.host, "iptables", "-I", *self.rule), check=True,
+                       capture_output=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        while subprocess.run(netns(self.host, "iptables", "-D", *self.rule),
+                             capture_output=True).returncode == 0:
+            pass
+
+
+def test_a_host_that_cannot_reach_the_registry_fails_its_stage_and_a_rerun_completes(
+        fleet: Fleet) -> None:
+    """The registry refuses the host (tb3) while it stages a version it does not have: the
+    stage fails naming the registry, with no version directory a server could load; once the
+    host reaches the registry again, the same `fab stage` completes. Alone, as the module: the
+    cut refuses every pull of tb3's engine."""
+    cut = HOST
+    with registry_refused(cut):
+        run = fleet.fab("stage", "--version", "2", "--json")
+    assert run.code != 0, run.describe()
+    outcome = run.json()["hosts"][cut]
+    assert outcome["status"] == "failed", outcome
+    assert REGISTRY in outcome["error"], outcome["error"]  # names where it could not pull
+    assert set(_names()) - {"1", ".pull-2"} == set(), _names()
+    again = fleet.fab("stage", "--version", "2", "--json")
+    assert again.code == 0, again.describe()
+    assert _sums_ok(fleet.source / "2", 2)
+    assert ".pull-2" not in _names()
