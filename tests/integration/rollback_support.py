@@ -162,6 +162,16 @@ phases:
 """
 
 
+def write_fast_playbook(tmp: Path) -> Path:
+    """``tmp/playbooks/deploy-fast.yml`` (FAST_PLAYBOOK), its task lists reached through
+    ``tmp/tasks`` -> the repository's (playbooks find them in ../tasks); its path."""
+    (tmp / "playbooks").mkdir(exist_ok=True)
+    playbook = tmp / "playbooks" / "deploy-fast.yml"
+    playbook.write_text(FAST_PLAYBOOK)
+    (tmp / "tasks").symlink_to(REPO / "tasks")
+    return playbook
+
+
 def make_fleet(tmp: Path, model: str, offset: int, *, window_s: float = 600.0,
                serial: tuple[int | str, ...] = (1,), min_healthy_s: float = 1.0,
                versions: tuple[int, ...] = (1, 2, 3), keep_releases: int = 3,
@@ -179,10 +189,7 @@ def make_fleet(tmp: Path, model: str, offset: int, *, window_s: float = 600.0,
         rollout=f"Rollout(serial={serial!r}, min_healthy_s={min_healthy_s!r}, "
                 f"window_s={window_s!r}, keep_releases={keep_releases!r}, "
                 f"load_timeout_s=120)", ssh_port=ssh_port, hosts=hosts))
-    (tmp / "playbooks").mkdir(exist_ok=True)
-    playbook = tmp / "playbooks" / "deploy-fast.yml"
-    playbook.write_text(FAST_PLAYBOOK)
-    (tmp / "tasks").symlink_to(REPO / "tasks")  # playbooks find their task lists in ../tasks
+    playbook = write_fast_playbook(tmp)
     return Fleet(model=model, offset=offset, tmp=tmp, inventory=inventory, source=source,
                  fast_playbook=playbook, hosts=dict(hosts))
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rollback_support import FAST_PLAYBOOK, GOLDEN, SOURCE_MODEL, Fleet
+from rollback_support import GOLDEN, SOURCE_MODEL, Fleet, write_fast_playbook
 from testbed_support import (
     HOSTS,
     REGISTRY,
@@ -57,10 +57,7 @@ def _make(tmp: Path) -> Fleet:
         offset=OFFSET, warmup="Warmup(samples=5)", extra_vars=PULL,
         hosts={HOST: HOSTS[HOST]},
         rollout="Rollout(serial=('100%',), min_healthy_s=1.0, keep_releases=3)"))
-    (tmp / "playbooks").mkdir()
-    playbook = tmp / "playbooks" / "deploy-fast.yml"
-    playbook.write_text(FAST_PLAYBOOK)
-    (tmp / "tasks").symlink_to(REPO / "tasks")
+    playbook = write_fast_playbook(tmp)
     return Fleet(model=MODEL, offset=OFFSET, tmp=tmp, source=source, inventory=inventory,
                  fast_playbook=playbook, hosts={HOST: HOSTS[HOST]})
 

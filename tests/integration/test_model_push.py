@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rollback_support import FAST_PLAYBOOK, GOLDEN, SOURCE_MODEL, Fleet
+from rollback_support import GOLDEN, SOURCE_MODEL, Fleet, write_fast_playbook
 from testbed_support import (
     HOSTS,
     REPO,
@@ -44,10 +44,7 @@ def _make(tmp: Path) -> Fleet:
         extra_vars={"model_transfer": "push", "model_registry": "10.87.0.1:5000/tfsdeploy-models"},
         rollout="Rollout(serial=('100%',), min_healthy_s=1.0, window_s=0.0, "
                 "load_timeout_s=120)"))
-    (tmp / "playbooks").mkdir()
-    playbook = tmp / "playbooks" / "deploy-fast.yml"
-    playbook.write_text(FAST_PLAYBOOK)
-    (tmp / "tasks").symlink_to(REPO / "tasks")
+    playbook = write_fast_playbook(tmp)
     return Fleet(model=MODEL, offset=OFFSET, tmp=tmp, source=source, inventory=inventory,
                  fast_playbook=playbook, hosts=TWO)
 

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rollback_support import FAST_PLAYBOOK, GOLDEN, SOURCE_MODEL, Fleet
-from testbed_support import HOSTS, REPO, copy_version, fleet_lifetime, inventory_text, ssh
+from rollback_support import GOLDEN, SOURCE_MODEL, Fleet, write_fast_playbook
+from testbed_support import HOSTS, copy_version, fleet_lifetime, inventory_text, ssh
 
 pytestmark = pytest.mark.testbed
 
@@ -43,10 +43,7 @@ def _make(tmp: Path) -> Fleet:
     golden["version_details"]["4"] = golden["version_details"]["3"]
     golden["versions"] = [*golden["versions"], 4]
     (tmp / "golden.json").write_text(json.dumps(golden))
-    (tmp / "playbooks").mkdir()
-    playbook = tmp / "playbooks" / "deploy-fast.yml"
-    playbook.write_text(FAST_PLAYBOOK)
-    (tmp / "tasks").symlink_to(REPO / "tasks")
+    playbook = write_fast_playbook(tmp)
     return Fleet(model=MODEL, offset=OFFSET, tmp=tmp, source=source,
                  inventory=_inventory(tmp, source, keep=4), fast_playbook=playbook,
                  hosts={HOST: HOSTS[HOST]})

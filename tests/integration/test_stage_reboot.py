@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from rollback_support import FAST_PLAYBOOK, GOLDEN, SOURCE_MODEL, Fleet
-from testbed_support import HOSTS, REPO, copy_version, fleet_lifetime, inventory_text, ssh
+from rollback_support import GOLDEN, SOURCE_MODEL, Fleet, write_fast_playbook
+from testbed_support import HOSTS, copy_version, fleet_lifetime, inventory_text, ssh
 
 pytestmark = pytest.mark.testbed
 
@@ -33,10 +33,7 @@ def _make(tmp: Path) -> Fleet:
         warmup="Warmup(samples=5)", hosts={HOST: HOSTS[HOST]},
         rollout="Rollout(serial=('100%',), min_healthy_s=1.0, window_s=0.0, "
                 "keep_releases=3, load_timeout_s=120)"))
-    (tmp / "playbooks").mkdir()
-    playbook = tmp / "playbooks" / "deploy-fast.yml"
-    playbook.write_text(FAST_PLAYBOOK)
-    (tmp / "tasks").symlink_to(REPO / "tasks")
+    playbook = write_fast_playbook(tmp)
     return Fleet(model=MODEL, offset=OFFSET, tmp=tmp, source=source, inventory=inventory,
                  fast_playbook=playbook, hosts={HOST: HOSTS[HOST]})
 
