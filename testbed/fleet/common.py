@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,6 +146,28 @@ def read_pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (FileNotFoundError, ValueError):
         return None
+
+
+def daemon_pid(pid_file: Path, comm_prefix: str) -> int | None:
+    """The pid in ``pid_file`` if that process lives and is the daemon (its comm starts with
+    ``comm_prefix``: a recycled pid is not it)."""
+    found = read_pid(pid_file)
+    if found is None or not pid_alive(found):
+        return None
+    try:
+        comm = Path(f"/proc/{found}/comm").read_text().strip()
+    except OSError:
+        return None
+    return found if comm.startswith(comm_prefix) else None
+
+
+def http_ok(url: str, timeout: float = 1.0) -> bool:
+    """Whether GET ``url`` answers 200 within ``timeout``."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
 
 
 def boot_id() -> str:

@@ -15,11 +15,9 @@ import hashlib
 import os
 import signal
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from common import GATEWAY, Places, TestbedError, log, pid_alive, read_pid, wait_until
+from common import GATEWAY, Places, TestbedError, daemon_pid, http_ok, log, pid_alive, wait_until
 
 ADDRESS = f"{GATEWAY}:9090"
 REPO = Path(__file__).resolve().parents[2]
@@ -35,22 +33,11 @@ def config_file(places: Places) -> Path:
 
 
 def pid(places: Places) -> int | None:
-    found = read_pid(home(places) / "prometheus.pid")
-    if found is None or not pid_alive(found):
-        return None
-    try:
-        comm = Path(f"/proc/{found}/comm").read_text().strip()
-    except OSError:
-        return None
-    return found if comm == "prometheus" else None
+    return daemon_pid(home(places) / "prometheus.pid", "prometheus")
 
 
 def answers(timeout: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{ADDRESS}/-/ready", timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return http_ok(f"http://{ADDRESS}/-/ready", timeout)
 
 
 def _digest(folder: Path) -> str:

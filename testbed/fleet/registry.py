@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import subprocess
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from common import REGISTRY, Places, TestbedError, log, pid_alive, read_pid, wait_until
+from common import REGISTRY, Places, TestbedError, daemon_pid, http_ok, log, pid_alive, wait_until
 
 CONFIG = """\
 # written by scripts/testbed
@@ -27,22 +25,11 @@ http:
 
 
 def pid(places: Places) -> int | None:
-    found = read_pid(places.registry / "registry.pid")
-    if found is None or not pid_alive(found):
-        return None
-    try:
-        comm = Path(f"/proc/{found}/comm").read_text().strip()
-    except OSError:
-        return None
-    return found if comm.startswith("docker-registry") else None
+    return daemon_pid(places.registry / "registry.pid", "docker-registry")
 
 
 def answers(timeout: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=timeout) as resp:
-            return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    return http_ok(f"http://{REGISTRY}/v2/", timeout)
 
 
 def ensure(places: Places) -> str:
