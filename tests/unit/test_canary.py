@@ -20,6 +20,7 @@ from tfsdeploy.core.canary import (
     CanaryState,
     PlanAction,
     SlotFigures,
+    binomial_tail,
     decide,
     fleet_state,
     judge,
@@ -238,6 +239,60 @@ def test_latency_slack_and_ratio_are_the_limit() -> None:
     assert failed.reasons == ("P99 new 1.7 ms > 1.2 x old 0.5 ms + 1 ms",)
     assert judge(figures(2000, p99=50.0), figures(120, p99=60.0), POLICY).verdict \
         is Verdict.PASS
+
+
+def test_one_slow_request_of_a_few_dozen_is_chance_not_a_slower_release() -> None:
+    # a busy machine's step: 1 of the new slot's 55 requests waited for the scheduler, which
+    # alone is its P99 (tb1, 5 % of a canary step: P99 new 28.3 ms > 1.5 x old 10.1 ms + 5 ms)
+    policy = CanaryPolicy(min_requests=40, max_p99_ratio=1.5, latency_slack_ms=5.0)
+    old, new = [4000] * 1040 + [9000] * 20, [4000] * 54 + [30000]
+    result = step_analysis(EMPTY, scrape(old), EMPTY, scrape(new), policy)
+    assert result.new.p99_ms is not None and result.old.p99_ms is not None
+    assert result.new.p99_ms > 1.5 * result.old.p99_ms + 5.0  # beyond the limit ...
+    assert result.verdict is Verdict.PASS, result.describe()  # ... by chance
+
+
+def test_a_few_slow_requests_beyond_chance_fail_with_the_count() -> None:
+    policy = CanaryPolicy(min_requests=40, max_p99_ratio=1.5, latency_slack_ms=5.0)
+    old = [4000] * 1040 + [9000] * 20
+    result = step_analysis(EMPTY, scrape(old), EMPTY, scrape([4000] * 51 + [30000] * 4),
+                           policy)
+    assert result.verdict is Verdict.FAIL, result.describe()
+    (reason,) = result.reasons
+    assert reason.startswith("P99 new ") and "(4 of 55 requests above " in reason, reason
+    assert "where 0.55 are expected" in reason, reason
+
+
+def test_a_slower_release_fails_however_few_its_requests() -> None:
+    policy = CanaryPolicy(min_requests=40, max_p99_ratio=1.5, latency_slack_ms=5.0)
+    old = [4000] * 1040 + [9000] * 20
+    result = step_analysis(EMPTY, scrape(old), EMPTY, scrape([45000] * 40), policy)
+    assert result.verdict is Verdict.FAIL
+    assert "(40 of 40 requests above " in result.reasons[0], result.reasons
+
+
+def test_a_p99_beyond_the_limit_on_many_requests_needs_more_than_its_one_percent() -> None:
+    policy = CanaryPolicy(min_requests=100, max_p99_ratio=1.2, latency_slack_ms=0.0)
+    old = [4000] * 10_000
+    chance = step_analysis(EMPTY, scrape(old), EMPTY, scrape([4000] * 9_880 + [30000] * 120),
+                           policy)  # 1.2 %: within chance of a P99 at the limit over 10,000
+    assert chance.verdict is Verdict.PASS, chance.describe()
+    slower = step_analysis(EMPTY, scrape(old), EMPTY,
+                           scrape([4000] * 9_700 + [30000] * 300), policy)  # 3 %
+    assert slower.verdict is Verdict.FAIL, slower.describe()
+
+
+@pytest.mark.parametrize(("n", "p", "k", "expected"), [
+    (55, 0.01, 1, 1 - 0.99**55), (55, 0.01, 0, 1.0), (55, 0.01, 56, 0.0),
+    (10, 0.5, 10, 0.5**10), (20, 0.3, 9, sum(math.comb(20, i) * 0.3**i * 0.7**(20 - i)
+                                            for i in range(9, 21)))])
+def test_the_binomial_tail(n: int, p: float, k: int, expected: float) -> None:
+    assert binomial_tail(n, p, k) == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_binomial_tail_of_millions_of_requests() -> None:
+    assert binomial_tail(2_000_000, 0.01, 20_001) == pytest.approx(0.5, abs=0.01)
+    assert binomial_tail(2_000_000, 0.01, 21_000) < 1e-10
 
 
 def test_p50_is_judged_only_when_asked() -> None:

@@ -21,8 +21,9 @@ aborted. ``plan_promote`` and ``plan_abort`` say what a command does from a reco
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeAlias
 
@@ -48,6 +49,9 @@ class SlotFigures:
     p50_ms: float | None  # of successful requests (TFServing records no latency for errors)
     p99_ms: float | None
     restarted: bool = False  # a process restarted: its figures start at the restart
+    # the successful requests' cumulative latency histogram, (bound in us, count): what the
+    # significance of a quantile's excess is read from (empty: judged on the quantile alone)
+    latency: tuple[tuple[float, float], ...] = field(default=(), compare=False, repr=False)
 
     @property
     def error_rate(self) -> float:
@@ -111,7 +115,7 @@ def slot_figures(before: ScrapeSet, after: ScrapeSet) -> SlotFigures:
     return SlotFigures(requests=round(requests), errors=round(errors),
                        p50_ms=guard.interpolated_quantile_ms(cumulative, 0.50),
                        p99_ms=guard.interpolated_quantile_ms(cumulative, 0.99),
-                       restarted=restarted)
+                       restarted=restarted, latency=tuple(cumulative))
 
 
 # -- a step's verdict ------------------------------------------------------------------------
@@ -193,17 +197,64 @@ def _error_failure(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy) -> 
             f"{old.requests}) + {policy.max_error_rate_delta * 100:g} pp"]
 
 
+# a latency quantile beyond its limit fails the step only when the new slot's requests above
+# the limit are more than a quantile at the limit would give by chance more than 1 % of the time
+SIGNIFICANCE = 0.01
+
+
 def _latency_failures(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy) -> list[str]:
+    """Each quantile of the new slot beyond ``ratio`` x the old slot's + the slack, when the
+    excess is significant.
+
+    A quantile of a few dozen requests is its slowest request: the P99 of 55 requests is
+    the 55th, so one request delayed by the scheduler puts it beyond any ratio, while the old
+    slot's P99, over many more requests, leaves its slowest 1 % out. So a quantile ``q``
+    beyond the limit fails only when the new slot served more requests above the limit than
+    ``Binomial(requests, 1 - q)`` reaches with probability ``SIGNIFICANCE``: 1 slow request
+    of 55 is chance (p = 0.42), and so are 3 (p = 0.018), 4 are not (p = 0.003); a release
+    slower by a real margin has most of its requests above the limit.
+    """
     failures = []
-    for name, ratio, old_ms, new_ms in (
-            ("P50", policy.max_p50_ratio, old.p50_ms, new.p50_ms),
-            ("P99", policy.max_p99_ratio, old.p99_ms, new.p99_ms)):
+    for name, q, ratio, old_ms, new_ms in (
+            ("P50", 0.50, policy.max_p50_ratio, old.p50_ms, new.p50_ms),
+            ("P99", 0.99, policy.max_p99_ratio, old.p99_ms, new.p99_ms)):
         if ratio is None or old_ms is None or new_ms is None:
             continue
-        if new_ms > ratio * old_ms + policy.latency_slack_ms:
-            slack = f" + {policy.latency_slack_ms:g} ms" if policy.latency_slack_ms else ""
-            failures.append(f"{name} new {_ms(new_ms)} > {ratio:g} x old {_ms(old_ms)}{slack}")
+        limit_ms = ratio * old_ms + policy.latency_slack_ms
+        if new_ms <= limit_ms:
+            continue
+        slack = f" + {policy.latency_slack_ms:g} ms" if policy.latency_slack_ms else ""
+        figure = f"{name} new {_ms(new_ms)} > {ratio:g} x old {_ms(old_ms)}{slack}"
+        if new.latency:
+            served = round(new.latency[-1][1])
+            above = round(guard.count_above(list(new.latency), limit_ms * 1000.0))
+            chance = binomial_tail(served, 1.0 - q, above)
+            if chance >= SIGNIFICANCE:
+                continue
+            figure += (f" ({above} of {served} requests above {_ms(limit_ms)}, where "
+                       f"{(1 - q) * served:.3g} are expected)")
+        failures.append(figure)
     return failures
+
+
+def binomial_tail(n: int, p: float, k: int) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), 0 < p < 1 (log-space terms: n may be millions)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    if k <= n * p:
+        return 1.0  # k <= floor(np) <= the median: P(X >= k) >= 1/2, no term to sum
+    log_p, log_q = math.log(p), math.log1p(-p)
+    base = math.lgamma(n + 1)
+    total = 0.0
+    for i in range(k, n + 1):
+        term = math.exp(base - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+                        + i * log_p + (n - i) * log_q)
+        total += term
+        if term < total * 1e-15:
+            break  # beyond the mean the terms only fall
+    return min(total, 1.0)
 
 
 def _missing(old: SlotFigures, new: SlotFigures, min_requests: int) -> str | None:

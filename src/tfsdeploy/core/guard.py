@@ -132,6 +132,24 @@ def interpolated_quantile_ms(cumulative: list[tuple[float, float]], q: float) ->
     return lower / 1000.0
 
 
+def count_above(cumulative: list[tuple[float, float]], limit_us: float) -> float:
+    """How many samples of a cumulative histogram (bounds in microseconds) are above
+    ``limit_us``, with the samples spread evenly inside each bucket as
+    ``interpolated_quantile_ms`` reads them. A limit inside the open +Inf bucket counts that
+    bucket whole."""
+    if not cumulative:
+        return 0.0
+    total = cumulative[-1][1]
+    lower, below = 0.0, 0.0
+    for bound, count in cumulative:
+        if limit_us < bound:
+            if not math.isfinite(bound):
+                return total - below
+            return total - (below + (count - below) * (limit_us - lower) / (bound - lower))
+        lower, below = bound, count
+    return total - below
+
+
 @dataclass
 class Breach:
     """How long a host has been out of its SLO."""
