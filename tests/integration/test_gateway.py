@@ -12,6 +12,8 @@ One set-up: v1 deployed, the gateway rolled. Then, in order:
   within 5 % of it, the others are answered RESOURCE_EXHAUSTED (REST: 429);
 - one host's proxy killed under load: the gateway takes the host out within its check
   interval, and no more requests fail than were in flight when it died;
+- tb2 taken out of the model's hosts: the next `fab deploy` drains it at the gateway first,
+  no request fails and none reaches tb2 after;
 - `fab retire --hosts tb2` under load: tb2 drained on tbgw before its own proxy, no request
   fails.
 Before them, `scripts/testbed up --gateway` has left tb1..tbN's daemons as they were.
@@ -282,13 +284,55 @@ def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
     assert re.search(r"DOWN", server_status("tb2")), json.dumps(server_status("tb2"))
 
 
+def wait_up(host: str) -> None:
+    """Until the gateway has ``host`` in rotation again (back from a previous test)."""
+    end = time.monotonic() + 10
+    while not server_status(host).startswith("UP"):
+        assert time.monotonic() < end, server_status(host)
+        time.sleep(0.1)
+
+
+def test_a_host_removed_from_the_models_hosts_is_drained_by_the_next_deploy(
+        fleet: Fleet) -> None:
+    """The model's hosts narrowed to tb1 (tb2 still serves v2): `fab deploy --version 1`
+    under load drains tb2 at the gateway before it rolls tb1, says so and that the gateway no
+    longer matches the inventory; no request fails and none is answered by tb2 after."""
+    wait_up("tb2")
+    narrowed = gateway_inventory(fleet, "gateway_tb1_only")
+    text = narrowed.read_text()
+    assert f"port_offset={OFFSET!r}," in text
+    narrowed.write_text(text.replace(f"port_offset={OFFSET!r},",
+                                     f'port_offset={OFFSET!r}, hosts="tb1",', 1))
+    steady = load(50.0, rest=False)
+    try:
+        time.sleep(1.0)
+        run = fleet.fab("deploy", "--version", "1", timeout=300, inventory=narrowed)
+        deployed = time.monotonic()
+        time.sleep(1.0)
+    finally:
+        steady.stop()
+        status = server_status("tb2")
+        admin("; ".join(f"set server {MODEL}-{kind}/tb2 state ready" for kind in ("grpc", "rest")))
+    assert run.code == 0, run.describe()
+    assert f"gateway tbgw: tb2 drained for {MODEL}: no longer among its hosts" in run.out, run.out
+    assert "gateway tbgw: its configuration no longer matches the inventory" in run.out, run.out
+    assert status.startswith("DRAIN"), status
+    bad = failed(steady.samples)
+    late = [s for s in steady.samples if s.sent > deployed]
+    print(f"\ntb2 out of the model's hosts, deploy v1 on tb1 through the gateway: "
+          f"{len(steady.samples)} requests, {len(bad)} failed")
+    assert not bad, [s.error for s in bad[:5]]
+    assert late and {s.y for s in late} == {V1_Y}, {s.y for s in late}  # tb2 serves v2
+    wait_up("tb2")
+    checked = fleet.fab("deploy", "--version", "1", "--check", inventory=narrowed)
+    assert checked.code == 0, checked.describe()
+    assert server_status("tb2").startswith("UP"), server_status("tb2")  # --check drains none
+
+
 def test_retire_drains_the_host_at_the_gateway_before_its_proxy(fleet: Fleet) -> None:
     """`fab retire --hosts tb2` under load through the gateway: tb2 is drained on tbgw first
     (the audit log's order), no request fails, tb1 takes them all."""
-    end = time.monotonic() + 10
-    while not server_status("tb2").startswith("UP"):  # back from the previous test
-        assert time.monotonic() < end, server_status("tb2")
-        time.sleep(0.1)
+    wait_up("tb2")
     steady = load(50.0, rest=False)
     try:
         time.sleep(1.0)

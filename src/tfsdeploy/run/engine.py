@@ -34,7 +34,7 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import HostFacts, gather
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
-from tfsdeploy.run import plans
+from tfsdeploy.run import executor, plans
 from tfsdeploy.run.changes import Change
 from tfsdeploy.run.executor import run_step
 from tfsdeploy.run.jobs import (
@@ -599,6 +599,11 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
         emit(reporter, "run_started", version=context.version, release=context.release_id)
         for job in jobs:
             _facts_step(job, reporter)
+        if session.gateway is not None and plan.verb in (Verb.DEPLOY, Verb.ROLLBACK):
+            for note in executor.drain_departed(
+                    session.gateway, target.model.name, {h.name for h in target.model_hosts},
+                    timeout_s=target.model.rollout.drain_timeout_s, clock=session.clock):
+                reporter.note(note)
         outcome = run_roll(plan, context, jobs, reporter, cancel)
     finally:
         keeps = _kept_for(plan, outcome, context, paused, sys.exc_info()[1])

@@ -44,7 +44,7 @@ from tfsdeploy.run.changes import (
     Upload,
     WriteFile,
 )
-from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.jobs import GatewayLink, HostJob
 from tfsdeploy.run.operations.step import Operation
 
 if TYPE_CHECKING:
@@ -132,6 +132,38 @@ def gateway_state(job: HostJob, change: GatewayState, step: str) -> str:
             raise GateFailed(step, f"gateway {host.name} to {change.state} {change.host}",
                              str(error)) from None
     return f"{change.state} on {', '.join(h.name for h in link.hosts)}"
+
+
+def drain_departed(link: GatewayLink, model: str, keep: set[str], *, timeout_s: float,
+                   clock: Clock) -> list[str]:
+    """On every gateway host that routes ``model``: each serving host of its backends that is
+    no longer among the model's hosts (``keep``) and still takes requests is drained (no new
+    request, those in flight finish), so that what leaves the inventory leaves the rotation
+    before the roll. One line per gateway host that did something or could not; a gateway
+    that cannot be read or refuses is said, and the run goes on (the gateway's configuration
+    check at the end says it no longer matches)."""
+    notes = []
+    for host in link.hosts:
+        conn, paths = link.connections[host.name], gateway_paths(host)
+        try:
+            departed = sorted({s.host for s in gateway_host.stat(conn, paths)
+                               if s.backend.startswith(f"{model}-") and s.host not in keep
+                               and not s.status.upper().startswith(("DRAIN", "MAINT"))})
+            for name in departed:
+                change = GatewayState(model, name, "drain", timeout_s)
+                gateway_host.commands(conn, paths, drain_commands(model, name))
+                _wait_drained(conn, paths, change, clock, "gateway_departed")
+        except (proxyadmin.ProxyRefused, HostUnreachable, OSError, GateFailed) as error:
+            notes.append(f"gateway {host.name}: the hosts no longer among {model}'s could not "
+                         f"be drained ({error}); `fab gateway` takes them out")
+            continue
+        if departed:
+            listed = ",".join(departed)
+            notes.append(f"gateway {host.name}: {', '.join(departed)} drained for {model}: no "
+                         f"longer among its hosts (`fab gateway` takes "
+                         f"{'it' if len(departed) == 1 else 'them'} out of the gateway, "
+                         f"`fab retire --model {model} --hosts {listed}` off the host)")
+    return notes
 
 
 def _wait_drained(conn: Connection, paths: GatewayPaths, change: GatewayState, clock: Clock,
