@@ -29,45 +29,12 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 from deploy_support import assert_ports_free  # noqa: E402 - the test helpers live beside the tests
 from testbed_support import (  # noqa: E402
     ADDRESSES,
-    KNOWN_HOSTS,
-    MODELS,
-    REGISTRY,
-    SSH_KEY,
     VENV_BIN,
     clean_model,
     ensure_fleet,
     fab_env,
+    resnet50_inventory,
 )
-
-INVENTORY = '''"""bench_tune.py: the testbed's resnet50 as {model!r} on {host} (generated)."""
-from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
-from tfsdeploy.core.fleet import Gpu, Host
-
-hosts = [Host({host!r}, {address!r}, gpus=[Gpu(0, 16384, "Simulated Tesla T4")])]
-defaults = {{
-    "ssh_user": "root", "ssh_key": {ssh_key!r}, "ssh_known_hosts": {known_hosts!r},
-    "data_root": "/srv/tfsdeploy", "image": "{registry}/tfserving-emulator:2.21.0",
-    "tfserving_version": "2.21.0", "proxy_image": "{registry}/tfsdeploy-proxy:2.6",
-    "docker_gpus": "all", "gpu_safety_margin": 1.2, "gpu_headroom": 0.1,
-}}
-models = [
-    Model(
-        name={model!r},
-        source={source!r},
-        signature=Signature(inputs={{"inputs": TensorSpec("DT_FLOAT", (-1, 224, 224, 3))}},
-                            outputs={{"predictions": TensorSpec("DT_FLOAT", (-1, 1000))}}),
-        memory_mib=2048,
-        latency_slo_ms=1500,
-        batching=Batching(max_batch_size=8, batch_timeout_micros=20000, max_enqueued_batches=32,
-                          num_batch_threads=1, allowed_batch_sizes=(1, 2, 4, 8)),
-        threads=Threads(intra_op=2, inter_op=2, grpc_max_threads=256),
-        warmup=Warmup(samples=20, p99_ms=1500),
-        rollout=Rollout(serial=("100%",), min_healthy_s=1),
-        golden={golden!r},
-        port_offset={offset!r},
-    ),
-]
-'''
 
 
 def fab(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -97,12 +64,8 @@ def main() -> None:
     assert_ports_free(args.offset, hosts)
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            inventory = Path(tmp) / "inventory.py"
-            inventory.write_text(INVENTORY.format(
-                model=args.model, host=args.host, address=ADDRESSES[args.host],
-                ssh_key=str(SSH_KEY), known_hosts=str(KNOWN_HOSTS), registry=REGISTRY,
-                source=str(MODELS / "resnet50"), golden=str(MODELS / "resnet50" / "catalog.json"),
-                offset=args.offset))
+            inventory = resnet50_inventory(Path(tmp) / "inventory.py", model=args.model,
+                                           host=args.host, offset=args.offset)
             common = ("--model", args.model, "--inventory", str(inventory))
             fab("deploy", *common, "--version", "1", timeout=900)
             out = Path(tmp) / "tune"

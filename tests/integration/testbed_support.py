@@ -237,6 +237,52 @@ models = [
 '''
 
 
+RESNET50_INVENTORY = '''"""The testbed's resnet50 as {model!r} on {host} (generated)."""
+from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
+from tfsdeploy.core.fleet import Gpu, Host
+
+hosts = [Host({host!r}, {address!r}, gpus=[Gpu(0, 16384, "Simulated Tesla T4")])]
+defaults = {{
+    "ssh_user": "root", "ssh_key": {ssh_key!r}, "ssh_known_hosts": {known_hosts!r},
+    "data_root": "/srv/tfsdeploy", "image": "{registry}/tfserving-emulator:2.21.0",
+    "tfserving_version": "2.21.0", "proxy_image": "{registry}/tfsdeploy-proxy:2.6",
+    "docker_gpus": "all", "gpu_safety_margin": 1.2, "gpu_headroom": 0.1,
+}}
+models = [
+    Model(
+        name={model!r},
+        source={source!r},
+        signature=Signature(inputs={{"inputs": TensorSpec("DT_FLOAT", (-1, 224, 224, 3))}},
+                            outputs={{"predictions": TensorSpec("DT_FLOAT", (-1, 1000))}}),
+        memory_mib=2048,
+        latency_slo_ms=1500,
+        batching=Batching(max_batch_size=8, batch_timeout_micros={batch_timeout_micros!r},
+                          max_enqueued_batches=32, num_batch_threads=1,
+                          allowed_batch_sizes=(1, 2, 4, 8)),
+        threads={threads},
+        warmup=Warmup(samples=20, p99_ms=1500),
+        rollout=Rollout(serial=("100%",), min_healthy_s=1),
+        golden={golden!r},
+        port_offset={offset!r},
+    ),
+]
+'''
+
+
+def resnet50_inventory(path: Path, *, model: str, host: str, offset: int,
+                       threads: str = "Threads(intra_op=2, inter_op=2, grpc_max_threads=256)",
+                       batch_timeout_micros: int = 20000) -> Path:
+    """An inventory of one testbed host with the testbed's resnet50 (inventory/testbed.py's
+    catalog entry, pushed over SSH) under the name ``model``, its ``threads`` and batch
+    timeout as given."""
+    path.write_text(RESNET50_INVENTORY.format(
+        model=model, host=host, address=ADDRESSES[host], ssh_key=str(SSH_KEY),
+        known_hosts=str(KNOWN_HOSTS), registry=REGISTRY, source=str(MODELS / "resnet50"),
+        golden=str(MODELS / "resnet50" / "catalog.json"), offset=offset, threads=threads,
+        batch_timeout_micros=batch_timeout_micros))
+    return path
+
+
 def inventory_text(*, title: str, model: str, source: Path, golden: Path, offset: int,
                    warmup: str, rollout: str, groups: str = "{}", memory_mib: int = 512,
                    gpu_mib: int = 16384, gpus: int | dict[str, int] = 1, slo_ms: int = 50,
