@@ -26,6 +26,7 @@ from tfsdeploy.core.tune import (
     scratch_gpu_problem,
     scratch_ports,
     search,
+    step_fits,
 )
 
 from .helpers import inventory, model
@@ -125,6 +126,13 @@ def test_the_budget_expects_what_the_trials_took_not_the_first_estimate() -> Non
            measure=_measure(lambda c: float(c.batching.max_batch_size), made, seconds=10.0),
            problems=_no_problems, budget_s=40.0, estimate_s=100.0)
     assert len(made) == 4  # 10 s each: the fourth ends at 40 s
+
+
+def test_a_ramp_step_that_would_end_beyond_the_budget_is_not_taken() -> None:
+    assert step_fits(0, now=700.0, deadline=600.0, step_s=5.0)  # a trial's first: a figure
+    assert step_fits(3, now=590.0, deadline=600.0, step_s=10.0)  # ends at the deadline
+    assert not step_fits(3, now=590.5, deadline=600.0, step_s=10.0)
+    assert not step_fits(1, now=601.0, deadline=600.0, step_s=1.0)
 
 
 def test_a_candidate_the_rules_refuse_is_never_measured_and_ends_its_direction() -> None:

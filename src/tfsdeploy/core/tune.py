@@ -8,7 +8,8 @@ steps a dimension up through its values while each step beats the one before by 
 gets worse from there on a unimodal curve); it tries down only when up brought nothing. A
 candidate the toolkit's own rules refuse (``config_problems``: the catalog rules and the
 rendered files' checks, batch_timeout_micros <= SLO/3 among them) ends its direction too:
-further steps the same way break the same rule. No trial starts once the budget cannot hold it.
+further steps the same way break the same rule. No trial starts once the budget cannot hold it,
+and a trial's ramp takes no step that would end beyond it (``step_fits``).
 
 A trial's figure is its QPS *at the SLO*: the open-loop rate ramp (``next_rate``) raises the
 offered rate until P99 exceeds the SLO or errors appear, and the trial keeps the highest
@@ -137,6 +138,13 @@ class Ramp:
         """The step that met the SLO with the highest achieved QPS (None: none did)."""
         met = [p for p in points if p.meets(self.slo_ms)]
         return max(met, key=lambda p: p.qps) if met else None
+
+
+def step_fits(steps_made: int, now: float, deadline: float, step_s: float) -> bool:
+    """Whether a trial's next rate step may start: its first always (a trial without a step
+    has no figure), a later one only when it ends before the search's deadline (the end of
+    ``--budget``), so that a trial that started within the budget ends there too."""
+    return steps_made == 0 or now + step_s <= deadline
 
 
 def first_rate(probe_qps: float, *, share: float = 0.5, floor: float = 5.0) -> float:

@@ -14,6 +14,7 @@ the clean-up short).
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 import time
@@ -47,6 +48,7 @@ from tfsdeploy.core.tune import (
     scratch_gpu_problem,
     scratch_ports,
     search,
+    step_fits,
 )
 from tfsdeploy.core.warmup import WarmupError
 from tfsdeploy.hosts import probes
@@ -184,6 +186,7 @@ def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: Host
                    version=live.version, image=live.image, ports=ports, bodies=bodies,
                    co_located=co_located, options=options, note=note, stop=stop)
     dims = dimensions(model, host_cpus=cpus)
+    bench.deadline = time.monotonic() + options.budget_s
     course = search(Config.of(model), dims, measure=bench.trial, problems=bench.problems,
                     budget_s=options.budget_s, estimate_s=bench.estimate_s(),
                     min_gain=options.min_gain)
@@ -239,6 +242,7 @@ class _Bench:
     note: Note
     stop: _Stop
     made: int = 0
+    deadline: float = math.inf  # the end of the budget (time.monotonic()): no step beyond it
 
     @property
     def model(self) -> Model:
@@ -328,8 +332,13 @@ class _Bench:
         points: list[RatePoint] = []
         figures: dict[float, tuple[StageWindow | None, float | None]] = {}
         rate: float | None = first_rate(float(probe["rps"]))
+        cut = False
         while rate is not None:
             self.stop.check()
+            if not step_fits(len(points), time.monotonic(), self.deadline,
+                             self.options.step_s):
+                cut = True
+                break
             before = self._server_reads(name)
             report = self._load(target, rps=rate, duration=self.options.step_s,
                                 concurrency=_workers(rate, slo))
@@ -343,6 +352,8 @@ class _Bench:
         window, cores = figures[best.rate] if best else (None, None)
         last = points[-1]
         stop = _limit(ramp, points, best)
+        if cut:
+            stop = f"the budget ended the ramp after {len(points)} step(s); {stop}"
         chosen = best or last
         return Trial(config=config, qps=best.qps if best else 0.0, p50_ms=chosen.p50_ms,
                      p95_ms=chosen.p95_ms, p99_ms=chosen.p99_ms, meets_slo=best is not None,
