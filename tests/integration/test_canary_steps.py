@@ -1,0 +1,77 @@
+"""Weighted canary steps on the local fleet, on live traffic from an independent client: each
+weight's share of responses, pause then promote or abort from new processes. What a step's
+verdict on latency says is in test_canary.py (alone: it judges latency); these judge shares
+and the pause's state machine, which the rest of the fleet's load does not move, so they run
+in the fleet phase (a good release's latency step is judged by the binomial test of
+core/canary.py: one slow request of a busy machine is chance, not a slower release).
+
+Model ``itcanarysteps`` on tb1..tb3, port offset 4900; versions as canary_support says.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from canary_support import Client, canary_fleet, deploy, serving
+from deploy_support import Fleet
+from testbed_support import HOSTS
+
+pytestmark = [pytest.mark.testbed]
+
+MODEL, OFFSET = "itcanarysteps", 4900
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    yield from canary_fleet(tmp_path_factory, MODEL, OFFSET)
+
+
+def test_each_weight_gives_the_new_version_its_share(fleet: Fleet) -> None:
+    fleet.deploy(1)
+    with Client(fleet) as client:
+        for weight in (5, 25, 50):
+            run = deploy(fleet, 2, "--canary-weights", str(weight), "--step-s", "6",
+                         "--pause")
+            assert run.code == 6, run.describe()  # paused
+            share, seen = client.share_since(time.monotonic(), 2)
+            assert abs(share * 100 - weight) <= 3, (weight, share, seen)
+            status = fleet.fab("lock")
+            assert "paused canary" in status.out, status.describe()
+            aborted = fleet.fab("abort", "--json")
+            assert aborted.code == 0, aborted.describe()
+            assert fleet.fab("lock").out.count("free") >= 1
+            serving(fleet, 1)
+        assert not client.failures, client.failures[:5]
+
+
+def test_pause_then_promote_from_a_new_process_rolls_every_host(fleet: Fleet) -> None:
+    serving(fleet, 1)
+    with Client(fleet) as client:
+        run = deploy(fleet, 2, "--canary-weights", "25", "--step-s", "6", "--pause")
+        assert run.code == 6, run.describe()
+        nothing = fleet.fab("abort", "--json")  # idempotence: abort, then abort again
+        assert nothing.code == 0, nothing.describe()
+        again = fleet.fab("abort")
+        assert again.code in (0, 1) and "abort" in again.out, again.describe()
+        aborted = fleet.current("tb1")  # tb1 is back on v1; the aborted v2 stays recorded
+        records = fleet.records("tb1")
+        assert aborted is not None and aborted["version"] == 1
+        # every v2 canary aborted so far (here and in the weights test) is recorded so
+        assert {r["canary"]["state"] for r in records if r["version"] == 2} == {"aborted"}
+        refused = fleet.fab("promote")  # an aborted canary is never promoted
+        assert refused.code == 1 and "aborted" in refused.out, refused.describe()
+        serving(fleet, 1)
+        run = deploy(fleet, 2, "--canary-weights", "25", "--step-s", "6", "--pause")
+        assert run.code == 6, run.describe()
+        promoted = fleet.fab("promote", "--json", timeout=900)
+        assert promoted.code == 0, promoted.describe()
+    assert not client.failures, client.failures[:5]
+    serving(fleet, 2)
+    twice = fleet.fab("promote")
+    assert twice.code == 0, twice.describe()  # already promoted: nothing to do
+    for host in HOSTS:
+        record = fleet.current(host)
+        assert record is not None and record["version"] == 2, host
+    assert fleet.current("tb1")["canary"]["state"] == "done"  # type: ignore[index]
