@@ -244,6 +244,8 @@ class Prober:
             bad_ratio
         self.samples: list[Sample] = []
         self.bad_sent = 0
+        self.began = time.monotonic()
+        self.marks: list[tuple[float, str]] = []  # (when, what the test did then)
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._loop, args=(h,), daemon=True)
                          for h in hosts]
@@ -251,6 +253,7 @@ class Prober:
 
     def __enter__(self) -> Prober:
         api()
+        self.began = time.monotonic()
         for thread in self._threads:
             thread.start()
         return self
@@ -297,6 +300,18 @@ class Prober:
         finally:
             channel.close()
 
+    def mark(self, what: str) -> None:
+        """Note what the test starts now: a failure's summary names the last mark before it."""
+        with self._lock:
+            self.marks.append((time.monotonic(), what))
+
+    def _when(self, sample: Sample) -> str:
+        """A sample's time from the start, and from the last mark before it."""
+        at = f"+{sample.when - self.began:.1f} s"
+        before = [(t, what) for t, what in self.marks if t <= sample.when]
+        return f"{at}, {sample.when - before[-1][0]:.1f} s into {before[-1][1]}" if before \
+            else at
+
     def failures(self) -> list[Sample]:
         with self._lock:
             return [s for s in self.samples if not s.ok]
@@ -314,7 +329,7 @@ class Prober:
             failed = [s for s in self.samples if not s.ok]
         first = failed[:5]
         return (f"{self.count()} probes, {len(failed)} failed; first failures: "
-                + "; ".join(f"{s.host} {s.error}" for s in first))
+                + "; ".join(f"{s.host} {s.error} (sent at {self._when(s)})" for s in first))
 
 
 def step_seconds(result_json: dict[str, Any], prefix: str = "gate_") -> float:

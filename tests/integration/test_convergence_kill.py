@@ -54,6 +54,7 @@ def test_kill_9_then_deploy_then_rollback(fleet: Fleet, v1: str, point: str) -> 
     fleet.assert_serving(1)
     log = fleet.tmp / f"killed-{point}.log"
     with Prober(fleet) as prober:
+        prober.mark("the deploy to be killed")
         killed = fleet.background("deploy", "--version", "2", "--log-file", str(log),
                                   own_session=True)
         line = killed.kill_when(KILL_POINTS[point])
@@ -61,6 +62,7 @@ def test_kill_9_then_deploy_then_rollback(fleet: Fleet, v1: str, point: str) -> 
         assert fleet.lock_dir_exists(), "the dead deploy's lock should still be there"
 
         # (a) deploy again: breaks the stale lock, converges, every host on v2
+        prober.mark("`fab deploy` again")
         again = fleet.fab("deploy", "--version", "2", "--json")
         assert again.code == 0, f"killed at: {line}\n{again.describe()}"
         assert "broke a stale lock" in again.out, again.describe()
@@ -78,6 +80,7 @@ def test_kill_9_then_deploy_then_rollback(fleet: Fleet, v1: str, point: str) -> 
         deployed = {h: fleet.current(h)["id"] for h in fleet.hosts}
 
         # (b) roll back: v1 everywhere again
+        prober.mark("`fab rollback`")
         back = fleet.fab("rollback", "--json")
         assert back.code == 0, f"killed at: {line}\n{back.describe()}"
         assert json_from(back.stdout)["release"] == v1
@@ -100,10 +103,13 @@ def test_kill_9_of_a_rollback_then_rollback_again(fleet: Fleet, v1: str) -> None
     fleet.deploy(2, fast=False)
     fleet.assert_serving(2)
     with Prober(fleet) as prober:
+        prober.mark("the rollback to be killed")
         killed = fleet.background("rollback", own_session=True)
         line = killed.kill_when(r"tb1 +roll +switch_traffic +ok")
         assert killed.proc.returncode == -9, killed.describe()
+        prober.mark("the kill's aftermath")
         fleet.assert_serving(1, ("tb1",))
+        prober.mark("`fab rollback` again (its progress is in the fab runs below)")
         again = fleet.fab("rollback", "--json")
         assert again.code == 0, f"killed at: {line}\n{again.describe()}"
         assert "broke a stale lock" in again.out, again.describe()
