@@ -1,6 +1,7 @@
 """What the canary modules share: a model on tb1..tb3 (serial [1, 100%]: tb1 is the canary)
-whose rollout has a weighted canary (one step of 25 %, 8 s, 40 requests per slot, P99 within
-1.5 x the old slot's + 5 ms, a comparison over 30 requests) and four assembled versions:
+whose rollout has a weighted canary (one step of 25 %, 8 s, 40 requests per slot unless the
+module says, P99 within 1.5 x the old slot's + 5 ms, a comparison over 30 requests) and four
+assembled versions:
 1 and 2 good and answering alike (both half_plus_two/2: y = 0.5 x + 3, so the prediction
 comparison passes; the responses' model_spec.version tells them apart),
 3 = half_plus_two_bad/16 (answers as 2, 40 ms slower), 4 = half_plus_two_bad/17 (answers as 2,
@@ -18,14 +19,15 @@ from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
 from testbed_support import HOSTS
 
 SLOWER, DIFFERENT = ("half_plus_two_bad", 16), ("half_plus_two_bad", 17)
-CANARY = ("CanaryPolicy(weights=(25,), step_s=8, min_requests=40, max_p99_ratio=1.5, "
-          "latency_slack_ms=5, comparison=ComparisonPolicy(corpus={corpus!r}, samples=30))")
+CANARY = ("CanaryPolicy(weights=(25,), step_s=8, min_requests={min_requests}, "
+          "max_p99_ratio=1.5, latency_slack_ms=5, "
+          "comparison=ComparisonPolicy(corpus={corpus!r}, samples=30))")
 
 
-def canary_fleet(tmp_path_factory: pytest.TempPathFactory, model: str, offset: int
-                 ) -> Iterator[Fleet]:
+def canary_fleet(tmp_path_factory: pytest.TempPathFactory, model: str, offset: int, *,
+                 min_requests: int = 40) -> Iterator[Fleet]:
     """Body of a module-scoped fixture: the model (above) on a healthy fleet, nothing
-    deployed."""
+    deployed; ``min_requests``: per slot, for a step's verdict."""
     for made in fleet_fixture(tmp_path_factory, model, offset,
                               {1: GOOD[2], 2: GOOD[2], 3: SLOWER, 4: DIFFERENT},
                               serial=(1, "100%")):
@@ -37,7 +39,8 @@ def canary_fleet(tmp_path_factory: pytest.TempPathFactory, model: str, offset: i
             "from tfsdeploy.core.catalog import",
             "from tfsdeploy.core.canary_policy import CanaryPolicy, ComparisonPolicy\n"
             "from tfsdeploy.core.catalog import").replace(
-            "Rollout(", "Rollout(canary=" + CANARY.format(corpus=str(corpus)) + ", ", 1)
+            "Rollout(", "Rollout(canary=" + CANARY.format(corpus=str(corpus),
+                                                  min_requests=min_requests) + ", ", 1)
         made.inventory.write_text(text)
         yield made
 
