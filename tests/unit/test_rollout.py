@@ -257,3 +257,24 @@ def test_rerun_after_a_kill_between_switch_and_record_points_current_at_what_ser
     assert again.exit_code == ExitCode.OK
     assert again.hosts["h1"].status == "unchanged"
     assert current(h1) == f"releases/{second.release_id}"
+
+
+def test_rerun_after_a_kill_between_switch_and_drain_drains_the_old_slot_before_stopping_it(
+        world: dict[str, Any]) -> None:
+    first = run_deploy(world, 1)
+    second = run_deploy(world, 2)
+    h1: FakeHost = world["fleet"]["h1"]
+    # killed after h1's switch to v2 (green ready, blue draining), before drain_old: v1 still
+    # running in blue, which the proxy still lists as draining
+    h1.docker.by_name[f"tfs-hp2-{first.release_id}-i0"].running = True
+    for backend in ("grpc", "rest"):
+        h1.proxy.servers[(backend, "i0-blue")] = "DRAIN"
+    sent = len(h1.proxy.admin)
+    again = run_deploy(world, 2)
+    assert again.hosts["h1"].status == "unchanged"
+    assert serving(h1) == [second.release_id]
+    commands = h1.proxy.admin[sent:]
+    assert "show stat" in commands  # the drain check
+    assert commands[-2:] == ["set server grpc/i0-blue state maint",
+                             "set server rest/i0-blue state maint"]
+    assert not h1.docker.by_name[f"tfs-hp2-{first.release_id}-i0"].running

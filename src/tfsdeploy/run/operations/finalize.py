@@ -4,11 +4,20 @@ left running for the rollback window) and prune releases beyond ``keep_releases`
 from __future__ import annotations
 
 from tfsdeploy.core.layout import container_name
+from tfsdeploy.core.proxy import set_state
 from tfsdeploy.core.records import GOOD, ReleaseStatus
 from tfsdeploy.hosts.commands.files import point_symlink, remove_tree
+from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts
-from tfsdeploy.run.changes import Command, RemoveContainer, StopContainer, WriteFile
+from tfsdeploy.run.changes import (
+    Command,
+    ProxyCommands,
+    RemoveContainer,
+    StopContainer,
+    WriteFile,
+)
 from tfsdeploy.run.jobs import HostJob
+from tfsdeploy.run.operations.roll import drain_check
 from tfsdeploy.run.operations.step import Ops, operation
 
 
@@ -17,7 +26,9 @@ def retire_old(job: HostJob) -> Ops:
     """Stop the releases running outside the serving slot and prune old releases.
 
     On a host that a killed run had already rolled (``unchanged`` now), the old release it
-    never retired is found the same way: running, but not in the slot that serves.
+    never retired is found the same way: running, but not in the slot that serves; a run
+    killed between its switch and its drain left that slot draining, so it is drained and
+    put in maintenance first, as ``drain_old`` does.
     """
     serving = {i.index: (i.old.slot if job.unchanged and i.old else i.new_slot)
                for i in job.instances}
@@ -33,6 +44,7 @@ def retire_old(job: HostJob) -> Ops:
             notes.append(f"{container.name} kept running (drained) for the {window:g} s "
                          "rollback window; the next deploy stops it")
             continue
+        yield from _out_of_rotation(job, container)
         yield StopContainer(container.name)
         notes.append(f"stopped {container.name}")
     first = job.instances[0]
@@ -41,6 +53,24 @@ def retire_old(job: HostJob) -> Ops:
     stopped = {c.name for c in leftovers} if window <= 0 else set()
     notes.append((yield from prune_releases(job, stopped)))
     return "; ".join(n for n in notes if n) or "nothing to retire"
+
+
+def _out_of_rotation(job: HostJob, container: ContainerFact) -> Ops:
+    """A leftover's slot still in the proxy's rotation (draining): no request in flight
+    there, then maintenance, before its container stops."""
+    proxy = job.facts.proxy
+    if not (proxy.running and proxy.answered) or not container.slot:
+        return ""
+    states = {s.status.upper() for s in proxy.servers
+              if s.slot == container.slot and s.instance == container.instance}
+    if not states or all(s.startswith("MAINT") for s in states):
+        return ""
+    yield drain_check(job, container.slot, job.model.rollout.drain_timeout_s,
+                      instance=container.instance)
+    yield ProxyCommands(tuple(set_state(container.instance, container.slot, "maint")),
+                        f"proxy: {container.slot} of instance {container.instance} in "
+                        "maintenance (left draining by an interrupted run)")
+    return ""
 
 
 def _finish_interrupted_record(job: HostJob, serving: str) -> Ops:
