@@ -87,6 +87,23 @@ def test_an_intra_op_pool_of_one() -> None:
     assert "raise threads.intra_op (now 1)" in found.fix
 
 
+def test_an_intra_op_pool_of_one_on_a_busy_host_as_measured() -> None:
+    # resnet50, intra_op=1, one request in flight, the host's other core busy elsewhere
+    found = diagnose(_evidence(window_s=8.04, host_cpus=2, threads=Threads(
+        intra_op=1, inter_op=4), stages=_stages(requests_ok=70, request_ms=109.81,
+        runtime_ms=109.21, queue_ms=1.28, mean_batch=1.0, batches=70, statuses={"OK": 70}),
+        cpu_user_s=6.2, cpu_system_s=0.2, max_in_flight=1))
+    assert found.stage == "intra_op", found
+    assert "uses 0.80 cores, what an intra-op pool of 1 can run, of 2" in found.summary
+
+
+def test_a_pool_using_well_under_its_threads_is_not_the_limit() -> None:
+    found = diagnose(_evidence(threads=Threads(intra_op=2, inter_op=4), host_cpus=2,
+                               stages=_stages(request_ms=10.0, runtime_ms=8.0, queue_ms=1.0),
+                               cpu_user_s=20.0, cpu_system_s=1.0))  # 0.70 cores of 2 threads
+    assert found.stage != "intra_op", found
+
+
 def test_an_inter_op_pool_below_the_batch_threads() -> None:
     found = diagnose(_evidence(threads=Threads(intra_op=0, inter_op=1), stages=_stages(
         request_ms=10.0, runtime_ms=8.0, queue_ms=1.0), cpu_user_s=40.0, cpu_system_s=2.0))

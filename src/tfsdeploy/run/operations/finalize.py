@@ -56,10 +56,15 @@ def retire_old(job: HostJob) -> Ops:
 
 
 def _out_of_rotation(job: HostJob, container: ContainerFact) -> Ops:
-    """A leftover's slot still in the proxy's rotation (draining): no request in flight
-    there, then maintenance, before its container stops."""
+    """On a host a killed run had rolled (``unchanged``), a leftover's slot the proxy still
+    had in rotation (draining) when this run read it: no request in flight there, then
+    maintenance, before its container stops. Elsewhere this run's own steps took it out
+    (``drain_old``; ``remove_instances`` for an instance the plan drops), and the facts read
+    at the start no longer say how the proxy is."""
     proxy = job.facts.proxy
-    if not (proxy.running and proxy.answered) or not container.slot:
+    kept = {i.index for i in job.instances}
+    if not (job.unchanged and proxy.running and proxy.answered and container.slot
+            and container.instance in kept):
         return ""
     states = {s.status.upper() for s in proxy.servers
               if s.slot == container.slot and s.instance == container.instance}
