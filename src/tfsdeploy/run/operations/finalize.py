@@ -71,7 +71,7 @@ def _out_of_rotation(job: HostJob, container: ContainerFact) -> Ops:
     if not states or all(s.startswith("MAINT") for s in states):
         return ""
     yield drain_check(job, container.slot, job.model.rollout.drain_timeout_s,
-                      instance=container.instance)
+                      instance=container.instance, step="retire_old")
     yield ProxyCommands(tuple(set_state(container.instance, container.slot, "maint")),
                         f"proxy: {container.slot} of instance {container.instance} in "
                         "maintenance (left draining by an interrupted run)")

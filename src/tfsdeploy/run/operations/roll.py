@@ -247,10 +247,10 @@ def _switch_back(job: HostJob) -> Ops:
 
 
 def drain_check(job: HostJob, slot: str, timeout_s: float, *, fail: bool = True,
-                instance: int | None = None) -> Check:
+                instance: int | None = None, step: str = "drain_old") -> Check:
     """A check that the instance's ``slot`` has no request in flight (bounded by
     ``timeout_s``); with ``fail=False`` a slot still busy at the deadline is reported.
-    ``instance``: another instance than the current one."""
+    ``instance``: another instance than the current one; ``step``: the one it runs in."""
     index = job.instance.index if instance is None else instance
 
     def run() -> str:
@@ -263,7 +263,7 @@ def drain_check(job: HostJob, slot: str, timeout_s: float, *, fail: bool = True,
             return Verdict.ok("0 in flight") if busy == 0 else Verdict.wait(f"{busy} in flight")
 
         try:
-            poll(check, step="drain_old", expected=f"slot {slot} drained", deadline_s=timeout_s,
+            poll(check, step=step, expected=f"slot {slot} drained", deadline_s=timeout_s,
                  clock=job.run.clock, interval_s=0.1, max_interval_s=0.5)
         except GateFailed:
             if fail:
