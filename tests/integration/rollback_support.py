@@ -253,7 +253,6 @@ class Prober:
 
     def __enter__(self) -> Prober:
         api()
-        self.began = time.monotonic()
         for thread in self._threads:
             thread.start()
         return self
