@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from tfsdeploy.accept import commands, loadgen
 from tfsdeploy.accept.merge import FleetMerge, GeneratorOutcome, merge_fleet
 from tfsdeploy.accept.plan import GeneratorSpec
-from tfsdeploy.core import tfrecord
+from tfsdeploy.core.tfserving import tfrecord
 from tfsdeploy.loadtest import payloads, stats
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FAB = str(Path(sys.executable).with_name("fab"))
 
 INVENTORY = '''
-from tfsdeploy.core.catalog import Batching, Model, Signature, TensorSpec
-from tfsdeploy.core.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory.catalog import Batching, Model, Signature, TensorSpec
+from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
 
 hosts = [Host(f"gpu-{{i:04d}}", f"10.{{i // 250}}.{{i % 250}}.10", gpus=[Gpu(0, 24576)])
          for i in range({hosts})]

@@ -33,7 +33,7 @@ import docker.errors  # noqa: E402
 import paramiko  # noqa: E402
 from testbed_support import HOSTS, KNOWN_HOSTS, REGISTRY, SSH_KEY, ensure_fleet  # noqa: E402
 
-from tfsdeploy.core.fleet import HostVars, ResolvedHost  # noqa: E402
+from tfsdeploy.core.inventory.fleet import HostVars, ResolvedHost  # noqa: E402
 from tfsdeploy.hosts import commands  # noqa: E402
 from tfsdeploy.hosts.dockerssh import docker_client  # noqa: E402
 from tfsdeploy.hosts.ssh import SshConnection  # noqa: E402

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from tfsdeploy.core.tfsapi import PREDICT_METHOD
+from tfsdeploy.core.tfserving.api import PREDICT_METHOD
 from tfsdeploy.loadtest import engine, payloads, stats
 from tfsdeploy.loadtest.engine import ProcPlan
 from tfsdeploy.loadtest.parallel import run_processes

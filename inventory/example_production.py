@@ -11,9 +11,17 @@ built-in defaults < `defaults` < groups (in the order declared here) < host vars
   configuration, rules and dashboards).
 """
 
-from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
-from tfsdeploy.core.fleet import Gpu, Group, Host
-from tfsdeploy.core.monitoring import Monitoring
+from tfsdeploy.core.inventory.catalog import (
+    Batching,
+    Model,
+    Rollout,
+    Signature,
+    TensorSpec,
+    Threads,
+    Warmup,
+)
+from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory.monitoring import Monitoring
 
 REGISTRY = "registry.internal.example:5000"
 

@@ -14,10 +14,18 @@ import json
 import os
 from pathlib import Path
 
-from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
-from tfsdeploy.core.fleet import Gpu, Group, Host
-from tfsdeploy.core.gateway import Gateway, Route
-from tfsdeploy.core.monitoring import Monitoring
+from tfsdeploy.core.inventory.catalog import (
+    Batching,
+    Model,
+    Rollout,
+    Signature,
+    TensorSpec,
+    Threads,
+    Warmup,
+)
+from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory.gateway import Gateway, Route
+from tfsdeploy.core.inventory.monitoring import Monitoring
 
 STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
 MODELS = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy")) / "models"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from tfsdeploy.accept.merge import OK, GeneratorOutcome
 from tfsdeploy.accept.plan import AcceptOptions, AcceptPlan, build_plan
-from tfsdeploy.core.catalog import Model, Signature, TensorSpec
-from tfsdeploy.core.fleet import Group, Host
-from tfsdeploy.core.inventory import Inventory, build_inventory
+from tfsdeploy.core.inventory.catalog import Model, Signature, TensorSpec
+from tfsdeploy.core.inventory.fleet import Group, Host
+from tfsdeploy.core.inventory.load import Inventory, build_inventory
 from tfsdeploy.loadtest import stats
 
 

@@ -24,9 +24,10 @@ from tfsdeploy.accept import rows
 from tfsdeploy.accept.loadgen import LocalRunner
 from tfsdeploy.accept.plan import AcceptOptions
 from tfsdeploy.accept.run import run_accept
-from tfsdeploy.core import tfrecord, tfsapi
 from tfsdeploy.core.errors import ConfigError
-from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.tfserving import api as tfsapi
+from tfsdeploy.core.tfserving import tfrecord
 
 from .conftest import REPO, FakeServer
 from .plotcheck import shaded_columns
@@ -36,8 +37,8 @@ from .plotcheck import shaded_columns
 pytestmark = pytest.mark.quiet
 
 INVENTORY = '''
-from tfsdeploy.core.catalog import Model, Signature, TensorSpec
-from tfsdeploy.core.fleet import Group, Host
+from tfsdeploy.core.inventory.catalog import Model, Signature, TensorSpec
+from tfsdeploy.core.inventory.fleet import Group, Host
 hosts = [Host("srv", "127.0.0.1", vars={{"grpc_port": {port}}}),
          Host("g1", "127.0.0.2", vars={{"data_root": {root1!r}}}),
          Host("g2", "127.0.0.3", vars={{"data_root": {root2!r}}})]

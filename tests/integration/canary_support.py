@@ -36,9 +36,9 @@ def canary_fleet(tmp_path_factory: pytest.TempPathFactory, model: str, offset: i
             "x": {"dtype": "DT_FLOAT", "shape": [1, 1], "values": [[float(x)]]}}}) + "\n"
             for x in (1, 50, 150, 250, 400, 900)))
         text = made.inventory.read_text().replace(
-            "from tfsdeploy.core.catalog import",
-            "from tfsdeploy.core.canary_policy import CanaryPolicy, ComparisonPolicy\n"
-            "from tfsdeploy.core.catalog import").replace(
+            "from tfsdeploy.core.inventory.catalog import",
+            "from tfsdeploy.core.inventory.canary_policy import CanaryPolicy, ComparisonPolicy\n"
+            "from tfsdeploy.core.inventory.catalog import").replace(
             "Rollout(", "Rollout(canary=" + CANARY.format(corpus=str(corpus),
                                                   min_requests=min_requests) + ", ", 1)
         made.inventory.write_text(text)

@@ -13,7 +13,7 @@ import pytest
 from rollback_support import Fleet, Prober, fleet_fixture, json_from, release_of
 from testbed_support import HOSTS, ssh
 
-from tfsdeploy.core.proxy import parse_stat
+from tfsdeploy.core.render.host_proxy import parse_stat
 
 pytestmark = pytest.mark.testbed
 

@@ -42,7 +42,7 @@ from testbed_support import (
 )
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.fleet import HostVars, ResolvedHost
+from tfsdeploy.core.inventory.fleet import HostVars, ResolvedHost
 from tfsdeploy.hosts.dockerssh import (
     DIAL_STDIO,
     DialStdioSocket,

@@ -35,9 +35,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                               {1: GOOD[1], 2: GOOD[2], 3: GOOD[3], 4: WRONG_SIGNATURE},
                               serial=(1, "100%")):
         text = made.inventory.read_text().replace(
-            "from tfsdeploy.core.catalog import",
-            "from tfsdeploy.core.canary_policy import CanaryPolicy, ComparisonPolicy\n"
-            "from tfsdeploy.core.catalog import").replace(
+            "from tfsdeploy.core.inventory.catalog import",
+            "from tfsdeploy.core.inventory.canary_policy import CanaryPolicy, ComparisonPolicy\n"
+            "from tfsdeploy.core.inventory.catalog import").replace(
                 "Rollout(", f"Rollout(canary={CANARY}, ", 1)
         made.inventory.write_text(text)
         yield made

@@ -52,7 +52,7 @@ V1_Y, V2_Y = 3.0, 4.0
 GATEWAY_ROOT = STATE / "hosts" / GATEWAY_HOST / "srv" / "gateway"
 
 GATEWAY_BLOCK = '''
-from tfsdeploy.core.gateway import Gateway, Route
+from tfsdeploy.core.inventory.gateway import Gateway, Route
 hosts.append(Host({host!r}, {address!r}, vars={{"ssh_known_hosts": {known!r}}}))
 groups["gateway"] = Group([{host!r}])
 gateway = Gateway(routes=[Route({model!r}, grpc_port={grpc}, rest_port={rest}{limit})],

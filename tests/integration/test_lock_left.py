@@ -15,7 +15,7 @@ import pytest
 from rollback_support import Fleet, Prober, fleet_fixture, ssh_blocked
 from testbed_support import ALT_SSH_PORT, HOSTS, ssh
 
-from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.commands import lock as lock_commands
 
@@ -74,8 +74,8 @@ def canary_inventory(fleet: Fleet) -> Path:
         "latency_slack_ms=1000, comparison="
         "ComparisonPolicy(outputs={'y': OutputRule(kind='regressor', atol=1.5)})), serial", 1)
     path = fleet.tmp / "inventory-canary.py"
-    path.write_text("from tfsdeploy.core.canary_policy import CanaryPolicy, ComparisonPolicy, "
-                    "OutputRule\n" + text)
+    path.write_text("from tfsdeploy.core.inventory.canary_policy import (CanaryPolicy, "
+                    "ComparisonPolicy, OutputRule)\n" + text)
     return path
 
 

@@ -158,7 +158,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         text = made.inventory.read_text().replace(
             "latency_slo_ms=50", f"latency_slo_ms={SLO_MS}")
         made.inventory.write_text(
-            "from tfsdeploy.core.monitoring import Monitoring\n" + text
+            "from tfsdeploy.core.inventory.monitoring import Monitoring\n" + text
             + f"\nmonitoring = {MONITORING.format(targets=str(targets))}\n")
         try:
             yield made

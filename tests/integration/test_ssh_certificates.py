@@ -27,8 +27,8 @@ from deploy_support import GOOD, Fleet, fleet_fixture
 from testbed_support import ADDRESSES, KNOWN_HOSTS, SSH_KEY, STATE, Run, netns
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.fleet import HostVars, ResolvedHost
-from tfsdeploy.core.known_hosts import hash_name
+from tfsdeploy.core.inventory.fleet import HostVars, ResolvedHost
+from tfsdeploy.core.ssh.known_hosts import hash_name
 from tfsdeploy.hosts.ssh import SshConnection
 
 pytestmark = pytest.mark.testbed

@@ -86,7 +86,7 @@ def test_tune_measures_beside_the_live_release_and_recommends(fleet: Fleet) -> N
         assert trials[index]["qps"] == best and trials[index]["qps"] > trials[0]["qps"], data
     assert (out / "tune.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    from tfsdeploy.core.catalog import Batching, Threads
+    from tfsdeploy.core.inventory.catalog import Batching, Threads
     pasted_text = pasted.read_text()
     chosen = eval(f"dict({pasted_text.split(chr(10), 1)[1]})",
                   {"Batching": Batching, "Threads": Threads})

@@ -20,7 +20,7 @@ from deploy_support import GOOD, Fleet, fleet_fixture
 from testbed_support import HOSTS, REPO, fab_env, ssh
 
 from tfsdeploy.cli.unattended import read_samples
-from tfsdeploy.core.inventory import load_inventory
+from tfsdeploy.core.inventory.load import load_inventory
 from tfsdeploy.hosts.commands.steps import remote_step
 from tfsdeploy.hosts.ssh import SshConnection
 

@@ -200,8 +200,9 @@ def copy_version(origin: Path, source: Path, number: int) -> None:
 # -- a test inventory ------------------------------------------------------------------------
 
 INVENTORY = '''"""Inventory of {title}: model {model!r} on tb1..tb3 (generated)."""
-from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
-from tfsdeploy.core.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory.catalog import (Batching, Model, Rollout, Signature, TensorSpec,
+                                              Threads, Warmup)
+from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
 
 hosts = [Host(name, address,
               gpus=[Gpu(i, {gpu_mib!r}, "Simulated Tesla T4") for i in range({gpus})])
@@ -238,8 +239,9 @@ models = [
 
 
 RESNET50_INVENTORY = '''"""The testbed's resnet50 as {model!r} on {host} (generated)."""
-from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec, Threads, Warmup
-from tfsdeploy.core.fleet import Gpu, Host
+from tfsdeploy.core.inventory.catalog import (Batching, Model, Rollout, Signature, TensorSpec,
+                                              Threads, Warmup)
+from tfsdeploy.core.inventory.fleet import Gpu, Host
 
 hosts = [Host({host!r}, {address!r}, gpus=[Gpu(0, 16384, "Simulated Tesla T4")])]
 defaults = {{

@@ -8,9 +8,13 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.core import tfsapi
-from tfsdeploy.core.tfrecord import frame_record
-from tfsdeploy.core.warmup import WARMUP_RELATIVE, WarmupError, requests_from_warmup
+from tfsdeploy.core.tfserving import api as tfsapi
+from tfsdeploy.core.tfserving.tfrecord import frame_record
+from tfsdeploy.core.tfserving.warmup_records import (
+    WARMUP_RELATIVE,
+    WarmupError,
+    requests_from_warmup,
+)
 from tfsdeploy.loadtest import payloads
 
 

@@ -7,7 +7,7 @@ import sys
 import textwrap
 from typing import Any
 
-from tfsdeploy.core import tfsapi
+from tfsdeploy.core.tfserving import api as tfsapi
 from tfsdeploy.loadtest import payloads
 
 

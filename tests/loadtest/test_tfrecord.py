@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfsdeploy.core.tfrecord import TFRecordError, crc32c, frame_record, iter_records
+from tfsdeploy.core.tfserving.tfrecord import TFRecordError, crc32c, frame_record, iter_records
 
 
 def test_crc32c_known_vector() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
-from tfsdeploy.core.catalog import (
+from tfsdeploy.core.inventory.catalog import (
     Batching,
     Model,
     Rollout,
@@ -31,7 +31,7 @@ from tfsdeploy.core.catalog import (
     Threads,
     Warmup,
 )
-from tfsdeploy.core.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
 
 HOSTILE_STRINGS = (
     "", " ", "-", "-rf", "--privileged", "-oProxyCommand=touch /tmp/x", ".", "..", "../etc",

@@ -34,8 +34,8 @@ from invoke.parser import Parser
 
 import tasks as fab
 from tfsdeploy.core.errors import ExitCode, HostUnreachable
-from tfsdeploy.core.inventory import load_inventory
-from tfsdeploy.core.layout import RELEASE_ID
+from tfsdeploy.core.inventory.layout import RELEASE_ID
+from tfsdeploy.core.inventory.load import load_inventory
 from tfsdeploy.core.visible import visible
 
 from .budget import examples

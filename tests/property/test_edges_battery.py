@@ -27,12 +27,12 @@ from hypothesis import strategies as st
 from tfsdeploy.cli import output
 from tfsdeploy.cli.options import BOUNDS, COMMAND_BOUNDS, Bound, options
 from tfsdeploy.cli.terminal import GuardedStream
-from tfsdeploy.core.canary_policy import CanaryPolicy
-from tfsdeploy.core.catalog import Batching, Rollout, Warmup
 from tfsdeploy.core.errors import ConfigError
-from tfsdeploy.core.fleet import Gpu, Host
-from tfsdeploy.core.inventory import build_inventory
-from tfsdeploy.core.records import parse_audit, parse_lock
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
+from tfsdeploy.core.inventory.catalog import Batching, Rollout, Warmup
+from tfsdeploy.core.inventory.fleet import Gpu, Host
+from tfsdeploy.core.inventory.load import build_inventory
+from tfsdeploy.core.rollout.records import parse_audit, parse_lock
 from tfsdeploy.core.visible import visible
 from tfsdeploy.hosts.dockerapi import container_fact
 from tfsdeploy.hosts.facts import parse_facts

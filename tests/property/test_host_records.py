@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfsdeploy.core.layout import is_release_id
-from tfsdeploy.core.records import parse_audit, parse_lock
+from tfsdeploy.core.inventory.layout import is_release_id
+from tfsdeploy.core.rollout.records import parse_audit, parse_lock
 from tfsdeploy.hosts.commands.files import UnsafePath, remove_tree
 from tfsdeploy.hosts.dockerapi import container_fact
 from tfsdeploy.hosts.facts import parse_facts
@@ -91,7 +91,7 @@ def containers(draw: Any) -> list[Any]:
                   "tfsdeploy.version": draw(st.sampled_from(["1", "x", "", "-1"])),
                   "tfsdeploy.instance": draw(st.sampled_from(["0", "1", "x"]))}
         if draw(st.booleans()):
-            labels = {"tfsdeploy.core.proxy": "m", "tfsdeploy.role": "proxy"}
+            labels = {"tfsdeploy.core.render.host_proxy": "m", "tfsdeploy.role": "proxy"}
         fact = container_fact({"Names": [f"/c{len(found)}"], "Labels": labels,
                                "State": draw(st.sampled_from(["running", "exited", ""])),
                                "Status": "Up", "Image": "img"})

@@ -12,12 +12,12 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfsdeploy.core.catalog import Model, Signature, TensorSpec
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.inventory import build_inventory, load_inventory
-from tfsdeploy.core.render import render_fleet
-from tfsdeploy.core.validate import check_port_clashes, validate_model, validate_render
-from tfsdeploy.core.versions import choose_version
+from tfsdeploy.core.inventory.catalog import Model, Signature, TensorSpec
+from tfsdeploy.core.inventory.load import build_inventory, load_inventory
+from tfsdeploy.core.inventory.versions import choose_version
+from tfsdeploy.core.render.files import render_fleet
+from tfsdeploy.core.render.validate import check_port_clashes, validate_model, validate_render
 
 from .budget import examples
 from .strategies import (
@@ -130,7 +130,7 @@ PYTHON_ENDINGS = st.sampled_from([
 @given(PYTHON_ENDINGS, st.sampled_from(["", "hosts = [Host('a', '10.0.0.1')]\n"]))
 def test_inventory_files_that_misbehave(tmp_path_factory: Any, ending: str, start: str) -> None:
     path = Path(tmp_path_factory.mktemp("inv")) / "inv.py"
-    path.write_text("import sys\nfrom tfsdeploy.core.fleet import Host\n"
+    path.write_text("import sys\nfrom tfsdeploy.core.inventory.fleet import Host\n"
                     + start + ending + "\n")
     try:
         load_inventory(str(path))

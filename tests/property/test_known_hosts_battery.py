@@ -18,9 +18,9 @@ from cryptography.hazmat.primitives.serialization import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tfsdeploy.core.host_certs import CertificateFormatError, parse_certificate
-from tfsdeploy.core.host_trust import check_host_key
-from tfsdeploy.core.known_hosts import hosts_match, parse_known_hosts, read_ssh_string
+from tfsdeploy.core.ssh.certificates import CertificateFormatError, parse_certificate
+from tfsdeploy.core.ssh.known_hosts import hosts_match, parse_known_hosts, read_ssh_string
+from tfsdeploy.core.ssh.policy import check_host_key
 from tfsdeploy.hosts.hostkeys import ca_signature_valid
 
 from .budget import examples

@@ -31,7 +31,7 @@ import yaml
 from hypothesis import given
 
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.schema import ONE_DAY_S, serial_step_problem
+from tfsdeploy.core.inventory.schema import ONE_DAY_S, serial_step_problem
 from tfsdeploy.run.operations import registry
 from tfsdeploy.run.playbook import PHASE_MODES, Playbook, Task, load_playbook, load_tasks
 

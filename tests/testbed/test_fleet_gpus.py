@@ -21,7 +21,7 @@ import pytest
 from docker.types import DeviceRequest
 from fleet_helpers import STATE, Testbed, TestbedHost, load_testbed, run_testbed_cli
 
-from tfsdeploy.core.inventory import load_inventory
+from tfsdeploy.core.inventory.load import load_inventory
 
 # it gives every host two GPUs for the module (`up --gpus 2`): nothing else may run meanwhile
 pytestmark = [pytest.mark.testbed, pytest.mark.fleet_exclusive]

@@ -39,8 +39,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.layout import ADMIN_SOCKET_NAME, LABEL_PREFIX, PROXY_ADMIN_MOUNT
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import ADMIN_SOCKET_NAME, LABEL_PREFIX, PROXY_ADMIN_MOUNT
 from tfsdeploy.hosts.commands.containers import PROXY_CONFIG_DIR, ContainerSpec
 from tfsdeploy.hosts.dockerapi import ContainerFact, ContainerState, DockerFailed, container_fact
 from tfsdeploy.hosts.probes import VersionStatus

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tfsdeploy.core.catalog import Batching, Model, Signature, TensorSpec
-from tfsdeploy.core.fleet import Gpu, Group, Host
-from tfsdeploy.core.inventory import Inventory, build_inventory
+from tfsdeploy.core.inventory.catalog import Batching, Model, Signature, TensorSpec
+from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory.load import Inventory, build_inventory
 
 SIGNATURE = Signature(inputs={"x": TensorSpec("DT_FLOAT", (-1, 1))},
                       outputs={"y": TensorSpec("DT_FLOAT", (-1, 1))})

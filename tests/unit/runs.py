@@ -9,7 +9,7 @@ from typing import Any
 
 from tfsdeploy.cli.deploy import deploy
 from tfsdeploy.cli.rollback import rollback
-from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.target import Target, load_target
 from tfsdeploy.run.engine import RunResult
 
@@ -17,8 +17,8 @@ from .fakes import FakeFleet, FakeHost, FakeSlot, FrozenClock
 
 MODEL = "hp2"
 INVENTORY = '''
-from tfsdeploy.core.catalog import Batching, Model, Rollout, Signature, TensorSpec
-from tfsdeploy.core.fleet import Gpu, Host
+from tfsdeploy.core.inventory.catalog import Batching, Model, Rollout, Signature, TensorSpec
+from tfsdeploy.core.inventory.fleet import Gpu, Host
 
 host_vars = {host_vars!r}
 hosts = [Host(f"h{{i}}", f"10.9.0.{{i}}", gpus=[Gpu(g, 16384) for g in range({gpus})],

@@ -169,14 +169,14 @@ def test_a_prefix_that_names_no_repository_is_refused(prefix: str) -> None:
 
 def test_the_inventory_refuses_a_wrong_model_registry_and_pull_without_one(
         tmp_path: Path) -> None:
-    from tfsdeploy.core.inventory import load_inventory
+    from tfsdeploy.core.inventory.load import load_inventory
     from tfsdeploy.core.target import load_target
     from tfsdeploy.run.plans import check_transfer
 
     source = _version(tmp_path / "src" / "1").parent
-    text = ('from tfsdeploy.core.catalog import Model, Signature, TensorSpec\n'
+    text = ('from tfsdeploy.core.inventory.catalog import Model, Signature, TensorSpec\n'
             'x = {"x": TensorSpec("DT_FLOAT", (-1, 1))}\n'
-            'from tfsdeploy.core.fleet import Host\n'
+            'from tfsdeploy.core.inventory.fleet import Host\n'
             'hosts = [Host("h1", "10.0.0.1", vars={HV})]\n'
             f'models = [Model(name="m", source={str(source)!r}, signature=Signature(x, x), '
             'memory_mib=512, latency_slo_ms=50)]\n')
@@ -388,8 +388,8 @@ def test_publish_without_any_model_registry_is_a_config_error(tmp_path: Path) ->
     source = _version(tmp_path / "src" / "1").parent
     inventory = tmp_path / "inventory.py"
     inventory.write_text(
-        'from tfsdeploy.core.catalog import Model, Signature, TensorSpec\n'
-        'from tfsdeploy.core.fleet import Host\n'
+        'from tfsdeploy.core.inventory.catalog import Model, Signature, TensorSpec\n'
+        'from tfsdeploy.core.inventory.fleet import Host\n'
         'x = {"x": TensorSpec("DT_FLOAT", (-1, 1))}\n'
         'hosts = [Host("h1", "10.0.0.1"), Host("h2", "10.0.0.2", vars={"model_registry": '
         '"reg:5000/models", "model_registry_insecure": True})]\n'

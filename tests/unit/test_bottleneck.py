@@ -1,4 +1,4 @@
-"""`fab diagnose`'s decision (core/bottleneck.py): one case per limit of TFServing's request
+"""`fab diagnose`'s decision (core/tuning/bottleneck.py): one case per limit of TFServing's request
 path, each with the figures it shows and its fix."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.core.bottleneck import Evidence, diagnose
-from tfsdeploy.core.catalog import Batching, Threads
-from tfsdeploy.core.stages import StageWindow
+from tfsdeploy.core.inventory.catalog import Batching, Threads
+from tfsdeploy.core.tuning.bottleneck import Evidence, diagnose
+from tfsdeploy.core.tuning.stages import StageWindow
 
 BATCHING = Batching(max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=16,
                     num_batch_threads=2, allowed_batch_sizes=(8, 16, 32))
@@ -138,8 +138,8 @@ def test_refusals_come_before_latency_shares(stage: str) -> None:
 
 
 def test_the_live_releases_own_files_give_its_settings() -> None:
-    from tfsdeploy.core.bottleneck import release_config
-    from tfsdeploy.core.render import BATCHING_CONFIG, FLAGS, render_fleet
+    from tfsdeploy.core.render.files import BATCHING_CONFIG, FLAGS, render_fleet
+    from tfsdeploy.core.tuning.bottleneck import release_config
 
     from .helpers import inventory, model
 

@@ -12,8 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfsdeploy.core import guard
-from tfsdeploy.core.canary import (
+from tfsdeploy.core.canary.steps import (
     TRANSITIONS,
     Action,
     CanaryRecord,
@@ -30,7 +29,8 @@ from tfsdeploy.core.canary import (
     step_analysis,
     transition_problem,
 )
-from tfsdeploy.core.canary_policy import (
+from tfsdeploy.core.errors import ConfigError
+from tfsdeploy.core.inventory.canary_policy import (
     CanaryPolicy,
     ComparisonPolicy,
     OutputRule,
@@ -39,7 +39,7 @@ from tfsdeploy.core.canary_policy import (
     validate_canary,
     weights_for,
 )
-from tfsdeploy.core.errors import ConfigError
+from tfsdeploy.core.observe import guard
 
 # TFServing's request_latency buckets: Buckets::Exponential(10, 1.8, 33), microseconds
 # (tensorflow_serving/servables/tensorflow/util.cc)

@@ -17,8 +17,8 @@ from tfsdeploy.cli.canary import finish_canary
 from tfsdeploy.cli.deploy import deploy
 from tfsdeploy.cli.fleet import status
 from tfsdeploy.cli.guard import GuardPolicy, Look, PausedCanary, canary_of, guard
-from tfsdeploy.core.canary_policy import CanaryPolicy
 from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import gather
 from tfsdeploy.run import plans

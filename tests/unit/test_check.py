@@ -11,7 +11,7 @@ import pytest
 
 from tfsdeploy.cli.deploy import check
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.records import parse_audit
+from tfsdeploy.core.rollout.records import parse_audit
 from tfsdeploy.run import engine
 from tfsdeploy.run.engine import PlannedStep
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tfsdeploy.core.batches import batch_size, plan_batches, threshold_exceeded
-from tfsdeploy.core.layout import HostPaths, Ports
-from tfsdeploy.core.proxy import parse_stat, set_state, switch_commands
+from tfsdeploy.core.inventory.layout import HostPaths, Ports
+from tfsdeploy.core.render.host_proxy import parse_stat, set_state, switch_commands
+from tfsdeploy.core.rollout.batches import batch_size, plan_batches, threshold_exceeded
 from tfsdeploy.hosts.commands.containers import Mount, server_spec
 from tfsdeploy.hosts.commands.files import UnsafePath, append_lines, point_symlink, remove_tree
 from tfsdeploy.hosts.dockerapi import container_fact, sdk_arguments
@@ -123,7 +123,7 @@ def test_containers_from_the_engines_list() -> None:
                          "tfsdeploy.release": RELEASE, "tfsdeploy.slot": "blue",
                          "tfsdeploy.version": "4"}}
     proxy = {"Names": ["/tfs-proxy-m"], "State": "running",
-             "Labels": {"tfsdeploy.model": "m", "tfsdeploy.core.proxy": "m"}}
+             "Labels": {"tfsdeploy.model": "m", "tfsdeploy.core.render.host_proxy": "m"}}
     facts = [container_fact(server), container_fact(proxy)]
     assert all(f is not None for f in facts)
     only, = parse_facts("h", "@@end\n", [f for f in facts if f]).servers

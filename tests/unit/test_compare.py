@@ -12,9 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfsdeploy.core import tfsapi
-from tfsdeploy.core.canary_policy import ComparisonPolicy, OutputRule, Verdict, validate_comparison
-from tfsdeploy.core.compare import (
+from tfsdeploy.core.canary.compare import (
     CorpusRequest,
     compare,
     golden_corpus,
@@ -23,9 +21,16 @@ from tfsdeploy.core.compare import (
     sample_corpus,
 )
 from tfsdeploy.core.errors import ConfigError
-from tfsdeploy.core.golden import GoldenExample
-from tfsdeploy.core.tfrecord import frame_record
-from tfsdeploy.core.warmup import WARMUP_RELATIVE
+from tfsdeploy.core.inventory.canary_policy import (
+    ComparisonPolicy,
+    OutputRule,
+    Verdict,
+    validate_comparison,
+)
+from tfsdeploy.core.tfserving import api as tfsapi
+from tfsdeploy.core.tfserving.golden import GoldenExample
+from tfsdeploy.core.tfserving.tfrecord import frame_record
+from tfsdeploy.core.tfserving.warmup_records import WARMUP_RELATIVE
 from tfsdeploy.loadtest.payloads import tensor_from_json
 
 DEFAULT = ComparisonPolicy()

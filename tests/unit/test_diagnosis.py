@@ -1,7 +1,7 @@
-"""The failure classifier (tfsdeploy.core.diagnosis) fed with the messages real TFServing servers
-wrote: as TensorFlow's and TFServing's sources build them (file named in each case) and as
-published reports of real servers quote them; and the same failures as the testbed's server
-words them. Pure: no host, no fleet."""
+"""The failure classifier (tfsdeploy.core.rollout.gate_diagnosis) fed with the messages real
+TFServing servers wrote: as TensorFlow's and TFServing's sources build them (file named in each
+case) and as published reports of real servers quote them; and the same failures as the
+testbed's server words them. Pure: no host, no fleet."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.core.diagnosis import (
+from tfsdeploy.core.rollout.gate_diagnosis import (
     PATTERNS,
     Diagnosis,
     Kind,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.hosts.commands import lock, stage
 from tfsdeploy.hosts.commands.files import append_lines, point_symlink, write_file
 

@@ -9,8 +9,13 @@ from typing import Any
 import pytest
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.layout import model_ports
-from tfsdeploy.core.proxy import parse_stat, render_proxy_config, switch_commands, weight_commands
+from tfsdeploy.core.inventory.layout import model_ports
+from tfsdeploy.core.render.host_proxy import (
+    parse_stat,
+    render_proxy_config,
+    switch_commands,
+    weight_commands,
+)
 from tfsdeploy.hosts import proxyadmin
 from tfsdeploy.hosts.facts import gather
 

@@ -13,9 +13,9 @@ import pytest
 
 from tfsdeploy.cli import fleet, output
 from tfsdeploy.core.errors import ConfigError
-from tfsdeploy.core.layout import LABEL_PREFIX
-from tfsdeploy.core.proxy import ServerState
-from tfsdeploy.core.records import ReleaseRecord, ReleaseStatus
+from tfsdeploy.core.inventory.layout import LABEL_PREFIX
+from tfsdeploy.core.render.host_proxy import ServerState
+from tfsdeploy.core.rollout.records import ReleaseRecord, ReleaseStatus
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts, ProxyFact
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.proxy import ServerState, restore_commands
+from tfsdeploy.core.render.host_proxy import ServerState, restore_commands
 
 from .fakes import READY, FakeFleet, read_json
 from .runs import Recorder, manifest, run_deploy, serving
@@ -155,9 +155,9 @@ def test_a_port_move_renders_both_stable_ports_and_keeps_the_old_server_address(
     import shutil
     import subprocess
 
-    from tfsdeploy.core.inventory import load_inventory
-    from tfsdeploy.core.layout import model_ports
-    from tfsdeploy.core.proxy import PortMove, config_ports, render_proxy_config
+    from tfsdeploy.core.inventory.layout import model_ports
+    from tfsdeploy.core.inventory.load import load_inventory
+    from tfsdeploy.core.render.host_proxy import PortMove, config_ports, render_proxy_config
 
     from .runs import INVENTORY
 
@@ -183,7 +183,7 @@ def test_a_port_move_renders_both_stable_ports_and_keeps_the_old_server_address(
 
 
 def test_show_stat_gives_each_server_its_address_and_the_weight_last_set() -> None:
-    from tfsdeploy.core.proxy import parse_info_pid, parse_stat
+    from tfsdeploy.core.render.host_proxy import parse_info_pid, parse_stat
 
     # HAProxy 2.6's `show stat`: `weight` is the effective weight (a drained server's does
     # not follow `set server ... weight`), `uweight` the one set, `addr` where it forwards

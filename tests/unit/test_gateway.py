@@ -1,7 +1,8 @@
-"""The gateway setting (core/gateway.py) and HAProxy's file for it (core/gateway_config.py):
-every rule refused with its place and fix, the rendered directory accepted by the real
-HAProxy (`haproxy -c`, the same Debian 2.6 package as the proxy image), and the pieces the
-roll and the deploy use (stat parsing, carried drains, drain commands)."""
+"""The gateway setting (core/inventory/gateway.py) and HAProxy's file for it
+(core/render/gateway_proxy.py): every rule refused with its place and fix, the rendered
+directory accepted by the real HAProxy (`haproxy -c`, the same Debian 2.6 package as the proxy
+image), and the pieces the roll and the deploy use (stat parsing, carried drains, drain
+commands)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.core.catalog import Model, Signature, TensorSpec
 from tfsdeploy.core.errors import ConfigError
-from tfsdeploy.core.fleet import Group, Host
-from tfsdeploy.core.gateway import Gateway, Route
-from tfsdeploy.core.gateway_config import (
+from tfsdeploy.core.inventory.catalog import Model, Signature, TensorSpec
+from tfsdeploy.core.inventory.fleet import Group, Host
+from tfsdeploy.core.inventory.gateway import Gateway, Route
+from tfsdeploy.core.inventory.load import Inventory, build_inventory
+from tfsdeploy.core.render.gateway_proxy import (
     GATEWAY_FILE,
     GatewayServer,
     carried_state,
@@ -27,7 +29,6 @@ from tfsdeploy.core.gateway_config import (
     render_gateway_files,
     route_health,
 )
-from tfsdeploy.core.inventory import Inventory, build_inventory
 
 SIG = Signature(inputs={"x": TensorSpec("DT_FLOAT", (-1, 1))},
                 outputs={"y": TensorSpec("DT_FLOAT", (-1, 1))})

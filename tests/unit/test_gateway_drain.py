@@ -11,7 +11,7 @@ from typing import Any
 from tfsdeploy.cli.deploy import deploy
 from tfsdeploy.cli.retire import retire
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.target import Target, load_target
 from tfsdeploy.hosts.ssh import Result
 
@@ -20,8 +20,8 @@ from .fakes import FakeFleet, FakeSlot, FrozenClock
 from .runs import MODEL, Recorder
 
 GATEWAY = '''
-from tfsdeploy.core.fleet import Group
-from tfsdeploy.core.gateway import Gateway, Route
+from tfsdeploy.core.inventory.fleet import Group
+from tfsdeploy.core.inventory.gateway import Gateway, Route
 hosts.append(Host("gw1", "10.9.0.99", vars={{"data_root": "/srv/gw"}}))
 groups = {{"gateway": Group(["gw1"])}}
 gateway = Gateway(routes=[Route("hp2", grpc_port=9500, rest_port=9501)])

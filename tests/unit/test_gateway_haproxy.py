@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.core.fleet import Group, Host
-from tfsdeploy.core.gateway import Gateway, Route
-from tfsdeploy.core.gateway_config import GATEWAY_FILE, plan_gateway, render_gateway_files
-from tfsdeploy.core.inventory import build_inventory
+from tfsdeploy.core.inventory.fleet import Group, Host
+from tfsdeploy.core.inventory.gateway import Gateway, Route
+from tfsdeploy.core.inventory.load import build_inventory
+from tfsdeploy.core.render.gateway_proxy import GATEWAY_FILE, plan_gateway, render_gateway_files
 
 from .test_gateway import model
 

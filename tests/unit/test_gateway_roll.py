@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.fleet import Group, Host, ResolvedHost
-from tfsdeploy.core.gateway import Gateway, Route
-from tfsdeploy.core.gateway_config import GATEWAY_FILE, plan_gateway
-from tfsdeploy.core.inventory import build_inventory
+from tfsdeploy.core.inventory.fleet import Group, Host, ResolvedHost
+from tfsdeploy.core.inventory.gateway import Gateway, Route
+from tfsdeploy.core.inventory.load import build_inventory
+from tfsdeploy.core.render.gateway_proxy import GATEWAY_FILE, plan_gateway
 from tfsdeploy.hosts.dockerapi import ContainerState
 from tfsdeploy.hosts.ssh import Result
 from tfsdeploy.run.gateway import roll_gateway

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.cli.unattended import read_samples, update_textfile
-from tfsdeploy.core.guard import Breach, parse_metrics, window
-from tfsdeploy.core.records import ReleaseRecord
+from tfsdeploy.core.observe.guard import Breach, parse_metrics, window
+from tfsdeploy.core.rollout.records import ReleaseRecord
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.facts import HostFacts, parse_facts
 from tfsdeploy.run.plans import choose_rollback
@@ -176,7 +176,7 @@ class FakeFleet:
 
 def _guard(slow_slot: str | None, paused: bool, **policy: Any) -> tuple[Any, Any, list[str]]:
     from tfsdeploy.cli.guard import GuardPolicy, Look, PausedCanary, guard
-    from tfsdeploy.core.canary_policy import CanaryPolicy
+    from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
     from tfsdeploy.run.engine import RunResult
 
     from .helpers import model
@@ -230,8 +230,8 @@ def test_without_a_paused_canary_a_breach_rolls_back() -> None:
 
 def test_the_guard_reads_every_instance_of_a_host_with_one_server_per_gpu() -> None:
     from tfsdeploy.cli.guard import processes
-    from tfsdeploy.core.fleet import Gpu, Group, Host
-    from tfsdeploy.core.inventory import build_inventory
+    from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
+    from tfsdeploy.core.inventory.load import build_inventory
 
     from .helpers import model
 
@@ -244,7 +244,7 @@ def test_the_guard_reads_every_instance_of_a_host_with_one_server_per_gpu() -> N
 
 
 def test_the_newest_canary_decides_what_promote_and_abort_see() -> None:
-    from tfsdeploy.core.canary import CanaryState
+    from tfsdeploy.core.canary.steps import CanaryState
     from tfsdeploy.run.plans import paused_canary
 
     def canary(n: int, state: str) -> ReleaseRecord:

@@ -15,8 +15,8 @@ import pytest
 from tfsdeploy.cli.guard import GuardPolicy, Look, guard, scrape
 from tfsdeploy.cli.rollback import rollback
 from tfsdeploy.core.errors import ExitCode, TfsDeployError
-from tfsdeploy.core.guard import parse_metrics
-from tfsdeploy.core.layout import host_port
+from tfsdeploy.core.inventory.layout import host_port
+from tfsdeploy.core.observe.guard import parse_metrics
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.run import plans
@@ -205,8 +205,8 @@ def test_urls_bracket_ipv6_addresses(address: str, expected: str) -> None:
 def test_the_guard_reads_an_ipv6_host_at_a_bracketed_url(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
     from tfsdeploy.cli.guard import read_host
-    from tfsdeploy.core.fleet import Gpu, Group, Host
-    from tfsdeploy.core.inventory import build_inventory
+    from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
+    from tfsdeploy.core.inventory.load import build_inventory
 
     asked: list[str] = []
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tfsdeploy.core.errors import ConfigError, ExitCode
-from tfsdeploy.core.trust import untrusted
+from tfsdeploy.core.file_trust import untrusted
 from tfsdeploy.runbook.hooks import Moment, find_hooks, hook_env, run_hook
 
 from .test_hooks import END, FACTS, _dump_env, _hook

@@ -1,4 +1,4 @@
-"""Host-key trust as OpenSSH decides it (tfsdeploy.core.host_trust, .host_certs) and its
+"""Host-key trust as OpenSSH decides it (tfsdeploy.core.ssh.policy, .host_certs) and its
 plumbing into paramiko (tfsdeploy.hosts.hostkeys): certificates minted here with the
 `cryptography` package (and `ssh-keygen` for a SHA-1 CA signature, which cryptography does
 not make), presented as paramiko's own key classes hand them to a host-key policy."""
@@ -26,9 +26,9 @@ from cryptography.hazmat.primitives.serialization import (
     SSHCertificateType,
 )
 
-from tfsdeploy.core.host_certs import CertificateFormatError, parse_certificate
-from tfsdeploy.core.host_trust import Verdict
-from tfsdeploy.core.known_hosts import hash_name, parse_known_hosts
+from tfsdeploy.core.ssh.certificates import CertificateFormatError, parse_certificate
+from tfsdeploy.core.ssh.known_hosts import hash_name, parse_known_hosts
+from tfsdeploy.core.ssh.policy import Verdict
 from tfsdeploy.hosts.hostkeys import HostKeyRefused, KnownHostsPolicy, transport_factory
 
 NOW = 1_800_000_000

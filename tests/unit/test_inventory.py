@@ -7,17 +7,17 @@ from pathlib import Path
 import pytest
 
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.fleet import Gpu, Group, Host
-from tfsdeploy.core.inventory import build_inventory, load_inventory
-from tfsdeploy.core.versions import available_versions, choose_version
+from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory.load import build_inventory, load_inventory
+from tfsdeploy.core.inventory.versions import available_versions, choose_version
 
 from .helpers import model
 
 PREAMBLE = (
     "import sys\n"
-    "from tfsdeploy.core.fleet import Host, Group, Gpu\n"
-    "from tfsdeploy.core.catalog import (Batching, Model, Rollout, Signature, TensorSpec,\n"
-    "                                    Threads, Warmup)\n"
+    "from tfsdeploy.core.inventory.fleet import Host, Group, Gpu\n"
+    "from tfsdeploy.core.inventory.catalog import (Batching, Model, Rollout, Signature,\n"
+    "                                              TensorSpec, Threads, Warmup)\n"
     "SIG = Signature(inputs={'x': TensorSpec('DT_FLOAT', (-1, 1))},\n"
     "                outputs={'y': TensorSpec('DT_FLOAT', (-1, 1))})\n"
     "def M(**changes):\n"

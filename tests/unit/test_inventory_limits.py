@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.core.canary_policy import CanaryPolicy
-from tfsdeploy.core.catalog import Batching, Model, Rollout, Threads, Warmup
 from tfsdeploy.core.errors import ConfigError, digits
-from tfsdeploy.core.fleet import Gpu, Host
-from tfsdeploy.core.inventory import build_inventory, load_inventory
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
+from tfsdeploy.core.inventory.catalog import Batching, Model, Rollout, Threads, Warmup
+from tfsdeploy.core.inventory.fleet import Gpu, Host
+from tfsdeploy.core.inventory.load import build_inventory, load_inventory
 
 from .helpers import model
 
@@ -79,7 +79,7 @@ def test_digits_counts_without_writing_the_number_out() -> None:
 def _inventory_file(directory: Path, **host_vars: str) -> Path:
     path = directory / "inv.py"
     path.write_text(
-        "from tfsdeploy.core.fleet import Host\n"
+        "from tfsdeploy.core.inventory.fleet import Host\n"
         f"hosts = [Host('h1', '10.0.0.1', vars={host_vars!r})]\n")
     return path
 

@@ -1,4 +1,4 @@
-"""The known_hosts reader (tfsdeploy.core.known_hosts): lines, markers, host patterns and
+"""The known_hosts reader (tfsdeploy.core.ssh.known_hosts): lines, markers, host patterns and
 hashed names as OpenSSH reads them, with OpenSSH's own `ssh-keygen -F` as the judge of which
 lines name a host; and the host-key algorithm order a connection asks for."""
 
@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tfsdeploy.core.known_hosts import (
+from tfsdeploy.core.ssh.known_hosts import (
     Marker,
     certificates_first,
     entries_for,

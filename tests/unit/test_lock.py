@@ -14,9 +14,9 @@ import pytest
 
 from tfsdeploy.cli.fleet import lock_state
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.fleet import HostVars, ResolvedHost
-from tfsdeploy.core.layout import HostPaths
-from tfsdeploy.core.records import LockRecord
+from tfsdeploy.core.inventory.fleet import HostVars, ResolvedHost
+from tfsdeploy.core.inventory.layout import HostPaths
+from tfsdeploy.core.rollout.records import LockRecord
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.commands import lock as lock_commands
 

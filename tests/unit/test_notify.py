@@ -551,7 +551,7 @@ def test_rollback_names_the_release_it_returns_to(runbook: Runbook) -> None:
 
 def test_a_failed_canary_step_sends_gate_failed(runbook: Runbook,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfsdeploy.core.gates import GateFailed
+    from tfsdeploy.core.rollout.gates import GateFailed
     from tfsdeploy.run.operations import canary as canary_ops
 
     def slower(job: Any, policy: Any, weight: int) -> str:
@@ -576,7 +576,7 @@ class SlowFleet:
         self.now = 0.0
 
     def read(self, address: str, port: int, path: str, model: str) -> Any:
-        from tfsdeploy.core.guard import parse_metrics
+        from tfsdeploy.core.observe.guard import parse_metrics
 
         count = self.counts[(address, port)] = self.counts.get((address, port), 0) + 100
 

@@ -19,12 +19,12 @@ import yaml
 
 from tests.unit.helpers import model
 from tfsdeploy.cli.observe import merged_groups, write_observability
-from tfsdeploy.core.catalog import Batching
 from tfsdeploy.core.errors import ConfigError
-from tfsdeploy.core.fleet import Gpu, Group, Host
-from tfsdeploy.core.inventory import Inventory, build_inventory
-from tfsdeploy.core.monitoring import Monitoring
-from tfsdeploy.core.observe import (
+from tfsdeploy.core.inventory.catalog import Batching
+from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
+from tfsdeploy.core.inventory.load import Inventory, build_inventory
+from tfsdeploy.core.inventory.monitoring import Monitoring
+from tfsdeploy.core.observe.prometheus import (
     ServingProcess,
     latency_limits,
     le_text,

@@ -10,8 +10,8 @@ from typing import Any
 
 from tfsdeploy.cli.prune import prune
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.proxy import ServerState
-from tfsdeploy.core.records import ReleaseRecord, ReleaseStatus
+from tfsdeploy.core.render.host_proxy import ServerState
+from tfsdeploy.core.rollout.records import ReleaseRecord, ReleaseStatus
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts, ProxyFact, parse_facts
 from tfsdeploy.run.operations.finalize import protected_releases

@@ -13,7 +13,7 @@ from tfsdeploy.cli import deploy as deploy_cli
 from tfsdeploy.cli import fleet as fleet_cli
 from tfsdeploy.cli.retire import retire, retire_check
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.layout import LABEL_PREFIX
+from tfsdeploy.core.inventory.layout import LABEL_PREFIX
 from tfsdeploy.core.target import Target, load_target
 
 from . import runs

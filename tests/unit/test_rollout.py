@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.records import parse_audit
+from tfsdeploy.core.rollout.records import parse_audit
 from tfsdeploy.hosts.lock import LockHeld, LockQuorumLost
 
 from .fakes import FakeFleet, FakeHost, FakeSlot, read_json

@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.fleet import HostVars, ResolvedHost
+from tfsdeploy.core.inventory.fleet import HostVars, ResolvedHost
 from tfsdeploy.hosts.hostkeys import HostKeyRefused
 from tfsdeploy.hosts.ssh import SshConnection
 

@@ -12,7 +12,7 @@ from typing import Any
 def _fresh_copy() -> Any:
     """A copy of the module with nothing built yet, as in a new fab process (not the one in
     sys.modules, which the other tests use)."""
-    spec = importlib.util.find_spec("tfsdeploy.core.tfsapi")
+    spec = importlib.util.find_spec("tfsdeploy.core.tfserving.api")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

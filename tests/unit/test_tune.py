@@ -1,4 +1,4 @@
-"""`fab tune`'s search (core/tune.py): candidates within the toolkit's rules, a direction
+"""`fab tune`'s search (core/tuning/search.py): candidates within the toolkit's rules, a direction
 pruned at its first step that does not gain, the budget, the catalog's configuration always
 measured first, the recommendation rule and the rate ramp."""
 
@@ -9,11 +9,10 @@ from dataclasses import replace
 
 import pytest
 
-from tfsdeploy.core.catalog import Batching, Model, Threads
 from tfsdeploy.core.errors import Problem
-from tfsdeploy.core.gpu import plan_instances
-from tfsdeploy.core.stages import parse_totals, stage_window
-from tfsdeploy.core.tune import (
+from tfsdeploy.core.inventory.catalog import Batching, Model, Threads
+from tfsdeploy.core.inventory.gpu import plan_instances
+from tfsdeploy.core.tuning.search import (
     Config,
     Dimension,
     Ramp,
@@ -28,6 +27,7 @@ from tfsdeploy.core.tune import (
     search,
     step_fits,
 )
+from tfsdeploy.core.tuning.stages import parse_totals, stage_window
 
 from .helpers import inventory, model
 
@@ -216,7 +216,7 @@ def test_the_python_to_paste_is_the_configuration() -> None:
     assert text == ("batching=Batching(max_batch_size=16, batch_timeout_micros=500, "
                     "num_batch_threads=1, allowed_batch_sizes=(4, 16)),\n"
                     "threads=Threads(intra_op=2, inter_op=0),\n")
-    from tfsdeploy.core import catalog
+    from tfsdeploy.core.inventory import catalog
     namespace = {"Batching": catalog.Batching, "Threads": catalog.Threads}
     assert eval(f"dict({text})", namespace) == {"batching": config.batching,
                                                 "threads": config.threads}

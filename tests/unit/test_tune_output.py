@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tfsdeploy.cli.tune import _conclude, draw, rows
-from tfsdeploy.core.catalog import Batching
-from tfsdeploy.core.tune import Config, Search, Trial
+from tfsdeploy.core.inventory.catalog import Batching
+from tfsdeploy.core.tuning.search import Config, Search, Trial
 from tfsdeploy.run.tune import TuneResult
 
 from .helpers import model

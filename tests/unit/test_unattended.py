@@ -89,7 +89,7 @@ def test_samples_of_a_valid_model() -> None:
 def test_a_run_with_an_invalid_model_is_recorded_under_a_label_no_model_can_have(
         tmp_path: Path, model: str) -> None:
     from tfsdeploy.cli.main import main
-    from tfsdeploy.core.schema import model_name_problem
+    from tfsdeploy.core.inventory.schema import model_name_problem
 
     assert model_name_problem(INVALID_MODEL) is not None  # no model can be called that
     path = tmp_path / "tfsdeploy.prom"

@@ -24,7 +24,7 @@ from tfsdeploy.cli import fleet as cli_fleet
 from tfsdeploy.cli.main import main
 from tfsdeploy.cli.unattended import read_samples
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.records import LockRecord
+from tfsdeploy.core.rollout.records import LockRecord
 from tfsdeploy.run import engine
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import OPERATIONS, Ops

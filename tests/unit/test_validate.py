@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from tfsdeploy.core.catalog import Batching, Rollout, Threads
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.render import (
+from tfsdeploy.core.inventory.catalog import Batching, Rollout, Threads
+from tfsdeploy.core.inventory.versions import choose_version
+from tfsdeploy.core.render.files import (
     BATCHING_CONFIG,
     FLAGS,
     MODEL_CONFIG,
@@ -17,8 +18,7 @@ from tfsdeploy.core.render import (
     RenderedFile,
     render_fleet,
 )
-from tfsdeploy.core.validate import validate_model, validate_render
-from tfsdeploy.core.versions import choose_version
+from tfsdeploy.core.render.validate import validate_model, validate_render
 
 from .helpers import inventory, model
 
@@ -338,7 +338,7 @@ def test_template_with_undefined_variable(tmp_path: object, monkeypatch: pytest.
 
 
 def test_co_located_models_need_distinct_ports() -> None:
-    from tfsdeploy.core.validate import check_port_clashes
+    from tfsdeploy.core.render.validate import check_port_clashes
 
     a, b = model(name="a"), model(name="b", memory_mib=100)
     with pytest.raises(ConfigError) as err:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tfsdeploy
-from tfsdeploy.core.trust import trust_fix, untrusted
+from tfsdeploy.core.file_trust import trust_fix, untrusted
 
 BUNDLE_FORMAT = 1
 # what the generator imports: its command line, worker processes, transport, and what the

@@ -30,7 +30,7 @@ from tfsdeploy.accept.bundle import (
 from tfsdeploy.accept.merge import FAILED, LOST, OK, GeneratorOutcome
 from tfsdeploy.accept.plan import GeneratorSpec
 from tfsdeploy.core.errors import HostUnreachable, TfsDeployError
-from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.hosts.ssh import Result, SshConnection
 from tfsdeploy.loadtest import stats
 from tfsdeploy.loadtest.cli import RAW_KIND

@@ -12,12 +12,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfsdeploy.core.catalog import Model
 from tfsdeploy.core.errors import ConfigError, Problem, shown
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.inventory import Inventory
-from tfsdeploy.core.layout import host_port, model_ports
-from tfsdeploy.core.versions import available_versions
+from tfsdeploy.core.inventory.catalog import Model
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import host_port, model_ports
+from tfsdeploy.core.inventory.load import Inventory
+from tfsdeploy.core.inventory.versions import available_versions
 
 DEFAULT_TARGET_QPS = 100.0
 DEFAULT_MAX_ERROR_RATE_PCT = 0.01  # below 0.01% of requests fail

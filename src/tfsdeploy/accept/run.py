@@ -44,10 +44,11 @@ from tfsdeploy.accept.report import (
     row_table,
 )
 from tfsdeploy.accept.rows import ReleaseOutcome
-from tfsdeploy.core import tfrecord, warmup
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.inventory import load_inventory
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.load import load_inventory
+from tfsdeploy.core.tfserving import tfrecord
+from tfsdeploy.core.tfserving import warmup_records as warmup
 from tfsdeploy.hosts.ssh import SshConnection
 from tfsdeploy.loadtest import payloads
 

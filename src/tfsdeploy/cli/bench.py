@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.gpu import instance_gpus
-from tfsdeploy.core.layout import host_port, model_ports
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.gpu import instance_gpus
+from tfsdeploy.core.inventory.layout import host_port, model_ports
+from tfsdeploy.core.inventory.versions import available_versions, choose_version
 from tfsdeploy.core.target import Target
-from tfsdeploy.core.versions import available_versions, choose_version
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.loadtest.cli import run_bench

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 from tfsdeploy.cli.fleet import orphans
-from tfsdeploy.core.canary_policy import CanaryPolicy
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.gates import Clock
-from tfsdeploy.core.proxy import proxy_instances, render_proxy_config
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
+from tfsdeploy.core.render.host_proxy import proxy_instances, render_proxy_config
+from tfsdeploy.core.rollout.gates import Clock
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans

@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tfsdeploy.core.canary import CanaryState
+from tfsdeploy.core.canary.steps import CanaryState
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.layout import host_paths, model_ports
-from tfsdeploy.core.records import LockRecord, parse_audit
-from tfsdeploy.core.render import placements, render_host
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import host_paths, model_ports
+from tfsdeploy.core.render.files import placements, render_host
+from tfsdeploy.core.rollout.records import LockRecord, parse_audit
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.timetext import SINCE_FIX, since_seconds
 from tfsdeploy.hosts import lock as locks

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from tfsdeploy.core.gateway_config import plan_gateway
-from tfsdeploy.core.inventory import load_inventory
+from tfsdeploy.core.inventory.load import load_inventory
+from tfsdeploy.core.render.gateway_proxy import plan_gateway
 
 
 def cmd_gateway(inventory: str | None, *, check: bool, diff: bool) -> int:

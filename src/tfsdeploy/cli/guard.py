@@ -34,12 +34,13 @@ from typing import Any
 
 from tfsdeploy.cli.canary import finish_canary
 from tfsdeploy.cli.rollback import rollback
-from tfsdeploy.core.canary import CanaryState, judge, slot_figures
-from tfsdeploy.core.canary_policy import CanaryPolicy, Verdict
+from tfsdeploy.core.canary.steps import CanaryState, judge, slot_figures
 from tfsdeploy.core.errors import ExitCode, TfsDeployError
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.gpu import instance_gpus
-from tfsdeploy.core.guard import (
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy, Verdict
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.gpu import instance_gpus
+from tfsdeploy.core.inventory.layout import model_ports, other_slot
+from tfsdeploy.core.observe.guard import (
     Breach,
     Scrape,
     Window,
@@ -49,7 +50,6 @@ from tfsdeploy.core.guard import (
     restarted,
     window,
 )
-from tfsdeploy.core.layout import model_ports, other_slot
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.hosts.facts import HostFacts

@@ -25,9 +25,9 @@ from tfsdeploy.cli.render import summary_rows as render_rows
 from tfsdeploy.cli.render import write_renders
 from tfsdeploy.cli.terminal import guarded_output, hangup_survived
 from tfsdeploy.cli.unattended import INVALID_MODEL, update_textfile, write_json_file
-from tfsdeploy.core.canary_policy import CanaryPolicy, parse_weights
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
-from tfsdeploy.core.inventory import load_inventory
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy, parse_weights
+from tfsdeploy.core.inventory.load import load_inventory
 from tfsdeploy.core.target import Target, load_target, render_release
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: playbooks, tasks, `fab` itself

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.cli.unattended import write_atomic
-from tfsdeploy.core.catalog import Model
-from tfsdeploy.core.inventory import Inventory
-from tfsdeploy.core.monitoring import Monitoring
-from tfsdeploy.core.observe import (
+from tfsdeploy.core.inventory.catalog import Model
+from tfsdeploy.core.inventory.load import Inventory
+from tfsdeploy.core.inventory.monitoring import Monitoring
+from tfsdeploy.core.observe.prometheus import (
     ServingProcess,
     prometheus_config,
     rule_groups,
@@ -63,7 +63,7 @@ def write_observability(inventory: Inventory, models: Sequence[Model], out: Path
                         ) -> list[Path]:
     """DIR/prometheus/prometheus.yml, DIR/prometheus/rules/<model>.yml and
     DIR/grafana/{fleet,<model>}.json; returns the paths written."""
-    from tfsdeploy.core.dashboards import fleet_dashboard, model_dashboard
+    from tfsdeploy.core.observe.dashboards import fleet_dashboard, model_dashboard
 
     monitoring = inventory.monitoring
     written: list[Path] = []

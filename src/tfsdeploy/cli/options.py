@@ -16,10 +16,10 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
-from tfsdeploy.core.canary_policy import parse_weights
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.layout import RELEASE_ID
-from tfsdeploy.core.schema import ONE_DAY_S, ONE_WEEK_S, explain
+from tfsdeploy.core.inventory.canary_policy import parse_weights
+from tfsdeploy.core.inventory.layout import RELEASE_ID
+from tfsdeploy.core.inventory.schema import ONE_DAY_S, ONE_WEEK_S, explain
 from tfsdeploy.core.timetext import SINCE_FIX, duration_seconds, since_seconds
 
 Options = dict[str, Any]

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tfsdeploy.core.errors import ConfigError, TfsDeployError
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.gpu import instance_gpus
-from tfsdeploy.core.inventory import Inventory
-from tfsdeploy.core.render import placements
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.gpu import instance_gpus
+from tfsdeploy.core.inventory.load import Inventory
+from tfsdeploy.core.render.files import placements
 from tfsdeploy.core.visible import visible
 
 if TYPE_CHECKING:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfsdeploy.core.gpu import InstancePlan
-from tfsdeploy.core.layout import SLOTS, model_ports
-from tfsdeploy.core.proxy import render_proxy_config
-from tfsdeploy.core.render import HostRender
+from tfsdeploy.core.inventory.gpu import InstancePlan
+from tfsdeploy.core.inventory.layout import SLOTS, model_ports
+from tfsdeploy.core.render.files import HostRender
+from tfsdeploy.core.render.host_proxy import render_proxy_config
 
 PROXY_CONFIG = "proxy/haproxy.cfg"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from tfsdeploy.core.gates import Clock
+from tfsdeploy.core.rollout.gates import Clock
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.core.errors import ConfigError, Problem, TfsDeployError
+from tfsdeploy.core.inventory.versions import choose_version
 from tfsdeploy.core.target import Target
-from tfsdeploy.core.versions import choose_version
 from tfsdeploy.hosts.registry import Registry, RegistryError
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans

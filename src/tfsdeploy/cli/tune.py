@@ -11,7 +11,7 @@ from typing import Any
 
 from tfsdeploy.cli.output import print_table
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.timetext import duration_seconds
 from tfsdeploy.run.tune import TuneOptions, TuneResult, tune

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.core.errors import ExitCode
-from tfsdeploy.core.schema import model_name_problem
+from tfsdeploy.core.inventory.schema import model_name_problem
 
 METRICS = {
     "tfsdeploy_last_run_timestamp_seconds": "Unix time the last run of the command ended.",

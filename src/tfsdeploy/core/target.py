@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfsdeploy.core.catalog import Model
 from tfsdeploy.core.errors import ConfigError
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.inventory import Inventory, load_inventory
-from tfsdeploy.core.render import HostRender, render_fleet
-from tfsdeploy.core.validate import check_port_clashes, validate_model, validate_render
-from tfsdeploy.core.versions import choose_version
+from tfsdeploy.core.inventory.catalog import Model
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.load import Inventory, load_inventory
+from tfsdeploy.core.inventory.versions import choose_version
+from tfsdeploy.core.render.files import HostRender, render_fleet
+from tfsdeploy.core.render.validate import check_port_clashes, validate_model, validate_render
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from docker.types import DeviceRequest
 from docker.types import Mount as SdkMount
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.layout import LABEL_PREFIX
+from tfsdeploy.core.inventory.layout import LABEL_PREFIX
 from tfsdeploy.hosts.commands.containers import ContainerSpec
 from tfsdeploy.hosts.dockerssh import PullFailed, PullProgress, pull_with_progress
 

@@ -15,16 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.layout import HostPaths, is_release_id, parse_server_name
-from tfsdeploy.core.proxy import ServerState, parse_stat
-from tfsdeploy.core.records import (
+from tfsdeploy.core.inventory.layout import HostPaths, is_release_id, parse_server_name
+from tfsdeploy.core.render.files import FILE_NAMES
+from tfsdeploy.core.render.host_proxy import ServerState, parse_stat
+from tfsdeploy.core.rollout.records import (
     BrokenRecord,
     LockRecord,
     ReleaseRecord,
     parse_lock,
     parse_release,
 )
-from tfsdeploy.core.render import FILE_NAMES
 from tfsdeploy.hosts.commands.facts import MARK, read_facts
 from tfsdeploy.hosts.commands.files import read_files
 from tfsdeploy.hosts.dockerapi import ContainerFact

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tfsdeploy.core.gates import Clock, Verdict, poll
-from tfsdeploy.core.gateway_config import (
+from tfsdeploy.core.inventory.layout import LABEL_PREFIX, PROXY_ADMIN_MOUNT
+from tfsdeploy.core.render.gateway_proxy import (
     CONTAINER_FILES_DIR,
     GATEWAY_CONTAINER,
     GATEWAY_FILE,
@@ -14,7 +14,7 @@ from tfsdeploy.core.gateway_config import (
     GatewayServer,
     parse_gateway_stat,
 )
-from tfsdeploy.core.layout import LABEL_PREFIX, PROXY_ADMIN_MOUNT
+from tfsdeploy.core.rollout.gates import Clock, Verdict, poll
 from tfsdeploy.hosts.commands.containers import PROXY_CONFIG_DIR, ContainerSpec, Mount
 from tfsdeploy.hosts.commands.files import mkdir, read_files, remove_tree, write_file
 from tfsdeploy.hosts.commands.gateway import check_config, list_files, remove_files

@@ -1,5 +1,5 @@
 """Host-key checking plugged into paramiko: the known_hosts file read by the toolkit
-(core/known_hosts.py), OpenSSH's decision (core/host_trust.py) run by a MissingHostKeyPolicy,
+(core/ssh/known_hosts.py), OpenSSH's decision (core/ssh/policy.py) run by a MissingHostKeyPolicy,
 and a Transport that asks servers for their certificates.
 
 Why not paramiko's own HostKeys: ``HostKeys.load`` raises ``InvalidHostKey`` on a marker line
@@ -26,14 +26,14 @@ from typing import Any
 
 import paramiko
 
-from tfsdeploy.core.host_trust import Verdict, check_host_key
-from tfsdeploy.core.known_hosts import (
+from tfsdeploy.core.ssh.known_hosts import (
     CERT_SUFFIX,
     KnownHost,
     certificates_first,
     order_algorithms,
     parse_known_hosts,
 )
+from tfsdeploy.core.ssh.policy import Verdict, check_host_key
 
 USER_KNOWN_HOSTS = "~/.ssh/known_hosts"
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
-from tfsdeploy.core.gates import Clock
-from tfsdeploy.core.layout import HostPaths
-from tfsdeploy.core.records import LockRecord, now_iso, parse_lock
+from tfsdeploy.core.inventory.layout import HostPaths
+from tfsdeploy.core.rollout.gates import Clock
+from tfsdeploy.core.rollout.records import LockRecord, now_iso, parse_lock
 from tfsdeploy.hosts.commands import lock as lock_commands
 from tfsdeploy.hosts.ssh import Connection
 

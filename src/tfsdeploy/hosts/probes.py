@@ -16,8 +16,8 @@ import grpc
 import httpx
 import numpy as np
 
-from tfsdeploy.core import tfsapi
-from tfsdeploy.core.layout import host_port
+from tfsdeploy.core.inventory.layout import host_port
+from tfsdeploy.core.tfserving import api as tfsapi
 
 STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
                50: "END"}

@@ -5,9 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tfsdeploy.core.gates import Clock, Verdict, poll
-from tfsdeploy.core.layout import server_name
-from tfsdeploy.core.proxy import admin_errors, parse_info_pid, parse_stat, restore_commands
+from tfsdeploy.core.inventory.layout import server_name
+from tfsdeploy.core.render.host_proxy import (
+    admin_errors,
+    parse_info_pid,
+    parse_stat,
+    restore_commands,
+)
+from tfsdeploy.core.rollout.gates import Clock, Verdict, poll
 from tfsdeploy.hosts.commands.proxy import admin
 from tfsdeploy.hosts.ssh import Connection
 

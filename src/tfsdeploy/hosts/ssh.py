@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from fabric import Connection as FabricConnection
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.fleet import ResolvedHost
+from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.hosts.commands.files import write_file
 from tfsdeploy.hosts.dockerapi import Docker, SdkDocker
 from tfsdeploy.hosts.dockerssh import docker_client

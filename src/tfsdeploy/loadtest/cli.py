@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from tfsdeploy.core import tfrecord, warmup
+from tfsdeploy.core.tfserving import tfrecord
+from tfsdeploy.core.tfserving import warmup_records as warmup
 from tfsdeploy.core.timetext import duration_seconds
-from tfsdeploy.loadtest import capacity, gates, payloads, report, stats, sweep
+from tfsdeploy.loadtest import capacity, payloads, report, stats, sweep
+from tfsdeploy.loadtest import slo_gates as gates
 from tfsdeploy.loadtest.engine import DURATION_STOPS, ProcPlan
 from tfsdeploy.loadtest.hostcpu import HostCpuMeter
 from tfsdeploy.loadtest.parallel import WorkerFailed, run_processes

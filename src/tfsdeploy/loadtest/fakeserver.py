@@ -24,7 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from tfsdeploy.core import tfsapi
+from tfsdeploy.core.tfserving import api as tfsapi
 
 
 @dataclass

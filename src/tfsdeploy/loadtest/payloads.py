@@ -28,7 +28,7 @@ import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
-from tfsdeploy.core import tfsapi
+from tfsdeploy.core.tfserving import api as tfsapi
 
 _DTYPES = tfsapi.NUMERIC_DTYPES
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import grpc
 import grpc.aio
 
-from tfsdeploy.core.tfsapi import PREDICT_METHOD
+from tfsdeploy.core.tfserving.api import PREDICT_METHOD
 
 Sender = Callable[[bytes], Awaitable[object]]
 

@@ -1,5 +1,5 @@
 """`fab diagnose`: read each selected host's live instance over a window and name the stage
-that limits it (core/bottleneck.py). Read-only: one connection per host (run/survey.py), the
+that limits it (core/tuning/bottleneck.py). Read-only: one connection per host (run/survey.py), the
 serving container's metrics page (its slot's REST port) and CPU time at the window's ends,
 and its proxy's requests in flight every second in between."""
 
@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tfsdeploy.core.bottleneck import Evidence, diagnose, release_config
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.layout import host_paths, model_ports
-from tfsdeploy.core.proxy import parse_stat
-from tfsdeploy.core.stages import parse_totals, stage_window
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import host_paths, model_ports
+from tfsdeploy.core.render.host_proxy import parse_stat
 from tfsdeploy.core.target import Target
+from tfsdeploy.core.tuning.bottleneck import Evidence, diagnose, release_config
+from tfsdeploy.core.tuning.stages import parse_totals, stage_window
 from tfsdeploy.hosts import probes, proxyadmin
 from tfsdeploy.hosts.facts import HostFacts, read_release_files
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tfsdeploy.core.batches import plan_batches, threshold_exceeded
 from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.gates import Clock, GateFailed, SystemClock
-from tfsdeploy.core.layout import host_paths
-from tfsdeploy.core.records import LockRecord, StepRecord
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import host_paths
+from tfsdeploy.core.rollout.batches import plan_batches, threshold_exceeded
+from tfsdeploy.core.rollout.gates import Clock, GateFailed, SystemClock
+from tfsdeploy.core.rollout.records import LockRecord, StepRecord
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import HostFacts, gather

@@ -12,14 +12,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.gates import Clock, GateFailed, Verdict, poll
-from tfsdeploy.core.gateway_config import (
+from tfsdeploy.core.render.gateway_proxy import (
     GatewayPaths,
     drain_commands,
     gateway_paths,
     ready_commands,
 )
-from tfsdeploy.core.records import AuditEntry, now_iso
+from tfsdeploy.core.rollout.gates import Clock, GateFailed, Verdict, poll
+from tfsdeploy.core.rollout.records import AuditEntry, now_iso
 from tfsdeploy.hosts import gateway as gateway_host
 from tfsdeploy.hosts import proxyadmin
 from tfsdeploy.hosts.commands.files import append_lines

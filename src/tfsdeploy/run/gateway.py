@@ -15,9 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tfsdeploy.core.errors import ExitCode, HostUnreachable
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.gates import Clock, GateFailed, SystemClock, Verdict, poll
-from tfsdeploy.core.gateway_config import (
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.load import Inventory
+from tfsdeploy.core.render.gateway_proxy import (
     GatewayPlan,
     GatewayServer,
     carried_state,
@@ -27,7 +27,7 @@ from tfsdeploy.core.gateway_config import (
     render_gateway_files,
     route_health,
 )
-from tfsdeploy.core.inventory import Inventory
+from tfsdeploy.core.rollout.gates import Clock, GateFailed, SystemClock, Verdict, poll
 from tfsdeploy.hosts import gateway as gw
 from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.proxyadmin import ProxyRefused

@@ -16,16 +16,22 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from tfsdeploy.core.canary_policy import CanaryPolicy
-from tfsdeploy.core.catalog import Model
-from tfsdeploy.core.diagnosis import Diagnosis
 from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.gates import Clock
-from tfsdeploy.core.golden import GoldenExample
-from tfsdeploy.core.layout import HostPaths, Ports, container_name, host_paths, model_ports
-from tfsdeploy.core.proxy import PortMove
-from tfsdeploy.core.records import (
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
+from tfsdeploy.core.inventory.catalog import Model
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import (
+    HostPaths,
+    Ports,
+    container_name,
+    host_paths,
+    model_ports,
+)
+from tfsdeploy.core.render.files import FLAGS, HostRender
+from tfsdeploy.core.render.host_proxy import PortMove
+from tfsdeploy.core.rollout.gate_diagnosis import Diagnosis
+from tfsdeploy.core.rollout.gates import Clock
+from tfsdeploy.core.rollout.records import (
     GateRecord,
     InstanceRecord,
     ReleaseRecord,
@@ -33,7 +39,7 @@ from tfsdeploy.core.records import (
     StepRecord,
     now_iso,
 )
-from tfsdeploy.core.render import FLAGS, HostRender
+from tfsdeploy.core.tfserving.golden import GoldenExample
 from tfsdeploy.hosts.commands.containers import GpuRequest, parse_gpus
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts, read_release_files

@@ -16,16 +16,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tfsdeploy.core.canary import CanaryState, PlanAction, fleet_state, plan_abort, plan_promote
-from tfsdeploy.core.canary_policy import CanaryPolicy
+from tfsdeploy.core.canary.steps import (
+    CanaryState,
+    PlanAction,
+    fleet_state,
+    plan_abort,
+    plan_promote,
+)
 from tfsdeploy.core.errors import ConfigError, ExitCode, HostUnreachable, Problem, TfsDeployError
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.golden import GoldenExample, load_golden
-from tfsdeploy.core.gpu import InstancePlan, plan_instances
-from tfsdeploy.core.layout import new_release_id
-from tfsdeploy.core.records import GOOD, ReleaseRecord, ReleaseStatus
-from tfsdeploy.core.render import FILE_NAMES, HostRender, RenderedFile, placements
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.gpu import InstancePlan, plan_instances
+from tfsdeploy.core.inventory.layout import new_release_id
+from tfsdeploy.core.render.files import FILE_NAMES, HostRender, RenderedFile, placements
+from tfsdeploy.core.rollout.records import GOOD, ReleaseRecord, ReleaseStatus
 from tfsdeploy.core.target import Target, render_release
+from tfsdeploy.core.tfserving.golden import GoldenExample, load_golden
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.lock import current_user
 from tfsdeploy.run.jobs import (

@@ -20,7 +20,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from tfsdeploy.core.errors import ConfigError, Problem
-from tfsdeploy.core.schema import (
+from tfsdeploy.core.inventory.schema import (
     INT32_MAX,
     ONE_DAY_S,
     NonNegativeInt32,

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.layout import host_paths
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import host_paths
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.facts import HostFacts, gather
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection

@@ -25,16 +25,16 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from tfsdeploy.core.catalog import Model
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
-from tfsdeploy.core.fleet import ResolvedHost
-from tfsdeploy.core.gates import GateFailed, SystemClock, Verdict, poll
-from tfsdeploy.core.gpu import plan_instances
-from tfsdeploy.core.layout import TUNE_LABEL, HostPaths, host_paths, host_port
-from tfsdeploy.core.render import FLAGS, HostRender, placements, render_host
-from tfsdeploy.core.stages import StageWindow, parse_totals, stage_window
+from tfsdeploy.core.inventory.catalog import Model
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.gpu import plan_instances
+from tfsdeploy.core.inventory.layout import TUNE_LABEL, HostPaths, host_paths, host_port
+from tfsdeploy.core.render.files import FLAGS, HostRender, placements, render_host
+from tfsdeploy.core.rollout.gates import GateFailed, SystemClock, Verdict, poll
 from tfsdeploy.core.target import Target
-from tfsdeploy.core.tune import (
+from tfsdeploy.core.tfserving.warmup_records import WarmupError
+from tfsdeploy.core.tuning.search import (
     DEFAULT_MIN_GAIN,
     Config,
     Ramp,
@@ -50,7 +50,7 @@ from tfsdeploy.core.tune import (
     search,
     step_fits,
 )
-from tfsdeploy.core.warmup import WarmupError
+from tfsdeploy.core.tuning.stages import StageWindow, parse_totals, stage_window
 from tfsdeploy.hosts import probes
 from tfsdeploy.hosts.commands.containers import parse_gpus, scratch_spec
 from tfsdeploy.hosts.commands.files import mkdir, remove_tree

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
-from tfsdeploy.core.trust import trust_fix, untrusted
+from tfsdeploy.core.file_trust import trust_fix, untrusted
 
 
 class Moment(StrEnum):

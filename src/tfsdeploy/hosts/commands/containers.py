@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from tfsdeploy.core.layout import (
+from tfsdeploy.core.inventory.layout import (
     LABEL_PREFIX,
     PROXY_ADMIN_MOUNT,
     TUNE_LABEL,
@@ -21,7 +21,7 @@ from tfsdeploy.core.layout import (
     proxy_name,
     scratch_name,
 )
-from tfsdeploy.core.render import CONTAINER_CONFIG_DIR, CONTAINER_MODEL_ROOT
+from tfsdeploy.core.render.files import CONTAINER_CONFIG_DIR, CONTAINER_MODEL_ROOT
 
 SERVER_BINARY = "/usr/bin/tensorflow_model_server"
 # TFServing reads its model and config files and writes nothing: it runs as an unprivileged

@@ -10,7 +10,7 @@ facts come from the Engine API, not from here.
 
 from __future__ import annotations
 
-from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.hosts.commands import Argv
 
 MARK = "@@"

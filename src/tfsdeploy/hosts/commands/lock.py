@@ -6,7 +6,7 @@ directory and the model's directory after."""
 
 from __future__ import annotations
 
-from tfsdeploy.core.layout import HostPaths
+from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.hosts.commands import Argv
 from tfsdeploy.hosts.commands.files import SYNC, publish_sh
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfsdeploy.core.canary import Action, CanaryRecord, CanaryState, decide, step_analysis
-from tfsdeploy.core.canary_policy import CanaryPolicy, Verdict, weights_for
-from tfsdeploy.core.compare import compare, golden_corpus, load_corpus, sample_corpus
-from tfsdeploy.core.gates import GateFailed
-from tfsdeploy.core.guard import Scrape, parse_metrics
-from tfsdeploy.core.proxy import set_state, weight_commands
-from tfsdeploy.core.records import ReleaseStatus, now_iso
+from tfsdeploy.core.canary.compare import compare, golden_corpus, load_corpus, sample_corpus
+from tfsdeploy.core.canary.steps import Action, CanaryRecord, CanaryState, decide, step_analysis
+from tfsdeploy.core.inventory.canary_policy import CanaryPolicy, Verdict, weights_for
+from tfsdeploy.core.observe.guard import Scrape, parse_metrics
+from tfsdeploy.core.render.host_proxy import set_state, weight_commands
+from tfsdeploy.core.rollout.gates import GateFailed
+from tfsdeploy.core.rollout.records import ReleaseStatus, now_iso
 from tfsdeploy.hosts import probes
 from tfsdeploy.run.changes import Check, ProxyCommands, WriteFile
 from tfsdeploy.run.jobs import HostJob

@@ -3,9 +3,9 @@ left running for the rollback window) and prune releases beyond ``keep_releases`
 
 from __future__ import annotations
 
-from tfsdeploy.core.layout import container_name
-from tfsdeploy.core.proxy import set_state
-from tfsdeploy.core.records import GOOD, ReleaseStatus
+from tfsdeploy.core.inventory.layout import container_name
+from tfsdeploy.core.render.host_proxy import set_state
+from tfsdeploy.core.rollout.records import GOOD, ReleaseStatus
 from tfsdeploy.hosts.commands.files import point_symlink, remove_tree
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts

@@ -10,17 +10,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from tfsdeploy.core.diagnosis import (
+from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.rollout.gate_diagnosis import (
     Diagnosis,
     ServerFacts,
     SignatureView,
     diagnose,
     diagnose_signature,
 )
-from tfsdeploy.core.errors import HostUnreachable
-from tfsdeploy.core.gates import GateFailed, Verdict, percentile, poll
-from tfsdeploy.core.golden import GoldenExample, mismatch
-from tfsdeploy.core.records import GateRecord
+from tfsdeploy.core.rollout.gates import GateFailed, Verdict, percentile, poll
+from tfsdeploy.core.rollout.records import GateRecord
+from tfsdeploy.core.tfserving.golden import GoldenExample, mismatch
 from tfsdeploy.hosts import probes
 from tfsdeploy.run.changes import Check
 from tfsdeploy.run.jobs import HostJob

@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from tfsdeploy.core.gates import GateFailed
-from tfsdeploy.core.layout import other_slot, server_name
-from tfsdeploy.core.proxy import FULL_WEIGHT, PortMove, config_ports, proxy_instances
+from tfsdeploy.core.inventory.layout import other_slot, server_name
+from tfsdeploy.core.render.host_proxy import FULL_WEIGHT, PortMove, config_ports, proxy_instances
+from tfsdeploy.core.rollout.gates import GateFailed
 from tfsdeploy.run.changes import PullImage
 from tfsdeploy.run.jobs import HostJob, InstanceJob
 from tfsdeploy.run.operations.step import Ops, operation

@@ -4,7 +4,7 @@ playbook names these steps in its ``rescue`` task list, beside ``switch_traffic`
 
 from __future__ import annotations
 
-from tfsdeploy.core.records import ReleaseStatus, now_iso
+from tfsdeploy.core.rollout.records import ReleaseStatus, now_iso
 from tfsdeploy.run.changes import RemoveContainer, StopContainer, WriteFile
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import Ops, operation

@@ -9,7 +9,7 @@ it; another model on the host is never touched.
 
 from __future__ import annotations
 
-from tfsdeploy.core.proxy import set_state
+from tfsdeploy.core.render.host_proxy import set_state
 from tfsdeploy.hosts.commands.files import remove_tree
 from tfsdeploy.run.changes import Command, ProxyCommands, RemoveContainer
 from tfsdeploy.run.jobs import HostJob

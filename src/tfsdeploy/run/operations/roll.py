@@ -12,9 +12,8 @@ from __future__ import annotations
 import time
 from typing import Literal
 
-from tfsdeploy.core.gates import GateFailed, Verdict, poll
-from tfsdeploy.core.layout import proxy_name, server_name
-from tfsdeploy.core.proxy import (
+from tfsdeploy.core.inventory.layout import proxy_name, server_name
+from tfsdeploy.core.render.host_proxy import (
     FULL_WEIGHT,
     parse_stat,
     render_proxy_config,
@@ -22,7 +21,8 @@ from tfsdeploy.core.proxy import (
     switch_commands,
     weight_commands,
 )
-from tfsdeploy.core.records import ReleaseStatus
+from tfsdeploy.core.rollout.gates import GateFailed, Verdict, poll
+from tfsdeploy.core.rollout.records import ReleaseStatus
 from tfsdeploy.hosts import proxyadmin
 from tfsdeploy.hosts.commands.containers import proxy_spec, server_spec
 from tfsdeploy.hosts.commands.files import mkdir, point_symlink, remove_tree

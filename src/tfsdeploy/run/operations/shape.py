@@ -15,8 +15,8 @@ then stops its container (kept for rollback, which brings the instance back).
 
 from __future__ import annotations
 
-from tfsdeploy.core.layout import parse_server_name, proxy_name
-from tfsdeploy.core.proxy import config_ports, proxy_instances, server_names, set_state
+from tfsdeploy.core.inventory.layout import parse_server_name, proxy_name
+from tfsdeploy.core.render.host_proxy import config_ports, proxy_instances, server_names, set_state
 from tfsdeploy.run.changes import ProxyCommands, ReloadProxy
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.preflight import live_server_ports

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfsdeploy.core.artifact import ArtifactError, model_repo
-from tfsdeploy.core.gates import GateFailed
+from tfsdeploy.core.rollout.gates import GateFailed
 from tfsdeploy.hosts.commands import pull as pull_commands
 from tfsdeploy.hosts.commands import stage as stage_commands
 from tfsdeploy.hosts.commands.files import mkdir

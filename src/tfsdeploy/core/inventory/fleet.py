@@ -1,0 +1,182 @@
+"""The fleet as an inventory declares it: hosts, their GPUs and groups, the vars a host
+may set (``HostVars``), and a host as resolved (``ResolvedHost``: its groups and merged,
+typed vars). Inventory files build ``Host``, ``Gpu`` and ``Group``; ``inventory`` checks
+and resolves them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import ConfigDict, Field, Strict
+
+from tfsdeploy.core.artifact import ArtifactError, model_repo
+from tfsdeploy.core.inventory.catalog import CHECKED
+from tfsdeploy.core.inventory.schema import (
+    AbsoluteDir,
+    Address,
+    Flag,
+    HostName,
+    ImageReference,
+    NonNegativeInt32,
+    Port,
+    Text,
+    UrlPath,
+    pattern_rule,
+    rule,
+)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU of a host: its index (CUDA_VISIBLE_DEVICES) and total memory."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = CHECKED
+    index: Annotated[int, Strict(), Field(ge=0, le=1023)]
+    memory_mib: Annotated[int, Strict(), Field(ge=1, le=1 << 20)]
+    name: Annotated[str, Strict(), Field(min_length=1, max_length=128)] = "GPU"
+
+
+SLOT_NAMES = ("blue", "green")
+
+
+def _slot_ports_problem(ports: Mapping[str, tuple[int, int]]) -> str | None:
+    missing = [s for s in SLOT_NAMES if s not in ports]
+    return f"defines no slot {' or '.join(missing)}" if missing else None
+
+
+SlotName = Annotated[str, Strict(), rule(
+    lambda v: None if v in SLOT_NAMES else "is not a slot", "name the slots blue and green")]
+SlotPorts = Annotated[Mapping[SlotName, tuple[Port, Port]], rule(
+    _slot_ports_problem, "give both slots their (gRPC, REST) ports: "
+    "{'blue': (8510, 8511), 'green': (8520, 8521)}")]
+# a POSIX account name; never starting with '-' (it would read as an ssh option)
+SshUser = Annotated[str, Strict(), pattern_rule(
+    r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}", "a user name ([A-Za-z0-9_][A-Za-z0-9_.-]*)",
+    "write the remote account name, e.g. deploy")]
+TfsVersion = Annotated[str, Strict(), pattern_rule(
+    r"[0-9]{1,4}(\.[0-9]{1,4}){1,2}(-[A-Za-z0-9_.]{1,32})?", "a TFServing release number",
+    "write the release like '2.21.0'")]
+# docker run --gpus: all, a count, or device=/capabilities= lists
+DockerGpus = Annotated[str, Strict(), pattern_rule(
+    r'all|[0-9]{1,3}|"?(device|capabilities)=[A-Za-z0-9_,:-]+"?', "a `docker run --gpus` value",
+    "write 'all', a count, or 'device=0,1'")]
+def _registry_problem(value: str) -> str | None:
+    # the same rules fab publish applies
+    try:
+        model_repo(value, "model")
+    except ArtifactError as error:
+        return "is not a registry repository prefix: " + str(error).split(": ", 1)[-1]
+    return None
+
+
+ModelRegistry = Annotated[str, Strict(), Field(max_length=255), rule(
+    _registry_problem, "write host[:port]/repository, e.g. 'registry:5000/tfsdeploy-models'")]
+GpuMargin = Annotated[float, Strict(), Field(le=10.0, allow_inf_nan=False), rule(
+    lambda v: "is below 1: the reservation would be smaller than the model's footprint"
+    if v < 1.0 else None, "set gpu_safety_margin between 1.2 and 1.5 (the measured need "
+    "times 1.2-1.5)")]
+
+
+@dataclass(frozen=True)
+class HostVars:
+    """Every var a host can have, with its built-in default and its allowed values."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = CHECKED
+    ssh_user: SshUser = "root"
+    ssh_port: Port = 22
+    ssh_key: Text | None = None
+    ssh_known_hosts: Text | None = None
+    data_root: AbsoluteDir = "/srv/tfsdeploy"
+    image: ImageReference = "tensorflow/serving:2.21.0-gpu"
+    tfserving_version: TfsVersion = "2.21.0"
+    proxy_image: ImageReference = "haproxy:2.6"
+    grpc_port: Port = 8500
+    rest_port: Port = 8501
+    slot_ports: SlotPorts = field(
+        default_factory=lambda: {"blue": (8510, 8511), "green": (8520, 8521)})
+    gpu_safety_margin: GpuMargin = 1.2
+    gpu_headroom: Annotated[float, Strict(), Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.1
+    # GPU memory each TFServing process takes outside its fraction (CUDA context, cuDNN and
+    # cuBLAS handles); gpu.py's window counts it once per process. Published figures:
+    # - 234 MiB for TFServing 2.2.0-gpu on a T4: used = f x total + 234 MiB at f = 0.25 and
+    #   0.5 (github.com/tensorflow/serving/issues/1668);
+    # - about 400 MiB for a CUDA >= 11.7 context with lazy module loading, over 1000 MiB before
+    #   lazy loading (NVIDIA's PyTorch maintainer, github.com/pytorch/pytorch/issues/109888);
+    # - 107 MiB (RTX 4060 Ti) to 555 MiB (RTX PRO 6000) for a bare context
+    #   (github.com/ggml-org/llama.cpp/pull/23604).
+    # 512 covers all but the largest cards: measure yours (nvidia-smi of an idle server minus
+    # f x total).
+    gpu_context_mib: Annotated[int, Strict(), Field(ge=0, le=65536)] = 512
+    monitoring_path: UrlPath = "/monitoring/prometheus/metrics"
+    # TFServing: a negative value disables polling and start-up waits for a model forever
+    file_system_poll_wait_seconds: Annotated[int, Strict(), Field(ge=0, le=86_400)] = 1
+    grpc_max_connection_age_ms: NonNegativeInt32 = 0
+    enable_model_warmup: Flag = True
+    # TFServing retries a failed load 5 times a minute apart by default: a bad release would
+    # hold its gate for 5 minutes. One quick retry covers transient file-system errors.
+    max_num_load_retries: Annotated[int, Strict(), Field(ge=0, le=1000)] = 1
+    load_retry_interval_micros: Annotated[int, Strict(), Field(ge=0, le=3_600_000_000)] = \
+        5_000_000
+    docker_gpus: DockerGpus | None = None
+    # how stage_model brings a model version onto the host: "push" uploads it over the host's
+    # SSH connection; "pull" publishes it once to model_registry and the host's engine pulls
+    # it by digest (docs/distribution.md)
+    model_transfer: Literal["push", "pull"] = "push"
+    model_registry: ModelRegistry | None = None
+    # the deploy machine speaks plain HTTP to model_registry (as an engine's
+    # --insecure-registry); otherwise HTTPS
+    model_registry_insecure: Flag = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.slot_ports, Mapping):
+            ports = {k: tuple(v) for k, v in dict(self.slot_ports).items()}
+            object.__setattr__(self, "slot_ports", MappingProxyType(ports))
+
+
+VAR_NAMES = frozenset(f.name for f in fields(HostVars))
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine reachable over SSH with a Docker engine."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = CHECKED
+    name: HostName
+    address: Address
+    gpus: Annotated[Sequence[Gpu], Field(max_length=64)] = ()
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gpus, (list, tuple)):
+            object.__setattr__(self, "gpus", tuple(self.gpus))
+        if isinstance(self.vars, Mapping):
+            object.__setattr__(self, "vars", MappingProxyType(dict(self.vars)))
+
+
+@dataclass(frozen=True)
+class Group:
+    """Named set of hosts with vars that apply to all of them."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = CHECKED
+    hosts: Sequence[Annotated[str, Strict()]]
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.hosts, (list, tuple)):
+            object.__setattr__(self, "hosts", tuple(self.hosts))
+        if isinstance(self.vars, Mapping):
+            object.__setattr__(self, "vars", MappingProxyType(dict(self.vars)))
+
+
+@dataclass(frozen=True)
+class ResolvedHost:
+    """A host with its groups and its merged, typed vars."""
+
+    name: str
+    address: str
+    gpus: tuple[Gpu, ...]
+    groups: tuple[str, ...]
+    vars: HostVars

@@ -1,0 +1,279 @@
+"""HAProxy's configuration for a gateway host, rendered from the inventory (pure), the
+gateway's place on its hosts, and the runtime commands that take a serving host out of its
+rotation.
+
+Upstream facts the file relies on (HAProxy 2.6's doc/configuration.txt, the version of the
+proxy image, Debian 12's haproxy 2.6.12):
+- ``server ... proto h2`` speaks HTTP/2 cleartext (h2c) to the backend, what TFServing's gRPC
+  port takes; ``check-proto h1`` makes the health check HTTP/1.1 to the REST port
+  (``check port``) whatever the server's protocol (section 5.2, ``check-proto``: h1, h2, fcgi).
+- ``http-reuse always`` lets any request, a client's first too, take an idle connection of
+  its server; on an h2 server many streams share one connection (section 4, ``http-reuse``).
+  Idle connections are closed half at a time every ``pool-purge-delay`` (default 5 s), and
+  a connection between two requests is idle: the default 5 s would replace the gateway's
+  connection to each host every few seconds under a load that leaves gaps between requests
+  (measured on 2.6.12: a purge delay of 60 s replaced it at 60 s, of 10 s at 10 s and 20 s).
+  ``backend_idle_ms`` (1 h) is that delay.
+- The check: ``option httpchk`` + ``http-check send meth GET uri /v1/models/<model>``,
+  ``http-check expect rstring`` on the JSON's ``"state": "AVAILABLE"``. TFServing's REST
+  status answers 200 before a version is ready, and its gRPC health service
+  (``--enable_grpc_healthcheck_service``) SERVING from start-up with no model check: the model
+  state is the only proof of service.
+- ``fall 1`` with ``inter``/``fastinter``/``downinter`` of one interval: one failed check
+  takes the host out; ``observe layer4 error-limit 1 on-error mark-down`` takes it out at the
+  first failed connection of live traffic, before its next check (section 5.2 ``observe``,
+  ``on-error``).
+- A gRPC error from the gateway itself must be gRPC's Trailers-Only response (grpc
+  doc/PROTOCOL-HTTP2.md: ``:status 200``, ``content-type: application/grpc``, ``grpc-status``
+  and ``grpc-message`` in one HEADERS frame that ends the stream). ``http-request return``
+  cannot build it from arguments: without a payload it ignores ``content-type``, ``hdr``
+  never sets one (HAProxy 2.6 warns "header 'content-type' always ignored by the http
+  reply"), and ``string`` refuses an empty payload. An ``errorfile`` (a whole HTTP response,
+  status 200 allowed) carries every header as written, and with ``Content-Length: 0`` the
+  HTTP/2 side sends headers only. Checked with grpc-python against HAProxy 2.6.12:
+  RESOURCE_EXHAUSTED with its message. REST answers 429 with TFServing's ``{"error": ...}``.
+- The rate limit counts the requests let through (``sc-inc-gpc0`` after the refusal rule,
+  ``gpc0_rate(1s)``), not all requests: counting the refused ones too (``http_req_rate``)
+  would refuse everything once clients send twice the limit.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.gateway import Gateway, Route
+from tfsdeploy.core.inventory.layout import (
+    ADMIN_SOCKET_NAME,
+    PROXY_ADMIN_MOUNT,
+    host_port,
+    model_ports,
+)
+from tfsdeploy.core.inventory.load import Inventory
+from tfsdeploy.core.render.files import _environment, templates_dir
+
+GATEWAY_CONTAINER = "tfs-gateway"
+GATEWAY_FILE = "haproxy.cfg"
+# where the gateway container sees its configuration directory (the proxy image's)
+CONTAINER_FILES_DIR = "/usr/local/etc/haproxy"
+NO_ROUTE_FILE = "no-route.grpc.http"
+# gRPC status codes (grpc doc/statuscodes.md)
+GRPC_NOT_FOUND = 5
+GRPC_RESOURCE_EXHAUSTED = 8
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One serving host of a routed model: where the gateway sends its requests."""
+
+    name: str  # the host's name: the server's name in both backends
+    address: str
+    grpc_port: int
+    rest_port: int
+
+    @property
+    def grpc(self) -> str:
+        """``address:port`` of the host's stable gRPC port."""
+        return host_port(self.address, self.grpc_port)
+
+    @property
+    def rest(self) -> str:
+        """``address:port`` of the host's stable REST port."""
+        return host_port(self.address, self.rest_port)
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """A route with the hosts behind it."""
+
+    model: str
+    grpc_port: int | None
+    rest_port: int | None
+    rate_limit_rps: int | None
+    by_authority: bool  # reached through the shared ports by `<model>.<domain>`
+    servers: tuple[Backend, ...]
+
+    @property
+    def limit_file(self) -> str:
+        """The errorfile of the model's RESOURCE_EXHAUSTED answer."""
+        return f"{self.model}.rate-limited.grpc.http"
+
+
+@dataclass(frozen=True)
+class GatewayPlan:
+    """What every gateway host runs: the setting, its hosts, each route's backends."""
+
+    gateway: Gateway
+    hosts: tuple[ResolvedHost, ...]
+    routes: tuple[RoutePlan, ...]
+    inventory_path: str
+
+    def route(self, model: str) -> RoutePlan | None:
+        """The route of ``model`` (None: not routed)."""
+        return next((r for r in self.routes if r.model == model), None)
+
+
+def plan_gateway(inventory: Inventory) -> GatewayPlan:
+    """The gateway of ``inventory`` with each route's serving hosts; a ConfigError when the
+    inventory declares none (the inventory load has checked everything else)."""
+    gateway = inventory.gateway
+    if gateway is None:
+        raise ConfigError(Problem(
+            "the inventory declares no gateway",
+            fix="add `gateway = Gateway(routes=[Route('<model>', ...)])` and a 'gateway' group "
+                "of gateway hosts to the inventory (docs/gateway.md)",
+            file=inventory.path, field="gateway"))
+    routes = tuple(_route_plan(inventory, gateway, route) for route in gateway.routes)
+    return GatewayPlan(gateway=gateway, hosts=inventory.gateway_hosts, routes=routes,
+                       inventory_path=inventory.path)
+
+
+def _route_plan(inventory: Inventory, gateway: Gateway, route: Route) -> RoutePlan:
+    model = inventory.model(route.model)
+    servers = []
+    for host in inventory.match(model.hosts, f"models.{model.name}.hosts"):
+        ports = model_ports(host, model)
+        servers.append(Backend(host.name, host.address, ports.grpc, ports.rest))
+    return RoutePlan(model=route.model, grpc_port=route.grpc_port, rest_port=route.rest_port,
+                     rate_limit_rps=route.rate_limit_rps,
+                     by_authority=gateway.domain is not None and route.grpc_port is None,
+                     servers=tuple(servers))
+
+
+def render_gateway_files(plan: GatewayPlan, host: ResolvedHost, *,
+                         files_dir: str = CONTAINER_FILES_DIR,
+                         admin_socket: str = f"{PROXY_ADMIN_MOUNT}/{ADMIN_SOCKET_NAME}"
+                         ) -> dict[str, str]:
+    """Every file of one gateway host's configuration directory, by name: haproxy.cfg and the
+    gRPC answers it returns itself. ``files_dir``: where HAProxy finds that directory."""
+    env = _environment(str(templates_dir()))
+    config = env.get_template("gateway.cfg.j2").render(
+        host=host, gw=plan.gateway, routes=plan.routes, inventory=plan.inventory_path,
+        admin_socket=admin_socket, files_dir=files_dir, no_route_file=NO_ROUTE_FILE)
+    files = {GATEWAY_FILE: config,
+             NO_ROUTE_FILE: grpc_answer(GRPC_NOT_FOUND, "no model at this authority")}
+    for route in plan.routes:
+        if route.rate_limit_rps:
+            files[route.limit_file] = grpc_answer(
+                GRPC_RESOURCE_EXHAUSTED,
+                f"rate limit of {route.rate_limit_rps} requests/s of model {route.model} "
+                "reached")
+    return files
+
+
+def grpc_answer(status: int, message: str) -> str:
+    """A gRPC Trailers-Only response as an HAProxy errorfile (HTTP/1 syntax, CRLF lines): HTTP
+    200, application/grpc, the status and its percent-encoded message, no body."""
+    encoded = "".join(c if c.isascii() and c.isprintable() and c != "%" else
+                      "".join(f"%{b:02X}" for b in c.encode()) for c in message)
+    lines = ["HTTP/1.1 200 OK", "Content-Type: application/grpc", f"grpc-status: {status}",
+             f"grpc-message: {encoded}", "Content-Length: 0", "", ""]
+    return "\r\n".join(lines)
+
+
+@dataclass(frozen=True)
+class GatewayPaths:
+    """The gateway's files on a gateway host."""
+
+    root: str
+
+    @property
+    def config_dir(self) -> str:
+        """Mounted read-only at the proxy image's configuration directory."""
+        return f"{self.root}/gateway/config"
+
+    @property
+    def config(self) -> str:
+        """The live configuration."""
+        return f"{self.config_dir}/{GATEWAY_FILE}"
+
+    @property
+    def admin_dir(self) -> str:
+        """Root-only directory of the runtime API's socket."""
+        return f"{self.root}/gateway/admin"
+
+    @property
+    def admin_socket(self) -> str:
+        """The runtime API's socket as the host sees it."""
+        return f"{self.admin_dir}/{ADMIN_SOCKET_NAME}"
+
+
+def gateway_paths(host: ResolvedHost) -> GatewayPaths:
+    """Where the gateway lives on ``host``."""
+    return GatewayPaths(root=host.vars.data_root.rstrip("/"))
+
+
+def gateway_image(plan: GatewayPlan, host: ResolvedHost) -> str:
+    """The HAProxy image the gateway runs on ``host``: the setting's, else the host's
+    ``proxy_image``."""
+    return plan.gateway.image or host.vars.proxy_image
+
+
+def drain_commands(model: str, host: str) -> list[str]:
+    """Runtime commands: no new request of ``model`` goes to serving host ``host`` (those in
+    flight finish); on both of the model's backends."""
+    return [f"set server {model}-{kind}/{host} state drain" for kind in ("grpc", "rest")]
+
+
+def ready_commands(model: str, host: str) -> list[str]:
+    """Runtime commands: ``host`` takes ``model``'s requests again."""
+    return [f"set server {model}-{kind}/{host} state ready" for kind in ("grpc", "rest")]
+
+
+@dataclass(frozen=True)
+class GatewayServer:
+    """One server of a gateway backend as ``show stat`` reports it."""
+
+    backend: str  # <model>-grpc or <model>-rest
+    host: str
+    status: str  # UP, DOWN, DRAIN, MAINT, "UP 1/2" while rising ...
+    sessions: int
+
+    @property
+    def up(self) -> bool:
+        """Checked and serving (a draining server is up but takes no new request)."""
+        return self.status.upper().startswith(("UP", "DRAIN"))
+
+
+def parse_gateway_stat(stat_csv: str) -> tuple[GatewayServer, ...]:
+    """The servers of the gateway's backends in ``show stat`` CSV."""
+    rows = csv.DictReader(io.StringIO(stat_csv.lstrip("# ")))
+    found = []
+    for row in rows:
+        backend, name = row.get("pxname") or "", row.get("svname") or ""
+        if name in ("FRONTEND", "BACKEND", "") or not backend.endswith(("-grpc", "-rest")):
+            continue
+        try:
+            sessions = int(row.get("scur") or 0)
+        except ValueError:
+            sessions = 0
+        found.append(GatewayServer(backend, name, row.get("status") or "", sessions))
+    return tuple(found)
+
+
+def route_health(plan: GatewayPlan, servers: tuple[GatewayServer, ...]
+                 ) -> dict[str, tuple[int, int]]:
+    """Per routed model: (servers of its gRPC backend that are up, servers it has)."""
+    health = {}
+    for route in plan.routes:
+        mine = [s for s in servers if s.backend == f"{route.model}-grpc"]
+        health[route.model] = (sum(s.up for s in mine), len(route.servers))
+    return health
+
+
+def carried_state(before: tuple[GatewayServer, ...], plan: GatewayPlan) -> list[str]:
+    """Runtime commands that give the new worker the drains and maintenances the old one held
+    (a reload starts every server ready) for the servers the new configuration still has."""
+    kept = {(f"{r.model}-{kind}", s.name) for r in plan.routes for s in r.servers
+            for kind in ("grpc", "rest")}
+    commands = []
+    for server in before:
+        status = server.status.upper()
+        state = "maint" if status.startswith("MAINT") else \
+            "drain" if status.startswith("DRAIN") else None
+        if state and (server.backend, server.host) in kept:
+            commands.append(f"set server {server.backend}/{server.host} state {state}")
+    return commands

@@ -1,0 +1,214 @@
+"""The per-host traffic switch: HAProxy owns a model's stable ports and forwards each request to
+the serving slot of each instance (pure: config, runtime commands, parsing of answers).
+
+A switch is a handful of runtime-API commands (no reload): the new slot's server becomes
+``ready``, the old one ``drain`` (in-flight requests finish, new ones go to the new slot), then
+``maint`` once its current sessions reach zero. Servers are named ``i<instance>-<slot>``.
+
+A change of the host's shape (instances added or removed) changes the proxy's servers, which
+the runtime API cannot add: the configuration is rewritten and the proxy reloaded (see
+``reload_plan``), and the runtime state the old process held (each server's state and weight)
+is applied again to the new one (``restore_commands``).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tfsdeploy.core.inventory.catalog import Model
+from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import (
+    ADMIN_SOCKET_NAME,
+    PROXY_ADMIN_MOUNT,
+    SLOTS,
+    Ports,
+    other_slot,
+    parse_server_name,
+    server_name,
+)
+from tfsdeploy.core.render.files import _environment, templates_dir
+
+BACKENDS = ("grpc", "rest")
+FULL_WEIGHT = 100  # every server's weight in the config: a canary step of w % sets w / 100-w
+
+
+@dataclass(frozen=True)
+class PortMove:
+    """What the proxy keeps of the ports a deploy moves (``port_offset``, ``grpc_port``,
+    ``slot_ports`` changed): the old stable ports, still bound beside the new ones so that
+    their clients keep being served (until the model's next deploy), and the servers whose
+    containers still listen on their old ports (name -> gRPC and REST port)."""
+
+    binds: tuple[tuple[int, int], ...] = ()
+    servers: tuple[tuple[str, int, int], ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.binds or self.servers)
+
+
+def render_proxy_config(host: ResolvedHost, model: Model, ports: Ports,
+                        active: dict[int, str | None], moved: PortMove = PortMove()) -> str:
+    """haproxy.cfg with each instance's ``active`` slot serving and its other slot disabled
+    (both, for an instance that serves nothing yet); requests go round-robin across the
+    instances' serving slots. ``moved``: the old ports a deploy that moves them keeps."""
+    env = _environment(str(templates_dir()))
+    kept = {name: (grpc, rest) for name, grpc, rest in moved.servers}
+    servers = [(name, *kept.get(name, (ports.slot_grpc(slot, i), ports.slot_rest(slot, i))),
+                slot == active[i])
+               for i in sorted(active) for slot in SLOTS for name in [server_name(slot, i)]]
+    return env.get_template("haproxy.cfg.j2").render(
+        host=host, model=model, ports=ports, servers=servers, old_binds=moved.binds,
+        admin_socket=f"{PROXY_ADMIN_MOUNT}/{ADMIN_SOCKET_NAME}")
+
+
+def set_state(instance: int, slot: str, state: str) -> list[str]:
+    """Runtime commands: one server's state (ready, drain, maint) on both backends."""
+    return [f"set server {b}/{server_name(slot, instance)} state {state}" for b in BACKENDS]
+
+
+def switch_commands(instance: int, new: str, old: str | None) -> list[str]:
+    """Send new requests of ``instance`` to slot ``new`` and start draining ``old``.
+
+    With no live old release (its container died), the other slot goes straight to
+    maintenance so that no request is sent to a dead server.
+    """
+    if old:
+        return set_state(instance, new, "ready") + set_state(instance, old, "drain")
+    return set_state(instance, new, "ready") + set_state(instance, other_slot(new), "maint")
+
+
+def weight_commands(instance: int, slot: str, weight: int) -> list[str]:
+    """Runtime commands: one server's weight (0..256) on both backends."""
+    return [f"set server {b}/{server_name(slot, instance)} weight {weight}" for b in BACKENDS]
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """One backend server as ``show stat`` reports it."""
+
+    backend: str
+    instance: int
+    slot: str
+    status: str  # UP, DRAIN, MAINT, no check ...
+    sessions: int  # current sessions (requests in flight, for HTTP/2 streams)
+    weight: int
+    # the weight last set (HAProxy 2.6's `uweight` column; `weight` is the effective one,
+    # which a drained or stopped server does not follow): what a reload must set again
+    user_weight: int = FULL_WEIGHT
+    port: int = 0  # where it forwards (the `addr` column; 0: not reported)
+
+    @property
+    def takes_new_requests(self) -> bool:
+        """Neither draining nor in maintenance, and a weight above zero."""
+        return not self.status.upper().startswith(("MAINT", "DRAIN")) and self.weight > 0
+
+
+def parse_stat(stat_csv: str) -> tuple[ServerState, ...]:
+    """Our servers in ``show stat`` CSV (other proxies and rows are ignored)."""
+    rows = csv.DictReader(io.StringIO(stat_csv.lstrip("# ")))
+    found = []
+    for row in rows:
+        parsed = parse_server_name(row.get("svname") or "")
+        if parsed is None or row.get("pxname") not in BACKENDS:
+            continue
+        found.append(ServerState(backend=row["pxname"], instance=parsed[0], slot=parsed[1],
+                                 status=row.get("status") or "", sessions=_int(row.get("scur")),
+                                 weight=_int(row.get("weight"), default=1),
+                                 user_weight=_int(row.get("uweight") or row.get("weight"),
+                                                  default=FULL_WEIGHT),
+                                 port=_int((row.get("addr") or "").rpartition(":")[2])))
+    return tuple(found)
+
+
+def _int(text: str | None, default: int = 0) -> int:
+    try:
+        return int(text or default)
+    except ValueError:
+        return default
+
+
+def server_names(instances: Iterable[int]) -> frozenset[str]:
+    """Every proxy server of ``instances`` (both slots of each)."""
+    return frozenset(server_name(slot, i) for i in instances for slot in SLOTS)
+
+
+def proxy_instances(servers: Iterable[ServerState]) -> frozenset[int]:
+    """The instances a running proxy has servers for."""
+    return frozenset(s.instance for s in servers)
+
+
+def restore_commands(before: Iterable[ServerState], kept: frozenset[str]) -> list[str]:
+    """Runtime commands that give the servers in ``kept`` the state and weight the old
+    process held (``before``: its ``show stat``), server by server on each backend.
+
+    A reload starts a new process from the configuration, whose servers are either enabled
+    (weight 100) or ``disabled``; a drain or a canary's weights exist only at run time, so they
+    are set again. Servers the old process lacked keep the configuration's state.
+    """
+    commands = []
+    for server in before:
+        name = server_name(server.slot, server.instance)
+        if name not in kept:
+            continue
+        status = server.status.upper()
+        state = ("maint" if status.startswith("MAINT") else
+                 "drain" if status.startswith("DRAIN") else "ready")
+        commands += [f"set server {server.backend}/{name} state {state}",
+                     f"set server {server.backend}/{name} weight {server.user_weight}"]
+    return commands
+
+
+@dataclass(frozen=True)
+class ConfigPorts:
+    """The ports a proxy configuration names: what each frontend binds, where each backend's
+    servers are."""
+
+    binds: dict[str, frozenset[int]]  # frontend (grpc, rest) -> its ports
+    servers: dict[tuple[str, str], int]  # (backend, server) -> port
+
+    def server(self, name: str) -> tuple[int, int] | None:
+        """A server's gRPC and REST ports (None: the configuration lacks it)."""
+        grpc, rest = self.servers.get(("grpc", name)), self.servers.get(("rest", name))
+        return (grpc, rest) if grpc is not None and rest is not None else None
+
+
+def config_ports(text: str) -> ConfigPorts:
+    """The ``bind`` ports of each frontend and each backend server's port of a configuration
+    this toolkit wrote (lines it cannot read are skipped)."""
+    binds: dict[str, set[int]] = {}
+    servers: dict[tuple[str, str], int] = {}
+    section = ""
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 2:
+            continue
+        if words[0] in ("frontend", "backend"):
+            section = words[1]
+            continue
+        if words[0] == "bind" or (words[0] == "server" and len(words) >= 3):
+            port = words[1 if words[0] == "bind" else 2].rsplit(":", 1)[-1]
+            if not (port.isascii() and port.isdigit()):
+                continue
+            if words[0] == "bind":
+                binds.setdefault(section, set()).add(int(port))
+            else:
+                servers[(section, words[1])] = int(port)
+    return ConfigPorts({k: frozenset(v) for k, v in binds.items()}, servers)
+
+
+def parse_info_pid(answer: str) -> int | None:
+    """The ``Pid:`` of ``show info`` (the worker process that answered), or None."""
+    for line in answer.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Pid" and value.strip().isascii() and value.strip().isdigit():
+            return int(value.strip())
+    return None
+
+
+def admin_errors(answer: str) -> list[str]:
+    """Lines of an admin-socket answer that report a refused command."""
+    return [line for line in answer.splitlines()
+            if line.strip().lower().startswith(("unknown", "no such", "require", "invalid"))]

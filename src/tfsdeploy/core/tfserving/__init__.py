@@ -1,0 +1,2 @@
+"""TFServing's messages and file formats without TensorFlow: API messages, config messages,
+TFRecord framing, warmup records, golden requests (pure)."""
