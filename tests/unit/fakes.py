@@ -82,6 +82,7 @@ class FakeProxy:
         self.admin: list[str] = []  # every runtime command received, in order
         self.worker = 100  # the worker's pid (`show info`): a reload starts another
         self.reloads = 0
+        self.checked = False  # its configuration health-checks the servers
 
     def start(self, config_dir: str, admin_dir: str | None) -> None:
         """Load ``haproxy.cfg`` as HAProxy does when its container starts."""
@@ -105,6 +106,8 @@ class FakeProxy:
                 self.weights[key] = 1
             elif section == "global" and words[:2] == ["stats", "socket"]:
                 socket_path = words[2]
+            elif section == "backend" and words[0] == "default-server" and "check" in words:
+                self.checked = True
         self.socket = None
         if admin_dir and socket_path == f"{PROXY_ADMIN_MOUNT}/{ADMIN_SOCKET_NAME}":
             self.socket = f"{admin_dir}/{ADMIN_SOCKET_NAME}"
@@ -168,10 +171,18 @@ class FakeProxy:
             rows.append(f"{frontend},FRONTEND,0,OPEN,")
         for (backend, server), status in self.servers.items():
             rows.append(f"{backend},{server},{self.sessions.get((backend, server), 0)},"
-                        f"{status},{self.weights[(backend, server)]}")
+                        f"{self.health(server, status)},{self.weights[(backend, server)]}")
         for backend in {b for b, _ in self.servers}:
             rows.append(f"{backend},BACKEND,0,UP,1")
         return "\n".join(rows) + "\n\n"
+
+    def health(self, server: str, status: str) -> str:
+        """A ready server's status as its health check makes it (with checks: UP while a
+        running container holds its REST port, else DOWN); others as set."""
+        if status != READY or not self.checked:
+            return status
+        port = self.addresses.get(("rest", server))
+        return "UP" if port in self.host.listening() else "DOWN"
 
     def serving_port(self, backend: str = "grpc") -> int | None:
         """The port of a server of ``backend`` that takes new requests: the one, or, with one
@@ -179,7 +190,8 @@ class FakeProxy:
         stable port answers from one). Two ready slots of one instance outside a canary are
         a fault: no answer then."""
         ready = [k for k, status in self.servers.items()
-                 if k[0] == backend and status == READY and self.weights[k] > 0]
+                 if k[0] == backend and self.health(k[1], status) in (READY, "UP")
+                 and self.weights[k] > 0]
         instances = [k[1].split("-", 1)[0] for k in ready]
         if not ready or len(set(instances)) != len(instances):
             return None
@@ -215,6 +227,9 @@ class FakeContainer:
     restarts: int = 0
     exit_code: int = 0
     log: str = ""
+    # restarting under its restart policy (not running): running again after this many
+    # more container lists (each poll of the run reads them once)
+    restarting: int = 0
 
     def port(self, flag: str) -> int | None:
         """The port a serving container listens on (``--port``/``--rest_api_port``)."""
@@ -250,9 +265,9 @@ class FakeDocker:
         return [a for m, a in self.calls if m == method]
 
     def add(self, name: str, labels: dict[str, str], *, image: str = "img",
-            running: bool = True) -> FakeContainer:
+            running: bool = True, command: tuple[str, ...] = ()) -> FakeContainer:
         """A container that a test plants (as another tool or a past run left it)."""
-        self.by_name[name] = FakeContainer(name, labels, image, running=running)
+        self.by_name[name] = FakeContainer(name, labels, image, command, running=running)
         return self.by_name[name]
 
     def version(self) -> str:
@@ -268,8 +283,13 @@ class FakeDocker:
 
     def containers(self, model: str) -> list[ContainerFact]:
         self._call("containers", model)
+        for c in self.containers_of(model):
+            if c.restarting:
+                c.restarting -= 1
+                c.running = not c.restarting
         facts = [container_fact({"Names": [f"/{c.name}"], "Labels": dict(c.labels),
-                                 "State": "running" if c.running else "exited",
+                                 "State": "running" if c.running else
+                                 "restarting" if c.restarting else "exited",
                                  "Status": "Up 3 minutes" if c.running else "Exited (137)",
                                  "Image": c.image}) for c in self.containers_of(model)]
         return sorted((f for f in facts if f is not None), key=lambda f: (f.release, f.name))

@@ -39,6 +39,14 @@ def test_the_fake_proxy_speaks_the_runtime_api(world: dict[str, Any]) -> None:
         render_proxy_config(aim.hosts[0], aim.model, ports, {0: "blue"}))
     conn.fake.proxy.start(where.proxy_dir, where.admin_dir)
     servers = parse_stat(proxyadmin.stat(conn, where.admin_socket))
+    # in rotation, but nothing listens on blue's ports: its health check fails
+    assert {(s.backend, s.slot, s.status, s.takes_new_requests) for s in servers} == {
+        ("grpc", "blue", "DOWN", False), ("grpc", "green", "MAINT", False),
+        ("rest", "blue", "DOWN", False), ("rest", "green", "MAINT", False)}
+    for slot in ("blue", "green"):
+        conn.fake.docker.add(f"tfs-{slot}", {}, command=(
+            f"--port={ports.slot_grpc(slot, 0)}", f"--rest_api_port={ports.slot_rest(slot, 0)}"))
+    servers = parse_stat(proxyadmin.stat(conn, where.admin_socket))
     assert {(s.backend, s.slot, s.takes_new_requests) for s in servers} == {
         ("grpc", "blue", True), ("grpc", "green", False), ("rest", "blue", True),
         ("rest", "green", False)}
@@ -46,8 +54,8 @@ def test_the_fake_proxy_speaks_the_runtime_api(world: dict[str, Any]) -> None:
                     switch_commands(0, "green", "blue") + weight_commands(0, "green", 64))
     servers = parse_stat(proxyadmin.stat(conn, where.admin_socket))
     assert {(s.backend, s.slot): (s.status, s.weight) for s in servers} == {
-        ("grpc", "blue"): ("DRAIN", 1), ("grpc", "green"): ("no check", 64),
-        ("rest", "blue"): ("DRAIN", 1), ("rest", "green"): ("no check", 64)}
+        ("grpc", "blue"): ("DRAIN", 1), ("grpc", "green"): ("UP", 64),
+        ("rest", "blue"): ("DRAIN", 1), ("rest", "green"): ("UP", 64)}
     with pytest.raises(proxyadmin.ProxyRefused, match="No such server"):
         proxyadmin.send(conn, where.admin_socket, ["set server grpc/i0-red state ready"])
     conn.fake.proxy.stop()

@@ -270,7 +270,9 @@ def _canary_on(host: FakeHost, weight: int) -> None:
                 if c.labels.get(f"{LABEL_PREFIX}.role") == "server")
     host.docker.add(f"tfs-{runs.MODEL}-{NEW}-i0", {
         **blue.labels, f"{LABEL_PREFIX}.release": NEW, f"{LABEL_PREFIX}.slot": "green",
-        f"{LABEL_PREFIX}.version": "2"})
+        f"{LABEL_PREFIX}.version": "2"}, command=(
+        f"--port={host.proxy.addresses[('grpc', 'i0-green')]}",
+        f"--rest_api_port={host.proxy.addresses[('rest', 'i0-green')]}"))
     for backend in ("grpc", "rest"):
         host.proxy.servers[(backend, "i0-green")] = READY
         host.proxy.weights[(backend, "i0-green")] = weight

@@ -75,7 +75,7 @@ def test_a_task_parameter_of_the_wrong_type_is_a_located_error(world: dict[str, 
         run_deploy(world, 1, playbook=path)
     (problem,) = error.value.problems
     assert problem.file == str(Path(path).parent.parent / "tasks" / "preflight.yml")
-    assert problem.field == "[4].with.reserve_mib"
+    assert problem.field == "[5].with.reserve_mib"
     assert "'lots'" in problem.message and "check_disk" in problem.message
     assert not world["fleet"].hosts  # no host was even connected
 

@@ -25,6 +25,7 @@ from tfsdeploy.core.rollout.records import (
     parse_lock,
     parse_release,
 )
+from tfsdeploy.hosts import proxyadmin
 from tfsdeploy.hosts.commands.facts import MARK, read_facts
 from tfsdeploy.hosts.commands.files import read_files
 from tfsdeploy.hosts.dockerapi import ContainerFact
@@ -57,6 +58,16 @@ class ProxyFact:
     def in_flight(self, slot: str, instance: int = 0) -> int:
         """Requests in flight on one instance's slot (both backends)."""
         return sum(s.sessions for s in self.servers if s.slot == slot and s.instance == instance)
+
+    def down_slot(self, instance: int = 0) -> str | None:
+        """The slot of ``instance`` the proxy has in rotation (admin state ready) while its
+        health check fails: the instance should serve and does not (its server died, its GPU
+        is gone, it restarts); None when it serves or has no slot in rotation."""
+        ready = [s for s in self.servers if s.backend == "grpc" and s.instance == instance
+                 and s.ready and s.weight > 0]
+        if not ready or any(not s.down for s in ready):
+            return None
+        return ready[0].slot
 
     def weights(self, instance: int = 0) -> dict[str, int]:
         """Slot -> gRPC weight of one instance (ready servers only)."""
@@ -140,6 +151,20 @@ class HostFacts:
             return live[-1] if live else None
         return next((c for c in self.servers if c.release == self.current
                      and c.instance == instance and c.running), None)
+
+    def down(self, instance: int = 0) -> ContainerFact | None:
+        """The container that should serve ``instance`` and does not: in the slot the proxy
+        has in rotation while its health check fails (or, when the proxy does not answer, the
+        recorded ``current`` release's container when it is not running). None when the
+        instance serves, or nothing of it is left to point at."""
+        if self.proxy.running and self.proxy.answered:
+            slot = self.proxy.down_slot(instance)
+            here = self.in_slot(slot, instance) if slot else []
+            return (sorted(here, key=lambda c: (c.running, c.release))[-1] if here else None)
+        if self.serving(instance) is not None:
+            return None
+        return next((c for c in self.servers if c.release == self.current
+                     and c.instance == instance), None)
 
     @property
     def serving_release(self) -> str | None:
@@ -309,6 +334,43 @@ def gather(conn: Connection, model: str, paths: HostPaths, *,
     facts = parse_facts(conn.host.name, result.stdout, containers, images=present,
                         docker_version=version)
     return replace(facts, seconds=time.monotonic() - started)
+
+
+# a container the Engine runs, or restarts under its restart policy: it may serve again
+COMING_BACK = frozenset({"running", "restarting"})
+
+
+def coming_back(facts: HostFacts) -> list[str]:
+    """What a reboot or a crash is bringing back (pure): the model's proxy while it restarts
+    (or runs without its admin socket answering yet), then each server in rotation whose
+    health check fails while its container runs or restarts (its model loading again)."""
+    proxy = facts.proxy_container
+    if proxy is not None and (proxy.state == "restarting"
+                              or (proxy.running and not facts.proxy.answered)):
+        return [proxy.name]  # its servers' health is known once it answers
+    if not (facts.proxy.running and facts.proxy.answered):
+        return [c.name for c in facts.servers
+                if c.release == facts.current and c.state == "restarting"]
+    found = []
+    for index in sorted({s.instance for s in facts.proxy.servers}):
+        slot = facts.proxy.down_slot(index)
+        if slot and any(c.state in COMING_BACK for c in facts.in_slot(slot, index)):
+            found.append(f"i{index}-{slot}")
+    return found
+
+
+def reread_serving(conn: Connection, facts: HostFacts, model: str, paths: HostPaths
+                   ) -> HostFacts:
+    """``facts`` with what serves read again: the model's containers and its proxy's
+    ``show stat`` (no answer: the proxy is not serving)."""
+    containers = conn.docker.containers(model)
+    try:
+        stat = proxyadmin.stat(conn, paths.admin_socket)
+    except proxyadmin.ProxyRefused:
+        stat = ""
+    return replace(facts, containers=tuple(c for c in containers if c.role == "proxy"
+                                           or is_release_id(c.release)),
+                   proxy=_proxy(containers, stat))
 
 
 def read_release_files(conn: Connection, paths: HostPaths, release_id: str) -> dict[str, str]:

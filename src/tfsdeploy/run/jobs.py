@@ -105,6 +105,9 @@ class InstanceJob:
     fraction: float | None  # its --per_process_gpu_memory_fraction (None: no GPU)
     new_slot: str = "blue"
     old: ContainerFact | None = None  # what serves this instance now
+    # what should serve it and does not (its server fails the proxy's health check: died,
+    # lost its GPU, restarts): replaced by the run, never counted as the release that serves
+    down: ContainerFact | None = None
     warm: bool = False  # the target container was already running and loaded
     started: bool = False  # the run created the new container (restore removes it)
     resumed: bool = False  # the run started a retained, stopped container (restore stops it)
@@ -160,6 +163,9 @@ class HostJob:
     retiring: dict[int, str | None] = field(default_factory=dict)
     port_move: PortMove = field(default_factory=PortMove)  # old ports the proxy keeps
     gateway_drained: bool = False  # the gateway hosts route none of the model's requests here
+    # (instance, slot) of every server the proxy has in rotation while its health check fails
+    # (planned instances and retiring ones): out of rotation before any traffic moves
+    down_slots: frozenset[tuple[int, str]] = frozenset()
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")

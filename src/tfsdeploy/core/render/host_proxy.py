@@ -92,7 +92,7 @@ class ServerState:
     backend: str
     instance: int
     slot: str
-    status: str  # UP, DRAIN, MAINT, no check ...
+    status: str  # UP, UP 1/3, DOWN, DOWN 1/2, DRAIN, MAINT, MAINT (via rest/...), no check
     sessions: int  # current sessions (requests in flight, for HTTP/2 streams)
     weight: int
     # the weight last set (HAProxy 2.6's `uweight` column; `weight` is the effective one,
@@ -102,8 +102,27 @@ class ServerState:
 
     @property
     def takes_new_requests(self) -> bool:
-        """Neither draining nor in maintenance, and a weight above zero."""
-        return not self.status.upper().startswith(("MAINT", "DRAIN")) and self.weight > 0
+        """Neither draining nor in maintenance nor failing its health check, and a weight
+        above zero."""
+        return self.ready and not self.down and self.weight > 0
+
+    @property
+    def ready(self) -> bool:
+        """Its admin state is ready: neither draining nor in maintenance (whatever its
+        health)."""
+        return not self.status.upper().startswith(("MAINT", "DRAIN"))
+
+    @property
+    def down(self) -> bool:
+        """Its health check fails (``DOWN``, ``DOWN 1/2`` while it comes back; ``NOLB``):
+        HAProxy sends it no request whatever its admin state."""
+        return self.status.upper().startswith(("DOWN", "NOLB"))
+
+    @property
+    def up(self) -> bool:
+        """Ready and passing its health check (``UP``; ``UP 1/3`` while a check fails, before
+        it is taken out; ``no check`` on a proxy written before servers were checked)."""
+        return self.ready and not self.down
 
 
 def parse_stat(stat_csv: str) -> tuple[ServerState, ...]:

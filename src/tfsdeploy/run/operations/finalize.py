@@ -47,12 +47,23 @@ def retire_old(job: HostJob) -> Ops:
         yield from _out_of_rotation(job, container)
         yield StopContainer(container.name)
         notes.append(f"stopped {container.name}")
+    for container in _dead(job):
+        yield RemoveContainer(container.name)
+        notes.append(f"removed {container.name} ({container.state}: its instance was down; "
+                     "its release's files stay for a rollback)")
     first = job.instances[0]
     if job.unchanged and first.old and job.facts.current != first.old.release:
         notes.append((yield from _finish_interrupted_record(job, first.old.release)))
     stopped = {c.name for c in leftovers} if window <= 0 else set()
     notes.append((yield from prune_releases(job, stopped)))
     return "; ".join(n for n in notes if n) or "nothing to retire"
+
+
+def _dead(job: HostJob) -> list[ContainerFact]:
+    """The containers, not running, of the servers the run found down (``discover``): left
+    there, a restart policy could start one into ports or a GPU its replacement holds."""
+    return [c for c in job.facts.servers
+            if not c.running and (c.instance, c.slot) in job.down_slots]
 
 
 def _out_of_rotation(job: HostJob, container: ContainerFact) -> Ops:

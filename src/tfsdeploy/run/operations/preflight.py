@@ -4,13 +4,15 @@ release is already live). Only ``pull_image`` changes a host (it adds an image).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Literal
 
 from tfsdeploy.core.inventory.layout import other_slot, server_name
 from tfsdeploy.core.render.host_proxy import FULL_WEIGHT, PortMove, config_ports, proxy_instances
-from tfsdeploy.core.rollout.gates import GateFailed
-from tfsdeploy.run.changes import PullImage
+from tfsdeploy.core.rollout.gates import GateFailed, Verdict, poll
+from tfsdeploy.hosts.facts import coming_back, reread_serving
+from tfsdeploy.run.changes import Check, PullImage
 from tfsdeploy.run.jobs import HostJob, InstanceJob
 from tfsdeploy.run.operations.step import Ops, operation
 
@@ -36,6 +38,39 @@ def check_docker(job: HostJob) -> Ops:
     return f"docker {job.facts.docker_version}"
 
 
+@operation("await_restarts")
+def await_restarts(job: HostJob, timeout_s: float | None = None) -> Ops:
+    """Before any decision: wait (at most ``timeout_s``, default the model's
+    ``load_timeout_s``) for what a reboot or a crash is bringing back, the proxy and the
+    servers whose containers run or restart while their health check fails, so that the run
+    decides on what serves, not on a moment of its restart; what is still down then is
+    treated as down."""
+    waiting = coming_back(job.facts)
+    if not waiting:
+        return "nothing coming back"
+    deadline = timeout_s or job.model.rollout.load_timeout_s
+
+    def run() -> str:
+        started = time.monotonic()
+
+        def check() -> Verdict:
+            job.facts = reread_serving(job.conn, job.facts, job.model.name, job.paths)
+            left = coming_back(job.facts)
+            return Verdict.wait(f"{', '.join(left)} coming back") if left else Verdict.ok("")
+
+        try:
+            poll(check, step="await_restarts", expected=f"{', '.join(waiting)} to serve again",
+                 deadline_s=deadline, clock=job.run.clock, interval_s=0.5, max_interval_s=2.0)
+        except GateFailed:
+            return (f"{', '.join(coming_back(job.facts))} still not serving after "
+                    f"{deadline:g} s: treated as down")
+        return f"{', '.join(waiting)} back after {time.monotonic() - started:.1f} s"
+
+    yield Check(f"wait until {', '.join(waiting)} serve again (a reboot or a crash brings "
+                f"them back; {deadline:g} s at most)", run)
+    return ""
+
+
 @operation("discover")
 def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = None) -> Ops:
     """Take each instance's live release from the facts and choose its slot (the free one;
@@ -45,22 +80,27 @@ def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = N
     recreate = (strategy or job.model.rollout.strategy) == "recreate"
     for instance in job.instances:
         instance.old = facts.serving(instance.index)
-        instance.new_slot = ("blue" if not instance.old else instance.old.slot if recreate
-                             else other_slot(instance.old.slot))
+        instance.down = None if instance.old else facts.down(instance.index)
+        was = instance.old or instance.down
+        instance.new_slot = ("blue" if not was else was.slot if recreate
+                             else other_slot(was.slot))
         _canary_slots(job, instance)
     job.retiring = _retiring(job)
+    job.down_slots = down_slots(job)
     job.port_move = port_move(job) if job.run.verb in ("deploy", "rollback") else PortMove()
     first = job.instances[0]
     note = "".join(f"; unreadable record {b.path} ignored ({b.error})" for b in facts.broken)
     note += "".join(f"; i{i} is not in the plan: it serves until finalize removes it"
                     for i in sorted(job.retiring))
+    note += "".join(f"; {_down_note(job, index, slot)}" for index, slot in sorted(job.down_slots))
     note += f"; ports move: {moved_ports(job)}" if job.port_move else ""
     if job.run.verb not in ("deploy", "rollback"):
         return (f"serving {first.old.release} in {first.old.slot}" if first.old
                 else "nothing serving") + note
     if job.run.rollback:
         return _rollback_slots(job) + note
-    live = facts.record(first.old.release) if first.old else None
+    serving = next((i.old.release for i in job.instances if i.old), None)
+    live = facts.record(serving or (facts.current if job.down_slots else None))
     job.previous_record = live
     same = all(i.old and live and i.old.release == live.id for i in job.instances)
     job.unchanged = bool(same and live and live.version == job.run.version
@@ -81,6 +121,27 @@ def _retiring(job: HostJob) -> dict[int, str | None]:
         return {}
     dropped = proxy_instances(proxy.servers) - {i.index for i in job.instances}
     return {index: proxy.serving_slot(index) for index in sorted(dropped)}
+
+
+def down_slots(job: HostJob) -> frozenset[tuple[int, str]]:
+    """(instance, slot) of every server the running proxy has in rotation while its health
+    check fails, for the planned instances and those the plan drops."""
+    proxy = job.facts.proxy
+    if not proxy.running or not proxy.answered:
+        return frozenset()
+    indices = {s.instance for s in proxy.servers}
+    return frozenset((index, slot) for index in indices
+                     if (slot := proxy.down_slot(index)) is not None)
+
+
+def _down_note(job: HostJob, index: int, slot: str) -> str:
+    """Why an instance counts as down, for the discover line."""
+    seen = job.facts.in_slot(slot, index)
+    what = ", ".join(f"{c.name} {c.state}" for c in seen) or "no container"
+    planned = any(i.index == index for i in job.instances)
+    return (f"i{index}-{slot} is down (its health check fails; {what}): "
+            + ("replaced, never counted as serving" if planned else
+               "out of rotation until finalize removes it"))
 
 
 def _canary_slots(job: HostJob, instance: InstanceJob) -> None:
@@ -108,7 +169,8 @@ def _describe_slots(job: HostJob) -> str:
     for i in job.instances:
         label = f"i{i.index} (GPU {','.join(map(str, i.gpus))}): " if several else ""
         parts.append(label + (f"serving {i.old.release} in {i.old.slot}; new slot {i.new_slot}"
-                              if i.old else f"no release yet; new slot {i.new_slot}"))
+                              if i.old else f"down in {i.down.slot}; new slot {i.new_slot}"
+                              if i.down else f"no release yet; new slot {i.new_slot}"))
     return "; ".join(parts)
 
 

@@ -71,9 +71,10 @@ def _clear_free_slot(job: HostJob, step: str) -> Ops:
         raise GateFailed(step, "the serving container to stay untouched",
                          f"{job.container} serves traffic and would be replaced")
     keep = {job.container, job.old.name if job.old else ""}
+    down = job.instance.down.name if job.instance.down else ""
     for container in job.facts.in_slot(job.new_slot, job.instance.index):
-        if container.name not in keep and (container.running or
-                                           container.release == job.run.release_id):
+        if container.name not in keep and (container.running or container.name == down
+                                           or container.release == job.run.release_id):
             yield RemoveContainer(container.name)
     if any(c.name == job.container for c in job.facts.servers):
         yield RemoveContainer(job.container)

@@ -67,18 +67,33 @@ def reshape_proxy(job: HostJob) -> Ops:
         return "the proxy was made to follow the plan before the host's first instance"
     if not proxy_running(job) or not job.facts.proxy.answered:
         return "no proxy serving yet: its first start has every instance's servers"
+    out = yield from _down_out_of_rotation(job)
     wanted = planned(job) | set(job.retiring)
     written = proxy_config(job)
     reasons = reload_reasons(job, written.data.decode())
     if not reasons:
-        return f"the proxy has the servers and ports of {_listed(wanted)}"
+        return out + f"the proxy has the servers and ports of {_listed(wanted)}"
     live = proxy_instances(job.facts.proxy.servers)
     yield written
     yield ReloadProxy(proxy_name(job.model.name), server_names(wanted),
                       f"reload the proxy seamlessly: {'; '.join(reasons)} (new servers in "
                       f"maintenance until their switch; {_listed(live & wanted)} kept as "
                       "they are)")
-    return f"proxy reloaded for {_listed(wanted)}: {'; '.join(reasons)}"
+    return out + f"proxy reloaded for {_listed(wanted)}: {'; '.join(reasons)}"
+
+
+def _down_out_of_rotation(job: HostJob) -> Ops:
+    """Servers in rotation whose health check fails (``discover``'s ``down_slots``) go to
+    maintenance before any traffic moves: an instance that died is replaced by this run
+    (or removed, when the plan drops it), never brought back by its restart policy while
+    the host's traffic moves."""
+    if not job.down_slots:
+        return ""
+    commands = tuple(c for index, slot in sorted(job.down_slots)
+                     for c in set_state(index, slot, "maint"))
+    names = ", ".join(f"i{index}-{slot}" for index, slot in sorted(job.down_slots))
+    yield ProxyCommands(commands, f"proxy: {names} in maintenance (health check fails)")
+    return f"{names} (down) in maintenance; "
 
 
 @operation("remove_instances")
