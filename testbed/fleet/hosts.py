@@ -449,6 +449,10 @@ def dockerd_argv(host: Host, runtime: Path) -> list[str]:
         "--default-runtime=simgpu",
         "--shutdown-timeout=2",
         "--max-concurrent-downloads=6",
+        # containers keep running while the engine restarts (an upgrade, a crash), as Docker
+        # advises for production hosts (docs.docker.com, "Live restore"); a reboot still
+        # stops them and their restart policy brings them back
+        "--live-restore",
     ]
 
 
@@ -479,8 +483,8 @@ def _start_dockerd(host: Host, holder: int, runtime: Path) -> None:
 
 
 def restart_dockerd(host: Host, *, runtime: Path, timeout: float = 60) -> None:
-    """Restart only the host's dockerd, with today's command line: sshd and sessions stay; the
-    containers stop with it and those with a restart policy start again with it."""
+    """Restart only the host's dockerd, with today's command line: sshd and sessions stay;
+    the containers keep running (live restore) and the engine takes them up again."""
     holder, pid = holder_pid(host), daemon_pid(host, "docker.pid", "dockerd")
     if holder is None or pid is None:
         raise TestbedError(f"{host.name}: no running dockerd to restart; run scripts/testbed up")

@@ -494,6 +494,51 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reboot(args: argparse.Namespace) -> int:
+    """Reboot one host as a machine reboots: every process stops (dockerd first, which stops
+    the containers; with --hard everything is killed at once, a power cut), the disks are
+    kept (its Docker engine's containers and images, the toolkit's files), then the host
+    starts again, with --gpus / --gpu-mib its GPUs changed (a GPU lost or added). Containers
+    with a restart policy start again with its engine, as on a real host."""
+    preflight()
+    places = Places.from_env()
+    shape, reserved = current_shape(places)
+    if args.host not in shape:
+        raise TestbedError(f"reboot {args.host}: no such host (up: {', '.join(shape) or 'none'})")
+    specs = [f"{args.host}={v}" for v in args.gpus]
+    sizes = [f"{args.host}={v}" for v in args.gpu_mib]
+    layout = parse_gpu_specs(sizes, len(shape), specs, current=shape)
+    host = hostlib.Host(int(args.host[2:]), places)
+    t = time.monotonic()
+    if args.hard:
+        hostlib.stop_processes(host, grace=0.0)
+    hostlib.stop(host)
+    down_s = time.monotonic() - t
+    hostlib.start(host, runtime=install_gpu_tools(places),
+                  gpus=gpu_document(host.name, layout[host.name]))
+    hostlib.wait_ready(host)
+    write_hosts_json(places, {**shape, host.name: layout[host.name]}, reserved)
+    print(f"testbed reboot: {host.name} down in {down_s:.1f}s, up again in "
+          f"{time.monotonic() - t - down_s:.1f}s with {gpu_label(layout[host.name])}")
+    return 0
+
+
+def cmd_restart_engine(args: argparse.Namespace) -> int:
+    """Restart one host's Docker engine alone (an engine upgrade or crash): its containers
+    keep running (live restore), sshd and its sessions stay."""
+    preflight()
+    places = Places.from_env()
+    shape, _ = current_shape(places)
+    if args.host not in shape:
+        raise TestbedError(f"restart-engine {args.host}: no such host")
+    host = hostlib.Host(int(args.host[2:]), places)
+    t = time.monotonic()
+    hostlib.restart_dockerd(host, runtime=install_gpu_tools(places))
+    print(f"testbed restart-engine: {host.name}'s dockerd answers again after "
+          f"{time.monotonic() - t:.1f}s")
+    return 0
+
+
 def cmd_prometheus(args: argparse.Namespace) -> int:
     """Start (or reload) the testbed's Prometheus alone; idempotent, the hosts untouched."""
     preflight()
@@ -722,6 +767,19 @@ def main(argv: list[str]) -> int:
         action="store_true",
         help="do not add the testbed to ~/.ssh/config and ~/.ssh/known_hosts",
     )
+    reboot = sub.add_parser(
+        "reboot", help="reboot one host (disks kept; containers with a restart policy come "
+        "back), optionally with its GPUs changed")
+    reboot.add_argument("host", metavar="tbN")
+    reboot.add_argument("--gpus", action="append", default=[], metavar="N",
+                        help="its simulated GPUs after the reboot (default: as now)")
+    reboot.add_argument("--gpu-mib", action="append", default=[], metavar="MIB[,MIB]",
+                        help="the memory of each of its GPUs after the reboot")
+    reboot.add_argument("--hard", action="store_true",
+                        help="a power cut: every process killed at once, no orderly stop")
+    engine = sub.add_parser("restart-engine", help="restart one host's Docker engine alone "
+                            "(its containers keep running: live restore)")
+    engine.add_argument("host", metavar="tbN")
     down = sub.add_parser("down", help="stop everything; keeps docker data unless --purge")
     down.add_argument("--purge", action="store_true", help="also delete all testbed state")
     status = sub.add_parser(
@@ -735,7 +793,8 @@ def main(argv: list[str]) -> int:
                       help="do not read the hosts for the models' current targets")
     args = parser.parse_args(argv)
     handler = {"up": cmd_up, "down": cmd_down, "status": cmd_status,
-               "prometheus": cmd_prometheus}[args.command]
+               "prometheus": cmd_prometheus, "reboot": cmd_reboot,
+               "restart-engine": cmd_restart_engine}[args.command]
     try:
         return handler(args)
     except TestbedError as exc:

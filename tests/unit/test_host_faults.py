@@ -96,3 +96,36 @@ def test_nothing_coming_back_costs_no_wait(world: dict[str, Any]) -> None:
     recorder = Recorder()
     assert run_deploy(world, 1, recorder, count=1, gpus=2).exit_code == ExitCode.OK
     assert _detail(recorder, "h1", "await_restarts") == "nothing coming back"
+
+
+def test_a_gpu_lost_then_back_with_the_inventory_unchanged_needs_fab_deploy_alone(
+        world: dict[str, Any]) -> None:
+    first = run_deploy(world, 1, count=1, gpus=2)
+    assert first.exit_code == ExitCode.OK, first.message
+    fleet: FakeFleet = world["fleet"]
+    _kill(world, first.release_id, 1)
+    fleet["h1"].gpus = [(0, 16384)]  # GPU 1 fell off the bus; the inventory still lists it
+    recorder = Recorder()
+    lost = run_deploy(world, 1, recorder, count=1, gpus=2)
+    assert lost.exit_code == ExitCode.OK, lost.message
+    assert "GPU 1 of the inventory absent" in _detail(recorder, "h1", "discover")
+    assert serving(fleet["h1"]) == [lost.release_id]
+    assert {s for _, s in fleet["h1"].proxy.servers} == {"i0-blue", "i0-green"}
+    fleet["h1"].gpus = [(0, 16384), (1, 16384)]  # the card is back
+    back = run_deploy(world, 1, count=1, gpus=2)
+    assert back.exit_code == ExitCode.OK, back.message
+    assert serving(fleet["h1"]) == [back.release_id, back.release_id]
+    assert {s for _, s in fleet["h1"].proxy.servers} == {
+        "i0-blue", "i0-green", "i1-blue", "i1-green"}
+
+
+def test_a_host_reporting_none_of_its_gpus_is_refused_before_anything_changes(
+        world: dict[str, Any]) -> None:
+    first = run_deploy(world, 1, count=1, gpus=2)
+    assert first.exit_code == ExitCode.OK, first.message
+    fleet: FakeFleet = world["fleet"]
+    fleet["h1"].gpus = []
+    result = run_deploy(world, 2, count=1, gpus=2)
+    assert result.exit_code == ExitCode.INVALID, result.message
+    assert "nvidia-smi: no GPU" in str(result.hosts["h1"].__dict__)
+    assert serving(fleet["h1"]) == [first.release_id, first.release_id]

@@ -166,6 +166,8 @@ class HostJob:
     # (instance, slot) of every server the proxy has in rotation while its health check fails
     # (planned instances and retiring ones): out of rotation before any traffic moves
     down_slots: frozenset[tuple[int, str]] = frozenset()
+    # GPUs of the inventory the host does not report: their instances are left out
+    absent_gpus: tuple[int, ...] = ()
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")

@@ -163,7 +163,25 @@ def job_for(context: RunContext, host: ResolvedHost, render: HostRender, session
         job.unreachable = seen
     else:
         job.facts = seen
+        _leave_out_absent_gpus(job)
     return job
+
+
+def _leave_out_absent_gpus(job: HostJob) -> None:
+    """An instance whose GPU the host does not report (it fell off the bus, the host came
+    back with a card less) is left out of the plan: the host serves on the GPUs it has (the
+    proxy takes the instance out like one the inventory dropped), and the next run that sees
+    the GPU again brings the instance back. A host that reports none of them keeps its plan:
+    `check_gpu` refuses it."""
+    if not job.host.gpus or len(job.instances) < 2:
+        return
+    present = {g.index for g in job.facts.gpus}
+    kept = [i for i in job.instances if set(i.gpus) <= present]
+    if not kept or len(kept) == len(job.instances):
+        return
+    job.absent_gpus = tuple(sorted({g for i in job.instances for g in i.gpus} - present))
+    job.instances = kept
+    job.instance = kept[0]
 
 
 # -- deploy ------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def discover(job: HostJob, strategy: Literal["dual-slot", "recreate"] | None = N
     note += "".join(f"; i{i} is not in the plan: it serves until finalize removes it"
                     for i in sorted(job.retiring))
     note += "".join(f"; {_down_note(job, index, slot)}" for index, slot in sorted(job.down_slots))
+    note += f"; {absent_note(job)}" if job.absent_gpus else ""
     note += f"; ports move: {moved_ports(job)}" if job.port_move else ""
     if job.run.verb not in ("deploy", "rollback"):
         return (f"serving {first.old.release} in {first.old.slot}" if first.old
@@ -319,14 +320,24 @@ def check_gpu(job: HostJob) -> Ops:
                     f"{plan.gpu_memory_mib} MiB + {plan.context_mib} MiB CUDA context)",
                     f"{free} MiB free ({card.used_mib} of {card.total_mib} MiB used); "
                     f"plan: {plan.arithmetic()}")
+    absent = f"; {absent_note(job)}" if job.absent_gpus else ""
     return (f"{len(cards)} GPU(s) as in the inventory; {len(job.instances)} instance(s) "
-            "have room")
+            f"have room{absent}")
+
+
+def absent_note(job: HostJob) -> str:
+    """The inventory's GPUs the host does not report, and the instances left out for them."""
+    seen = ", ".join(str(g.index) for g in job.facts.gpus)
+    return (f"GPU {', '.join(map(str, job.absent_gpus))} of the inventory absent "
+            f"(nvidia-smi: GPU {seen}): the host serves on what it has; the instance(s) come "
+            "back with the next `fab deploy` once the GPU is back")
 
 
 def gpu_mismatch(job: HostJob) -> tuple[str, str] | None:
     """(expected, seen) when nvidia-smi's GPUs differ from the inventory's (count or memory,
-    within 1%), else None."""
-    want = {g.index: g.memory_mib for g in job.host.gpus}
+    within 1%), else None. GPUs the plan left out as absent (``absent_gpus``) are not
+    expected."""
+    want = {g.index: g.memory_mib for g in job.host.gpus if g.index not in job.absent_gpus}
     seen = {g.index: g.total_mib for g in job.facts.gpus}
     wrong = sorted(i for i in want if i not in seen or abs(seen[i] - want[i]) > want[i] / 100)
     if len(want) == len(seen) and not wrong:
