@@ -129,3 +129,25 @@ def test_a_host_reporting_none_of_its_gpus_is_refused_before_anything_changes(
     assert result.exit_code == ExitCode.INVALID, result.message
     assert "nvidia-smi: no GPU" in str(result.hosts["h1"].__dict__)
     assert serving(fleet["h1"]) == [first.release_id, first.release_id]
+
+
+def test_status_names_a_down_instance_as_drift_with_its_fix(world: dict[str, Any]) -> None:
+    from tfsdeploy.cli import fleet as fleet_cli
+
+    from .runs import target
+
+    first = run_deploy(world, 1, count=1, gpus=2)
+    assert first.exit_code == ExitCode.OK, first.message
+    fleet: FakeFleet = world["fleet"]
+    (healthy,) = fleet_cli.status(target(world, count=1, gpus=2), connect=fleet.connect)
+    assert healthy["down"] == [] and healthy["instance_drift"] == []
+    dead = _kill(world, first.release_id, 1)
+    (row,) = fleet_cli.status(target(world, count=1, gpus=2), connect=fleet.connect)
+    assert row["down"] == [1]
+    assert row["instance_drift"] == [
+        f"i1 planned, down ({dead} exited, failing its health check); "
+        "fix: fab deploy --model hp2"]
+    fleet["h1"].gpus = [(0, 16384)]
+    (row,) = fleet_cli.status(target(world, count=1, gpus=2), connect=fleet.connect)
+    assert row["instance_drift"] == [
+        "i1 planned, down (GPU 1 absent); fix: fab deploy --model hp2"]

@@ -15,7 +15,7 @@ from tfsdeploy.core.canary.steps import CanaryState
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.layout import host_paths, model_ports
-from tfsdeploy.core.render.files import placements, render_host
+from tfsdeploy.core.render.files import HostRender, placements, render_host
 from tfsdeploy.core.rollout.records import LockRecord, parse_audit
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.timetext import SINCE_FIX, since_seconds
@@ -39,20 +39,53 @@ def _versions(host: ResolvedHost, model: str, port: int) -> list[dict[str, Any]]
         client.close()
 
 
-def drift(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
-          ) -> list[str]:
-    """Files whose live content (``current``'s files) differs from what the inventory renders
-    now for the live version."""
+def live_render(target: Target, host: ResolvedHost, facts: HostFacts) -> HostRender | None:
+    """What the inventory renders now for the host's live version (None: nothing live)."""
     record = facts.record(facts.current)
     if record is None:
-        return []
+        return None
     inventory = target.inventory
     placed = placements(inventory)
-    render = render_host(host, target.model, record.version,
-                         co_located=[inventory.models[m] for m, on in placed.items()
-                                     if host.name in on])
+    return render_host(host, target.model, record.version,
+                       co_located=[inventory.models[m] for m, on in placed.items()
+                                   if host.name in on])
+
+
+def drift(render: HostRender | None, facts: HostFacts) -> list[str]:
+    """Files whose live content (``current``'s files) differs from what the inventory renders
+    now for the live version."""
+    if render is None:
+        return []
     return [r.name for r in render.files
             if facts.live_files.get(r.name) != hashlib.sha256(r.text.encode()).hexdigest()]
+
+
+def instance_drift(render: HostRender | None, facts: HostFacts, model: str
+                   ) -> tuple[list[str], list[int]]:
+    """Instances the plan has that do not serve (down: their server fails the proxy's health
+    check or their container is gone; their GPU absent) and instances that run without being
+    planned, each with the fix; and the planned instances that are down."""
+    if render is None:
+        return [], []
+    planned = {i.index: i.gpus for i in render.instances}
+    present = {g.index for g in facts.gpus}
+    fix = f"fix: fab deploy --model {model}"
+    notes, down = [], []
+    for index, gpus in sorted(planned.items()):
+        if facts.serving(index) is not None:
+            continue
+        dead = facts.down(index)
+        absent = [g for g in gpus if g not in present]
+        why = (f"GPU {', '.join(map(str, absent))} absent" if absent and facts.gpus else
+               f"{dead.name} {dead.state}, failing its health check" if dead else
+               "not running")
+        notes.append(f"i{index} planned, down ({why}); {fix}")
+        down.append(index)
+    running = {c.instance for c in facts.servers if c.running}
+    proxied = {s.instance for s in facts.proxy.servers if s.takes_new_requests}
+    for index in sorted((running | proxied) - set(planned)):
+        notes.append(f"i{index} runs, not planned; {fix}")
+    return notes, down
 
 
 def traffic_shares(facts: HostFacts, instance: int = 0) -> dict[str, int]:
@@ -140,6 +173,8 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
     first = next((i for i in instances if i["instance"] == 0), instances[0])
     holder = facts.lock
     orphan = is_orphan(target, host, facts)
+    render = live_render(target, host, facts)
+    shape, down = instance_drift(render, facts, target.model.name)
     return {"orphan": orphan,
             "note": orphan_note(target.model.name, host.name) if orphan else "",
             "current": serving or facts.current, "recorded_current": facts.current,
@@ -147,7 +182,8 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
             "image": record.image if record else None,
             "traffic_slot": first["traffic_slot"], "proxy_running": facts.proxy.running,
             "slots": first["slots"], "instances": instances,
-            "canary": canary_on(facts), "drift": drift(target, host, conn, facts),
+            "canary": canary_on(facts), "drift": drift(render, facts),
+            "instance_drift": shape, "down": down,
             "broken_records": [b.model_dump() for b in facts.broken],
             "lock": (holder.describe() + (" (STALE)" if locks.is_stale(holder) else "")
                      if holder else "unreadable lock record" if facts.lock_present else None)}

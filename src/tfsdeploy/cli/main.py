@@ -269,8 +269,10 @@ def cmd_status(args: Options) -> int:
         for row in rows:  # the table cuts the error short: its reason and fix in full
             if not row["reachable"]:
                 print(f"{row['host']}: UNREACHABLE ({row.get('error', '')})")
+            for note in row.get("instance_drift") or []:
+                print(f"{row['host']}: {note}")
     gateway_notes(args)
-    return 0 if all(r["reachable"] for r in rows) else 3
+    return 0 if all(r["reachable"] and not r.get("down") for r in rows) else 3
 
 
 def cmd_history(args: Options) -> int:

@@ -257,7 +257,8 @@ def status_row(row: dict[str, Any]) -> tuple[str, ...]:
             for c in containers)
         for instance in instances
         for slot, containers in instance["slots"].items() if containers)
-    drift = row.get("note") or ", ".join(row["drift"]) or "none"
+    drift = row.get("note") or "; ".join([*row["drift"], *row.get("instance_drift", [])]) \
+        or "none"
     return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
             traffic_cell(instances, row.get("canary")), slots or "-", drift,
             row["lock"] or "free")

@@ -2,7 +2,8 @@
 
 One round trip prints every file-system fact the toolkit needs, each section after a marker
 line ``@@<name> [argument]``: the ``current`` link and the sha256 of its files, every release
-record, the lock record, the staged versions and their digests, free disk, GPUs, listening
+record, the lock record, the staged versions and their digests, free disk where the
+versions are written (the volume of the model's directory), GPUs, listening
 ports, the proxy's configuration, its ``show stat`` and the servers its haproxy.cfg enables
 (what a restarted proxy serves), the kernel's boot id and which tools the host has. Docker's
 facts come from the Engine API, not from here.
@@ -31,7 +32,7 @@ for d in "$models"/*; do
   v=${d##*/}; case $v in ''|*[!0-9]*) continue;; esac
   [ -d "$d" ] && printf '%s %s\n' "$v" "$(cat "$home/versions/$v.sha256" 2>/dev/null)"
 done
-echo "@@disk"; p=$root; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pm "$p" | tail -n 1
+echo "@@disk"; p=$models; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pm "$p" | tail -n 1
 echo "@@gpus"
 nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null
 echo "@@listen"; ss -ltnH 2>/dev/null

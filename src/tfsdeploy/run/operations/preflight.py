@@ -271,11 +271,11 @@ def check_disk(job: HostJob, reserve_mib: int = 512) -> Ops:
     free = job.facts.disk_free_mib
     staged = job.run.version in job.facts.versions
     need = reserve_mib + (0 if staged else _tree_mib(job.run.source_dir))
+    where = job.paths.model_dir
     if free is None:
-        raise GateFailed("check_disk", f"the free space under {job.paths.root}",
-                         "df gave no answer")
+        raise GateFailed("check_disk", f"the free space under {where}", "df gave no answer")
     if free < need:
-        raise GateFailed("check_disk", f">= {need} MiB free under {job.paths.root}",
+        raise GateFailed("check_disk", f">= {need} MiB free under {where}",
                          f"{free} MiB free")
     return f"{free} MiB free, need {need}"
 

@@ -1,0 +1,372 @@
+"""The faults real GPU hosts have every week, on the suite's two-GPU host, each under an
+independent gRPC + REST client on the model's stable ports (20 gRPC and 20 REST Predicts a
+second, one at a time each: at most 2 requests in flight), which counts every failed request
+and the time until the host serves fully again (every planned instance back in its proxy's
+rotation, as the proxy's own health checks say):
+
+- one of the host's two instances killed with -9 (as an OOM kill does): at most the requests
+  in flight fail, the host keeps serving, the restart policy and the health check bring the
+  instance back with nothing else done;
+- the host's Docker engine restarted (an engine upgrade): nothing fails (live restore);
+- the host rebooted with a GPU fewer: it serves on one instance once it is up, and
+  `fab deploy` alone reshapes it to one instance with no failed request; rebooted again with
+  the GPU back, `fab deploy` run at once waits for what the reboot brings back, then rolls the
+  second instance back in;
+- the host rebooted in the middle of a deploy: the rerun converges;
+- the volume of the model's versions full while a version is staged: the deploy stops before
+  anything serving changes, and succeeds once there is room.
+
+Model ``itfault`` on tb4 (testbed_support.GPU_HOST, two GPUs), port offset 5000. The module is
+in the xdist group "gpu-host": no other module uses tb4 while it runs; it leaves tb4 with its
+two GPUs.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from deploy_support import GOOD, Fleet, fleet_fixture, rest_predict
+from test_per_gpu import ensure_wide_host
+from testbed_support import (
+    ADDRESSES,
+    GPU_HOST,
+    REPO,
+    SUITE_FLEET,
+    Run,
+    Watched,
+    _testbed,
+    api,
+    expected_y,
+    predict_request,
+    ssh,
+)
+
+from tfsdeploy.core.render.host_proxy import parse_stat
+
+pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
+
+MODEL, OFFSET = "itfault", 5000
+HOST = GPU_HOST
+HOSTS = {HOST: ADDRESSES[HOST]}
+VOLUME_MIB = 8  # the model's versions live on a volume of their own this small
+MODELS_DIR = f"/srv/tfsdeploy/models/{MODEL}"
+ADMIN = f"/srv/tfsdeploy/{MODEL}/proxy-admin/admin.sock"
+
+
+@dataclass
+class Request:
+    """One request of the client: when it was sent and answered, and how it ended."""
+
+    protocol: str
+    sent: float
+    ended: float
+    error: str = ""
+
+
+@dataclass
+class Client:
+    """gRPC and REST Predicts on the host's stable ports, each protocol on its own thread at
+    ``rate`` requests a second, one at a time (a request late on its schedule is sent at once):
+    every request is kept with its outcome."""
+
+    fleet: Fleet
+    rate: float = 20.0
+    requests: list[Request] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Client:
+        self._threads = [threading.Thread(target=self._loop, args=(p,), daemon=True)
+                         for p in ("grpc", "rest")]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    def _loop(self, protocol: str) -> None:
+        grpc, address = api()["grpc"], ADDRESSES[HOST]
+        request = predict_request(MODEL, [2.0])
+        with grpc.insecure_channel(f"{address}:{self.fleet.grpc_port}") as channel:
+            stub = api()["service"].PredictionServiceStub(channel)
+            start = time.monotonic()
+            for k in range(10**9):
+                if self._stop.wait(max(0.0, start + k / self.rate - time.monotonic())):
+                    return
+                sent, error = time.monotonic(), ""
+                try:
+                    if protocol == "grpc":
+                        reply = stub.Predict(request, timeout=10)
+                        y = reply.outputs["y"].float_val[0]
+                    else:
+                        y = rest_predict(address, self.fleet.rest_port, MODEL, [2.0])[0]
+                    if y not in {expected_y(v) for v in (1, 2, 3)}:
+                        error = f"wrong answer {y}"
+                except grpc.RpcError as failure:
+                    error = f"gRPC {failure.code().name}: {failure.details()}"
+                except OSError as failure:
+                    error = f"REST {failure}"
+                self.requests.append(Request(protocol, sent, time.monotonic(), error))
+
+    def failed(self, since: float = 0.0) -> list[Request]:
+        return [r for r in self.requests if r.error and r.sent >= since]
+
+    def sent(self, since: float = 0.0) -> int:
+        return sum(1 for r in self.requests if r.sent >= since)
+
+    def in_flight(self, at: float) -> int:
+        """Requests sent before ``at`` and not yet answered then."""
+        return sum(1 for r in self.requests if r.sent <= at < r.ended)
+
+    def answered_between(self, start: float, end: float) -> int:
+        return sum(1 for r in self.requests if not r.error and start <= r.ended <= end)
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def summary(self, since: float = 0.0) -> str:
+        failed = self.failed(since)
+        kinds = sorted({r.error[:80] for r in failed})
+        return f"{len(failed)} failed of {self.sent(since)} sent ({'; '.join(kinds)[:400]})"
+
+
+def proxy_servers() -> list[tuple[int, str, str]]:
+    """(instance, slot, status) of each gRPC server of the model's proxy on the host, [] when
+    its admin socket does not answer."""
+    out = ssh(HOST, f"echo 'show stat' | socat -t 2 - UNIX-CONNECT:{ADMIN}", check=False,
+              timeout=30, connect_retry_s=0).stdout
+    return [(s.instance, s.slot, s.status) for s in parse_stat(out) if s.backend == "grpc"]
+
+
+def full_service_after(start: float, instances: int, timeout: float = 180) -> float:
+    """Seconds from ``start`` until ``instances`` instances each have a server UP in the
+    proxy's rotation (polled every 0.2 s)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        up = {i for i, _, status in proxy_servers() if status.startswith("UP")}
+        if len(up) >= instances:
+            return time.monotonic() - start
+        time.sleep(0.2)
+    raise AssertionError(f"{HOST} not serving on {instances} instance(s) after {timeout} s: "
+                         f"{proxy_servers()}")
+
+
+def running_instances(fleet: Fleet) -> dict[int, str]:
+    """Instance -> release of the model's running containers on the host."""
+    out = ssh(HOST, "docker ps --filter label=tfsdeploy.model=" + MODEL + " --format "
+              "'{{.Label \"tfsdeploy.instance\"}} {{.Label \"tfsdeploy.release\"}}'").stdout
+    return {int(i): r for i, r in (line.split() for line in out.splitlines() if line.strip())}
+
+
+def reboot(*options: str) -> None:
+    proc = _testbed("reboot", HOST, *options, timeout=300)
+    assert proc.returncode == 0, f"scripts/testbed reboot failed:\n{proc.stdout}\n{proc.stderr}"
+    mount_volume()  # as the host's /etc/fstab would at boot
+
+
+def mount_volume() -> None:
+    """The model's version directory on a volume of its own: an ext4 file system of
+    VOLUME_MIB in a file of the host, loop-mounted (it survives the module's reboots)."""
+    image = f"/srv/tfsdeploy/{MODEL}-volume.img"
+    ssh(HOST, f"[ -f {image} ] || (truncate -s {VOLUME_MIB}M {image} && mkfs.ext4 -q {image}); "
+              f"mkdir -p {MODELS_DIR} && (mountpoint -q {MODELS_DIR} || "
+              f"mount -o loop {image} {MODELS_DIR})")
+
+
+def unmount_volume() -> None:
+    ssh(HOST, f"umount {MODELS_DIR}; rm -f /srv/tfsdeploy/{MODEL}-volume.img; true",
+        check=False)
+
+
+def write_playbooks(tmp: Path) -> None:
+    """The module's playbooks: the project's deploy, with a disk reserve the small volume can
+    hold (preflight's ``check_disk``), and the same with a step that fills the volume right
+    after that check, before the version is staged (``deploy-fill.yml``)."""
+    tasks, playbooks = tmp / "tasks", tmp / "playbooks"
+    tasks.mkdir()
+    playbooks.mkdir()
+    for path in (REPO / "tasks").glob("*.yml"):
+        (tasks / path.name).symlink_to(path)
+    preflight = (REPO / "tasks" / "preflight.yml").read_text()
+    assert "with: {reserve_mib: 512}" in preflight
+    (tasks / "preflight.yml").unlink()
+    (tasks / "preflight.yml").write_text(preflight.replace("reserve_mib: 512", "reserve_mib: 1"))
+    fill = ("- name: the volume fills up (another writer)\n  action: remote\n  with:\n"
+            "    shell: \"head -c $(( $(df -Pk $0 | tail -n 1 | awk '{print $4}') * 1024 - "
+            "8192 )) /dev/zero > $0/.filler || true\"\n".replace("$0", MODELS_DIR))
+    (tasks / "preflight-fill.yml").write_text(
+        (tasks / "preflight.yml").read_text().replace(
+            "  with: {reserve_mib: 1}\n", "  with: {reserve_mib: 1}\n" + fill, 1))
+    deploy = (REPO / "playbooks" / "deploy.yml").read_text()
+    (playbooks / "deploy.yml").write_text(deploy)
+    (playbooks / "deploy-fill.yml").write_text(
+        deploy.replace("tasks: preflight.yml", "tasks: preflight-fill.yml"))
+
+
+def deploy(fleet: Fleet, version: int, *, fill: bool = False) -> Run:
+    play = fleet.tmp / "playbooks" / ("deploy-fill.yml" if fill else "deploy.yml")
+    return fleet.fab("deploy", "--version", str(version), playbook=play)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    ensure_wide_host()
+    versions = {1: GOOD[1], 2: GOOD[2], 3: GOOD[3], 4: GOOD[3]}
+    for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, versions, serial=(1,),
+                              hosts=HOSTS, gpus={HOST: 2}, load_timeout_s=120.0):
+        write_playbooks(made.tmp)
+        mount_volume()
+        try:
+            run = deploy(made, 1)
+            assert run.code == 0, run.describe()
+            yield made
+        finally:
+            unmount_volume()
+            if len(running_gpus()) != 2:  # leave tb4 as the suite's fleet has it
+                proc = _testbed("up", *SUITE_FLEET)
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def running_gpus() -> list[str]:
+    out = ssh(HOST, "nvidia-smi --query-gpu=index --format=csv,noheader", check=False).stdout
+    return out.split()
+
+
+def test_one_of_two_instances_killed_fails_at_most_the_requests_in_flight(fleet: Fleet) -> None:
+    assert sorted(running_instances(fleet)) == [0, 1]
+    container = ssh(HOST, f"docker ps --filter label=tfsdeploy.model={MODEL} "
+                          "--filter label=tfsdeploy.instance=1 --format '{{.Names}}'"
+                    ).stdout.strip()
+    with Client(fleet) as client:
+        client.wait(3)
+        killed = time.monotonic()
+        ssh(HOST, f"kill -9 $(docker inspect --format '{{{{.State.Pid}}}}' {container})")
+        in_flight = client.in_flight(killed)
+        back = full_service_after(killed, instances=2)
+        client.wait(3)
+    failed = client.failed()
+    print(f"kill -9 of {container}: {client.summary()}; {in_flight} in flight at the kill; "
+          f"both instances in rotation again {back:.1f} s after it")
+    assert len(failed) <= max(in_flight, 1) <= 5, client.summary()
+    assert client.answered_between(killed, killed + back) > 0  # the host kept serving
+    restarts = ssh(HOST, f"docker inspect --format '{{{{.RestartCount}}}}' {container}").stdout
+    assert int(restarts) >= 1  # its restart policy brought it back: nothing else was done
+
+
+def test_the_docker_engine_restarted_costs_no_request(fleet: Fleet) -> None:
+    with Client(fleet) as client:
+        client.wait(2)
+        started = time.monotonic()
+        proc = _testbed("restart-engine", HOST, timeout=300)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        back = full_service_after(started, instances=2)
+        client.wait(2)
+    print(f"engine restart: {client.summary()}; serving on both instances {back:.1f} s after "
+          f"the restart began")
+    assert client.failed() == [], client.summary()
+    status = fleet.fab("status")
+    assert status.code == 0, status.describe()
+
+
+def test_a_host_that_lost_a_gpu_serves_again_and_fab_deploy_alone_reshapes_it(
+        fleet: Fleet) -> None:
+    before = running_instances(fleet)
+    reboot("--gpus", "1")
+    up_at = time.monotonic()
+    with Client(fleet) as client:
+        client.wait(15)
+        since = time.monotonic()
+        client.wait(5)
+        status = fleet.fab("status", "--json")
+        run = deploy(fleet, 2)
+        client.wait(2)
+    print(f"one GPU fewer: from 15 s after the reboot {client.summary(since)} before and "
+          f"during `fab deploy` ({run.seconds:.1f} s); first 15 s: {client.summary()}")
+    assert status.code == 3, status.describe()  # an instance down: a person must know
+    assert "i1" in status.stdout and "down" in status.stdout, status.describe()
+    assert client.failed(since) == [], client.summary(since)
+    assert up_at - 0 > 0
+    assert run.code == 0, run.describe()
+    assert sorted(running_instances(fleet)) == [0], (before, running_instances(fleet))
+    assert [i for i, _, _ in proxy_servers()] == [0, 0]  # the proxy has i0's servers alone
+    fleet.assert_serving(2)
+
+
+def test_a_host_that_got_its_gpu_back_is_reshaped_by_a_deploy_run_right_after_the_reboot(
+        fleet: Fleet) -> None:
+    reboot("--gpus", "2")
+    with Client(fleet) as client:
+        run = deploy(fleet, 2)  # at once: its containers still load
+        since = time.monotonic()
+        client.wait(3)
+    print(f"GPU back: `fab deploy` right after the reboot: exit {run.code} in "
+          f"{run.seconds:.1f} s; client: {client.summary()}")
+    assert run.code == 0, run.describe()
+    assert "back after" in run.out or "nothing coming back" in run.out, run.describe()
+    assert sorted(running_instances(fleet)) == [0, 1]
+    assert client.failed(since) == [], client.summary(since)
+    fleet.assert_serving(2)
+
+
+def test_a_host_rebooted_in_the_middle_of_a_deploy_converges_when_it_is_rerun(
+        fleet: Fleet) -> None:
+    watched = Watched(fleet.argv("deploy", "--version", "3",
+                                 playbook=fleet.tmp / "playbooks" / "deploy.yml"), fleet.log)
+    watched.wait_for(r"roll\s+start_slot\s+ok", timeout=300)
+    reboot("--hard")
+    interrupted = watched.finish(timeout=300)
+    assert interrupted.code != 0, interrupted.describe()
+    with Client(fleet) as client:
+        rerun = deploy(fleet, 3)
+        since = time.monotonic()
+        client.wait(3)
+    print(f"reboot mid-deploy: first run exit {interrupted.code}; rerun exit {rerun.code} in "
+          f"{rerun.seconds:.1f} s; client during the rerun: {client.summary()}")
+    assert rerun.code == 0, rerun.describe()
+    assert set(running_instances(fleet).values()) == {fleet.current(HOST)["id"]}
+    assert sorted(running_instances(fleet)) == [0, 1]
+    assert client.failed(since) == [], client.summary(since)
+    fleet.assert_serving(3)
+
+
+def test_a_full_volume_while_staging_stops_the_deploy_before_anything_serving_changes(
+        fleet: Fleet) -> None:
+    live = fleet.current(HOST)["id"]
+    with Client(fleet) as client:
+        full = deploy(fleet, 4, fill=True)  # its volume fills between preflight and staging
+        client.wait(1)
+    print(f"full volume: exit {full.code}; client: {client.summary()}")
+    assert full.code == 1, full.describe()
+    assert "No space left on device" in full.out, full.describe()
+    assert fleet.current(HOST)["id"] == live
+    assert client.failed() == [], client.summary()
+    ssh(HOST, f"rm -f {MODELS_DIR}/.filler")
+    with Client(fleet) as client:
+        again = deploy(fleet, 4)
+        client.wait(1)
+    assert again.code == 0, again.describe()
+    assert client.failed() == [], client.summary()
+    hidden = [n for n in ssh(HOST, f"ls -A {MODELS_DIR}").stdout.split()
+              if n.startswith(".") and n != "lost+found"]
+    assert hidden == [], hidden  # no partial version left behind
+    fleet.assert_serving(3)
+
+
+def test_the_client_counts_what_it_asserts() -> None:
+    """The counters the fault tests assert on, over requests of known outcome."""
+    client = Client(fleet=None)  # type: ignore[arg-type]
+    client.requests = [Request("grpc", 1.0, 1.5), Request("rest", 1.2, 3.0, "REST refused"),
+                       Request("grpc", 2.0, 2.1, "gRPC UNAVAILABLE: x")]
+    assert client.in_flight(1.3) == 2 and client.in_flight(2.05) == 2
+    assert len(client.failed()) == 2 and len(client.failed(since=1.5)) == 1
+    assert client.answered_between(1.0, 2.0) == 1
+    assert client.sent(since=1.1) == 2
+    assert shlex.quote(ADMIN) == ADMIN
