@@ -71,10 +71,10 @@ def no_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Attem
     recorded and refused. Commands run in a scratch directory (where `fab accept` and a
     relative --out would write), with the testbed inventory named absolutely."""
     from tfsdeploy.accept import run as accept_run
-    from tfsdeploy.cli import guard as cli_guard
     from tfsdeploy.hosts.ssh import SshConnection
     from tfsdeploy.loadtest import cli as loadtest_cli
     from tfsdeploy.loadtest.transport import ConnectError
+    from tfsdeploy.run import guard as cli_guard
 
     attempts = Attempts()
     tmp = tmp_path_factory.mktemp("cli")

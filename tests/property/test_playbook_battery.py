@@ -174,7 +174,7 @@ def fake_world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, A
     counted."""
     from tests.unit import runs
     from tests.unit.fakes import FakeFleet, FakeSlot, rest_problems
-    from tfsdeploy.cli import deploy as cli_deploy
+    from tfsdeploy.run import deploy as cli_deploy
 
     tmp = tmp_path_factory.mktemp("fake-world")
     source = tmp / "models"

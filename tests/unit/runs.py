@@ -7,11 +7,11 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from tfsdeploy.cli.deploy import deploy
-from tfsdeploy.cli.rollback import rollback
 from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.target import Target, load_target
+from tfsdeploy.run.deploy import deploy
 from tfsdeploy.run.engine import RunResult
+from tfsdeploy.run.rollback import rollback
 
 from .fakes import FakeFleet, FakeHost, FakeSlot, FrozenClock
 

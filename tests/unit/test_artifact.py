@@ -382,8 +382,8 @@ def test_no_more_hosts_pull_at_once_than_max_pulls() -> None:
 
 
 def test_publish_without_any_model_registry_is_a_config_error(tmp_path: Path) -> None:
-    from tfsdeploy.cli.stage import registries
     from tfsdeploy.core.target import load_target
+    from tfsdeploy.run.stage import registries
 
     source = _version(tmp_path / "src" / "1").parent
     inventory = tmp_path / "inventory.py"

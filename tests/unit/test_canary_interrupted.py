@@ -13,18 +13,18 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli.canary import finish_canary
-from tfsdeploy.cli.deploy import deploy
-from tfsdeploy.cli.fleet import status
-from tfsdeploy.cli.guard import GuardPolicy, Look, PausedCanary, canary_of, guard
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import gather
 from tfsdeploy.run import plans
+from tfsdeploy.run.canary import finish_canary
+from tfsdeploy.run.deploy import deploy
 from tfsdeploy.run.engine import RunResult
+from tfsdeploy.run.guard import GuardPolicy, Look, PausedCanary, canary_of, guard
 from tfsdeploy.run.jobs import Verb
 from tfsdeploy.run.operations import canary as canary_ops
+from tfsdeploy.run.views import status
 
 from . import runs
 from .fakes import FakeFleet, FakeSlot, FrozenClock

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli.deploy import check
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.rollout.records import parse_audit
 from tfsdeploy.run import engine
+from tfsdeploy.run.deploy import check
 from tfsdeploy.run.engine import PlannedStep
 
 from . import runs

@@ -173,7 +173,7 @@ def test_fab_help_and_a_bad_number_from_the_command_line(tmp_path: Path) -> None
 
 
 def test_bench_data_is_the_live_version_and_says_so() -> None:
-    from tfsdeploy.cli.bench import pick_data_version
+    from tfsdeploy.run.bench import pick_data_version
 
     assert pick_data_version({"tb1": 1, "tb2": 1, "tb3": 1}, [1, 2, 3, 4]) == (
         1, "request data: warmup records of version 1, live on tb1, tb2, tb3 "

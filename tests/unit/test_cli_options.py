@@ -90,7 +90,7 @@ def test_an_empty_value_is_refused_not_taken_for_the_default(
 
 
 def test_since_is_checked_and_passed_on_as_given() -> None:
-    # logs() reads it against the clock when it starts (cli.fleet.since_timestamp, whose
+    # logs() reads it against the clock when it starts (run.views.since_timestamp, whose
     # figures test_fleet checks): the Unix time docker-py's logs() takes, not the text
     for given in ("1h30m", "1d", "2025-01-31T10:00:00+02:00"):
         assert options({"since": given})["since"] == given

@@ -14,14 +14,14 @@ from typing import Any, Literal
 
 import pytest
 
-from tfsdeploy.cli import deploy as cli_deploy
-from tfsdeploy.cli import rollback as cli_rollback
 from tfsdeploy.cli.main import main
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.layout import PROXY_ADMIN_MOUNT
 from tfsdeploy.hosts.commands.containers import proxy_spec
 from tfsdeploy.hosts.ssh import SshConnection
+from tfsdeploy.run import deploy as cli_deploy
 from tfsdeploy.run import engine, plans
+from tfsdeploy.run import rollback as cli_rollback
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import OPERATIONS, Ops
 

@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli import fleet, output
+from tfsdeploy.cli import output
 from tfsdeploy.core.errors import ConfigError
 from tfsdeploy.core.inventory.layout import LABEL_PREFIX
 from tfsdeploy.core.render.host_proxy import ServerState
 from tfsdeploy.core.rollout.records import ReleaseRecord, ReleaseStatus
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts, ProxyFact
+from tfsdeploy.run import views as fleet
 
 from . import runs
 from .fakes import READY, FakeDocker, FakeFleet, FakeHost

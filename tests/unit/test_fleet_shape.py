@@ -75,7 +75,7 @@ def test_a_gpu_removed_drains_the_instance_then_reloads_the_proxy_without_it(
 
 def test_check_names_an_instance_removed_and_the_gpus_an_instance_moves_to(
         world: dict[str, Any]) -> None:
-    from tfsdeploy.cli.deploy import check
+    from tfsdeploy.run.deploy import check
 
     from .runs import target
 
@@ -101,7 +101,7 @@ def test_the_same_shape_never_reloads_the_proxy(world: dict[str, Any]) -> None:
 
 def test_check_lists_the_reload_a_gpu_added_needs_and_changes_nothing(
         world: dict[str, Any]) -> None:
-    from tfsdeploy.cli.deploy import check
+    from tfsdeploy.run.deploy import check
 
     from .runs import target
 

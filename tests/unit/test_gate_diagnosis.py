@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli import deploy as cli_deploy
 from tfsdeploy.cli.main import main
 from tfsdeploy.cli.output import summary_rows
 from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.run import deploy as cli_deploy
 
 from .fakes import FakeFleet, FakeSlot, FrozenClock
 from .runs import MODEL, Recorder, inventory_file, manifest, run_deploy, serving

@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tfsdeploy.cli.deploy import deploy
-from tfsdeploy.cli.retire import retire
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.target import Target, load_target
 from tfsdeploy.hosts.ssh import Result
+from tfsdeploy.run.deploy import deploy
+from tfsdeploy.run.retire import retire
 
 from . import runs
 from .fakes import FakeFleet, FakeSlot, FrozenClock

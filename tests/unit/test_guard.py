@@ -153,7 +153,7 @@ class FakeFleet:
     slot's requests land above 50 ms, the others' under 1 ms."""
 
     def __init__(self, target: Target, slow_slot: str | None) -> None:
-        from tfsdeploy.cli.guard import processes
+        from tfsdeploy.run.guard import processes
 
         self.slow_slot = slow_slot
         self.counts = {(h.address, port): 0 for h in target.hosts
@@ -175,9 +175,9 @@ class FakeFleet:
 
 
 def _guard(slow_slot: str | None, paused: bool, **policy: Any) -> tuple[Any, Any, list[str]]:
-    from tfsdeploy.cli.guard import GuardPolicy, Look, PausedCanary, guard
     from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
     from tfsdeploy.run.engine import RunResult
+    from tfsdeploy.run.guard import GuardPolicy, Look, PausedCanary, guard
 
     from .helpers import model
     from .runs import Recorder
@@ -229,9 +229,9 @@ def test_without_a_paused_canary_a_breach_rolls_back() -> None:
 
 
 def test_the_guard_reads_every_instance_of_a_host_with_one_server_per_gpu() -> None:
-    from tfsdeploy.cli.guard import processes
     from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
     from tfsdeploy.core.inventory.load import build_inventory
+    from tfsdeploy.run.guard import processes
 
     from .helpers import model
 

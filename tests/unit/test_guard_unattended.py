@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli.guard import GuardPolicy, Look, guard, scrape
-from tfsdeploy.cli.rollback import rollback
 from tfsdeploy.core.errors import ExitCode, TfsDeployError
 from tfsdeploy.core.inventory.layout import host_port
 from tfsdeploy.core.observe.guard import parse_metrics
@@ -21,6 +19,8 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.run import plans
 from tfsdeploy.run.engine import RunResult
+from tfsdeploy.run.guard import GuardPolicy, Look, guard, scrape
+from tfsdeploy.run.rollback import rollback
 
 from .fakes import FakeFleet, FakeSlot, FrozenClock
 from .helpers import inventory, model
@@ -149,7 +149,7 @@ def test_the_guard_reports_the_refusal_as_exit_3() -> None:
 
 def test_an_abort_refuses_when_the_canary_under_way_is_not_the_one_judged(
         world: dict[str, Any]) -> None:
-    from tfsdeploy.cli.canary import finish_canary
+    from tfsdeploy.run.canary import finish_canary
     from tfsdeploy.run.jobs import Verb
 
     run_deploy(world, 1)
@@ -204,9 +204,9 @@ def test_urls_bracket_ipv6_addresses(address: str, expected: str) -> None:
 
 def test_the_guard_reads_an_ipv6_host_at_a_bracketed_url(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    from tfsdeploy.cli.guard import read_host
     from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
     from tfsdeploy.core.inventory.load import build_inventory
+    from tfsdeploy.run.guard import read_host
 
     asked: list[str] = []
 

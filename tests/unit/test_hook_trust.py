@@ -133,8 +133,8 @@ def _recorders(hooks: Path, *names: str) -> dict[str, Path]:
 
 
 def _fake_commands(world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfsdeploy.cli import deploy as cli_deploy
-    from tfsdeploy.cli import rollback as cli_rollback
+    from tfsdeploy.run import deploy as cli_deploy
+    from tfsdeploy.run import rollback as cli_rollback
 
     from .fakes import FakeSlot, FrozenClock
 

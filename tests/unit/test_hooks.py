@@ -310,9 +310,9 @@ def test_hook_output_is_printed_line_by_line_as_it_comes(
         world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     from functools import partial
 
-    from tfsdeploy.cli import deploy as cli_deploy
     from tfsdeploy.cli import main as cli_main
     from tfsdeploy.cli import output as cli_output
+    from tfsdeploy.run import deploy as cli_deploy
 
     from .fakes import FakeSlot, FrozenClock
     from .runs import MODEL, inventory_file

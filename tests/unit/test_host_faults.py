@@ -132,7 +132,7 @@ def test_a_host_reporting_none_of_its_gpus_is_refused_before_anything_changes(
 
 
 def test_status_names_a_down_instance_as_drift_with_its_fix(world: dict[str, Any]) -> None:
-    from tfsdeploy.cli import fleet as fleet_cli
+    from tfsdeploy.run import views as fleet_cli
 
     from .runs import target
 

@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli.fleet import lock_state
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.fleet import HostVars, ResolvedHost
 from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.rollout.records import LockRecord
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.commands import lock as lock_commands
+from tfsdeploy.run.views import lock_state
 
 from . import runs
 from .fakes import FakeFleet, FrozenClock, LocalConnection

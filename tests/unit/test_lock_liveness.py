@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli.canary import finish_canary
-from tfsdeploy.cli.fleet import lock_state
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.rollout.records import LockRecord
 from tfsdeploy.hosts import lock
+from tfsdeploy.run.canary import finish_canary
 from tfsdeploy.run.jobs import Verb
 from tfsdeploy.run.plans import NothingToDo
+from tfsdeploy.run.views import lock_state
 
 from . import runs
 from .fakes import FakeFleet, FakeSlot, FrozenClock
@@ -168,8 +168,8 @@ def test_a_run_breaks_the_lock_of_a_rebooted_deploy_machine(world: dict[str, Any
 
 def test_a_promote_that_changed_nothing_hands_the_lock_back_to_the_paused_canary(
         world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfsdeploy.cli.deploy import deploy
     from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
+    from tfsdeploy.run.deploy import deploy
     from tfsdeploy.run.operations import canary as canary_ops
 
     monkeypatch.setattr(canary_ops, "judge_step", lambda job, policy, weight: "as good")

@@ -430,10 +430,10 @@ def runbook(world: dict[str, Any], receivers: list[Receiver],
     from functools import partial
 
     from tfsdeploy.cli import around
-    from tfsdeploy.cli import canary as cli_canary
-    from tfsdeploy.cli import deploy as cli_deploy
-    from tfsdeploy.cli import prune as cli_prune
-    from tfsdeploy.cli import rollback as cli_rollback
+    from tfsdeploy.run import canary as cli_canary
+    from tfsdeploy.run import deploy as cli_deploy
+    from tfsdeploy.run import prune as cli_prune
+    from tfsdeploy.run import rollback as cli_rollback
     from tfsdeploy.run.operations import canary as canary_ops
 
     from .fakes import FakeSlot, FrozenClock
@@ -598,7 +598,7 @@ def _guard_sees(monkeypatch: pytest.MonkeyPatch, paused: Any) -> None:
     """`fab guard` reads SlowFleet's metrics (P99 50 ms) and finds ``paused``."""
     from functools import partial
 
-    from tfsdeploy.cli import guard as cli_guard
+    from tfsdeploy.run import guard as cli_guard
 
     slow = SlowFleet()
     monkeypatch.setattr(cli_guard, "guard", partial(
@@ -634,7 +634,7 @@ def test_the_guard_sends_guard_triggered_then_its_rollback_with_its_hooks(
 
 def test_the_guard_aborting_a_paused_canary_runs_post_abort(
         runbook: Runbook, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfsdeploy.cli.guard import PausedCanary
+    from tfsdeploy.run.guard import PausedCanary
 
     _, release = _paused(runbook)
     runbook.events(), runbook.hooks_run()

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.unit.helpers import model
-from tfsdeploy.cli.observe import merged_groups, write_observability
+from tfsdeploy.cli.observe import write_observability
 from tfsdeploy.core.errors import ConfigError
 from tfsdeploy.core.inventory.catalog import Batching
 from tfsdeploy.core.inventory.fleet import Gpu, Group, Host
@@ -32,6 +32,7 @@ from tfsdeploy.core.observe.prometheus import (
     target_groups,
 )
 from tfsdeploy.core.target import Target
+from tfsdeploy.run.targets import merged_groups
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
 MONITORING = Monitoring(node_exporters=("deploy-1:9100",),
@@ -361,7 +362,7 @@ def test_the_p99_for_and_windows_follow_the_inventory(tmp_path: Path) -> None:
 def test_a_run_rewrites_the_targets_as_its_processes_change_and_at_its_end(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
         ) -> None:
-    from tfsdeploy.cli import observe
+    from tfsdeploy.run import targets as observe
 
     inv = fleet(Monitoring(local_targets_dir=str(tmp_path / "targets")))
     target = Target(inv, inv.model("m"), inv.hosts)
@@ -414,7 +415,7 @@ def test_a_run_rewrites_the_targets_as_its_processes_change_and_at_its_end(
 
 def test_without_a_place_for_the_targets_a_run_reads_no_host(monkeypatch: pytest.MonkeyPatch
                                                               ) -> None:
-    from tfsdeploy.cli import observe
+    from tfsdeploy.run import targets as observe
 
     def survey(_target: Target) -> Any:
         raise AssertionError("read the hosts")

@@ -8,13 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfsdeploy.cli.prune import prune
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.render.host_proxy import ServerState
 from tfsdeploy.core.rollout.records import ReleaseRecord, ReleaseStatus
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts, ProxyFact, parse_facts
 from tfsdeploy.run.operations.finalize import protected_releases
+from tfsdeploy.run.prune import prune
 
 from .fakes import FakeFleet
 from .runs import Recorder, current, manifest, paths, run_deploy, run_rollback, target

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from tfsdeploy.cli.fleet import history
 from tfsdeploy.core.errors import ConfigError, ExitCode
 from tfsdeploy.hosts.facts import gather
 from tfsdeploy.run.operations.stage import VersionArchive
+from tfsdeploy.run.views import history
 
 from . import runs
 from .fakes import FakeFleet, FakeHost, LocalConnection, read_json

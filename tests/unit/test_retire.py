@@ -9,12 +9,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tfsdeploy.cli import deploy as deploy_cli
-from tfsdeploy.cli import fleet as fleet_cli
-from tfsdeploy.cli.retire import retire, retire_check
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.layout import LABEL_PREFIX
 from tfsdeploy.core.target import Target, load_target
+from tfsdeploy.run import deploy as deploy_cli
+from tfsdeploy.run import views as fleet_cli
+from tfsdeploy.run.retire import retire, retire_check
 
 from . import runs
 from .fakes import FakeFleet, FakeSlot, FrozenClock

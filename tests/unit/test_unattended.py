@@ -123,7 +123,7 @@ def test_the_exit_code_help_names_every_exit_code(tmp_path: Path) -> None:
 # -- `fab prune`'s summary --------------------------------------------------------------------
 
 def test_pruned_reads_what_each_step_removed() -> None:
-    from tfsdeploy.cli.prune import Pruned, human_size, pruned
+    from tfsdeploy.run.prune import Pruned, human_size, pruned
 
     steps = [
         {"phase": "preflight", "step": "discover", "ok": True, "detail": "pruned 9 old release(s)"},
@@ -149,9 +149,9 @@ def test_prune_says_what_it_removed_and_freed_per_host(
         capsys: pytest.CaptureFixture[str]) -> None:
     from functools import partial
 
-    from tfsdeploy.cli import deploy as cli_deploy
-    from tfsdeploy.cli import prune as cli_prune
     from tfsdeploy.cli.main import main
+    from tfsdeploy.run import deploy as cli_deploy
+    from tfsdeploy.run import prune as cli_prune
 
     from .fakes import FakeSlot, FrozenClock
     from .runs import MODEL, inventory_file

@@ -19,13 +19,13 @@ from typing import Any, Literal
 import pytest
 
 from tfsdeploy.cli import around as cli_around
-from tfsdeploy.cli import deploy as cli_deploy
-from tfsdeploy.cli import fleet as cli_fleet
 from tfsdeploy.cli.main import main
 from tfsdeploy.cli.unattended import read_samples
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.rollout.records import LockRecord
+from tfsdeploy.run import deploy as cli_deploy
 from tfsdeploy.run import engine
+from tfsdeploy.run import views as cli_fleet
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import OPERATIONS, Ops
 
@@ -261,7 +261,7 @@ def test_a_refused_run_into_a_closed_pipe_exits_1_with_its_json(tmp_path: Path) 
 
 def test_the_guard_s_textfile_and_exit_code_survive_a_closed_terminal(
         world: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tfsdeploy.cli import guard as cli_guard
+    from tfsdeploy.run import guard as cli_guard
 
     def rolled_back(*args: Any, **kwargs: Any) -> tuple[ExitCode, str]:
         return ExitCode.ROLLED_BACK, "rolled back: h1 answered [/srv/x] \x1b[2J"

@@ -18,11 +18,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tfsdeploy.cli import canary as cli_canary
-from tfsdeploy.cli import rollback as cli_rollback
 from tfsdeploy.core.errors import ExitCode, TfsDeployError
 from tfsdeploy.core.target import Target
-from tfsdeploy.hosts.lock import current_user
+from tfsdeploy.core.who import current_user
+from tfsdeploy.run import canary as cli_canary
+from tfsdeploy.run import rollback as cli_rollback
 from tfsdeploy.run.jobs import Verb
 from tfsdeploy.runbook import hooks, notify
 
@@ -143,7 +143,7 @@ def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
         try:
             around.outcome = run(before_run)
         finally:  # what serves now is what the model's Prometheus targets name
-            from tfsdeploy.cli.observe import after_run
+            from tfsdeploy.run.targets import after_run
 
             after_run(target)
         return around.outcome

@@ -146,7 +146,7 @@ def cmd_hosts(args: Options) -> int:
 
 def cmd_deploy(args: Options) -> int:
     """`fab deploy` (and `--check [--diff]`)."""
-    from tfsdeploy.cli import deploy
+    from tfsdeploy.run import deploy
 
     if args["check"] or args["diff"]:
         return output.print_check(args, deploy.check(
@@ -195,7 +195,7 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
     before any host is changed), events during the run, the post-hooks and the delivery
     report after it."""
     from tfsdeploy.cli import around
-    from tfsdeploy.cli.observe import Retargeter, TeeReporter, retargets
+    from tfsdeploy.run.targets import Retargeter, TeeReporter, retargets
 
     chosen = target(args)
     started = time.monotonic()
@@ -230,7 +230,7 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
 
 def cmd_promote(args: Options) -> int:
     """`fab promote`."""
-    from tfsdeploy.cli import canary
+    from tfsdeploy.run import canary
     from tfsdeploy.run.jobs import Verb
 
     return _surrounded("promote", args, lambda chosen, shown, before: canary.finish_canary(
@@ -239,7 +239,7 @@ def cmd_promote(args: Options) -> int:
 
 def cmd_abort(args: Options) -> int:
     """`fab abort`."""
-    from tfsdeploy.cli import canary
+    from tfsdeploy.run import canary
     from tfsdeploy.run.jobs import Verb
 
     return _surrounded("abort", args, lambda chosen, shown, before: canary.finish_canary(
@@ -248,7 +248,7 @@ def cmd_abort(args: Options) -> int:
 
 def cmd_rollback(args: Options) -> int:
     """`fab rollback`."""
-    from tfsdeploy.cli import rollback
+    from tfsdeploy.run import rollback
 
     return _surrounded("rollback", args, lambda chosen, shown, before: rollback.rollback(
         chosen, to=args["to"], playbook=args["playbook"], lock_wait=args["lock_wait"],
@@ -257,7 +257,7 @@ def cmd_rollback(args: Options) -> int:
 
 def cmd_status(args: Options) -> int:
     """`fab status`."""
-    from tfsdeploy.cli.fleet import status
+    from tfsdeploy.run.views import status
 
     rows = status(target(args), with_orphans=not args.get("hosts") and not args.get("limit"))
     if args["json"]:
@@ -277,7 +277,7 @@ def cmd_status(args: Options) -> int:
 
 def cmd_history(args: Options) -> int:
     """`fab history`."""
-    from tfsdeploy.cli.fleet import history
+    from tfsdeploy.run.views import history
 
     rows = history(target(args))
     if args["json"]:
@@ -291,7 +291,7 @@ def cmd_guard(args: Options) -> int:
     """`fab guard`: when it acts, the rollback (or the abort of a paused canary) runs with the
     hooks and events `fab rollback` (`fab abort`) has, after a ``guard_triggered`` event."""
     from tfsdeploy.cli import around
-    from tfsdeploy.cli.guard import GuardPolicy, guard
+    from tfsdeploy.run.guard import GuardPolicy, guard
 
     started = time.monotonic()
     policy = GuardPolicy(max_error_rate=args["max_error_rate"], slo_p99_ms=args["slo_p99_ms"],
@@ -341,7 +341,7 @@ def _guard_after(hooked: Any, shown: Any, chosen: Target, *, code: int, message:
 
 def cmd_bench(args: Options) -> int:
     """`fab bench`."""
-    from tfsdeploy.cli.bench import bench
+    from tfsdeploy.run.bench import bench
 
     return bench(target(args), args)
 
@@ -392,7 +392,7 @@ def cmd_plan_capacity(args: Options) -> int:
 
 def cmd_lock(args: Options) -> int:
     """`fab lock`."""
-    from tfsdeploy.cli.fleet import lock_state
+    from tfsdeploy.run.views import lock_state
 
     lines, verdict = lock_state(target(args), breaking=args["break_"])
     print("\n".join([*lines, verdict]))
@@ -401,7 +401,7 @@ def cmd_lock(args: Options) -> int:
 
 def cmd_logs(args: Options) -> int:
     """`fab logs`."""
-    from tfsdeploy.cli.fleet import logs
+    from tfsdeploy.run.views import logs
 
     return logs(target(args), lines=int(args["lines"]), since=args["since"],
                 follow=args["follow"],
@@ -410,14 +410,14 @@ def cmd_logs(args: Options) -> int:
 
 def cmd_exec(args: Options) -> int:
     """`fab exec -- CMD ...`."""
-    from tfsdeploy.cli.fleet import exec_in
+    from tfsdeploy.run.views import exec_in
 
     return exec_in(target(args), list(args["argv"]), force=args["force"], out=print)
 
 
 def cmd_prune(args: Options) -> int:
     """`fab prune` (and `--check`)."""
-    from tfsdeploy.cli import prune
+    from tfsdeploy.run import prune
 
     if args["check"]:
         return output.print_check({**args, "command": "prune"},
@@ -433,7 +433,7 @@ def cmd_prune(args: Options) -> int:
 def cmd_publish(args: Options) -> int:
     """`fab publish`: the version packed once and pushed to each registry the model's hosts
     name; only what a registry lacks is pushed."""
-    from tfsdeploy.cli import stage
+    from tfsdeploy.run import stage
 
     chosen = target(args)
     published = stage.publish_version(chosen, args["version"])
@@ -448,7 +448,7 @@ def cmd_publish(args: Options) -> int:
 
 def cmd_stage(args: Options) -> int:
     """`fab stage`: the version put in place on every selected host ahead of a release."""
-    from tfsdeploy.cli import stage
+    from tfsdeploy.run import stage
 
     shown = output.reporter(args["json"], args["log_file"])
     result = stage.stage(target(args), version=args["version"], playbook=args["playbook"],
@@ -461,7 +461,7 @@ def cmd_stage(args: Options) -> int:
 def cmd_retire(args: Options) -> int:
     """`fab retire` (and `--check`): by default from every inventory host (each one that holds
     the model is retired; the others are reported absent)."""
-    from tfsdeploy.cli import retire
+    from tfsdeploy.run import retire
 
     chosen = load_target(safe_model(args["model"]), inventory=args.get("inventory"),
                          hosts=args.get("hosts") or "all", limit=args.get("limit"))

@@ -39,7 +39,7 @@ def parsed(parse: Callable[[str], Any], fix: str) -> BeforeValidator:
 
 
 def since_text(text: str) -> str:
-    """`fab logs --since`, checked before any host (cli.fleet.since_seconds) and passed on
+    """`fab logs --since`, checked before any host (run.views.since_seconds) and passed on
     as given: logs() reads it against the clock when it starts."""
     since_seconds(text, time.time())
     return text

@@ -20,8 +20,8 @@ from tfsdeploy.core.render.files import placements
 from tfsdeploy.core.visible import visible
 
 if TYPE_CHECKING:
-    from tfsdeploy.hosts.dockerssh import PullProgress
     from tfsdeploy.run.engine import RunResult
+    from tfsdeploy.run.jobs import PullProgress
 
 
 def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]],

@@ -11,16 +11,15 @@ run is recorded under ``model="<invalid>"``.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.schema import model_name_problem
+from tfsdeploy.core.localfiles import write_atomic
 
 METRICS = {
     "tfsdeploy_last_run_timestamp_seconds": "Unix time the last run of the command ended.",
@@ -38,18 +37,6 @@ SAMPLE = re.compile(rf"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?P<labels>\{{(?:[^\"}
 LABEL = re.compile(rf'\s*(?P<key>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*(?P<value>{_VALUE})\s*,?')
 INVALID_MODEL = "<invalid>"  # not a model name: a model name starts with a letter or digit
 TEXTFILE_MODE = 0o644  # node_exporter reads it as another user
-
-
-def write_atomic(path: str, text: str, mode: int | None = None) -> None:
-    """Replace ``path`` with ``text`` in one rename (``mode``: its permissions, else 0600)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    with os.fdopen(fd, "w") as handle:
-        if mode is not None:
-            os.fchmod(handle.fileno(), mode)
-        handle.write(text)
-    os.replace(temp, target)
 
 
 def write_json_file(path: str, data: Any) -> None:

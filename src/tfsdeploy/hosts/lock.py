@@ -21,7 +21,6 @@ parts against the hosts' records (``run.engine``): parts of a finished canary ar
 
 from __future__ import annotations
 
-import getpass
 import os
 import random
 import socket
@@ -35,6 +34,7 @@ from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
 from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.rollout.gates import Clock
 from tfsdeploy.core.rollout.records import LockRecord, now_iso, parse_lock
+from tfsdeploy.core.who import user_name
 from tfsdeploy.hosts.commands import lock as lock_commands
 from tfsdeploy.hosts.ssh import Connection
 
@@ -49,19 +49,6 @@ class LockQuorumLost(TfsDeployError):
     """Too few of the model's hosts answer to hold a majority lock."""
 
     exit_code = ExitCode.INVALID
-
-
-def user_name() -> str:
-    """This process's user, also where the password database has no entry for it."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return f"uid{os.getuid()}"
-
-
-def current_user() -> str:
-    """``user@machine`` of this process (what records and audit lines say: self-reported)."""
-    return f"{user_name()}@{socket.gethostname()}"
 
 
 def _boot_id() -> str:

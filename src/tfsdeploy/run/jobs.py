@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
@@ -44,6 +44,10 @@ from tfsdeploy.hosts.commands.containers import GpuRequest, parse_gpus
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts, read_release_files
 from tfsdeploy.hosts.ssh import Connection
+
+if TYPE_CHECKING:
+    # a pull's progress as the hosts report it (what a reporter's ``progress`` is given)
+    from tfsdeploy.hosts.dockerssh import PullProgress as PullProgress
 
 ClientFactory = Callable[[str, int, str], Any]
 FRACTION_FLAG = "--per_process_gpu_memory_fraction"

@@ -32,8 +32,8 @@ from tfsdeploy.core.render.files import FILE_NAMES, HostRender, RenderedFile, pl
 from tfsdeploy.core.rollout.records import GOOD, ReleaseRecord, ReleaseStatus
 from tfsdeploy.core.target import Target, render_release
 from tfsdeploy.core.tfserving.golden import GoldenExample, load_golden
+from tfsdeploy.core.who import current_user
 from tfsdeploy.hosts.facts import HostFacts
-from tfsdeploy.hosts.lock import current_user
 from tfsdeploy.run.jobs import (
     DEFAULT_MAX_PULLS,
     Facts,

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tfsdeploy.cli.deploy import host_plan
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
+from tfsdeploy.run.deploy import host_plan
 from tfsdeploy.run.engine import HostOutcome, Reporter, RunResult
 
 NOTHING_HERE = "nothing of the model here"

@@ -7,7 +7,6 @@ import difflib
 from collections.abc import Callable
 from typing import Any
 
-from tfsdeploy.cli.fleet import orphans
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
 from tfsdeploy.core.render.host_proxy import proxy_instances, render_proxy_config
@@ -19,6 +18,7 @@ from tfsdeploy.run.engine import PlannedStep, Reporter, RunResult
 from tfsdeploy.run.jobs import ClientFactory, HostJob, Verb
 from tfsdeploy.run.operations.preflight import moved_ports
 from tfsdeploy.run.plans import RunPlan
+from tfsdeploy.run.views import orphans
 
 
 def deploy(target: Target, *, version: int | str | None = None, playbook: str | None = None,

@@ -32,8 +32,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from tfsdeploy.cli.canary import finish_canary
-from tfsdeploy.cli.rollback import rollback
 from tfsdeploy.core.canary.steps import CanaryState, judge, slot_figures
 from tfsdeploy.core.errors import ExitCode, TfsDeployError
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy, Verdict
@@ -54,9 +52,11 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.run import survey
+from tfsdeploy.run.canary import finish_canary
 from tfsdeploy.run.engine import Reporter, RunResult, emit
 from tfsdeploy.run.jobs import Verb
 from tfsdeploy.run.plans import canary_under_way, interrupted_canary
+from tfsdeploy.run.rollback import rollback
 
 
 @dataclass(frozen=True)
