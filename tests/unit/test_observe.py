@@ -32,6 +32,7 @@ from tfsdeploy.core.observe.prometheus import (
     target_groups,
 )
 from tfsdeploy.core.target import Target
+from tfsdeploy.run.after import StepEvent
 from tfsdeploy.run.targets import merged_groups
 
 PROMTOOL = shutil.which("promtool") or "/usr/bin/promtool"
@@ -369,7 +370,8 @@ def test_a_run_rewrites_the_targets_as_its_processes_change_and_at_its_end(
     serving = [ServingProcess("h1", 0, "blue", "r1", 1), ServingProcess("h2", 0, "blue", "r1", 1)]
     surveys: list[int] = []
 
-    def survey(_target: Target) -> tuple[list[ServingProcess], list[str]]:
+    def survey(_target: Target, _session: Any = None
+               ) -> tuple[list[ServingProcess], list[str]]:
         surveys.append(len(serving))
         return list(serving), []
 
@@ -380,31 +382,28 @@ def test_a_run_rewrites_the_targets_as_its_processes_change_and_at_its_end(
         return {(g["labels"]["host"], g["labels"]["slot"], g["labels"]["version"])
                 for g in json.loads(written.read_text())}
 
-    class Quiet:
-        def __init__(self) -> None:
-            self.events: list[Any] = []
+    def step(task: str, status: str, *, processes: bool) -> StepEvent:
+        return StepEvent("h1", "roll", task, status, 0.1, "", processes_changed=processes)
 
-        def step(self, *args: Any) -> None:
-            pass
-
+    session = object()  # the run's session, handed to the reads (the survey is faked here)
     retargeter = observe.Retargeter(target)
-    shown = observe.TeeReporter(Quiet(), retargeter)
-    assert shown.events == []  # the inner reporter's, through the tee
     serving.append(ServingProcess("h1", 0, "green", "r2", 2))
-    shown.step("h1", "roll", "upload_release", "ok", 0.1, "")  # no process changed: no write
+    retargeter.on_step(step("upload_release", "ok", processes=False), session)  # no write
     time.sleep(0.3)
     assert not written.exists()
-    shown.step("h1", "roll", "gate_available", "ok", 0.1, "version 2 AVAILABLE")
+    # a new process AVAILABLE (the step's typed event says so, whatever the step is called)
+    retargeter.on_step(step("any_step", "ok", processes=True), session)
     deadline = time.monotonic() + 10
     while not written.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert ("h1", "green", "2") in versions() and ("h1", "blue", "1") in versions()
     del serving[0]  # h1's old slot retired
-    shown.step("h1", "roll", "gate_available", "failed", 0.1, "")  # a failed step: no write
-    retargeter.close()  # the run ended: the final write
+    retargeter.on_step(step("retire_old", "failed", processes=True), session)  # no write
+    retargeter.final(None, session)  # the run ended (an after-pass): the final write
     assert versions() == {("h1", "green", "2"), ("h2", "blue", "1")}
 
-    def broken(_target: Target) -> tuple[list[ServingProcess], list[str]]:
+    def broken(_target: Target, _session: Any = None
+               ) -> tuple[list[ServingProcess], list[str]]:
         raise OSError("no route to host")
 
     monkeypatch.setattr(observe, "running_processes", broken)
@@ -417,7 +416,7 @@ def test_without_a_place_for_the_targets_a_run_reads_no_host(monkeypatch: pytest
                                                               ) -> None:
     from tfsdeploy.run import targets as observe
 
-    def survey(_target: Target) -> Any:
+    def survey(_target: Target, _session: Any = None) -> Any:
         raise AssertionError("read the hosts")
 
     monkeypatch.setattr(observe, "running_processes", survey)

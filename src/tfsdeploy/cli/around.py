@@ -140,12 +140,7 @@ def guard_actions(shown: EventReporter, target: Target, *, lock_wait: float
         def before_run(plan: RunPlan) -> None:
             hook_plan(around, shown, plan)
 
-        try:
-            around.outcome = run(before_run)
-        finally:  # what serves now is what the model's Prometheus targets name
-            from tfsdeploy.run.targets import after_run
-
-            after_run(target)
+        around.outcome = run(before_run)  # the targets follow once the guard's end is recorded
         return around.outcome
 
     def rollback(judged: Mapping[str, str]) -> RunResult:
@@ -177,6 +172,10 @@ class EventReporter:
     def note(self, text: str) -> None:
         """As the inner reporter."""
         self.inner.note(text)
+
+    def warn(self, text: str) -> None:
+        """As the inner reporter (its notes when it has no warnings)."""
+        getattr(self.inner, "warn", self.inner.note)(text)
 
     def progress(self, host: str, update: Any) -> None:
         """As the inner reporter."""

@@ -29,6 +29,14 @@ from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy, parse_weights
 from tfsdeploy.core.inventory.load import load_inventory
 from tfsdeploy.core.target import Target, load_target, render_release
+from tfsdeploy.run.after import (
+    AFTER_DEADLINE_S,
+    AfterPass,
+    Epilogue,
+    NotePass,
+    late_signals,
+    run_after_passes,
+)
 
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: playbooks, tasks, `fab` itself
 
@@ -39,36 +47,44 @@ def target(args: Options) -> Target:
                        hosts=args.get("hosts"), limit=args.get("limit"))
 
 
-def finish(command: str, result: Any, *, json: bool, json_file: str | None,
-           metrics_file: str | None, events: list[dict[str, Any]] | None = None,
-           around: Any = None, rows: list[tuple[str, ...]] | None = None,
-           extra: dict[str, Any] | None = None) -> int:
-    """Write the run's JSON result and textfile, run the post-hooks and report the
-    notifications, print its summary (or JSON); return the run's exit code.
+class Record:
+    """A run's record, written by the engine before any after-pass: the JSON result and the
+    textfile, from the run's own result (``extra``: what the command adds to the JSON)."""
 
-    The result and the textfile are written first, from the run's result alone; nothing after
-    them (a hook, stdout's reader gone, the terminal closed, a SIGHUP) changes them or the exit
-    code: a failure there is one line on stderr. ``rows`` replace the table's per-host rows
-    (host, result, what, size, error); ``extra`` is added to the JSON result."""
+    def __init__(self, command: str, args: Options, events: list[dict[str, Any]],
+                 extra: Callable[[Any], dict[str, Any]] | None = None) -> None:
+        self.command, self.events, self.extra = command, events, extra
+        self.json_file, self.metrics_file = args.get("json_file"), args.get("metrics_file")
+        self.data: dict[str, Any] = {}
+
+    def __call__(self, result: Any) -> None:
+        self.data = {"command": self.command, **result.as_dict(),
+                     **(self.extra(result) if self.extra else {}), "events": self.events}
+        record_run(self.json_file, self.metrics_file, self.data, model=result.model,
+                   command=self.command, seconds=result.seconds, release=result.release_id,
+                   version=result.version)
+
+    def add(self, more: dict[str, Any], result: Any) -> None:
+        """What an after-pass adds to the JSON result (the hooks' and notifications'
+        outcomes); the exit code and the textfile stay as recorded."""
+        self.data |= more
+        record_run(self.json_file, None, self.data, model=result.model, command=self.command,
+                   seconds=result.seconds, release="", version=None)
+
+
+def shown_result(command: str, result: Any, record: Record, *, json: bool,
+                 rows: list[tuple[str, ...]] | None = None) -> int:
+    """Print a recorded run's summary (or its JSON); returns its exit code. Nothing here (a
+    reader gone, the terminal closed, a late signal) changes the exit code or what was
+    recorded: a failure is one line on stderr."""
     code = int(result.exit_code)
-    data = {"command": command, **result.as_dict(), **(extra or {}), "events": events or []}
-    with hangup_survived():
-        record_run(json_file, metrics_file, data, model=result.model, command=command,
-                   seconds=result.seconds, release=result.release_id, version=result.version)
+    with late_signals(output.note_sink(json)):
         try:
-            if around is not None:
-                from tfsdeploy.cli.around import after
-
-                data |= after(around, output.note_sink(json), result=result, exit_code=code,
-                              seconds=result.seconds, message=result.message, data=data,
-                              json_file=json_file)
-                record_run(json_file, None, data, model=result.model, command=command,
-                           seconds=result.seconds, release="", version=None)
             if json:
-                output.print_json(data)
+                output.print_json(record.data)
             else:
                 output.print_run(command, result, rows)
-        except (Exception, KeyboardInterrupt) as error:
+        except Exception as error:
             after_the_run(error, code)
     return code
 
@@ -152,23 +168,27 @@ def cmd_deploy(args: Options) -> int:
         return output.print_check(args, deploy.check(
             target(args), version=args["version"], playbook=args["playbook"],
             diff=args["diff"]))
-    code = _surrounded("deploy", args, lambda chosen, shown, before: deploy.deploy(
-        chosen, version=args["version"], playbook=args["playbook"],
-        lock_wait=args["lock_wait"], reporter=shown, before=before,
-        canary=_canary_option(chosen, args), max_pulls=args.get("max_pulls")))
-    gateway_notes(args)
-    return code
+    from tfsdeploy.run.gateway import drift_notes
+
+    return _surrounded(
+        "deploy", args, lambda chosen, shown, before, epilogue: deploy.deploy(
+            chosen, version=args["version"], playbook=args["playbook"],
+            lock_wait=args["lock_wait"], reporter=shown, before=before,
+            canary=_canary_option(chosen, args), max_pulls=args.get("max_pulls"),
+            epilogue=epilogue),
+        notes=lambda chosen: [lambda session: drift_notes(chosen.inventory, chosen.model.name,
+                                                          session=session)])
 
 
 def gateway_notes(args: Options) -> None:
     """A line on stderr per gateway host routing the model whose configuration no longer
     matches the inventory (nothing when no gateway routes it); never changes the exit code."""
-    from tfsdeploy.run.gateway import gateway_drift
+    from tfsdeploy.run.gateway import drift_notes
 
     with hangup_survived():
         try:
             inventory = load_inventory(args.get("inventory"))
-            for note in gateway_drift(inventory, args["model"]):
+            for note in drift_notes(inventory, args["model"]):
                 print(note, file=sys.stderr, flush=True)
         except (Exception, KeyboardInterrupt) as error:
             print(f"gateway: not compared ({type(error).__name__}: {error})", file=sys.stderr)
@@ -189,29 +209,41 @@ def _canary_option(chosen: Target, args: Options) -> CanaryPolicy | None:
     return dataclasses.replace(base, **changes)
 
 
-def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
+def _surrounded(command: str, args: Options, run: Callable[..., Any],
+                notes: Callable[[Target], list[NotePass]] = lambda chosen: []) -> int:
     """A command's run with its hooks and notifications around it (cli/around.py): the
     pre-hook once the release is known and everything is validated (it may stop the run
-    before any host is changed), events during the run, the post-hooks and the delivery
-    report after it."""
+    before any host is changed), events during the run; the engine then records the result
+    (``Record``) before its after-passes: the model's targets, the post-hooks and the
+    delivery report. ``notes``: reads of the fleet whose lines join the result."""
     from tfsdeploy.cli import around
-    from tfsdeploy.run.targets import Retargeter, TeeReporter, retargets
+    from tfsdeploy.run.targets import Retargeter, retargets
 
     chosen = target(args)
     started = time.monotonic()
-    inner = output.reporter(args["json"], args["log_file"])
-    retarget = Retargeter(chosen) if retargets(chosen) else None
-    shown = around.EventReporter(TeeReporter(inner, retarget) if retarget else inner)
+    shown = around.EventReporter(output.reporter(args["json"], args["log_file"]))
     before = around.surround(shown, command, chosen, hooks_dir=args.get("hooks"),
-                              notify_urls=args.get("notify") or ())
+                             notify_urls=args.get("notify") or ())
+    retarget = Retargeter(chosen) if retargets(chosen) else None
+    record = Record(command, args, shown.events)
+
+    def hooks_after(result: Any, _session: Any) -> None:
+        if shown.around is not None:
+            record.add(around.after(shown.around, output.note_sink(args["json"]),
+                                    result=result, exit_code=int(result.exit_code),
+                                    seconds=result.seconds, message=result.message,
+                                    data=record.data, json_file=args["json_file"]), result)
+
+    epilogue = Epilogue(
+        notes=notes(chosen), record=record,
+        after=[*([retarget.after_pass()] if retarget else []),
+               AfterPass("post-hooks and notifications", hooks_after)],
+        listeners=[retarget.on_step] if retarget else [])
     try:
-        try:
-            result = run(chosen, shown, before)
-        finally:
-            if retarget is not None:  # the model's targets from what serves now
-                with hangup_survived():
-                    retarget.close()
+        result = run(chosen, shown, before, epilogue)
     except TfsDeployError as error:  # the lock held, no host reachable, ...: hooks still run
+        if retarget is not None:
+            retarget.stop()
         if shown.around is not None:
             with hangup_survived():
                 try:  # nothing in them changes the run's exit code (run_command records it)
@@ -221,11 +253,12 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any]) -> int:
                     after_the_run(late, int(error.exit_code))
         raise
     except BaseException:
+        if retarget is not None:
+            retarget.stop()
         if shown.around is not None:
             around.close(shown.around)
         raise
-    return finish(command, result, json=args["json"], json_file=args["json_file"],
-                  metrics_file=args["metrics_file"], events=shown.events, around=shown.around)
+    return shown_result(command, result, record, json=args["json"])
 
 
 def cmd_promote(args: Options) -> int:
@@ -233,8 +266,9 @@ def cmd_promote(args: Options) -> int:
     from tfsdeploy.run import canary
     from tfsdeploy.run.jobs import Verb
 
-    return _surrounded("promote", args, lambda chosen, shown, before: canary.finish_canary(
-        Verb.PROMOTE, chosen, lock_wait=args["lock_wait"], reporter=shown, before=before))
+    return _surrounded("promote", args, lambda chosen, shown, before, epilogue: (
+        canary.finish_canary(Verb.PROMOTE, chosen, lock_wait=args["lock_wait"], reporter=shown,
+                             before=before, epilogue=epilogue)))
 
 
 def cmd_abort(args: Options) -> int:
@@ -242,17 +276,19 @@ def cmd_abort(args: Options) -> int:
     from tfsdeploy.run import canary
     from tfsdeploy.run.jobs import Verb
 
-    return _surrounded("abort", args, lambda chosen, shown, before: canary.finish_canary(
-        Verb.ABORT, chosen, lock_wait=args["lock_wait"], reporter=shown, before=before))
+    return _surrounded("abort", args, lambda chosen, shown, before, epilogue: (
+        canary.finish_canary(Verb.ABORT, chosen, lock_wait=args["lock_wait"], reporter=shown,
+                             before=before, epilogue=epilogue)))
 
 
 def cmd_rollback(args: Options) -> int:
     """`fab rollback`."""
     from tfsdeploy.run import rollback
 
-    return _surrounded("rollback", args, lambda chosen, shown, before: rollback.rollback(
-        chosen, to=args["to"], playbook=args["playbook"], lock_wait=args["lock_wait"],
-        reporter=shown, before=before))
+    return _surrounded("rollback", args, lambda chosen, shown, before, epilogue: (
+        rollback.rollback(chosen, to=args["to"], playbook=args["playbook"],
+                          lock_wait=args["lock_wait"], reporter=shown, before=before,
+                          epilogue=epilogue)))
 
 
 def cmd_status(args: Options) -> int:
@@ -310,15 +346,21 @@ def cmd_guard(args: Options) -> int:
         around.close(hooked)
         raise
     seconds = time.monotonic() - started
-    with hangup_survived():
+    passes = [AfterPass("the guard's runbook", lambda _r, _s: _guard_after(
+        hooked, shown, chosen, code=int(code), message=message, seconds=seconds))]
+    if hooked.verb:
+        from tfsdeploy.run.targets import after_run
+
+        passes.insert(0, AfterPass("the model's Prometheus targets",
+                                   lambda _r, _s: after_run(chosen)))
+    with late_signals(shown) as late:
+        # the guard's end is recorded first; then, when it acted, the model's targets (what
+        # serves now) and its runbook's post-hooks, under the after-passes' deadline
         record_run(None, args["metrics_file"], {"exit_code": int(code)}, model=args["model"],
                    command="guard", seconds=seconds, release="", version=None)
-        try:
-            _guard_after(hooked, shown, chosen, code=int(code), message=message,
-                         seconds=seconds)
-            print(message)
-        except (Exception, KeyboardInterrupt) as error:
-            after_the_run(error, int(code))
+        run_after_passes(passes, None, None, deadline_s=AFTER_DEADLINE_S, late=late,
+                         reporter=shown)
+        print(message)
     return int(code)
 
 
@@ -423,11 +465,11 @@ def cmd_prune(args: Options) -> int:
         return output.print_check({**args, "command": "prune"},
                                   prune.prune_check(target(args), playbook=args["playbook"]))
     shown = output.reporter(args["json"], args["log_file"])
+    record = Record("prune", args, shown.events, extra=prune.summary_data)
     result = prune.prune(target(args), playbook=args["playbook"], lock_wait=args["lock_wait"],
-                         reporter=shown)
-    return finish("prune", result, json=args["json"], json_file=args["json_file"],
-                  metrics_file=args["metrics_file"], events=shown.events,
-                  rows=prune.summary_rows(result), extra=prune.summary_data(result))
+                         reporter=shown, epilogue=Epilogue(record=record))
+    return shown_result("prune", result, record, json=args["json"],
+                        rows=prune.summary_rows(result))
 
 
 def cmd_publish(args: Options) -> int:
@@ -451,11 +493,11 @@ def cmd_stage(args: Options) -> int:
     from tfsdeploy.run import stage
 
     shown = output.reporter(args["json"], args["log_file"])
+    record = Record("stage", args, shown.events)
     result = stage.stage(target(args), version=args["version"], playbook=args["playbook"],
                          lock_wait=args["lock_wait"], max_pulls=args["max_pulls"],
-                         reporter=shown)
-    return finish("stage", result, json=args["json"], json_file=args["json_file"],
-                  metrics_file=args["metrics_file"], events=shown.events)
+                         reporter=shown, epilogue=Epilogue(record=record))
+    return shown_result("stage", result, record, json=args["json"])
 
 
 def cmd_retire(args: Options) -> int:
@@ -469,10 +511,10 @@ def cmd_retire(args: Options) -> int:
         return output.print_check({**args, "command": "retire"},
                                   retire.retire_check(chosen, playbook=args["playbook"]))
     shown = output.reporter(args["json"], args["log_file"])
+    record = Record("retire", args, shown.events)
     result = retire.retire(chosen, playbook=args["playbook"], lock_wait=args["lock_wait"],
-                           reporter=shown)
-    return finish("retire", result, json=args["json"], json_file=args["json_file"],
-                  metrics_file=args["metrics_file"], events=shown.events)
+                           reporter=shown, epilogue=Epilogue(record=record))
+    return shown_result("retire", result, record, json=args["json"])
 
 
 def cmd_accept(args: Options) -> int:

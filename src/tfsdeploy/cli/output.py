@@ -101,6 +101,14 @@ class LineReporter:
         with self._lock:
             self._print(f"[{time.monotonic() - self._start:7.1f}s] == {text}")
 
+    def warn(self, text: str) -> None:
+        """Something that went wrong after the run: on stderr (and in the log file)."""
+        print(f"tfsdeploy: {visible(text)}", file=sys.stderr, flush=True)
+        with self._lock:
+            for stream in self._streams[1:]:
+                print(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {visible(text)}", file=stream,
+                      flush=True)
+
     def progress(self, host: str, update: PullProgress) -> None:
         """An image pull's progress, at most once a second per host and image."""
         key = (host, update.image)
@@ -126,6 +134,10 @@ class NoteSink:
     def note(self, text: str) -> None:
         """One line, marked as a note."""
         print(f"== {text}", file=self._stream)
+
+    def warn(self, text: str) -> None:
+        """Something that went wrong after the run: on stderr."""
+        print(f"tfsdeploy: {text}", file=sys.stderr)
 
 
 def note_sink(json: bool) -> NoteSink:

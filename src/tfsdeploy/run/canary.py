@@ -10,6 +10,7 @@ from tfsdeploy.core.rollout.gates import Clock
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
+from tfsdeploy.run.after import NO_EPILOGUE, Epilogue
 from tfsdeploy.run.engine import Reporter, RunResult
 from tfsdeploy.run.jobs import ClientFactory, Verb
 from tfsdeploy.run.plans import RunPlan
@@ -19,7 +20,8 @@ def finish_canary(verb: Verb, target: Target, *, lock_wait: float = 0.0, reporte
                   connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
                   client_factory: ClientFactory | None = None,
                   before: Callable[[RunPlan], None] | None = None,
-                  judged: str | None = None) -> RunResult:
+                  judged: str | None = None,
+        epilogue: Epilogue = NO_EPILOGUE) -> RunResult:
     """``promote``: the paused release rolls on from where it paused (its canary hosts
     switch fully, the other hosts roll in their batches); ``abort``: the canary hosts go back
     to their old release at 100 %. Either takes the lock the paused canary holds (an
@@ -28,4 +30,4 @@ def finish_canary(verb: Verb, target: Target, *, lock_wait: float = 0.0, reporte
     another canary is under way by the time it holds the lock)."""
     plan = plans.canary_plan(Verb(verb), target, lock_wait=lock_wait, judged=judged)
     return engine.run(plan, reporter=reporter, connect=connect, clock=clock,
-                      client_factory=client_factory, before=before)
+                      client_factory=client_factory, before=before, epilogue=epilogue)

@@ -24,6 +24,8 @@ class Change:
     kind: ClassVar[str] = "change"
     audited: ClassVar[bool] = True  # recorded in the host's audit log when applied
     serving: ClassVar[bool] = False  # changes containers or the proxy: what serves
+    # starts, stops or removes a serving process (the model's targets follow it)
+    processes: ClassVar[bool] = False
 
     def describe(self) -> str:
         """One line: what this change does."""
@@ -124,6 +126,9 @@ class Publish(Change):
     kind: ClassVar[str] = "publish"
     what: str
     run: Callable[[], str] = field(compare=False, repr=False)
+    # when it passes, a new serving process answers (its version AVAILABLE): the model's
+    # targets add it
+    process_ready: bool = False
 
     def describe(self) -> str:
         return self.what
@@ -135,6 +140,7 @@ class RunContainer(Change):
 
     kind: ClassVar[str] = "run"
     serving: ClassVar[bool] = True
+    processes: ClassVar[bool] = True
     spec: ContainerSpec
     where: str = ""
 
@@ -148,6 +154,7 @@ class StartContainer(Change):
 
     kind: ClassVar[str] = "start"
     serving: ClassVar[bool] = True
+    processes: ClassVar[bool] = True
     name: str
 
     def describe(self) -> str:
@@ -160,6 +167,7 @@ class StopContainer(Change):
 
     kind: ClassVar[str] = "stop"
     serving: ClassVar[bool] = True
+    processes: ClassVar[bool] = True
     name: str
 
     def describe(self) -> str:
@@ -172,6 +180,7 @@ class RemoveContainer(Change):
 
     kind: ClassVar[str] = "remove"
     serving: ClassVar[bool] = True
+    processes: ClassVar[bool] = True
     name: str
 
     def describe(self) -> str:
@@ -245,6 +254,9 @@ class Check(Change):
     audited: ClassVar[bool] = False
     what: str
     run: Callable[[], str] = field(compare=False, repr=False)
+    # when it passes, a new serving process answers (its version AVAILABLE): the model's
+    # targets add it
+    process_ready: bool = False
 
     def describe(self) -> str:
         return self.what

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from tfsdeploy.core.errors import HostUnreachable
@@ -14,8 +15,9 @@ from tfsdeploy.core.rollout.gates import Clock
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
+from tfsdeploy.run.after import NO_EPILOGUE, Epilogue
 from tfsdeploy.run.engine import PlannedStep, Reporter, RunResult
-from tfsdeploy.run.jobs import ClientFactory, HostJob, Verb
+from tfsdeploy.run.jobs import ClientFactory, HostJob, Session, Verb
 from tfsdeploy.run.operations.preflight import moved_ports
 from tfsdeploy.run.plans import RunPlan
 from tfsdeploy.run.views import orphans
@@ -26,20 +28,23 @@ def deploy(target: Target, *, version: int | str | None = None, playbook: str | 
            connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
            client_factory: ClientFactory | None = None,
            before: Callable[[RunPlan], None] | None = None,
-           canary: CanaryPolicy | None = None, max_pulls: int | None = None) -> RunResult:
+           canary: CanaryPolicy | None = None, max_pulls: int | None = None,
+        epilogue: Epilogue = NO_EPILOGUE) -> RunResult:
     """Validate everything, take the lock, run the deploy playbook; always release the lock
     (a paused canary keeps it). ``before`` sees the plan once everything is validated, before
     any connection (a pre-hook may stop the run there)."""
     plan = plans.deploy_plan(target, version=version, playbook=playbook, lock_wait=lock_wait,
                              canary=canary, max_pulls=max_pulls)
-    result = engine.run(plan, reporter=reporter, connect=connect, clock=clock,
-                        client_factory=client_factory, before=before)
-    left = orphans(target, connect=connect)  # a deploy never leaves one unsaid
-    for row in left:
-        reporter.note(f"{row['host']}: {row['note']}")
-    if left:
-        result.message += "; " + "; ".join(f"{r['host']}: {r['note']}" for r in left)
-    return result
+    # a deploy never leaves a host that still holds the model outside its hosts unsaid
+    notes = (lambda session: orphan_notes(target, session), *epilogue.notes)
+    return engine.run(plan, reporter=reporter, connect=connect, clock=clock,
+                      client_factory=client_factory, before=before,
+                      epilogue=replace(epilogue, notes=notes))
+
+
+def orphan_notes(target: Target, session: Session) -> list[str]:
+    """One line per inventory host outside the model's that still holds it."""
+    return [f"{row['host']}: {row['note']}" for row in orphans(target, session=session)]
 
 
 def check(target: Target, *, version: int | str | None = None, playbook: str | None = None,

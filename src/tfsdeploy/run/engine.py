@@ -35,6 +35,14 @@ from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import HostFacts, gather
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.run import executor, plans
+from tfsdeploy.run.after import (
+    NO_EPILOGUE,
+    Epilogue,
+    Listener,
+    StepEvent,
+    late_signals,
+    run_after_passes,
+)
 from tfsdeploy.run.changes import Change
 from tfsdeploy.run.executor import run_step
 from tfsdeploy.run.jobs import (
@@ -46,7 +54,7 @@ from tfsdeploy.run.jobs import (
     Session,
     Verb,
 )
-from tfsdeploy.run.operations import registry
+from tfsdeploy.run.operations import is_gate, registry
 from tfsdeploy.run.operations.canary import CanaryPaused
 from tfsdeploy.run.plans import RunPlan
 from tfsdeploy.run.playbook import Phase, Playbook, Task
@@ -137,6 +145,8 @@ class RunState:
     result: RunResult
     failed: set[str] = field(default_factory=set)
     touched: set[str] = field(default_factory=set)  # hosts where what serves was changed
+    listeners: Sequence[Listener] = ()
+    session: Session | None = None
 
     def outcome(self, job: HostJob) -> HostOutcome:
         """The host's outcome record (created on first use)."""
@@ -155,6 +165,22 @@ class RunState:
         """A run event (batch started, host rolled, gate failed) for reporters that take
         them (notifications)."""
         emit(self.reporter, kind, **data)
+
+    def step(self, job: HostJob, phase: str, task: str, status: str, seconds: float,
+             detail: str) -> None:
+        """A step ended: the reporter's line, then the typed event to every listener (a
+        listener's failure is a note, never the run's)."""
+        self.reporter.step(job.name, phase, task, status, seconds, detail)
+        event = StepEvent(job.name, phase, task, status, seconds, detail,
+                          processes_changed=job.processes_changed, gate=is_gate(task))
+        job.processes_changed = False
+        for listen in self.listeners:
+            try:
+                assert self.session is not None, "listeners are given the run's session"
+                listen(event, self.session)
+            except Exception as error:
+                self.reporter.note(f"a listener of the run failed on {task}: "
+                                   f"{type(error).__name__}: {error}")
 
 
 def emit(reporter: Reporter, kind: str, **data: Any) -> None:
@@ -185,8 +211,7 @@ def run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) 
             pause = is_pause(error)  # the canary holds its last weight: not a failure
             detail = pause_detail(state, error) if pause else describe(error)
             _record_step(job, phase, task.action, pause, seconds, detail)
-            state.reporter.step(job.name, phase, task.action, "paused" if pause else "failed",
-                                seconds, detail)
+            state.step(job, phase, task.action, "paused" if pause else "failed", seconds, detail)
             if not pause and is_gate(task.action):
                 state.event("gate_failed", host=job.name, gate=task.action, message=detail)
             raise
@@ -195,13 +220,7 @@ def run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) 
                 state.touched.add(job.name)
         seconds = time.monotonic() - started
         _record_step(job, phase, task.action, True, seconds, outcome.detail)
-        state.reporter.step(job.name, phase, task.action, "ok", seconds, outcome.detail)
-
-
-def is_gate(step: str) -> bool:
-    """Whether a failure of ``step`` is a gate's verdict: a ``gate_*`` step, or a canary step
-    judged on live traffic."""
-    return step.startswith("gate_") or step == "canary_steps"
+        state.step(job, phase, task.action, "ok", seconds, outcome.detail)
 
 
 def pause_detail(state: RunState, pause: BaseException) -> str:
@@ -491,7 +510,7 @@ def open_session(target: Target, connect: ConnectionFactory, clock: Clock,
     for host in target.hosts:
         conns.setdefault(host.name, connect(host))
     return Session(connections=conns, clock=clock, client_factory=client_factory,
-                   gateway=gateway_link(target, connect))
+                   gateway=gateway_link(target, connect), connect=connect)
 
 
 def gateway_link(target: Target, connect: ConnectionFactory) -> GatewayLink | None:
@@ -510,16 +529,21 @@ def close_session(session: Session) -> None:
         conn.close()
     for conn in (session.gateway.connections.values() if session.gateway else ()):
         conn.close()
+    for conn in session.opened.values():
+        conn.close()
 
 
 def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshConnection,
         clock: Clock | None = None, client_factory: ClientFactory | None = None,
-        before: Callable[[RunPlan], None] | None = None) -> RunResult:
+        before: Callable[[RunPlan], None] | None = None,
+        epilogue: Epilogue = NO_EPILOGUE) -> RunResult:
     """Run a verb's plan: ``before`` sees it first, before any connection (a pre-hook may
     refuse the run there); then the engine opens the connections, takes the lock, reads the
     facts, plans the jobs and runs the phases, on ``clock`` (the system's by default) made
-    cancellable by Ctrl-C, SIGTERM and SIGHUP; the lock is released and the connections closed
-    whatever happens."""
+    cancellable by Ctrl-C, SIGTERM and SIGHUP; the lock is released whatever happens. Then,
+    on the same connections, the ``epilogue``: its notes join the result, the result is
+    recorded, and only then do its after-passes run, under its deadline (a late signal is
+    said and ends them: ``run.after``); the connections are closed at the very end."""
     if before is not None:
         before(plan)
     cancel = threading.Event()
@@ -527,12 +551,35 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
                            CancellableClock(clock or SystemClock(), cancel), client_factory)
     started = time.monotonic()
     try:
-        with interrupts_cancel(cancel, reporter):
-            result = _locked(plan, session, reporter, cancel)
+        with late_signals(reporter) as late:
+            with interrupts_cancel(cancel, reporter):
+                result = _locked(plan, session, reporter, cancel, epilogue.listeners)
+                if epilogue.summarize is not None:
+                    result = epilogue.summarize(result)
+                _add_notes(result, epilogue, session, reporter)
+            result.seconds = time.monotonic() - started
+            if epilogue.record is not None:
+                epilogue.record(result)
+            run_after_passes(epilogue.after, result, session, deadline_s=epilogue.deadline_s,
+                             late=late, reporter=reporter)
     finally:
         close_session(session)
-    result.seconds = time.monotonic() - started
     return result
+
+
+def _add_notes(result: RunResult, epilogue: Epilogue, session: Session,
+               reporter: Reporter) -> None:
+    """The epilogue's reads of the fleet (orphans, gateway drift), said and added to the
+    result's message before it is recorded; a read that fails is one note."""
+    for read in epilogue.notes:
+        try:
+            lines = read(session)
+        except Exception as error:
+            lines = [f"not read ({type(error).__name__}: {error})"]
+        for line in lines:
+            reporter.note(line)
+        if lines:
+            result.message += "; " + "; ".join(lines)
 
 
 def _take_lock(plan: RunPlan, session: Session, reporter: Reporter, record: LockRecord,
@@ -572,8 +619,8 @@ def clear_finished_canary_parts(plan: RunPlan, rest: list[lock.LockSite], facts:
                           f"left on {site.host}")
 
 
-def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threading.Event
-            ) -> RunResult:
+def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threading.Event,
+            listeners: Sequence[Listener] = ()) -> RunResult:
     """Under the lock: the facts, the plan, the phases; the lock given back (or handed to a
     paused canary) and the version archive removed, whatever happens."""
     target = plan.target
@@ -604,7 +651,7 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
                     session.gateway, target.model.name, {h.name for h in target.model_hosts},
                     timeout_s=target.model.rollout.drain_timeout_s, clock=session.clock):
                 reporter.note(note)
-        outcome = run_roll(plan, context, jobs, reporter, cancel)
+        outcome = run_roll(plan, context, jobs, reporter, cancel, listeners, session)
     finally:
         keeps = _kept_for(plan, outcome, context, paused, sys.exc_info()[1])
         if keeps:  # a paused release keeps it
@@ -652,8 +699,10 @@ def _facts_step(job: HostJob, reporter: Reporter) -> None:
 
 
 def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: Reporter,
-             cancel: threading.Event) -> RunResult:
-    """The phases over the planned jobs, under the playbook's policy (or the model's)."""
+             cancel: threading.Event, listeners: Sequence[Listener] = (),
+             session: Session | None = None) -> RunResult:
+    """The phases over the planned jobs, under the playbook's policy (or the model's);
+    ``listeners`` are told of every step, with the run's ``session``."""
     rollout, playbook = context.model.rollout, plan.playbook
     state = RunState(playbook=playbook, context=context, jobs=jobs, reporter=reporter,
                      cancel=cancel, serial=playbook.serial or rollout.serial,
@@ -661,7 +710,8 @@ def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: 
                                           if playbook.max_fail_percentage is not None
                                           else rollout.max_fail_percentage),
                      on_failure=playbook.on_failure or rollout.on_failure,
-                     result=RunResult(context.model.name, context.version, context.release_id))
+                     result=RunResult(context.model.name, context.version, context.release_id),
+                     listeners=listeners, session=session)
     try:
         return run_phases(state)
     except Exception as error:  # a defect of ours: the exit code still says where we stood

@@ -235,8 +235,10 @@ def run_step(job: HostJob, step: str, operation: Operation, params: dict[str, An
                 applied.append(change)
                 continue
             job.touched |= change.serving  # before: a half-made change counts too
+            job.processes_changed |= change.processes
             result = apply_change(job, step, change, on_progress)
             if isinstance(change, Check):
+                job.processes_changed |= change.process_ready
                 seen.append(result)
             else:
                 applied.append(change)

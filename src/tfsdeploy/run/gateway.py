@@ -32,6 +32,7 @@ from tfsdeploy.hosts import gateway as gw
 from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.proxyadmin import ProxyRefused
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.run.jobs import Session
 
 Say = Callable[[str], None]
 FAILURES = (gw.GatewayRefused, ProxyRefused, DockerFailed, GateFailed, HostUnreachable,
@@ -188,23 +189,26 @@ def _health_line(plan: GatewayPlan, servers: tuple[GatewayServer, ...]) -> str:
     return _health_text(route_health(plan, servers))
 
 
-def gateway_drift(inventory: Inventory, model: str, *,
-                  connect: ConnectionFactory = SshConnection) -> list[str]:
+def drift_notes(inventory: Inventory, model: str, *,
+                connect: ConnectionFactory = SshConnection,
+                session: Session | None = None) -> list[str]:
     """One line per gateway host routing ``model`` whose live files differ from what the
-    inventory renders now (or that cannot be read): what `fab status` and `fab deploy` say."""
+    inventory renders now (or that cannot be read): what `fab status` and `fab deploy` say
+    (a deploy reads them over its own ``session``)."""
     if inventory.gateway is None or inventory.gateway.route(model) is None:
         return []
     plan = plan_gateway(inventory)
     notes = []
     for host in plan.hosts:
-        conn = connect(host)
+        conn = session.connection(host) if session is not None else connect(host)
         try:
             live = gw.live_files(conn, gateway_paths(host))
         except FAILURES as error:
             notes.append(f"gateway {host.name}: its configuration could not be read ({error})")
             continue
         finally:
-            conn.close()
+            if session is None:
+                conn.close()
         if not live:
             notes.append(f"gateway {host.name}: no gateway configured there yet (run "
                          "`fab gateway`)")

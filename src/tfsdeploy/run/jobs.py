@@ -43,7 +43,7 @@ from tfsdeploy.core.tfserving.golden import GoldenExample
 from tfsdeploy.hosts.commands.containers import GpuRequest, parse_gpus
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts, read_release_files
-from tfsdeploy.hosts.ssh import Connection
+from tfsdeploy.hosts.ssh import Connection, ConnectionFactory
 
 if TYPE_CHECKING:
     # a pull's progress as the hosts report it (what a reporter's ``progress`` is given)
@@ -154,6 +154,9 @@ class HostJob:
     proxy_started: bool = False  # this run started the model's proxy on the host
     uploaded: bool = False  # the release's directory and record exist on the host
     touched: bool = False  # a container or the proxy was changed (no longer "nothing changed")
+    # the current step started, stopped or removed a serving process, or one became AVAILABLE
+    # (the engine reads it for the step's event, then clears it)
+    processes_changed: bool = False
     unreachable: HostUnreachable | None = None  # the facts could not be read
     gates: list[GateRecord] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
@@ -310,6 +313,22 @@ class Session:
     clock: Clock
     client_factory: ClientFactory | None = None
     gateway: GatewayLink | None = None  # the model's gateway hosts (None: no gateway routes it)
+    # opens the connections to hosts outside the model's that a pass reads (an orphan's, a
+    # Prometheus host's): kept with the run's, closed with them
+    connect: ConnectionFactory | None = None
+    opened: dict[str, Connection] = field(default_factory=dict)
+    opening: threading.Lock = field(default_factory=threading.Lock)
+
+    def connection(self, host: ResolvedHost) -> Connection:
+        """The run's connection to ``host``: the run's own, or one opened on first use."""
+        if host.name in self.connections:
+            return self.connections[host.name]
+        with self.opening:
+            if host.name not in self.opened:
+                if self.connect is None:
+                    raise HostUnreachable(f"{host.name}: not among the run's hosts")
+                self.opened[host.name] = self.connect(host)
+            return self.opened[host.name]
 
     def release_files(self, host: ResolvedHost, model: Model, release_id: str
                       ) -> dict[str, str]:

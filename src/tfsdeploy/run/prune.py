@@ -7,21 +7,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
+from tfsdeploy.run.after import NO_EPILOGUE, Epilogue
 from tfsdeploy.run.deploy import host_plan
 from tfsdeploy.run.engine import HostOutcome, Reporter, RunResult
 
 
 def prune(target: Target, *, playbook: str | None = None, lock_wait: float = 0.0,
-          reporter: Reporter, connect: ConnectionFactory = SshConnection) -> RunResult:
+          reporter: Reporter, connect: ConnectionFactory = SshConnection,
+        epilogue: Epilogue = NO_EPILOGUE) -> RunResult:
     """Prune every selected host."""
     plan = plans.prune_plan(target, playbook=playbook, lock_wait=lock_wait)
-    return summarize(engine.run(plan, reporter=reporter, connect=connect))
+    return engine.run(plan, reporter=reporter, connect=connect,
+                      epilogue=replace(epilogue, summarize=summarize))
 
 
 def prune_check(target: Target, *, playbook: str | None = None,

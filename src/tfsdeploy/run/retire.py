@@ -4,11 +4,13 @@ the model is reported ``absent``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
+from tfsdeploy.run.after import NO_EPILOGUE, Epilogue
 from tfsdeploy.run.deploy import host_plan
 from tfsdeploy.run.engine import HostOutcome, Reporter, RunResult
 
@@ -16,10 +18,12 @@ NOTHING_HERE = "nothing of the model here"
 
 
 def retire(target: Target, *, playbook: str | None = None, lock_wait: float = 0.0,
-           reporter: Reporter, connect: ConnectionFactory = SshConnection) -> RunResult:
+           reporter: Reporter, connect: ConnectionFactory = SshConnection,
+        epilogue: Epilogue = NO_EPILOGUE) -> RunResult:
     """Retire the model from every selected host."""
     plan = plans.retire_plan(target, playbook=playbook, lock_wait=lock_wait)
-    return summarize(engine.run(plan, reporter=reporter, connect=connect), target)
+    return engine.run(plan, reporter=reporter, connect=connect, epilogue=replace(
+        epilogue, summarize=lambda result: summarize(result, target)))
 
 
 def retire_check(target: Target, *, playbook: str | None = None,

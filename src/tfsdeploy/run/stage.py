@@ -12,6 +12,7 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.registry import Registry, RegistryError
 from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
+from tfsdeploy.run.after import NO_EPILOGUE, Epilogue
 from tfsdeploy.run.engine import Reporter, RunResult
 from tfsdeploy.run.publish import Published, pack, publish
 from tfsdeploy.run.sources import SourceError
@@ -71,8 +72,9 @@ def publish_data(target: Target, published: list[Published]) -> dict[str, Any]:
 
 def stage(target: Target, *, version: int | str | None = None, playbook: str | None = None,
           lock_wait: float = 0.0, max_pulls: int | None = None, reporter: Reporter,
-          connect: ConnectionFactory = SshConnection) -> RunResult:
+          connect: ConnectionFactory = SshConnection,
+        epilogue: Epilogue = NO_EPILOGUE) -> RunResult:
     """Stage the version on every selected host; nothing serving changes."""
     plan = plans.stage_plan(target, version=version, playbook=playbook, lock_wait=lock_wait,
                             max_pulls=max_pulls)
-    return engine.run(plan, reporter=reporter, connect=connect)
+    return engine.run(plan, reporter=reporter, connect=connect, epilogue=epilogue)

@@ -14,17 +14,20 @@ from tfsdeploy.core.inventory.layout import host_paths
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.facts import HostFacts, gather
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.run.jobs import Session
 
 Look = Callable[[Target, ResolvedHost, Connection, HostFacts], dict[str, Any]]
 MAX_AT_ONCE = 16
 
 
 def visit(target: Target, host: ResolvedHost, look: Look, *,
-          connect: ConnectionFactory = SshConnection) -> dict[str, Any]:
+          connect: ConnectionFactory = SshConnection, keep: bool = False) -> dict[str, Any]:
     """``look`` at one host's facts: ``host``, ``address``, ``reachable`` and what the look
-    found, or the ``error`` that made the host unreachable."""
-    conn = connect(host)
+    found, or the ``error`` that made the host unreachable. ``keep``: the connection is a
+    run's, left open for it."""
+    conn: Connection | None = None
     try:
+        conn = connect(host)
         facts = gather(conn, target.model.name, host_paths(host, target.model))
         return {"host": host.name, "address": host.address, "reachable": True,
                 **look(target, host, conn, facts)}
@@ -32,12 +35,17 @@ def visit(target: Target, host: ResolvedHost, look: Look, *,
         return {"host": host.name, "address": host.address, "reachable": False,
                 "error": f"{type(error).__name__}: {error}"}
     finally:
-        conn.close()
+        if conn is not None and not keep:
+            conn.close()
 
 
 def each_host(target: Target, look: Look, *, hosts: tuple[ResolvedHost, ...] | None = None,
-              connect: ConnectionFactory = SshConnection) -> list[dict[str, Any]]:
-    """``look`` at every selected host (or ``hosts``) at once, in their order."""
+              connect: ConnectionFactory = SshConnection,
+              session: Session | None = None) -> list[dict[str, Any]]:
+    """``look`` at every selected host (or ``hosts``) at once, in their order; with
+    ``session``, over a run's connections (left open for it)."""
     chosen = hosts or target.hosts
+    opener = session.connection if session is not None else connect
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_AT_ONCE, len(chosen)))) as pool:
-        return list(pool.map(lambda h: visit(target, h, look, connect=connect), chosen))
+        return list(pool.map(lambda h: visit(target, h, look, connect=opener,
+                                             keep=session is not None), chosen))

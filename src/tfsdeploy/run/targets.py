@@ -10,14 +10,21 @@ import json
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.load import Inventory
 from tfsdeploy.core.inventory.monitoring import Monitoring
 from tfsdeploy.core.localfiles import write_atomic
 from tfsdeploy.core.observe.prometheus import ServingProcess, target_groups, targets_file
 from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.ssh import Connection
+from tfsdeploy.hosts.ssh import SshConnection as connect
+from tfsdeploy.run import survey
+from tfsdeploy.run.after import AFTER_DEADLINE_S, AfterPass, StepEvent
+from tfsdeploy.run.jobs import Session
 
 LOCAL_TARGETS = "targets"  # beside prometheus.yml when no place is named
 
@@ -41,17 +48,16 @@ def scraped_targets_dir(inventory: Inventory) -> str:
 
 # -- the targets -----------------------------------------------------------------------------
 
-def running_processes(target: Target) -> tuple[list[ServingProcess], list[str]]:
+def running_processes(target: Target, session: Session | None = None
+                      ) -> tuple[list[ServingProcess], list[str]]:
     """The model's running server containers on every host of the model, and the hosts that
-    could not be read."""
-    from tfsdeploy.run import survey
-
+    could not be read (over a run's ``session`` when given)."""
     def look(_t: Any, _h: Any, _c: Any, facts: Any) -> dict[str, Any]:
         return {"processes": [ServingProcess(facts.host, c.instance, c.slot, c.release,
                                              c.version)
                               for c in facts.servers if c.running]}
 
-    rows = survey.each_host(target, look, hosts=target.model_hosts)
+    rows = survey.each_host(target, look, hosts=target.model_hosts, session=session)
     found = [p for r in rows if r["reachable"] for p in r["processes"]]
     return found, [r["host"] for r in rows if not r["reachable"]]
 
@@ -66,87 +72,115 @@ def merged_groups(target: Target, processes: list[ServingProcess], unread: list[
                                                g["labels"]["slot"]))
 
 
-def _previous(path: Path | None) -> list[dict[str, Any]]:
-    if path is None or not path.is_file():
-        return []
+def parse_groups(text: str) -> list[dict[str, Any]]:
+    """A file_sd file's groups ([] when it is not one)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(text)
+    except ValueError:
         return []
     return data if isinstance(data, list) else []
 
 
-def publish_targets(target: Target, *, local_only: Path | None = None) -> list[str]:
+def _previous_local(path: Path) -> list[dict[str, Any]]:
+    try:
+        return parse_groups(path.read_text()) if path.is_file() else []
+    except OSError:
+        return []
+
+
+def publish_targets(target: Target, *, local_only: Path | None = None,
+                    session: Session | None = None) -> list[str]:
     """Rewrite the model's file_sd file in every place the inventory names (or only in
-    ``local_only``); returns where it was written. A monitoring host that cannot be written
-    is reported on stderr and the others are still written."""
+    ``local_only``), over a run's ``session`` when given; returns where it was written. A
+    host that could not be read keeps the groups the file had for it (the local file, else
+    the first monitoring host's). A monitoring host that cannot be written is reported on
+    stderr and the others are still written."""
     inventory = target.inventory
-    places = [local_only] if local_only else [local_targets_dir(inventory)]
-    local = places[0]
+    local = local_only or local_targets_dir(inventory)
     name = targets_file(target.model.name)
-    processes, unread = running_processes(target)
-    groups = merged_groups(target, processes, unread,
-                           _previous(local / name if local else None))
+    monitors = (inventory.match(inventory.monitoring.hosts, "monitoring.hosts")
+                if local_only is None and inventory.monitoring.hosts is not None else ())
+    processes, unread = running_processes(target, session)
+    previous: list[dict[str, Any]] = []
+    if unread:
+        previous = (_previous_local(local / name) if local is not None
+                    else _previous_remote(monitors, inventory.monitoring, name, session))
+    groups = merged_groups(target, processes, unread, previous)
     text = json.dumps(groups, indent=2) + "\n"
     written = []
     if local is not None:
         write_atomic(str(local / name), text, mode=0o644)
         written.append(str(local / name))
-    if local_only is None and inventory.monitoring.hosts is not None:
-        written += _upload(inventory, inventory.monitoring, name, text)
+    for host in monitors:
+        written += _upload(host, inventory.monitoring, name, text, session)
     return written
 
 
-def _upload(inventory: Inventory, monitoring: Monitoring, name: str, text: str) -> list[str]:
-    from tfsdeploy.hosts.ssh import SshConnection
+def _connection(host: ResolvedHost, session: Session | None) -> tuple[Connection, bool]:
+    """A connection to ``host`` and whether it is this call's own (to close)."""
+    return (session.connection(host), False) if session is not None else (connect(host), True)
 
-    assert monitoring.hosts is not None
-    written = []
-    final = f"{monitoring.targets_dir}/{name}"
-    for host in inventory.match(monitoring.hosts, "monitoring.hosts"):
+
+def _previous_remote(monitors: Sequence[ResolvedHost], monitoring: Monitoring, name: str,
+                     session: Session | None) -> list[dict[str, Any]]:
+    """The targets file as the first monitoring host that answers holds it."""
+    for host in monitors:
         try:
-            conn = SshConnection(host)
+            conn, own = _connection(host, session)
             try:
-                conn.run(["mkdir", "-p", monitoring.targets_dir], timeout=30)
-                temp = f"{monitoring.targets_dir}/.{name}.tmp"
-                conn.put_bytes(text.encode(), temp, mode=0o644)
-                conn.run(["mv", "-f", temp, final], timeout=30)  # file_sd reads whole files
+                result = conn.run(["cat", f"{monitoring.targets_dir}/{name}"], timeout=30)
             finally:
+                if own:
+                    conn.close()
+        except Exception:
+            continue
+        if result.ok:
+            return parse_groups(result.stdout)
+    return []
+
+
+def _upload(host: ResolvedHost, monitoring: Monitoring, name: str, text: str,
+            session: Session | None) -> list[str]:
+    final = f"{monitoring.targets_dir}/{name}"
+    try:
+        conn, own = _connection(host, session)
+        try:
+            conn.run(["mkdir", "-p", monitoring.targets_dir], timeout=30)
+            temp = f"{monitoring.targets_dir}/.{name}.tmp"
+            conn.put_bytes(text.encode(), temp, mode=0o644)
+            conn.run(["mv", "-f", temp, final], timeout=30)  # file_sd reads whole files
+        finally:
+            if own:
                 conn.close()
-            written.append(f"{host.name}:{final}")
-        except Exception as error:  # one unreachable Prometheus host never stops the others
-            print(f"tfsdeploy: the targets could not be written to {host.name}:{final}: "
-                  f"{type(error).__name__}: {error}", file=sys.stderr)
-    return written
-
-
-# the steps after which a host runs other serving processes than before: a new release's
-# process loaded (its ports open once its version is AVAILABLE), an old one stopped or removed,
-# a retained one started again
-CHANGES_PROCESSES = frozenset({"gate_available", "retire_old", "stop_old", "remove_new",
-                               "resume_release", "remove_containers"})
+    except Exception as error:  # one unreachable Prometheus host never stops the others
+        print(f"tfsdeploy: the targets could not be written to {host.name}:{final}: "
+              f"{type(error).__name__}: {error}", file=sys.stderr)
+        return []
+    return [f"{host.name}:{final}"]
 
 
 class Retargeter:
-    """Rewrites the model's targets while a run rolls: after each step that changed which
-    processes serve (``CHANGES_PROCESSES``), in a thread of its own so that the roll never
-    waits for it; steps that come while it writes are taken together in its next pass.
-    ``close`` waits for it and writes the run's final targets, if the run reached a host (a
-    run refused before, on its input or its lock, changed nothing and connects to none)."""
+    """Rewrites the model's targets while a run rolls, over the run's own connections: after
+    each step whose typed event says a serving process started, stopped or became AVAILABLE,
+    in a thread of its own so that the roll never waits for it; steps that come while it
+    writes are taken together in its next pass. Its after-pass (``final``) waits for it and
+    writes the run's final targets, once the result is recorded, if the run reached a host (a
+    run refused before, on its input or its lock, changed nothing)."""
 
     def __init__(self, target: Target) -> None:
         self.target = target
         self._wake = threading.Event()
         self._closed = False
         self._reached = False
+        self._session: Session | None = None
         self._thread = threading.Thread(target=self._loop, name="retarget", daemon=True)
         self._thread.start()
 
-    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
-             detail: str) -> None:
+    def on_step(self, event: StepEvent, session: Session) -> None:
         """A run's step: a change of the serving processes wakes the writer."""
         self._reached = True
-        if status == "ok" and task in CHANGES_PROCESSES:
+        self._session = session
+        if event.status == "ok" and event.processes_changed:
             self._wake.set()
 
     def _loop(self) -> None:
@@ -155,32 +189,23 @@ class Retargeter:
             if self._closed:
                 return
             self._wake.clear()
-            after_run(self.target)
+            after_run(self.target, self._session)
 
-    def close(self) -> None:
-        """The last write, from what serves at the end of the run."""
+    def final(self, _result: Any, session: Session | None) -> None:
+        """The last write, from what serves at the end of the run (an after-pass)."""
+        self.stop()
+        if self._reached:
+            after_run(self.target, session)
+
+    def stop(self) -> None:
+        """The writer ends (a run that ended without a result writes nothing more)."""
         self._closed = True
         self._wake.set()
-        self._thread.join(timeout=120)
-        if self._reached:
-            after_run(self.target)
+        self._thread.join(timeout=AFTER_DEADLINE_S)
 
-
-class TeeReporter:
-    """A run's reporter whose steps also reach the retargeter; everything else is the
-    inner reporter's."""
-
-    def __init__(self, inner: Any, retargeter: Retargeter) -> None:
-        self._inner, self._retargeter = inner, retargeter
-
-    def step(self, host: str, phase: str, task: str, status: str, seconds: float,
-             detail: str) -> None:
-        """As the inner reporter, then the retargeter."""
-        self._inner.step(host, phase, task, status, seconds, detail)
-        self._retargeter.step(host, phase, task, status, seconds, detail)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
+    def after_pass(self) -> AfterPass:
+        """The targets as an after-pass of the run."""
+        return AfterPass("the model's Prometheus targets", self.final)
 
 
 def retargets(target: Target) -> bool:
@@ -189,16 +214,14 @@ def retargets(target: Target) -> bool:
     return monitoring.hosts is not None or monitoring.local_targets_dir is not None
 
 
-def after_run(target: Target) -> None:
+def after_run(target: Target, session: Session | None = None) -> None:
     """After a deploy, rollback, promote or abort: the model's targets rewritten where the
     inventory names a place; a failure is one line on stderr (it never changes the run's
     exit code)."""
     if not retargets(target):
         return
     try:
-        publish_targets(target)
+        publish_targets(target, session=session)
     except Exception as error:
         print(f"tfsdeploy: the Prometheus targets of {target.model.name} could not be "
               f"rewritten: {type(error).__name__}: {error}", file=sys.stderr)
-
-

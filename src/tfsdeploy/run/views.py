@@ -26,6 +26,7 @@ from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.probes import SlotClient
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.run import plans, survey
+from tfsdeploy.run.jobs import Session
 
 
 def _versions(host: ResolvedHost, model: str, port: int) -> list[dict[str, Any]]:
@@ -72,8 +73,8 @@ def instance_drift(render: HostRender | None, facts: HostFacts, model: str
     fix = f"fix: fab deploy --model {model}"
     notes, down = [], []
     for index, gpus in sorted(planned.items()):
-        if facts.serving(index) is not None:
-            continue
+        if facts.serving(index) is not None or facts.taking_requests(index):
+            continue  # one slot serves, or two share its requests (a canary)
         dead = facts.down(index)
         absent = [g for g in gpus if g not in present]
         why = (f"GPU {', '.join(map(str, absent))} absent" if absent and facts.gpus else
@@ -136,14 +137,15 @@ def is_orphan(target: Target, host: ResolvedHost, facts: HostFacts) -> bool:
     return facts.holds_model and host.name not in {h.name for h in target.model_hosts}
 
 
-def orphans(target: Target, *, connect: ConnectionFactory = SshConnection
-            ) -> list[dict[str, Any]]:
+def orphans(target: Target, *, connect: ConnectionFactory = SshConnection,
+            session: Session | None = None) -> list[dict[str, Any]]:
     """Status rows of the hosts outside the model's that still hold it (unreachable ones are
-    not the model's hosts: left out)."""
+    not the model's hosts: left out); over a run's ``session`` when given."""
     outside = outside_hosts(target)
     if not outside:
         return []
-    rows = survey.each_host(target, host_status, hosts=outside, connect=connect)
+    rows = survey.each_host(target, host_status, hosts=outside, connect=connect,
+                            session=session)
     return [r for r in rows if r["reachable"] and r["orphan"]]
 
 

@@ -25,7 +25,7 @@ from tfsdeploy.run.operations import (
     shape,
     stage,
 )
-from tfsdeploy.run.operations.step import OPERATIONS, Operation
+from tfsdeploy.run.operations.step import GATES, OPERATIONS, Operation
 
 MODULES = (preflight, stage, shape, roll, gates, canary, finalize, restore, prune, retire,
            custom)
@@ -34,3 +34,8 @@ MODULES = (preflight, stage, shape, roll, gates, canary, finalize, restore, prun
 def registry() -> dict[str, Operation]:
     """Every operation, by name (each of ``MODULES`` registered its own when imported)."""
     return OPERATIONS
+
+
+def is_gate(step: str) -> bool:
+    """Whether ``step`` was registered as a gate (its failure is a gate's verdict)."""
+    return step in GATES

@@ -93,7 +93,7 @@ def canary_record(job: HostJob, state: CanaryState, weight: int) -> CanaryRecord
                         updated_at=now_iso())
 
 
-@operation("canary_steps")
+@operation("canary_steps", gate=True)
 def canary_steps(job: HostJob) -> Ops:
     """The weighted steps of the first batch's hosts (nothing elsewhere, nor without a canary
     policy, nor where nothing served before)."""

@@ -133,7 +133,7 @@ def _with_client(job: HostJob, port: int, body: Callable[[Any], T]) -> T:
         client.close()
 
 
-@operation("gate_available")
+@operation("gate_available", gate=True)
 def gate_available(job: HostJob, timeout_s: float | None = None) -> Ops:
     """The exact new version is AVAILABLE (GetModelStatus), the container running throughout."""
     deadline = timeout_s or job.model.rollout.load_timeout_s
@@ -168,7 +168,8 @@ def gate_available(job: HostJob, timeout_s: float | None = None) -> Ops:
         return expected
 
     yield Check(f"wait until version {version} is AVAILABLE on "
-                f":{job.ports.slot_grpc(job.new_slot, job.instance.index)} ({deadline:g} s)", run)
+                f":{job.ports.slot_grpc(job.new_slot, job.instance.index)} ({deadline:g} s)", run,
+                process_ready=True)
     return ""  # the check says what it saw
 
 
@@ -200,7 +201,7 @@ def signature_differences(contract: Any, served: dict[str, Any]) -> list[str]:
     return found
 
 
-@operation("gate_signature")
+@operation("gate_signature", gate=True)
 def gate_signature(job: HostJob) -> Ops:
     """The served signature matches the catalog contract (names, dtypes, shapes)."""
     contract = job.model.signature
@@ -233,7 +234,7 @@ def golden_requests(job: HostJob, step: str) -> list[GoldenExample]:
     return job.run.golden
 
 
-@operation("gate_warmup")
+@operation("gate_warmup", gate=True)
 def gate_warmup(job: HostJob, rounds: int = 20, skip_if_warm: bool = False) -> Ops:
     """Representative requests straight to the new slot until P99 is under the threshold."""
     if skip_if_warm and job.warm:
@@ -278,7 +279,7 @@ def _cycle(examples: list[GoldenExample], count: int) -> list[GoldenExample]:
     return [examples[i % len(examples)] for i in range(max(1, count))]
 
 
-@operation("gate_health")
+@operation("gate_health", gate=True)
 def gate_health(job: HostJob, min_healthy_s: float | None = None) -> Ops:
     """Golden requests give the expected outputs, with no error, for the minimum time."""
     hold = job.model.rollout.min_healthy_s if min_healthy_s is None else min_healthy_s
@@ -314,7 +315,7 @@ def gate_health(job: HostJob, min_healthy_s: float | None = None) -> Ops:
     return ""  # the check says what it saw
 
 
-@operation("gate_rest")
+@operation("gate_rest", gate=True)
 def gate_rest(job: HostJob, timeout_s: float = 10.0) -> Ops:
     """The new slot's REST port answers the model's status, and its metrics endpoint serves
     TFServing's metric names (when monitoring is on): a server whose REST start failed still
@@ -340,7 +341,7 @@ def gate_rest(job: HostJob, timeout_s: float = 10.0) -> Ops:
     return ""  # the check says what it saw
 
 
-@operation("gate_stable")
+@operation("gate_stable", gate=True)
 def gate_stable(job: HostJob) -> Ops:
     """A golden request through the host's stable port (the path clients use) is answered by
     the new release; while a host's instances are still rolling (requests go to any of them)

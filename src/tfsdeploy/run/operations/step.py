@@ -12,12 +12,16 @@ from tfsdeploy.run.changes import Change
 Ops = Generator[Change, None, str]
 Operation = Callable[..., Ops]
 OPERATIONS: dict[str, Operation] = {}
+GATES: set[str] = set()  # the steps whose failure is a gate's verdict
 
 
-def operation(name: str) -> Callable[[Operation], Operation]:
-    """Register a step under ``name`` for task lists."""
+def operation(name: str, *, gate: bool = False) -> Callable[[Operation], Operation]:
+    """Register a step under ``name`` for task lists (``gate``: its failure is a gate's
+    verdict: the run's ``gate_failed`` event, the release record's gate times)."""
     def register(func: Operation) -> Operation:
         OPERATIONS[name] = func
+        if gate:
+            GATES.add(name)
         return func
     return register
 
