@@ -1,5 +1,6 @@
 """Every `fab` command line the README and docs/ show is one the CLI accepts: the task exists,
-every option is one of that task's, each option that takes a value has one. The commands
+every option is one of that task's, each option that takes a value has one; and the command
+reference, docs/commands.md, shows every task with every option it takes. The commands
 themselves run in the fleet tiers (the main job in tests/mainjob, each verb in
 tests/integration); this keeps what the documentation tells a user to type from drifting away
 from what the CLI parses."""
@@ -13,11 +14,13 @@ from pathlib import Path
 import pytest
 from invoke.exceptions import ParseError
 from invoke.parser import Parser
+from invoke.parser.context import ParserContext
 
 import tasks
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+REFERENCE = ROOT / "docs" / "commands.md"
 CORE_ONLY = {"--list", "-l", "--help", "-h", "--version", "-V", "--debug", "-d"}
 # the end of the toolkit's part of a shell line
 SHELL_BREAKS = {"|", "||", "&&", ";", ">", ">>", "2>&1", "&"}
@@ -101,3 +104,39 @@ def test_a_wrong_option_is_caught() -> None:
                  ["deplyo", "--model", "m"]):
         with pytest.raises(ParseError):
             parser.parse_argv(argv)
+
+
+def _documented_options(text: str) -> dict[str, set[str]]:
+    """Task -> the options its `fab TASK ...` lines in ``text`` show."""
+    shown: dict[str, set[str]] = {}
+    for line in _spans(text):
+        argv = _argv(line)
+        if argv is not None:
+            shown.setdefault(argv[0], set()).update(a for a in argv[1:] if a.startswith("--"))
+    return shown
+
+
+def _options(context: ParserContext) -> set[str]:
+    """Every option the task's parser takes, as typed (``--lock-wait``, ``--break``)."""
+    return set(context.flags)
+
+
+@pytest.mark.parametrize("context", tasks.ns.to_contexts(), ids=lambda c: c.name)
+def test_the_command_reference_shows_every_option_of_every_task(context: ParserContext
+                                                                ) -> None:
+    """docs/commands.md, the full list the README points to, shows each task with each of
+    its options (with each documented option being a real one, checked above: exactly the
+    task's options)."""
+    shown = _documented_options(REFERENCE.read_text()).get(str(context.name))
+    assert shown is not None, f"docs/commands.md shows no `fab {context.name} ...` line"
+    missing = sorted(_options(context) - shown)
+    assert not missing, f"docs/commands.md: `fab {context.name}` does not show {missing}"
+
+
+def test_the_reference_check_catches_a_missing_option() -> None:
+    """The check itself fails on a reference that leaves an option out."""
+    deploy = next(c for c in tasks.ns.to_contexts() if c.name == "deploy")
+    shown = _documented_options("`fab deploy --model M [--version V]`")["deploy"]
+    assert shown == {"--model", "--version"}
+    assert "--lock-wait" in _options(deploy) - shown
+

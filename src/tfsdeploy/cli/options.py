@@ -133,7 +133,7 @@ def exact(number: float) -> float | int:
 
 
 MILLION = 1_000_000
-# Every numeric option's bounds, in one place (README "Commands" names them). A value beyond
+# Every numeric option's bounds, in one place (docs/commands.md names them). A value beyond
 # its bound is refused with the option, the bound and the fix before any host is contacted:
 # beyond them a value is a typo, not a choice (`--lock-wait 1e300` waits forever,
 # `--interval-s 1e-300` reads every serving process's metrics in a busy loop).

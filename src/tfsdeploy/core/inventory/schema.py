@@ -332,4 +332,4 @@ def explain(detail: ErrorDetails, leaf: str) -> tuple[str, str]:
     if kind in ("too_long", "string_too_long"):
         most = ctx.get("max_length")
         return f"is longer than {most}", f"shorten {leaf} to at most {most}"
-    return detail["msg"], f"see README \"Inventory format\" for {leaf}"
+    return detail["msg"], f"see docs/inventory.md for {leaf}"
