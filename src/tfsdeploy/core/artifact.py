@@ -77,11 +77,11 @@ class FileManifest:
 
     def sums(self) -> str:
         """``sha256sum`` lines (GNU format), the text both transfers verify against."""
-        return "".join(f"{e.sha256}  {e.path}\n" for e in self.files)
+        return canonical_sums(self.files)
 
     def digest(self) -> str:
         """The version's digest: the sha256 of its sums (what a host records)."""
-        return hashlib.sha256(self.sums().encode()).hexdigest()
+        return sums_digest(self.sums())
 
     @property
     def total_bytes(self) -> int:
@@ -92,6 +92,32 @@ class FileManifest:
         """Compact JSON: ``[[path, sha256, size], ...]``."""
         return json.dumps([[e.path, e.sha256, e.size] for e in self.files],
                           separators=(",", ":"))
+
+
+def canonical_sums(entries: Iterable[FileEntry]) -> str:
+    """The one text of a version's sums, whatever carries its files (push or pull):
+    ``sha256sum`` lines (GNU format) sorted by path (code points: for UTF-8 names the byte
+    order of ``LC_ALL=C sort``, which the hosts' checks use)."""
+    return "".join(f"{e.sha256}  {e.path}\n" for e in sorted(entries, key=lambda e: e.path))
+
+
+def sums_digest(sums: str) -> str:
+    """A version's digest: the sha256 (hex) of its sums' text."""
+    return hashlib.sha256(sums.encode()).hexdigest()
+
+
+def _walk_key(path: str) -> tuple[tuple[int, str], ...]:
+    *directories, name = path.split("/")
+    return (*((1, d) for d in directories), (0, name))
+
+
+def walk_order_sums(entries: Iterable[FileEntry]) -> str:
+    """The sums as a push wrote them before they had one canonical order: in ``os.walk``
+    order (in each directory its files, sorted, before its subdirectories, sorted). A
+    version a host staged so records their digest; it is the same files, so it is still
+    accepted (``stage_model``), never written again."""
+    return "".join(f"{e.sha256}  {e.path}\n" for e in sorted(entries,
+                                                               key=lambda e: _walk_key(e.path)))
 
 
 def parse_sums(text: str) -> dict[str, str]:
