@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tfsdeploy.cli.unattended import write_atomic
 from tfsdeploy.core.inventory.catalog import Model
 from tfsdeploy.core.inventory.load import Inventory
 from tfsdeploy.core.inventory.monitoring import Monitoring
@@ -31,6 +30,7 @@ from tfsdeploy.core.observe.prometheus import (
     to_yaml,
 )
 from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.localfiles import write_durable
 
 LOCAL_TARGETS = "targets"  # beside prometheus.yml when no place is named
 
@@ -69,8 +69,7 @@ def write_observability(inventory: Inventory, models: Sequence[Model], out: Path
     written: list[Path] = []
 
     def put(path: Path, text: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_durable(path, text, mode=0o644)  # Prometheus and Grafana read them
         written.append(path)
 
     config = prometheus_config(models, monitoring, targets_dir=scraped_targets_dir(inventory))
@@ -84,7 +83,7 @@ def write_observability(inventory: Inventory, models: Sequence[Model], out: Path
         folder.mkdir(parents=True, exist_ok=True)
         for model in models:
             if not (folder / targets_file(model.name)).exists():
-                write_atomic(str(folder / targets_file(model.name)), "[]\n", mode=0o644)
+                write_durable(folder / targets_file(model.name), "[]\n", mode=0o644)
     for model in models:
         put(out / "prometheus" / "rules" / f"{model.name}.yml",
             to_yaml(rule_groups(model, monitoring)))
@@ -146,7 +145,7 @@ def publish_targets(target: Target, *, local_only: Path | None = None) -> list[s
     text = json.dumps(groups, indent=2) + "\n"
     written = []
     if local is not None:
-        write_atomic(str(local / name), text, mode=0o644)
+        write_durable(local / name, text, mode=0o644)
         written.append(str(local / name))
     if local_only is None and inventory.monitoring.hosts is not None:
         written += _upload(inventory, inventory.monitoring, name, text)
