@@ -300,13 +300,13 @@ def _attempt(site: LockSite, record: LockRecord, on_stale: Callable[[str], None]
 
 
 def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float,
-                     clock: Clock, model: str, on_stale: Callable[[str], None] | None = None
-                     ) -> list[LockSite]:
+                     clock: Clock, model: str, on_stale: Callable[[str], None] | None = None,
+                     fix: str | None = None) -> list[LockSite]:
     """Take the lock on a strict majority of ``sites`` (all that answer, then a majority of
     them is enough: what a minority keeps holds nothing), waiting up to ``wait_s`` for another
     holder; returns the sites taken. A paused canary's parts left on a minority are the
-    caller's to judge (``paused_parts``). Raises LockHeld naming a holder, or LockQuorumLost
-    when too few hosts answer."""
+    caller's to judge (``paused_parts``). Raises LockHeld naming a holder (and ``fix``, else
+    the model's way out), or LockQuorumLost when too few hosts answer."""
     end = clock.now() + wait_s
     while True:
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(sites)))) as pool:
@@ -324,12 +324,12 @@ def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float
                 "lock needs a majority\n    fix: bring hosts back, or narrow the model's "
                 "hosts in the inventory")
         if clock.now() >= end:
-            raise LockHeld(_held_message(model, holders, sites))
+            raise LockHeld(_held_message(model, holders, sites, fix))
         clock.sleep(min(2.0, max(0.1, end - clock.now())) * random.uniform(0.5, 1.0))
 
 
-def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[LockSite]
-                  ) -> str:
+def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[LockSite],
+                  fix: str | None = None) -> str:
     paused = [(h, a.holder) for h, a in holders if a.holder is not None and a.holder.paused]
     if paused:  # no process holds it: breaking it would leave the canary's hosts half-rolled
         return paused_message(model, *paused[0])
@@ -338,8 +338,9 @@ def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[Lo
                  "a lock whose record is unreadable" if attempt.unreadable else
                  "a concurrent run")
     return (f"another deploy of {model} holds the lock on {host}: {described}.\n"
-            f"    fix: wait (--lock-wait SECONDS), or if no deploy is running, "
-            f"`fab lock --model {model} --break`")
+            + (f"    fix: {fix}" if fix else
+               f"    fix: wait (--lock-wait SECONDS), or if no deploy is running, "
+               f"`fab lock --model {model} --break`"))
 
 
 def paused_message(model: str, host: str, holder: LockRecord) -> str:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, Strict
 
-from tfsdeploy.core.artifact import ArtifactError, model_repo
+from tfsdeploy.core.artifact import prefix_problem, shown_registry
 from tfsdeploy.core.inventory.catalog import CHECKED
 from tfsdeploy.core.inventory.schema import (
     AbsoluteDir,
@@ -63,17 +63,19 @@ TfsVersion = Annotated[str, Strict(), pattern_rule(
 DockerGpus = Annotated[str, Strict(), pattern_rule(
     r'all|[0-9]{1,3}|"?(device|capabilities)=[A-Za-z0-9_,:-]+"?', "a `docker run --gpus` value",
     "write 'all', a count, or 'device=0,1'")]
-def _registry_problem(value: str) -> str | None:
-    # the same rules fab publish applies
-    try:
-        model_repo(value, "model")
-    except ArtifactError as error:
-        return "is not a registry repository prefix: " + str(error).split(": ", 1)[-1]
+def _credentials_problem(value: str) -> str | None:
+    # a whole sentence: the value (a password before its '@') is never shown; the other
+    # rules are the ones fab publish applies (the OCI reference grammar, core.artifact)
+    if "@" in value.partition("/")[0]:
+        return (f"model_registry {shown_registry(value)!r} holds credentials before its "
+                "registry (user:password@): they never go in the inventory")
     return None
 
 
 ModelRegistry = Annotated[str, Strict(), Field(max_length=255), rule(
-    _registry_problem, "write host[:port]/repository, e.g. 'registry:5000/tfsdeploy-models'")]
+    _credentials_problem, "remove them: the deploy machine pushes with its own `docker login`, "
+    "each host pulls with its engine's login or model_registry_login"), rule(
+    prefix_problem, "write host[:port]/repository, e.g. 'registry:5000/tfsdeploy-models'")]
 GpuMargin = Annotated[float, Strict(), Field(le=10.0, allow_inf_nan=False), rule(
     lambda v: "is below 1: the reservation would be smaller than the model's footprint"
     if v < 1.0 else None, "set gpu_safety_margin between 1.2 and 1.5 (the measured need "
