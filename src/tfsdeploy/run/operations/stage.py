@@ -326,7 +326,7 @@ def _pull(job: HostJob, final: str, digest: str, *, replace: bool) -> Ops:
         image_bytes=packed.layer.size), f"room for version {run.version} "
         f"({size_mib:.1f} MiB) and its image on the host")
     yield PullModel(reference, what=f"version {run.version} ({size_mib:.1f} MiB)")
-    yield Command.of(pull_commands.extract(reference, staging),
+    yield Command.of(pull_commands.extract(reference, staging, model=run.model.name),
                      f"copy version {run.version} out of its image into {staging}",
                      timeout=600)
     yield WriteFile(f"{staging}/SHA256SUMS", packed.files.sums().encode())
