@@ -188,8 +188,8 @@ def registry() -> Iterator[AuthRegistry]:
 
 def _host_login(host: str, login: tuple[str, str] | None) -> None:
     """Give ``host`` the docker login ``login`` to the registry (None: none)."""
-    if login is None:
-        ssh(host, f"rm -f {HOST_CONFIG}")
+    if login is None:  # and the directory, when nothing else is in it
+        ssh(host, f"rm -f {HOST_CONFIG}; rmdir /root/.docker 2>/dev/null; true")
         return
     config = json.dumps({"auths": {REGISTRY: {"auth": _auth(*login)}}})
     ssh(host, f"mkdir -p -m 700 /root/.docker && umask 077 && "
