@@ -253,6 +253,7 @@ class Attempt:
     holder: LockRecord | None = None
     unreadable: bool = False  # a lock directory without a readable record
     reachable: bool = True
+    why: str = ""  # why the host did not answer (its connection's error)
 
 
 def read(site: LockSite) -> tuple[LockRecord | None, bool]:
@@ -295,8 +296,8 @@ def _attempt(site: LockSite, record: LockRecord, on_stale: Callable[[str], None]
             if removed and on_stale:
                 on_stale(f"broke a stale lock on {site.host}: {holder.describe()} ({why})")
         return Attempt()
-    except HostUnreachable:
-        return Attempt(reachable=False)
+    except HostUnreachable as error:
+        return Attempt(reachable=False, why=str(error))
 
 
 def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float,
@@ -319,10 +320,12 @@ def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float
             return taken
         release_sites(taken, record)
         if not holders and answering * 2 <= len(sites):
+            # each host's own reason first: a refused host key says what to do about it
+            reasons = "".join(f"\n    {a.why}" for a in outcomes if a.why)
             raise LockQuorumLost(
                 f"only {answering} of the {len(sites)} hosts of {model} answer: the deploy "
-                "lock needs a majority\n    fix: bring hosts back, or narrow the model's "
-                "hosts in the inventory")
+                f"lock needs a majority{reasons}\n    fix: bring hosts back, or narrow the "
+                "model's hosts in the inventory")
         if clock.now() >= end:
             raise LockHeld(_held_message(model, holders, sites, fix))
         clock.sleep(min(2.0, max(0.1, end - clock.now())) * random.uniform(0.5, 1.0))
