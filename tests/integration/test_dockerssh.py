@@ -360,7 +360,7 @@ def test_pull_reports_layers_and_bytes_and_returns_the_id(
     sizes = sum(layer["size"] for layer in manifest["layers"])
     seen: list[PullProgress] = []
     with Watch() as watch:
-        image_id = pull_with_progress(client, PULL_IMAGE, seen.append)
+        image_id = pull_with_progress(client, PULL_IMAGE, seen.append, auth_config={})
     assert watch.seen == [], "\n".join(watch.seen)  # the stream too: no new connection
 
     assert image_id == manifest["config"]["digest"]  # the registry's image config = the id
@@ -375,7 +375,7 @@ def test_pull_reports_layers_and_bytes_and_returns_the_id(
     assert json.loads(json.dumps(last.as_event()))["bytes_total"] == sizes
 
     again: list[PullProgress] = []
-    assert pull_with_progress(client, PULL_IMAGE, again.append) == image_id
+    assert pull_with_progress(client, PULL_IMAGE, again.append, auth_config={}) == image_id
     assert again[-1].status.startswith("Status: Image is up to date")
     assert (again[-1].layers_total, again[-1].bytes_total) == (0, 0)
 
@@ -383,7 +383,8 @@ def test_pull_reports_layers_and_bytes_and_returns_the_id(
 def test_pull_of_a_missing_tag_names_the_image_and_the_fix(
         tb2_client: docker.DockerClient) -> None:
     with pytest.raises(PullFailed) as failed:
-        pull_with_progress(tb2_client, f"{PULL_REPO}:no-such-tag", lambda p: None)
+        pull_with_progress(tb2_client, f"{PULL_REPO}:no-such-tag", lambda p: None,
+                           auth_config={})
     message = str(failed.value)
     assert message.startswith(f"tb2: pull of {PULL_REPO}:no-such-tag failed: ")
     assert "not found" in message or "unknown" in message, message

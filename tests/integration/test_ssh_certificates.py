@@ -2,12 +2,15 @@
 entry is only a ``@cert-authority`` line, and refuses it once that CA is ``@revoked``; OpenSSH's
 own client, given the same file, decides the same, for these and nine more files (another CA,
 patterns and negation, a hashed name, @revoked of the host key, broken lines, plain keys).
+Then the whole life of a release through such a host: a deploy, a second one, a rollback, the
+SLO guard's rollback on an injected error rate; and a deploy to a host whose certificate
+another CA signed, refused before anything changes, saying why.
 
 The host is a dedicated sshd started here in tb3's namespaces (``nsenter --target`` its
 namespace holder: tb3's network, mounts and Docker engine) on port 2291, with its own host key
 and a host certificate signed by a CA made here for 10.87.0.13 and tb3; it is stopped at the
-end. The testbed's own sshd is not touched. Nothing is deployed: model ``itsshcert`` (port
-offset 3600) only gives `fab status` a model to look for.
+end. The testbed's own sshd is not touched. Model ``itsshcert`` (port offset 3600) is deployed
+on tb3 through it, and removed at the end.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from deploy_support import GOOD, Fleet, fleet_fixture
+from rollback_support import Prober
 from testbed_support import ADDRESSES, KNOWN_HOSTS, SSH_KEY, STATE, Run, netns
 
 from tfsdeploy.core.errors import HostUnreachable
@@ -115,7 +119,7 @@ def sshd() -> Iterator[CertSshd]:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory, sshd: CertSshd) -> Iterator[Fleet]:
-    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1]},
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
                              hosts={HOST: ADDRESS}, ssh_port=SSHD_PORT)
 
 
@@ -232,3 +236,60 @@ def test_the_toolkit_decides_as_openssh_does(fleet: Fleet, sshd: CertSshd, varia
     known.write_text("".join(line.format(**values) + "\n" for line in lines))
     assert openssh_accepts(known) is trusted
     assert toolkit_accepts(known) is trusted
+
+
+# -- a release's whole life through a host trusted by its CA only ----------------------------
+
+GUARD = ("--for-s", "3", "--interval-s", "1", "--max-error-rate", "0.05", "--min-requests", "5",
+         "--count-client-errors", "--duration-s", "60")
+
+
+def _trusted_by_ca(fleet: Fleet, sshd: CertSshd) -> Path:
+    return inventory_trusting(fleet, "ca_fleet", [f"@cert-authority 10.87.0.* {sshd.ca_line}"])
+
+
+def _serving(fleet: Fleet) -> str:
+    return (fleet.current(HOST) or {}).get("id", "")
+
+
+def test_a_deploy_a_rollback_and_the_guard_through_a_certificate(fleet: Fleet,
+                                                                   sshd: CertSshd) -> None:
+    inventory = _trusted_by_ca(fleet, sshd)
+    first = fleet.fab("deploy", "--version", "1", "--json", inventory=inventory)
+    assert first.code == 0, first.describe()
+    fleet.assert_serving(1)
+    second = fleet.fab("deploy", "--version", "2", "--json", inventory=inventory)
+    assert second.code == 0, second.describe()
+    fleet.assert_serving(2)
+    back = fleet.fab("rollback", "--json", inventory=inventory)
+    assert back.code == 0, back.describe()
+    fleet.assert_serving(1)
+    assert _serving(fleet) == first.json()["release"], back.describe()
+    again = fleet.fab("deploy", "--version", "2", "--json", inventory=inventory)
+    assert again.code == 0, again.describe()
+    with Prober(fleet, bad_ratio=0.25) as prober:  # type: ignore[arg-type]
+        guarded = fleet.fab("guard", *GUARD, inventory=inventory, timeout=300)
+    assert guarded.code == 2, guarded.describe()  # the SLO broke: rolled back
+    assert re.search(r"error rate \d+\.\d+% > 5\.00%", guarded.stdout), guarded.describe()
+    assert "rolled back to r" in guarded.stdout, guarded.describe()
+    assert not prober.failures(), prober.summary()
+    fleet.assert_serving(1)
+
+
+def test_a_host_certified_by_another_ca_is_refused_before_anything_changes(
+        fleet: Fleet, sshd: CertSshd) -> None:
+    other = fleet.tmp / "other_ca"
+    if not other.exists():
+        keygen("-t", "ed25519", "-N", "", "-C", "another CA", "-f", other)
+    before = (_serving(fleet), fleet.containers(HOST), fleet.audit(HOST))
+    inventory = inventory_trusting(fleet, "other_ca", [
+        f"@cert-authority 10.87.0.* {(fleet.tmp / 'other_ca.pub').read_text().strip()}"])
+    run = fleet.fab("deploy", "--version", "2", inventory=inventory)
+    assert run.code == 1, run.describe()  # nothing changed anywhere
+    assert re.search(r"tb3 \(10\.87\.0\.13\): HostKeyRefused: the host key of 10\.87\.0\.13 "
+                     r"\(SHA256:\S+\) is refused by \S+known_hosts_other_ca: its certificate "
+                     r"was signed by the CA SHA256:\S+, which no @cert-authority line for "
+                     r"\[10\.87\.0\.13\]:2291 or 10\.87\.0\.13 trusts \(they trust SHA256:\S+ "
+                     r"\(line 1\)\); fix: if the host was certified by another CA on purpose",
+                     run.out), run.describe()
+    assert (_serving(fleet), fleet.containers(HOST), fleet.audit(HOST)) == before

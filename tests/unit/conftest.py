@@ -13,6 +13,16 @@ import pytest
 from .fakes import FakeFleet, FakeSlot, rest_problems
 
 
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path_factory: pytest.TempPathFactory,
+                   monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This machine's state (the journal of boots the lock keeps) in a directory of the
+    test's own, never the user's."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
+
+
 @pytest.fixture()
 def fake_rest(monkeypatch: pytest.MonkeyPatch) -> FakeFleet:
     """The REST gate's probe answers from the fake hosts' containers."""

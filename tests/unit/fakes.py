@@ -398,6 +398,12 @@ _CAT = '#!/bin/sh\nexec cat "{file}"\n'
 # the test machine's disk would cost every write a few milliseconds (the argv builders' own
 # tests and the fleet's check the real one)
 _SYNC = '#!/bin/sh\n[ "$1" = -- ] && shift\nfor f in "$@"; do [ -e "$f" ] || exit 1; done\n'
+# the docker CLI of a fake host: `ps` prints docker-ps.txt (what a test planted), `rm` logs its
+# arguments to docker-rm.log; nothing else is faked (the real CLI would reach this machine's
+# engine)
+_DOCKER = ('#!/bin/sh\ncase "$1" in\n  ps) cat "{dir}/docker-ps.txt" 2>/dev/null; exit 0;;\n'
+           '  rm) shift; echo "$@" >> "{dir}/docker-rm.log";;\n'
+           '  *) echo "fake docker: $1 is not faked" >&2; exit 1;;\nesac\n')
 
 
 @dataclass
@@ -427,6 +433,7 @@ class FakeHost:
         self._tool("ss", _CAT.format(file=self.dir / "listening.txt"))
         self._tool("socat", _SOCAT.format(stat=self.dir / "proxy.stat"))
         self._tool("sync", _SYNC)
+        self._tool("docker", _DOCKER.format(dir=self.dir))
 
     def _tool(self, name: str, text: str) -> None:
         path = self.bin / name

@@ -143,6 +143,17 @@ def test_a_ca_that_is_not_listed_or_listed_for_other_hosts_does_not_vouch() -> N
             "host key changed" in verdict.detail
 
 
+def test_a_certificate_of_another_ca_is_refused_naming_both_cas() -> None:
+    verdict = judge([f"@cert-authority 10.87.0.* {public_line(OTHER_CA)}"],
+                    presented(certificate()))
+    assert not verdict.trusted
+    assert "its certificate was signed by the CA SHA256:" in verdict.detail
+    assert "which no @cert-authority line for 10.87.0.13 trusts (they trust SHA256:" in \
+        verdict.detail and "(line 1))" in verdict.detail
+    assert verdict.fix.startswith("if the host was certified by another CA on purpose")
+    assert "someone may be presenting a certificate you never issued" in verdict.fix
+
+
 def test_a_ca_listed_under_the_hashed_or_bracketed_name_vouches() -> None:
     cert = presented(certificate())
     hashed = hash_name("[10.87.0.13]:2222", bytes(20))

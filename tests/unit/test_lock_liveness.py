@@ -140,27 +140,59 @@ def test_lock_break_clears_a_finished_canary_s_part_and_keeps_an_open_one(
 
 # -- (c) a rebooted deploy machine ------------------------------------------------------------
 
+OLD_BOOT = "0f0e0d0c-0000-4000-8000-000000000000"
+
+
+def _journal_has(boot: str) -> None:
+    """This machine's journal records ``boot`` as one of its own (as a run in that boot did)."""
+    journal = lock.boot_journal()
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    with journal.open("a") as handle:
+        handle.write(f"{boot} {lock._identity()}\n")
+
+
 def test_a_lock_of_a_deploy_machine_that_rebooted_since_is_stale() -> None:
     mine = lock.new_lock_record("deploy hp2 v1")
-    assert mine.machine_id, "the record carries this machine's id"
-    rebooted = mine.model_copy(update={"boot_id": "0f0e0d0c-0000-4000-8000-000000000000"})
+    assert lock.booted_here(mine.boot_id), "taking a lock journals this boot first"
+    rebooted = mine.model_copy(update={"boot_id": OLD_BOOT})
+    assert lock.stale_reason(rebooted) is None, "a boot this machine never recorded"
+    _journal_has(OLD_BOOT)
     assert lock.stale_reason(rebooted) == "its deploy machine has rebooted since"
-    other = rebooted.model_copy(update={"machine_id": "0" * 32})
-    assert lock.stale_reason(other) is None, "another machine's boot says nothing"
-    assert lock.stale_reason(rebooted.model_copy(update={"machine_id": ""})) is None
     assert lock.stale_reason(rebooted.model_copy(update={"paused": CANARY})) is None
     assert lock.stale_reason(_stale()) == "that process is gone"
     assert lock.stale_reason(mine) is None
+
+
+def test_another_machine_with_the_same_machine_id_is_never_taken_for_a_reboot() -> None:
+    """CI runner containers built from one image and cloned VMs share /etc/machine-id: a lock
+    one of them holds, live on its own kernel, says another boot id with this machine's id."""
+    twin = lock.new_lock_record("deploy hp2 v1").model_copy(update={"boot_id": OLD_BOOT})
+    assert twin.machine_id == lock._machine_id()
+    assert lock.stale_reason(twin) is None
+    assert not lock.is_stale(twin)
+
+
+def test_a_journal_line_another_machine_wrote_proves_nothing(tmp_path: Path) -> None:
+    """A home directory shared by machines (a CI cache volume) shares the journal: a line
+    written under another host name is not this machine's boot."""
+    journal = lock.boot_journal()
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_text(f"{OLD_BOOT} {lock._machine_id() or '-'} ci-runner-7\n")
+    twin = lock.new_lock_record("deploy hp2 v1").model_copy(update={"boot_id": OLD_BOOT})
+    assert lock.stale_reason(twin) is None
 
 
 def test_a_run_breaks_the_lock_of_a_rebooted_deploy_machine(world: dict[str, Any]) -> None:
     run_deploy(world, 1)
     fleet: FakeFleet = world["fleet"]
     held = lock.new_lock_record("deploy hp2 v2").model_copy(
-        update={"boot_id": "0f0e0d0c-0000-4000-8000-000000000000", "pid": 1})
+        update={"boot_id": OLD_BOOT, "pid": 1})
     for host in fleet.hosts.values():
         _lock_dir(host).mkdir()
         (_lock_dir(host) / "info.json").write_text(held.model_dump_json())
+    with pytest.raises(lock.LockHeld):  # the boot is not this machine's as far as it knows
+        run_deploy(world, 2)
+    _journal_has(OLD_BOOT)
     recorder = Recorder()
     assert run_deploy(world, 2, recorder).exit_code == ExitCode.OK
     assert sum("(its deploy machine has rebooted since)" in n for n in recorder.notes) == 3

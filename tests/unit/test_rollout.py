@@ -237,9 +237,12 @@ def test_lock_needs_a_majority_of_hosts(world: dict[str, Any]) -> None:
         (fleet[name].dir / "r" / MODEL / "lock" / "info.json").unlink()
         (fleet[name].dir / "r" / MODEL / "lock").rmdir()
     fleet["h2"].unreachable = fleet["h3"].unreachable = True
-    with pytest.raises(LockQuorumLost, match="only 1 of the 4 hosts"):
+    with pytest.raises(LockQuorumLost, match="only 1 of the 4 hosts") as lost:
         run_deploy(world, 2)
     assert not (fleet["h4"].dir / "r" / MODEL / "lock").exists()
+    # each host's own reason is said (a refused host key tells what to do about it)
+    for name in ("h1", "h2", "h3"):
+        assert f"\n    {name} (10.9.0.{name[1]}): NoValidConnectionsError" in str(lost.value)
 
 
 def test_rerun_after_a_kill_between_switch_and_record_points_current_at_what_serves(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tfsdeploy.core.inventory.catalog import Model
 from tfsdeploy.core.inventory.load import Inventory
-from tfsdeploy.core.localfiles import write_atomic
+from tfsdeploy.core.localfiles import write_durable
 from tfsdeploy.core.observe.prometheus import (
     prometheus_config,
     rule_groups,
@@ -44,8 +44,7 @@ def write_observability(inventory: Inventory, models: Sequence[Model], out: Path
     written: list[Path] = []
 
     def put(path: Path, text: str) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+        write_durable(path, text, mode=0o644)  # Prometheus and Grafana read them
         written.append(path)
 
     config = prometheus_config(models, monitoring, targets_dir=scraped_targets_dir(inventory))
@@ -59,7 +58,7 @@ def write_observability(inventory: Inventory, models: Sequence[Model], out: Path
         folder.mkdir(parents=True, exist_ok=True)
         for model in models:
             if not (folder / targets_file(model.name)).exists():
-                write_atomic(str(folder / targets_file(model.name)), "[]\n", mode=0o644)
+                write_durable(folder / targets_file(model.name), "[]\n", mode=0o644)
     for model in models:
         put(out / "prometheus" / "rules" / f"{model.name}.yml",
             to_yaml(rule_groups(model, monitoring)))

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tfsdeploy.core.inventory.gpu import InstancePlan
 from tfsdeploy.core.inventory.layout import SLOTS, model_ports
+from tfsdeploy.core.localfiles import write_durable
 from tfsdeploy.core.render.files import HostRender
 from tfsdeploy.core.render.host_proxy import render_proxy_config
 
@@ -20,14 +21,13 @@ def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
     written = []
     for render in renders:
         folder = out / render.host.name / render.model.name
-        (folder / "proxy").mkdir(parents=True, exist_ok=True)
         texts = {f.name: f.text for f in render.files}
         texts[PROXY_CONFIG] = render_proxy_config(
             render.host, render.model, model_ports(render.host, render.model),
             {i.index: SLOTS[0] for i in render.instances})
         for name, text in texts.items():
             path = folder / name
-            path.write_text(text)
+            write_durable(path, text, mode=0o644)
             written.append(path)
     return written
 

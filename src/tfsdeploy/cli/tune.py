@@ -5,6 +5,7 @@ never edited."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from tfsdeploy.cli.output import print_table
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.localfiles import write_durable
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.timetext import duration_seconds
 from tfsdeploy.run.tune import TuneOptions, TuneResult, tune
@@ -50,7 +52,7 @@ def run_tune(target: Target, args: dict[str, Any]) -> int:
     plot = out / "tune.png"
     data["plot"] = str(plot)
     draw(result, plot)
-    (out / "tune.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    write_durable(out / "tune.json", json.dumps(data, indent=2) + "\n", mode=0o644)
     print_table(f"{target.model.name} on {host.name} (SLO P99 {target.model.latency_slo_ms:g} "
                 "ms)", HEADERS, rows(result))
     print(f"report: {out / 'tune.json'}  plot: {plot}")
@@ -69,9 +71,9 @@ def _conclude(result: TuneResult, write: str | None) -> int:
           f"{current.score:.1f} QPS)")
     text = trial.config.python()
     if write:
-        Path(write).write_text(f"# fab tune --model {result.model.name} on {result.host}: "
-                               f"{trial.qps:.1f} QPS at P99 <= {result.model.latency_slo_ms:g}"
-                               " ms\n" + text, encoding="utf-8")
+        write_durable(write, f"# fab tune --model {result.model.name} on {result.host}: "
+                      f"{trial.qps:.1f} QPS at P99 <= {result.model.latency_slo_ms:g} ms\n"
+                      + text, mode=0o644)
         print(f"wrote {write}: paste it into the model's catalog entry")
     else:
         print(text, end="")
@@ -124,8 +126,10 @@ def draw(result: TuneResult, path: Path) -> None:
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
+    image = io.BytesIO()
+    fig.savefig(image, format="png")
     plt.close(fig)
+    write_durable(path, image.getvalue(), mode=0o644)
 
 
 def print_diagnosis(rows: list[dict[str, Any]]) -> None:

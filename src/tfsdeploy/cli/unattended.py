@@ -1,6 +1,9 @@
 """Outputs for cron and systemd: a JSON result file and a Prometheus textfile.
 
-Files are written atomically (temp file + rename) so a collector never reads half a file.
+Files are written durably (``core.localfiles.write_durable``: temp file fsynced, renamed,
+the directory fsynced) so a collector never reads half a file, nor an empty one after a power
+loss; the textfile's read-modify-write runs under a lock (``localfiles.locked``) so that runs
+ending together (a cron rollback beside a person's deploy) keep each other's samples.
 The textfile follows node_exporter's textfile-collector format (Prometheus' text exposition
 format: label values escape backslash, double quote and newline) and is readable by every
 user, since node_exporter runs as its own; runs of other commands or models in the same file
@@ -19,7 +22,7 @@ from typing import Any
 
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.schema import model_name_problem
-from tfsdeploy.core.localfiles import write_atomic
+from tfsdeploy.core.localfiles import locked, write_durable
 
 METRICS = {
     "tfsdeploy_last_run_timestamp_seconds": "Unix time the last run of the command ended.",
@@ -40,8 +43,8 @@ TEXTFILE_MODE = 0o644  # node_exporter reads it as another user
 
 
 def write_json_file(path: str, data: Any) -> None:
-    """The run's result as JSON."""
-    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
+    """The run's result as JSON (0600, durably)."""
+    write_durable(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def escape_label(value: str) -> str:
@@ -138,7 +141,16 @@ def format_textfile(samples: dict[str, float]) -> str:
 def update_textfile(path: str, *, model: str, command: str, exit_code: int, seconds: float,
                     release: str, version: int | None) -> None:
     """Rewrite the textfile with this run's samples, keeping every other run's (when the old
-    file cannot be read, this run's alone are written, and stderr says so)."""
+    file cannot be read, this run's alone are written, and stderr says so); under the
+    textfile's lock, so that a run ending meanwhile is not lost between our read and our
+    rename."""
+    with locked(path):
+        _update_textfile(path, model=model, command=command, exit_code=exit_code,
+                         seconds=seconds, release=release, version=version)
+
+
+def _update_textfile(path: str, *, model: str, command: str, exit_code: int, seconds: float,
+                     release: str, version: int | None) -> None:
     try:
         old = read_samples(path)
     except TextfileUnreadable as error:
@@ -151,4 +163,4 @@ def update_textfile(path: str, *, model: str, command: str, exit_code: int, seco
     kept.update(textfile_samples(model=model, command=command, exit_code=exit_code,
                                  seconds=seconds, release=release, version=version,
                                  now=time.time(), previous_success=old.get(success_key)))
-    write_atomic(path, format_textfile(kept), mode=TEXTFILE_MODE)
+    write_durable(path, format_textfile(kept), mode=TEXTFILE_MODE)

@@ -19,7 +19,13 @@ Facts this relies on (OCI image-spec and distribution-spec, github.com/openconta
 - a layer entry named ``.wh.<name>`` is a whiteout (it deletes ``<name>``) and ``.wh..wh..opq``
   an opaque directory: a model file with such a name cannot travel in a layer;
 - repository name components are ``[a-z0-9]+((\\.|_|__|-+)[a-z0-9]+)*`` and tags
-  ``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`` (distribution-spec, "Pulling manifests").
+  ``[A-Za-z0-9_][A-Za-z0-9._-]{0,127}`` (distribution-spec, "Pulling manifests");
+- a reference's registry is ``host[:port]``, host a DNS name (components
+  ``[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9]`` joined by '.') or ``[IPv6]``
+  (github.com/distribution/reference regexp.go, ``domainAndPort``), and Docker takes the first
+  component of a name for a registry only when it holds a '.' or a ':', is ``localhost`` or
+  has an upper-case letter; anything else is a Docker Hub namespace (normalize.go,
+  ``splitDockerDomain``): ``registry/models/m`` is pulled from docker.io.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ LABEL_SUMS = "dev.tfsdeploy.sums-digest"
 LAYER_ROOT = "version"  # the layer's only top-level directory
 
 _COMPONENT = re.compile(r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*")
+_DOMAIN_LABEL = r"(?:[A-Za-z0-9]|[A-Za-z0-9][A-Za-z0-9-]*[A-Za-z0-9])"
+_REGISTRY = re.compile(rf"(?P<host>{_DOMAIN_LABEL}(?:\.{_DOMAIN_LABEL})*|\[[0-9A-Fa-f:]+\])"
+                       r"(?::(?P<port>[0-9]{1,5}))?")
 _WHITEOUT = ".wh."
 
 
@@ -77,11 +86,11 @@ class FileManifest:
 
     def sums(self) -> str:
         """``sha256sum`` lines (GNU format), the text both transfers verify against."""
-        return "".join(f"{e.sha256}  {e.path}\n" for e in self.files)
+        return canonical_sums(self.files)
 
     def digest(self) -> str:
         """The version's digest: the sha256 of its sums (what a host records)."""
-        return hashlib.sha256(self.sums().encode()).hexdigest()
+        return sums_digest(self.sums())
 
     @property
     def total_bytes(self) -> int:
@@ -92,6 +101,32 @@ class FileManifest:
         """Compact JSON: ``[[path, sha256, size], ...]``."""
         return json.dumps([[e.path, e.sha256, e.size] for e in self.files],
                           separators=(",", ":"))
+
+
+def canonical_sums(entries: Iterable[FileEntry]) -> str:
+    """The one text of a version's sums, whatever carries its files (push or pull):
+    ``sha256sum`` lines (GNU format) sorted by path (code points: for UTF-8 names the byte
+    order of ``LC_ALL=C sort``, which the hosts' checks use)."""
+    return "".join(f"{e.sha256}  {e.path}\n" for e in sorted(entries, key=lambda e: e.path))
+
+
+def sums_digest(sums: str) -> str:
+    """A version's digest: the sha256 (hex) of its sums' text."""
+    return hashlib.sha256(sums.encode()).hexdigest()
+
+
+def _walk_key(path: str) -> tuple[tuple[int, str], ...]:
+    *directories, name = path.split("/")
+    return (*((1, d) for d in directories), (0, name))
+
+
+def walk_order_sums(entries: Iterable[FileEntry]) -> str:
+    """The sums as a push wrote them before they had one canonical order: in ``os.walk``
+    order (in each directory its files, sorted, before its subdirectories, sorted). A
+    version a host staged so records their digest; it is the same files, so it is still
+    accepted (``stage_model``), never written again."""
+    return "".join(f"{e.sha256}  {e.path}\n" for e in sorted(entries,
+                                                               key=lambda e: _walk_key(e.path)))
 
 
 def parse_sums(text: str) -> dict[str, str]:
@@ -193,16 +228,61 @@ def repository_component(model: str) -> str:
     return f"{lowered}-{hashlib.sha256(model.encode()).hexdigest()[:8]}"
 
 
-def model_repo(prefix: str, model: str) -> RegistryRepo:
-    """The repository of ``model`` under ``model_registry`` (``host[:port]/path``)."""
+def registry_problem(registry: str) -> str | None:
+    """Why ``registry`` is not a registry ``host[:port]`` a Docker engine pulls from, as a
+    predicate ("has ..."; None: it is one). The value reaches argvs and audit lines, so
+    nothing else ever passes; credentials are named, never shown."""
+    if "@" in registry:
+        return ("has credentials (user:password@) before its registry: they never go there "
+                "(the deploy machine pushes with its own docker login, the hosts pull with "
+                "theirs)")
+    if registry.startswith("-"):
+        return f"has a registry starting with '-' ({registry!r}): it would read as an option"
+    match = _REGISTRY.fullmatch(registry)
+    if match is None:
+        return (f"has no registry host[:port] ({registry!r} is not a DNS name, an IPv4 "
+                "address or [IPv6] with an optional :port)")
+    if match["port"] is not None and not 1 <= int(match["port"]) <= 65535:
+        return f"has port {match['port']}, not 1-65535"
+    host = match["host"]
+    if not (":" in registry or "." in host or host == "localhost" or host.lower() != host):
+        return (f"has a registry Docker would take for a Docker Hub namespace ({registry!r}: "
+                f"no '.' and no port, so docker.io/{registry}/...)")
+    return None
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why ``model_registry`` is not ``host[:port]/repository`` by the OCI reference grammar,
+    as a predicate (None: it is)."""
     registry, sep, path = prefix.strip("/").partition("/")
-    if not registry or not sep or not path:
-        raise ArtifactError(f"model_registry {prefix!r} is not 'host[:port]/repository', "
-                            "e.g. 'registry:5000/tfsdeploy-models'")
+    if prefix != prefix.strip() or not registry or not sep or not path:
+        return "is not 'host[:port]/repository'"
+    problem = registry_problem(registry)
+    if problem is not None:
+        return problem
     for part in path.split("/"):
         if not _COMPONENT.fullmatch(part):
-            raise ArtifactError(f"model_registry {prefix!r}: {part!r} is not a repository "
-                                "name component (lowercase letters, digits, '.', '_', '-')")
+            return (f"has {part!r}, not a repository name component (lowercase letters, "
+                    "digits, '.', '_', '-')")
+    return None
+
+
+def shown_registry(prefix: str) -> str:
+    """``prefix`` as errors may show it: what stands before an '@' in its registry part (a
+    password) replaced by '***'."""
+    registry, sep, path = prefix.partition("/")
+    if "@" in registry:
+        registry = "***@" + registry.rpartition("@")[2]
+    return registry + sep + path
+
+
+def model_repo(prefix: str, model: str) -> RegistryRepo:
+    """The repository of ``model`` under ``model_registry`` (``host[:port]/path``)."""
+    problem = prefix_problem(prefix)
+    if problem is not None:
+        raise ArtifactError(f"model_registry {shown_registry(prefix)!r} {problem}; write "
+                            "host[:port]/repository, e.g. 'registry:5000/tfsdeploy-models'")
+    registry, _, path = prefix.strip("/").partition("/")
     return RegistryRepo(registry, f"{path}/{repository_component(model)}")
 
 

@@ -13,15 +13,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import docker.auth
 import docker.errors
+import docker.utils
 import requests.exceptions
 from docker.types import DeviceRequest
 from docker.types import Mount as SdkMount
 
-from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.errors import ConfigError, HostUnreachable
 from tfsdeploy.core.inventory.layout import LABEL_PREFIX
 from tfsdeploy.hosts.commands.containers import ContainerSpec
 from tfsdeploy.hosts.dockerssh import PullFailed, PullProgress, pull_with_progress
+from tfsdeploy.hosts.logins import PullLogins
 
 
 class DockerFailed(Exception):
@@ -151,12 +154,23 @@ def sdk_arguments(spec: ContainerSpec) -> dict[str, Any]:
     return arguments
 
 
-class SdkDocker:
-    """``Docker`` through a docker SDK client (``docker.DockerClient``)."""
+def registry_of(image: str) -> str:
+    """The registry an image reference pulls from (``docker.io`` for Docker Hub's)."""
+    repository, _ = docker.utils.parse_repository_tag(image)
+    registry, _ = docker.auth.resolve_repository_name(repository)
+    return str(registry)
 
-    def __init__(self, client: Any, host: str) -> None:
+
+class SdkDocker:
+    """``Docker`` through a docker SDK client (``docker.DockerClient``). Every pull states the
+    host's login (``logins``; none: anonymous), and a container is created from an image
+    already on the host, never pulled on the way (docker-py's ``containers.run`` would pull a
+    missing image with this machine's own docker login)."""
+
+    def __init__(self, client: Any, host: str, logins: PullLogins | None = None) -> None:
         self._client = client
         self._host = host
+        self._logins = logins
 
     @contextmanager
     def _calls(self, what: str) -> Iterator[None]:
@@ -206,9 +220,13 @@ class SdkDocker:
         return int(user) / 1e9, int(system) / 1e9
 
     def run(self, spec: ContainerSpec) -> None:
-        """Create and start."""
-        with self._calls(f"run {spec.name}"):
-            self._client.containers.run(**sdk_arguments(spec))
+        """Create and start (an image missing on the host is an error, not a pull)."""
+        try:
+            with self._calls(f"run {spec.name}"):
+                self._client.containers.create(**sdk_arguments(spec)).start()
+        except docker.errors.NotFound as missing:
+            raise DockerFailed(f"{self._host}: run {spec.name}: "
+                               f"{missing.explanation or missing}") from None
 
     def start(self, name: str) -> None:
         """Start."""
@@ -308,10 +326,15 @@ class SdkDocker:
         return True
 
     def pull(self, image: str, on_progress: Callable[[PullProgress], None]) -> None:
-        """Pull, streaming per-layer progress."""
+        """Pull with the host's login for the image's registry, streaming per-layer
+        progress."""
         try:
+            auth = self._logins.auth_config(registry_of(image)) if self._logins else {}
             with self._calls(f"pull {image}"):
-                pull_with_progress(self._client, image, on_progress)
+                pull_with_progress(self._client, image, on_progress, auth_config=auth)
         except PullFailed as error:
             raise DockerFailed(str(error)) from None
+        except ConfigError as error:
+            raise DockerFailed(f"{self._host}: pull {image}: "
+                               + "; ".join(p.render() for p in error.problems)) from None
 

@@ -505,9 +505,13 @@ def _layer_after(layer: Layer, phase: LayerPhase, detail: Mapping[str, Any]) -> 
 
 
 def pull_with_progress(client: docker.DockerClient, image: str,
-                       on_progress: Callable[[PullProgress], None]) -> str:
-    """Pull ``image`` on the client's engine, calling ``on_progress`` after every event of the
-    engine's stream; returns the pulled image's id (``sha256:...``).
+                       on_progress: Callable[[PullProgress], None], *,
+                       auth_config: Mapping[str, str]) -> str:
+    """Pull ``image`` on the client's engine with ``auth_config`` (the login the engine sends
+    the registry; empty: none), calling ``on_progress`` after every event of the engine's
+    stream; returns the pulled image's id (``sha256:...``). The login is always given: left
+    out, docker-py would send the login of this machine's own docker configuration
+    (``hosts.logins``).
 
     Raises PullFailed when the engine refuses or aborts the pull, EngineUnreachable when the
     engine cannot be reached or the stream is cut.
@@ -519,7 +523,8 @@ def pull_with_progress(client: docker.DockerClient, image: str,
     where = f"{adapter.host}: " if adapter else ""
     state = PullState(image=reference)
     try:
-        for event in client.api.pull(repository, tag=tag, stream=True, decode=True):
+        for event in client.api.pull(repository, tag=tag, stream=True, decode=True,
+                                     auth_config=dict(auth_config)):
             state = advance(state, event)
             if state.error is not None:
                 break
@@ -531,5 +536,5 @@ def pull_with_progress(client: docker.DockerClient, image: str,
     except (urllib3.exceptions.HTTPError, requests.exceptions.RequestException) as exc:
         raise EngineUnreachable(f"{where}the pull stream of {reference} was cut: {exc}") from exc
     raise PullFailed(f"{where}pull of {reference} failed: {state.error}\n    fix: check the "
-                     f"image name and tag, and that the host can reach and log in to the "
-                     f"registry")
+                     f"image name and tag, and that the host can reach the registry and log in "
+                     f"to it (the host's own `docker login`, or pull_logins in the inventory)")

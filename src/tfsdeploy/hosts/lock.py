@@ -6,9 +6,13 @@ person and a cron job), even with different views of which hosts answer, can nev
 it, and one unreachable host does not block a rollback. Each host changes its part only under
 ``flock``, and removes it only for the token it was asked to remove (``commands.lock``): a
 stale lock broken by two runs at once is broken once, and a fresh lock is never taken for the
-stale one it replaced. A lock is stale only when its holder provably cannot return: the same
-deploy machine (machine id) booted since (another boot id), or, on this boot and in this pid
-namespace, its pid no longer runs (or runs a process started later).
+stale one it replaced. A lock is stale only when its holder provably cannot return: its boot
+is one that this deploy machine recorded in its own journal of boots and this machine runs
+another boot now (a process does not outlive its kernel), or, on this boot and in this pid
+namespace, its pid no longer runs (or runs a process started later). A shared
+``/etc/machine-id`` proves nothing: CI runner containers built from one image and cloned VMs
+share it, and their runs are live on other kernels; the journal is written by the machine that
+takes the lock, before it takes it, and read only on that machine.
 
 A run that took a strict majority holds the lock whatever a minority of hosts still keep:
 another holder then has a minority, and a minority holds nothing (a run taking the lock
@@ -32,6 +36,7 @@ from pathlib import Path
 
 from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
 from tfsdeploy.core.inventory.layout import HostPaths
+from tfsdeploy.core.localfiles import append_durable
 from tfsdeploy.core.rollout.gates import Clock
 from tfsdeploy.core.rollout.records import LockRecord, now_iso, parse_lock
 from tfsdeploy.core.who import user_name
@@ -70,6 +75,50 @@ def _machine_id() -> str:
     return ""
 
 
+def boot_journal() -> Path:
+    """This machine's journal of its boots, for this user: ``$XDG_STATE_HOME/tfsdeploy/boots``
+    (default ``~/.local/state/tfsdeploy/boots``), one line per boot a lock was taken in:
+    ``<boot id> <machine id or -> <host name>``."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state")
+    return Path(state, "tfsdeploy", "boots")
+
+
+def _identity() -> str:
+    return f"{_machine_id() or '-'} {socket.gethostname()}"
+
+
+def _journal_lines() -> list[str]:
+    try:
+        return boot_journal().read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return []
+
+
+def record_this_boot() -> bool:
+    """Put this boot in the journal, durably, unless it is there (a lock taken in this boot can
+    then be judged stale once this machine has booted again); False when the journal cannot be
+    written (such a lock is then never judged stale by a reboot: `fab lock --break`)."""
+    boot = _boot_id()
+    if not boot:
+        return False
+    line = f"{boot} {_identity()}"
+    if line in _journal_lines():
+        return True
+    try:
+        append_durable(boot_journal(), line)
+    except OSError:
+        return False
+    return True
+
+
+def booted_here(boot_id: str) -> bool:
+    """Whether ``boot_id`` is a boot of this machine: its journal has it, written under this
+    machine's id and host name (a journal on a home directory that machines share names the
+    machine that wrote each line)."""
+    return bool(boot_id) and f"{boot_id} {_identity()}" in _journal_lines()
+
+
 def _pid_namespace() -> str:
     try:
         return os.readlink("/proc/self/ns/pid")
@@ -87,7 +136,9 @@ def process_start(pid: int) -> int:
 
 
 def new_lock_record(command: str) -> LockRecord:
-    """The record of a lock this process is about to take."""
+    """The record of a lock this process is about to take (this boot is put in the machine's
+    journal first: the record may outlive the boot)."""
+    record_this_boot()
     pid = os.getpid()
     return LockRecord(token=uuid.uuid4().hex, who=user_name(), machine=socket.gethostname(),
                       pid=pid, started=now_iso(), command=command, boot_id=_boot_id(),
@@ -146,17 +197,17 @@ def replace(site: LockSite, token: str, record: LockRecord) -> bool:
 
 
 def stale_reason(record: LockRecord) -> str | None:
-    """Why the holder of a lock provably cannot return (None: it may): its deploy machine
-    (same machine id) has booted since it took the lock (another boot id); or, on this boot
-    and in this pid namespace (so its pid means the same process here), that pid no longer
-    runs, or runs a process that started after the lock was taken. A paused canary's part is
-    held by its release, not a process: never stale."""
+    """Why the holder of a lock provably cannot return (None: it may): it was taken in a boot
+    this machine recorded in its own journal (``booted_here``), and this machine runs another
+    boot now; or, on this boot and in this pid namespace (so its pid means the same process
+    here), that pid no longer runs, or runs a process that started after the lock was taken.
+    The same machine id with another boot id is no proof: machines cloned from one image share
+    the id. A paused canary's part is held by its release, not a process: never stale."""
     if record.paused or not record.boot_id:
         return None
     boot = _boot_id()
     if record.boot_id != boot:
-        mine = _machine_id()
-        if record.machine_id and mine and record.machine_id == mine and boot:
+        if boot and booted_here(record.boot_id):
             return "its deploy machine has rebooted since"
         return None
     if not record.pid_namespace or record.pid_namespace != _pid_namespace():
@@ -189,6 +240,7 @@ class Attempt:
     holder: LockRecord | None = None
     unreadable: bool = False  # a lock directory without a readable record
     reachable: bool = True
+    why: str = ""  # why the host did not answer (its connection's error)
 
 
 def read(site: LockSite) -> tuple[LockRecord | None, bool]:
@@ -231,18 +283,18 @@ def _attempt(site: LockSite, record: LockRecord, on_stale: Callable[[str], None]
             if removed and on_stale:
                 on_stale(f"broke a stale lock on {site.host}: {holder.describe()} ({why})")
         return Attempt()
-    except HostUnreachable:
-        return Attempt(reachable=False)
+    except HostUnreachable as error:
+        return Attempt(reachable=False, why=str(error))
 
 
 def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float,
-                     clock: Clock, model: str, on_stale: Callable[[str], None] | None = None
-                     ) -> list[LockSite]:
+                     clock: Clock, model: str, on_stale: Callable[[str], None] | None = None,
+                     fix: str | None = None) -> list[LockSite]:
     """Take the lock on a strict majority of ``sites`` (all that answer, then a majority of
     them is enough: what a minority keeps holds nothing), waiting up to ``wait_s`` for another
     holder; returns the sites taken. A paused canary's parts left on a minority are the
-    caller's to judge (``paused_parts``). Raises LockHeld naming a holder, or LockQuorumLost
-    when too few hosts answer."""
+    caller's to judge (``paused_parts``). Raises LockHeld naming a holder (and ``fix``, else
+    the model's way out), or LockQuorumLost when too few hosts answer."""
     end = clock.now() + wait_s
     while True:
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(sites)))) as pool:
@@ -255,17 +307,19 @@ def acquire_majority(sites: list[LockSite], record: LockRecord, *, wait_s: float
             return taken
         release_sites(taken, record)
         if not holders and answering * 2 <= len(sites):
+            # each host's own reason first: a refused host key says what to do about it
+            reasons = "".join(f"\n    {a.why}" for a in outcomes if a.why)
             raise LockQuorumLost(
                 f"only {answering} of the {len(sites)} hosts of {model} answer: the deploy "
-                "lock needs a majority\n    fix: bring hosts back, or narrow the model's "
-                "hosts in the inventory")
+                f"lock needs a majority{reasons}\n    fix: bring hosts back, or narrow the "
+                "model's hosts in the inventory")
         if clock.now() >= end:
-            raise LockHeld(_held_message(model, holders, sites))
+            raise LockHeld(_held_message(model, holders, sites, fix))
         clock.sleep(min(2.0, max(0.1, end - clock.now())) * random.uniform(0.5, 1.0))
 
 
-def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[LockSite]
-                  ) -> str:
+def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[LockSite],
+                  fix: str | None = None) -> str:
     paused = [(h, a.holder) for h, a in holders if a.holder is not None and a.holder.paused]
     if paused:  # no process holds it: breaking it would leave the canary's hosts half-rolled
         return paused_message(model, *paused[0])
@@ -274,8 +328,9 @@ def _held_message(model: str, holders: list[tuple[str, Attempt]], sites: list[Lo
                  "a lock whose record is unreadable" if attempt.unreadable else
                  "a concurrent run")
     return (f"another deploy of {model} holds the lock on {host}: {described}.\n"
-            f"    fix: wait (--lock-wait SECONDS), or if no deploy is running, "
-            f"`fab lock --model {model} --break`")
+            + (f"    fix: {fix}" if fix else
+               f"    fix: wait (--lock-wait SECONDS), or if no deploy is running, "
+               f"`fab lock --model {model} --break`"))
 
 
 def paused_message(model: str, host: str, holder: LockRecord) -> str:

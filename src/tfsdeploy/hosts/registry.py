@@ -18,7 +18,16 @@ Docker Registry HTTP API V2 it grew from):
 
 Credentials are never the inventory's: they come from this machine's own ``docker login``
 (``$DOCKER_CONFIG/config.json``, default ``~/.docker/config.json``, its ``auths`` entry for the
-registry, ``auth`` = base64 of ``user:password``); the hosts' engines use their own logins.
+registry, ``auth`` = base64 of ``user:password``); the hosts' engines use their own logins
+(``hosts.logins``). They are sent to the registry's own origin only (scheme, host, port):
+an upload location on another origin is refused unless the registry is declared insecure
+(and is then sent no credentials), no redirect is ever followed, and a ``Bearer`` token
+service is asked for a token only over HTTPS (plain HTTP only for an insecure registry).
+Neither the login nor a token shows in ``repr`` or in any message.
+
+HTTPS is checked against this machine's trusted CAs and, as Docker does for a registry, the
+CA certificates in ``/etc/docker/certs.d/<host:port>/*.crt`` (docs.docker.com, "Verify
+repository client with certificates"): the file a fleet already gives its engines.
 """
 
 from __future__ import annotations
@@ -27,17 +36,21 @@ import base64
 import json
 import os
 import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urljoin
 
+import certifi
 import httpx
 
 from tfsdeploy.core.errors import TfsDeployError
 
 TIMEOUT = httpx.Timeout(30.0, read=600.0, write=600.0)
 CHUNK = 1 << 20
+DOCKER_CERTS = "/etc/docker/certs.d"
 
 
 class RegistryError(TfsDeployError):
@@ -45,7 +58,17 @@ class RegistryError(TfsDeployError):
     why)."""
 
 
-def docker_login(registry: str, config_dir: str | None = None) -> tuple[str, str] | None:
+class Login(NamedTuple):
+    """A registry login; its password never shows in ``repr``."""
+
+    user: str
+    password: str
+
+    def __repr__(self) -> str:
+        return f"Login(user={self.user!r}, password='***')"
+
+
+def docker_login(registry: str, config_dir: str | None = None) -> Login | None:
     """(user, password) of this machine's ``docker login`` to ``registry``, or None."""
     base = Path(config_dir or os.environ.get("DOCKER_CONFIG") or Path.home() / ".docker")
     try:
@@ -60,7 +83,22 @@ def docker_login(registry: str, config_dir: str | None = None) -> tuple[str, str
         user, _, password = base64.b64decode(encoded).decode().partition(":")
     except ValueError:
         return None
-    return user, password
+    return Login(user, password)
+
+
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    port = url.port or {"https": 443, "http": 80}.get(url.scheme)
+    return url.scheme, url.host, port
+
+
+def trust_for(host: str, certs_dir: str = DOCKER_CERTS) -> ssl.SSLContext:
+    """The TLS trust for ``host``: this machine's CAs, certifi's, and the CA certificates
+    Docker trusts for that registry (``certs_dir/<host:port>/*.crt``)."""
+    context = ssl.create_default_context()  # the system's CAs, SSL_CERT_FILE, SSL_CERT_DIR
+    context.load_verify_locations(certifi.where())
+    for certificate in sorted(Path(certs_dir, host).glob("*.crt")):
+        context.load_verify_locations(str(certificate))
+    return context
 
 
 def _challenge(header: str) -> tuple[str, dict[str, str]]:
@@ -75,36 +113,72 @@ class Registry:
 
     host: str
     insecure: bool = False
-    login: tuple[str, str] | None = None
-    transport: httpx.BaseTransport | None = None  # tests pass a fake
+    login: tuple[str, str] | None = field(default=None, repr=False)
+    transport: httpx.BaseTransport | None = field(default=None, repr=False)  # tests: a fake
     sent_bytes: int = 0  # blob and manifest bytes this client uploaded
-    _token: str | None = None
+    certs_dir: str = field(default=DOCKER_CERTS, repr=False)
+    _token: str | None = field(default=None, repr=False)
     _client: httpx.Client = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         scheme = "http" if self.insecure else "https"
-        self._client = httpx.Client(base_url=f"{scheme}://{self.host}", timeout=TIMEOUT,
-                                    transport=self.transport)
+        if self.login is not None:
+            self.login = Login(*self.login)
+        # redirects are never followed: one to another origin would take the credentials
+        # along (see has_blob for the one a registry answers with)
+        self._client = httpx.Client(
+            base_url=f"{scheme}://{self.host}", timeout=TIMEOUT, transport=self.transport,
+            follow_redirects=False,
+            verify=True if self.insecure else trust_for(self.host, self.certs_dir))
+        self._origin = _origin(self._client.base_url)
 
     def close(self) -> None:
         """Close the connections."""
         self._client.close()
 
+    def __repr__(self) -> str:
+        return (f"Registry(host={self.host!r}, insecure={self.insecure!r}, "
+                f"login={'set' if self.login else None!r}, sent_bytes={self.sent_bytes!r})")
+
+    def _target(self, method: str, url: str) -> tuple[httpx.URL, bool]:
+        """The absolute URL of ``url`` and whether it is the registry's own origin (the only
+        one credentials go to); another origin is refused unless the registry is insecure."""
+        target = self._client.base_url.join(url) if url.startswith("/") else httpx.URL(url)
+        own = _origin(target) == self._origin
+        if not own and not self.insecure:
+            raise RegistryError(
+                f"registry {self.host} sent {method} to another origin "
+                f"({target.scheme}://{target.netloc.decode()}): refused, this machine's login "
+                f"goes to {self.host} only\n    fix: serve uploads from the registry's own "
+                "address, or declare it insecure (model_registry_insecure) to send them there "
+                "without the login")
+        return target, own
+
     def _request(self, method: str, url: str, **kwargs: object) -> httpx.Response:
+        target, own = self._target(method, url)
         for attempt in (1, 2):
             headers = dict(kwargs.pop("headers", {}) or {})  # type: ignore[call-overload]
-            if self._token:
+            if self._token and own:
                 headers["Authorization"] = self._token
             try:
-                response = self._client.request(method, url, headers=headers,
+                response = self._client.request(method, target, headers=headers,
                                                 **kwargs)  # type: ignore[arg-type]
             except httpx.HTTPError as error:
-                raise RegistryError(f"registry {self.host} unreachable ({method} {url}): "
-                                    f"{error}") from None
-            if response.status_code != 401 or attempt == 2 or not self._authenticate(response):
+                raise RegistryError(self._unreachable(f"{method} {target.path}", error)) \
+                    from None
+            if response.status_code != 401 or attempt == 2 or not own \
+                    or not self._authenticate(response):
                 return response
             kwargs["headers"] = headers
         raise AssertionError("unreachable")
+
+    def _unreachable(self, what: str, error: httpx.HTTPError) -> str:
+        text = f"registry {self.host} unreachable ({what}): {error}"
+        if "CERTIFICATE_VERIFY_FAILED" in str(error):
+            text += (f"\n    fix: this machine does not trust its certificate: put the CA that "
+                     f"signed it in {DOCKER_CERTS}/{self.host}/ca.crt (as for the engines), "
+                     "or in SSL_CERT_FILE")
+        return text
 
     def _authenticate(self, response: httpx.Response) -> bool:
         scheme, params = _challenge(response.headers.get("WWW-Authenticate", ""))
@@ -114,9 +188,16 @@ class Registry:
             return True
         if scheme != "bearer" or "realm" not in params:
             return False
+        realm = httpx.URL(params["realm"])
+        if realm.scheme != "https" and not self.insecure:
+            raise RegistryError(
+                f"registry {self.host} names a token service over plain HTTP "
+                f"({realm.scheme}://{realm.netloc.decode()}): refused, the login would travel "
+                "in clear\n    fix: serve the token service over HTTPS, or declare the "
+                "registry insecure (model_registry_insecure) if that is meant")
         query = {k: v for k, v in params.items() if k in ("service", "scope")}
         try:
-            answer = self._client.get(params["realm"], params=query, auth=login)
+            answer = self._client.get(realm, params=query, auth=login)
         except httpx.HTTPError as error:
             raise RegistryError(f"registry {self.host}: token service unreachable: "
                                 f"{error}") from None
@@ -136,8 +217,13 @@ class Registry:
                              f"{response.status_code} {response.text[:300].strip()}{hint}")
 
     def has_blob(self, repository: str, digest: str) -> bool:
-        """Whether the repository holds the blob."""
+        """Whether the repository holds the blob. A registry that keeps its blobs elsewhere
+        answers with a redirect to them, only once it found the blob (distribution
+        registry/handlers/blob.go, ``GetBlob``: the descriptor is read before ``ServeBlob``
+        redirects): present, and the redirect is not followed."""
         response = self._request("HEAD", f"/v2/{repository}/blobs/{digest}")
+        if response.is_redirect:
+            return True
         if response.status_code in (200, 404):
             return response.status_code == 200
         raise self._refused(f"HEAD of blob {digest}", response)
@@ -150,6 +236,7 @@ class Registry:
         if started.status_code != 202 or "Location" not in started.headers:
             raise self._refused("the start of an upload", started)
         location = urljoin(str(self._client.base_url) + "/", started.headers["Location"])
+        self._target("PUT", location)  # another origin: refused before any byte is read
         separator = "&" if "?" in location else "?"
         done = self._request("PUT", f"{location}{separator}digest={digest}",
                              content=chunks(), headers={

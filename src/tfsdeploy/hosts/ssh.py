@@ -31,6 +31,7 @@ from tfsdeploy.hosts.commands.files import write_file
 from tfsdeploy.hosts.dockerapi import Docker, SdkDocker
 from tfsdeploy.hosts.dockerssh import docker_client
 from tfsdeploy.hosts.hostkeys import USER_KNOWN_HOSTS, check_host_keys, read_known_hosts
+from tfsdeploy.hosts.logins import PullLogins
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,9 @@ class SshConnection:
     def docker(self) -> Docker:
         """The host's Docker Engine through ``docker system dial-stdio`` on this connection."""
         if self._docker is None:
-            self._docker = SdkDocker(docker_client(self._transport()), self.host.name)
+            logins = PullLogins(self.host.name, self.host.vars.pull_logins,
+                                lambda argv, stdin: self.run(argv, stdin=stdin, timeout=30))
+            self._docker = SdkDocker(docker_client(self._transport()), self.host.name, logins)
         return self._docker
 
     def close(self) -> None:

@@ -3,7 +3,10 @@ it on every host in the gateway's own image, then roll it host by host: files wr
 seamless reload (or the first start), the drains the old worker held carried over, and a gate
 that every routed model has a serving host up behind the new worker before the next host.
 
-A configuration that fails on any host (rendering, ``haproxy -c``) stops the run before any
+One `fab gateway` at a time: a run takes the gateway's lock on a strict majority of the
+gateway hosts (``hosts.lock``, in ``<data_root>/gateway/lock``: no model lives on a gateway
+host), or ends with exit 4 naming the holder; ``--check`` and ``--diff`` only read. A
+configuration that fails on any host (rendering, ``haproxy -c``) stops the run before any
 live file changes (exit 1). A host whose new worker has a model with no serving host up gets
 its previous files back and is reloaded on them (exit 2); when that also fails, exit 3.
 """
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 
 from tfsdeploy.core.errors import ExitCode, HostUnreachable
 from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.inventory.load import Inventory
 from tfsdeploy.core.render.gateway_proxy import (
     GatewayPlan,
@@ -28,7 +32,9 @@ from tfsdeploy.core.render.gateway_proxy import (
     route_health,
 )
 from tfsdeploy.core.rollout.gates import Clock, GateFailed, SystemClock, Verdict, poll
+from tfsdeploy.core.rollout.records import LockRecord
 from tfsdeploy.hosts import gateway as gw
+from tfsdeploy.hosts import lock as locks
 from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.proxyadmin import ProxyRefused
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
@@ -73,9 +79,12 @@ def roll_gateway(plan: GatewayPlan, *, say: Say, check: bool = False, diff: bool
     wanted = files_for(plan)
     conns: dict[str, Connection] = {}
     current = ""  # the host a failure before any live change is reported on
+    held: tuple[list[locks.LockSite], LockRecord] | None = None
     try:
         for host in plan.hosts:
             conns[host.name] = connect(host)
+        if not check:
+            held = _take_lock(plan, conns, clock)
         lives = {}
         for host in plan.hosts:
             current = host.name
@@ -99,14 +108,38 @@ def roll_gateway(plan: GatewayPlan, *, say: Say, check: bool = False, diff: bool
         result.hosts[failure.host] = failure.message
         result.exit_code = failure.code
         say(f"{failure.host}: FAILED: {failure.message}")
+    except (locks.LockHeld, locks.LockQuorumLost) as refused:
+        result.hosts["lock"] = str(refused)
+        result.exit_code = refused.exit_code
+        say(f"refused before any host changed: {refused}")
     except FAILURES as error:  # before any live file changed
         result.hosts[current] = f"refused: {error}"
         result.exit_code = ExitCode.INVALID
         say(f"{current}: refused before any host changed: {error}")
     finally:
+        if held is not None:
+            locks.release_sites(*held)
         for conn in conns.values():
             conn.close()
     return result
+
+
+GATEWAY_LOCK = "gateway"  # the lock's home on a gateway host: <data_root>/gateway
+
+
+def _take_lock(plan: GatewayPlan, conns: dict[str, Connection], clock: Clock
+               ) -> tuple[list[locks.LockSite], LockRecord]:
+    """The gateway's lock on a strict majority of its hosts (two `fab gateway` runs would
+    each carry over drains the other is replacing); raises LockHeld naming the holder."""
+    sites = [locks.LockSite(h.name, conns[h.name], HostPaths(
+        root=gateway_paths(h).root, model=GATEWAY_LOCK)) for h in plan.hosts]
+    record = locks.new_lock_record("gateway")
+    taken = locks.acquire_majority(
+        sites, record, wait_s=0.0, clock=clock, model="the gateway",
+        fix="wait for it to end and run again; a run whose process is gone on this machine "
+            "is broken by the next one; if none runs elsewhere either, remove "
+            "<data_root>/gateway/lock on the gateway hosts")
+    return taken, record
 
 
 class _HostFailed(Exception):

@@ -33,6 +33,7 @@ from tfsdeploy.core.rollout.records import GOOD, ReleaseRecord, ReleaseStatus
 from tfsdeploy.core.target import Target, render_release
 from tfsdeploy.core.tfserving.golden import GoldenExample, load_golden
 from tfsdeploy.core.who import current_user
+from tfsdeploy.hosts import logins
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.run.jobs import (
     DEFAULT_MAX_PULLS,
@@ -187,8 +188,11 @@ def _leave_out_absent_gpus(job: HostJob) -> None:
 # -- deploy ------------------------------------------------------------------------------------
 
 def check_transfer(target: Target) -> None:
-    """Every selected host with ``model_transfer: pull`` names a ``model_registry`` (a config
-    error, before any connection, otherwise)."""
+    """Every selected host with ``model_transfer: pull`` names a ``model_registry``, and every
+    pull login the hosts name can be read (a config error, before any connection,
+    otherwise)."""
+    for host in target.hosts:
+        logins.check_references(host.vars.pull_logins)
     missing = sorted(h.name for h in target.hosts
                      if h.vars.model_transfer == "pull" and not h.vars.model_registry)
     if missing:

@@ -39,6 +39,7 @@ def prune_check(target: Target, *, playbook: str | None = None,
 _RELEASES = re.compile(r"pruned (\d+) old release")
 _VERSIONS = re.compile(r"\((\d+) bytes\) in version\(s\) ([\d, ]+)")
 _IMAGE = re.compile(r"(\S+): [\d.]+ MiB \((\d+) bytes\) freed")
+_LEFTOVERS = re.compile(r"removed (\d+) left by killed stages")
 
 
 def human_size(size: int) -> str:
@@ -59,11 +60,12 @@ class Pruned:
     versions: tuple[int, ...] = ()
     images: tuple[str, ...] = ()
     freed_bytes: int = 0
+    leftovers: int = 0  # partial copies, sums and extract containers of killed stages
 
     @property
     def removed_any(self) -> bool:
         """Whether anything was removed."""
-        return bool(self.releases or self.versions or self.images)
+        return bool(self.releases or self.versions or self.images or self.leftovers)
 
     def describe(self) -> str:
         """``2 release(s), version(s) 1, 2, 1 image(s)`` (``nothing`` when clean)."""
@@ -72,17 +74,21 @@ class Pruned:
             parts.append(f"version(s) {', '.join(map(str, self.versions))}")
         if self.images:
             parts.append(f"{len(self.images)} image(s)")
+        if self.leftovers:
+            parts.append(f"{self.leftovers} left by killed stages")
         return ", ".join(parts) or "nothing"
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         return {"releases": self.releases, "versions": list(self.versions),
-                "images": list(self.images), "freed_bytes": self.freed_bytes}
+                "images": list(self.images), "freed_bytes": self.freed_bytes,
+                "leftovers": self.leftovers}
 
 
 def pruned(steps: Sequence[dict[str, Any]]) -> Pruned:
     """What a host's prune steps removed, read from the steps that succeeded (pure)."""
-    found: dict[str, Any] = {"releases": 0, "versions": (), "images": (), "freed_bytes": 0}
+    found: dict[str, Any] = {"releases": 0, "versions": (), "images": (), "freed_bytes": 0,
+                             "leftovers": 0}
     for step in steps:
         detail = str(step.get("detail", ""))
         if not step.get("ok") or not str(step.get("step", "")).startswith("prune_"):
@@ -92,6 +98,8 @@ def pruned(steps: Sequence[dict[str, Any]]) -> Pruned:
         if (versions := _VERSIONS.search(detail)) is not None:
             found["versions"] += tuple(int(v) for v in re.findall(r"\d+", versions[2]))
             found["freed_bytes"] += int(versions[1])
+        if (left := _LEFTOVERS.search(detail)) is not None:
+            found["leftovers"] += int(left[1])
         for image, size in _IMAGE.findall(detail):
             found["images"] += (image,)
             found["freed_bytes"] += int(size)

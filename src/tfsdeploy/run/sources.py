@@ -17,7 +17,10 @@ class SourceError(Exception):
 
 
 def files_of(root: Path) -> list[tuple[str, Path]]:
-    """(relative name, path) of every file under ``root``, symbolic links followed, sorted."""
+    """(relative name, path) of every file under ``root``, symbolic links followed, in
+    ``os.walk`` order (each directory's files, sorted, before its subdirectories, sorted): a
+    layer's entries are in this order; a version's sums and digest are not
+    (``core.artifact.canonical_sums`` sorts them by path)."""
     found: list[tuple[str, Path]] = []
     seen: set[str] = set()
     for directory, dirs, files in os.walk(root, followlinks=True):

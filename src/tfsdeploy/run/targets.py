@@ -17,7 +17,7 @@ from typing import Any
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.load import Inventory
 from tfsdeploy.core.inventory.monitoring import Monitoring
-from tfsdeploy.core.localfiles import write_atomic
+from tfsdeploy.core.localfiles import write_durable
 from tfsdeploy.core.observe.prometheus import ServingProcess, target_groups, targets_file
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.ssh import Connection
@@ -109,7 +109,7 @@ def publish_targets(target: Target, *, local_only: Path | None = None,
     text = json.dumps(groups, indent=2) + "\n"
     written = []
     if local is not None:
-        write_atomic(str(local / name), text, mode=0o644)
+        write_durable(local / name, text, mode=0o644)
         written.append(str(local / name))
     for host in monitors:
         written += _upload(host, inventory.monitoring, name, text, session)

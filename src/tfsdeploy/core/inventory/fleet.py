@@ -5,6 +5,7 @@ and resolves them."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
@@ -12,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, Strict
 
-from tfsdeploy.core.artifact import ArtifactError, model_repo
+from tfsdeploy.core.artifact import prefix_problem, registry_problem, shown_registry
 from tfsdeploy.core.inventory.catalog import CHECKED
 from tfsdeploy.core.inventory.schema import (
     AbsoluteDir,
@@ -63,17 +64,40 @@ TfsVersion = Annotated[str, Strict(), pattern_rule(
 DockerGpus = Annotated[str, Strict(), pattern_rule(
     r'all|[0-9]{1,3}|"?(device|capabilities)=[A-Za-z0-9_,:-]+"?', "a `docker run --gpus` value",
     "write 'all', a count, or 'device=0,1'")]
-def _registry_problem(value: str) -> str | None:
-    # the same rules fab publish applies
-    try:
-        model_repo(value, "model")
-    except ArtifactError as error:
-        return "is not a registry repository prefix: " + str(error).split(": ", 1)[-1]
+def _credentials_problem(value: str) -> str | None:
+    # a whole sentence: the value (a password before its '@') is never shown; the other
+    # rules are the ones fab publish applies (the OCI reference grammar, core.artifact)
+    if "@" in value.partition("/")[0]:
+        return (f"model_registry {shown_registry(value)!r} holds credentials before its "
+                "registry (user:password@): they never go in the inventory")
     return None
 
 
 ModelRegistry = Annotated[str, Strict(), Field(max_length=255), rule(
-    _registry_problem, "write host[:port]/repository, e.g. 'registry:5000/tfsdeploy-models'")]
+    _credentials_problem, "remove them: the deploy machine pushes with its own `docker login`, "
+    "each host pulls with its own login or the one pull_logins names"), rule(
+    prefix_problem, "write host[:port]/repository, e.g. 'registry:5000/tfsdeploy-models'")]
+# pull_logins: a registry host[:port] (docker.io for Docker Hub) -> where the deploy machine
+# reads the hosts' pull-only credential for it (hosts.logins); never the credential itself
+def _registry_host_problem(value: str) -> str | None:
+    problem = registry_problem(value)
+    if problem is None:
+        return None
+    if "@" in value:  # a whole sentence: the key itself (a password before '@') is not shown
+        return "a pull_logins key holds credentials before its registry: they never go there"
+    return "is not a registry host[:port]: it " + problem
+
+
+RegistryHost = Annotated[str, Strict(), Field(max_length=255), rule(
+    _registry_host_problem,
+    "name the registry as in image references, e.g. 'registry.internal:5000'")]
+_REFERENCE = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]{0,127}|file:/[^\x00-\x1f\x7f]{1,4095}")
+# a whole sentence: a value that is no reference may be the credential itself, never shown
+LoginReference = Annotated[str, Strict(), rule(
+    lambda v: None if _REFERENCE.fullmatch(v) else "a pull_logins value is not a reference "
+    "(env:NAME or file:/absolute/path); it is not shown, in case it is the credential itself",
+    "name where the pull-only USER:PASSWORD is: env:NAME (an environment variable of the "
+    "deploy machine) or file:/path (a file only its owner reads); never the credential")]
 GpuMargin = Annotated[float, Strict(), Field(le=10.0, allow_inf_nan=False), rule(
     lambda v: "is below 1: the reservation would be smaller than the model's footprint"
     if v < 1.0 else None, "set gpu_safety_margin between 1.2 and 1.5 (the measured need "
@@ -129,11 +153,17 @@ class HostVars:
     # the deploy machine speaks plain HTTP to model_registry (as an engine's
     # --insecure-registry); otherwise HTTPS
     model_registry_insecure: Flag = False
+    # the login the host's engine pulls with, per registry: a pull-only credential named by
+    # reference (hosts.logins); a registry not named here: the host's own docker login, else
+    # none. Never the deploy machine's push login.
+    pull_logins: Mapping[RegistryHost, LoginReference] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.slot_ports, Mapping):
             ports = {k: tuple(v) for k, v in dict(self.slot_ports).items()}
             object.__setattr__(self, "slot_ports", MappingProxyType(ports))
+        if isinstance(self.pull_logins, Mapping):
+            object.__setattr__(self, "pull_logins", MappingProxyType(dict(self.pull_logins)))
 
 
 VAR_NAMES = frozenset(f.name for f in fields(HostVars))

@@ -97,10 +97,10 @@ Placement = Callable[[Model], tuple[ResolvedHost, ...]]
 def gateway_problems(gateway: Gateway, *, path: str, groups: Mapping[str, tuple[str, ...]],
                      models: Mapping[str, Model], placed: Placement) -> list[Problem]:
     """The rules between the gateway's values and the inventory: its group exists and has
-    hosts, every route names a model of the catalog once, is reachable (own ports or the
-    domain), ports are never shared, a domain-routed model's name is a DNS label, the check
-    fits its interval, a request may last its model's latency SLO, and no model serves from a
-    gateway host."""
+    hosts, every route names a model of the catalog once (names compared without case), is
+    reachable (own ports or the domain), ports are never shared, a domain-routed model's name
+    is a DNS label, the check fits its interval, a request may last its model's latency SLO,
+    and no model serves from a gateway host."""
     def problem(message: str, fix: str, field: str) -> Problem:
         return Problem(message, fix=fix, file=path, field=f"gateway.{field}")
 
@@ -118,13 +118,22 @@ def gateway_problems(gateway: Gateway, *, path: str, groups: Mapping[str, tuple[
             "lower check_timeout_ms below check_interval_ms (e.g. half of it)",
             "check_timeout_ms"))
     problems += _port_problems(gateway, problem)
-    seen: set[str] = set()
+    # HAProxy's ACLs match the authority lowercased (an authority is case-insensitive, RFC
+    # 3986 3.2.2): two names differing only in case would render one ACL twice, and the
+    # second model's route (its rate limit too) would never apply
+    seen: dict[str, str] = {}
     for index, route in enumerate(gateway.routes):
         where = f"routes[{index}]"
-        if route.model in seen:
+        first = seen.get(route.model.lower())
+        if first == route.model:
             problems.append(problem(f"model {route.model!r} is routed twice",
                                     "give each model one Route", f"{where}.model"))
-        seen.add(route.model)
+        elif first is not None:
+            problems.append(problem(
+                f"model {route.model!r} is routed beside {first!r}: route names must differ "
+                "in more than case (the gateway matches names and authorities lowercased)",
+                "rename one of the models, or route one of them only", f"{where}.model"))
+        seen.setdefault(route.model.lower(), route.model)
         problems += _route_problems(gateway, route, where, models, placed, members or (),
                                     problem)
     return problems

@@ -148,7 +148,9 @@ def host_paths(host: ResolvedHost, model: Model) -> HostPaths:
     return HostPaths(root=host.vars.data_root.rstrip("/"), model=model.name)
 
 
-RELEASE_ID = re.compile(r"^r\d{8}-\d{9}-v[1-9]\d{0,18}$")  # what new_release_id makes
+# what new_release_id makes, matched whole (fullmatch: re.match's $ would let a trailing
+# newline through) and with ASCII digits only (\d takes any Unicode digit)
+RELEASE_ID = re.compile(r"r[0-9]{8}-[0-9]{9}-v[1-9][0-9]{0,18}")
 
 
 def new_release_id(version: int, now: datetime | None = None) -> str:
@@ -160,7 +162,7 @@ def new_release_id(version: int, now: datetime | None = None) -> str:
 
 def is_release_id(value: object) -> bool:
     """Whether ``value`` is a release id this toolkit makes (and so safe in paths)."""
-    return isinstance(value, str) and RELEASE_ID.match(value) is not None
+    return isinstance(value, str) and RELEASE_ID.fullmatch(value) is not None
 
 
 def container_name(model: str, release_id: str, instance: int = 0) -> str:

@@ -273,8 +273,15 @@ def field_path(prefix: str, loc: Sequence[int | str]) -> str:
         if isinstance(part, int):
             text += f"[{part}]"
         else:
+            part = _without_credentials(part)
             text += f".{part}" if text else str(part)
     return text
+
+
+def _without_credentials(key: str) -> str:
+    """A key as a field path may show it: what stands before an '@' (``user:password@host``,
+    a credential written where a name belongs) is never shown."""
+    return "***@" + key.rpartition("@")[2] if "@" in key else key
 
 
 _TYPE_WORDS = {

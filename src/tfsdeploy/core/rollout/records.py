@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tfsdeploy.core.inventory.layout import RELEASE_ID
 
-ReleaseId = Annotated[str, Field(pattern=RELEASE_ID.pattern)]
+# pydantic matches patterns with Rust's regex engine, where $ ends the text (no newline
+# before it passes)
+ReleaseId = Annotated[str, Field(pattern=f"^{RELEASE_ID.pattern}$")]
 
 
 class ReleaseStatus(StrEnum):

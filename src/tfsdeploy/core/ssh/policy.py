@@ -194,6 +194,17 @@ def _refusal(state: _Check, key: _Key) -> Verdict:
                        "(ssh-keyscan, checked out of band); otherwise someone may be "
                        "intercepting the connection")
     names = " or ".join(lookup_names(state.host, state.port))
+    others = _other_authorities(state, key)
+    if others and not notes:
+        assert key.cert is not None
+        trusted = ", ".join(f"{fingerprint(e.blob)} (line {e.lineno})" for e in others)
+        return Verdict(False, f"{head}: its certificate was signed by the CA "
+                              f"{fingerprint(key.cert.ca_blob)}, which no @cert-authority line "
+                              f"for {names} trusts (they trust {trusted})",
+                       "if the host was certified by another CA on purpose, add a line "
+                       "'@cert-authority PATTERN CA_PUBLIC_KEY' for that CA (its key checked "
+                       "out of band); otherwise someone may be presenting a certificate you "
+                       "never issued: do not connect")
     if notes:
         return Verdict(False, f"{head}: {notes}",
                        _certificate_fix(state) + "; or list the host's plain key")
@@ -201,6 +212,16 @@ def _refusal(state: _Check, key: _Key) -> Verdict:
                    f"add the host's key (ssh-keyscan -p {state.port} {state.host}, checked out "
                    "of band), or a line '@cert-authority PATTERN CA_PUBLIC_KEY' for the CA that "
                    "signs its host certificate")
+
+
+def _other_authorities(state: _Check, key: _Key) -> list[KnownHost]:
+    """The @cert-authority lines that name the host but hold another CA than the one that
+    signed its certificate (none when it presented no certificate)."""
+    if key.cert is None:
+        return []
+    found = [e for name in lookup_names(state.host, state.port)
+             for e in entries_for(state.entries, name) if e.marker is Marker.CERT_AUTHORITY]
+    return list({e.lineno: e for e in found if e.blob != key.cert.ca_blob}.values())
 
 
 def _certificate_fix(state: _Check) -> str:

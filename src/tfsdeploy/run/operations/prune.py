@@ -4,10 +4,14 @@ retained or running release uses, and the images of pruned releases that no cont
 Never the live release, what the proxy serves, a release in the rollback window, or a
 retained one, nor their files, whatever their containers' state
 (``finalize.protected_releases``): a rollback to any release ``fab history`` lists keeps
-working."""
+working. And what killed stages left (``prune_leftovers``): a pull's ``.pull-<v>`` copy and
+extract container, a push's ``.staging-*`` directory and archive, a check's ``.sums-*``. Prune
+holds the model's lock, so no stage of the model runs meanwhile: every one is stale."""
 
 from __future__ import annotations
 
+from tfsdeploy.core.artifact import ArtifactError, model_repo
+from tfsdeploy.hosts.commands import pull as pull_commands
 from tfsdeploy.hosts.commands.files import disk_usage, remove_tree
 from tfsdeploy.run.changes import Check, Command, RemoveImage
 from tfsdeploy.run.jobs import HostJob
@@ -70,3 +74,39 @@ def prune_images(job: HostJob) -> Ops:
     for image in images:
         yield RemoveImage(image)
     return ""
+
+
+def _image_repository(job: HostJob) -> str:
+    """``registry/repository@`` of the model's version images on this host ("": none)."""
+    prefix = job.host.vars.model_registry
+    try:
+        repo = model_repo(str(prefix), job.run.model.name) if prefix else None
+    except ArtifactError:
+        return ""
+    return f"{repo.registry}/{repo.repository}@" if repo else ""
+
+
+@operation("prune_leftovers")
+def prune_leftovers(job: HostJob) -> Ops:
+    """What killed stages left beside the model's versions, and a killed pull's extract
+    containers (none of them is ever loaded or run; all take room)."""
+    models_dir, model = job.paths.model_dir, job.run.model.name
+    repository = _image_repository(job)
+    found: dict[str, list[str]] = {}
+
+    def look() -> str:
+        result = job.conn.run(pull_commands.leftovers(models_dir, model=model,
+                                                      repository=repository))
+        found["items"] = [line for line in result.stdout.splitlines() if line.strip()]
+        return (f"found {len(found['items'])} left by killed stages" if found["items"]
+                else "nothing left by a killed stage")
+
+    yield Check(f"list what killed stages left in {models_dir} and the model's extract "
+                "containers", look)
+    if found.get("items", ["plan"]):  # a plan runs no check: it shows the removal
+        yield Command.of(pull_commands.remove_leftovers(models_dir, model=model,
+                                                        repository=repository),
+                         f"remove what killed stages left in {models_dir} and the model's "
+                         "extract containers", timeout=600)
+    items = found.get("items", [])
+    return f"removed {len(items)} left by killed stages: {', '.join(items)}" if items else ""

@@ -14,7 +14,6 @@ stages it again.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import tarfile
@@ -24,7 +23,14 @@ from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tfsdeploy.core.artifact import ArtifactError, model_repo
+from tfsdeploy.core.artifact import (
+    ArtifactError,
+    FileEntry,
+    canonical_sums,
+    model_repo,
+    sums_digest,
+    walk_order_sums,
+)
 from tfsdeploy.core.rollout.gates import GateFailed
 from tfsdeploy.hosts.commands import pull as pull_commands
 from tfsdeploy.hosts.commands import stage as stage_commands
@@ -53,21 +59,26 @@ class VersionArchive:
     """One version of the model source, hashed and archived once per run (on first need)."""
 
     source: Path
-    _sums: str | None = None
+    _entries: tuple[FileEntry, ...] | None = None
     _path: str | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def sums(self) -> str:
-        """``sha256sum`` lines of every file (GNU format, names relative to the version)."""
+    def entries(self) -> tuple[FileEntry, ...]:
+        """Every file of the version: its name relative to the version, sha256 and size."""
         with self._lock:
-            if self._sums is None:
-                lines = [f"{_digest_file(path)}  {name}" for name, path in _files(self.source)]
-                self._sums = "\n".join(lines) + "\n"
-            return self._sums
+            if self._entries is None:
+                self._entries = tuple(FileEntry(name, _digest_file(path), path.stat().st_size)
+                                      for name, path in _files(self.source))
+            return self._entries
+
+    def sums(self) -> str:
+        """``sha256sum`` lines of every file in the canonical order (``canonical_sums``: a
+        pull's are the same text)."""
+        return canonical_sums(self.entries())
 
     def digest(self) -> str:
-        """One digest of the whole version (of its sums)."""
-        return hashlib.sha256(self.sums().encode()).hexdigest()
+        """One digest of the whole version (of its sums), the one a pull records too."""
+        return sums_digest(self.sums())
 
     def path(self) -> str:
         """The archive: ``version/<files>`` and ``SHA256SUMS``; files that changed since they
@@ -110,6 +121,31 @@ class VersionArchive:
             self._path = None
 
 
+@dataclass(frozen=True)
+class SourceSums:
+    """The source's sums of the version: in the canonical order (what this toolkit records,
+    push or pull) and in the ``os.walk`` order an earlier push recorded (the same files)."""
+
+    canonical: str
+    walk_order: str
+
+    @staticmethod
+    def of(entries: tuple[FileEntry, ...]) -> SourceSums:
+        """Both texts of ``entries``' sums."""
+        return SourceSums(canonical_sums(entries), walk_order_sums(entries))
+
+    @property
+    def digest(self) -> str:
+        """The version's canonical digest."""
+        return sums_digest(self.canonical)
+
+    def recorded_as(self, recorded: str) -> str | None:
+        """The text of these sums whose digest a host recorded as ``recorded`` (None: the
+        host's version holds other files)."""
+        return next((text for text in (self.canonical, self.walk_order)
+                     if recorded and sums_digest(text) == recorded), None)
+
+
 def archive_of(job: HostJob) -> VersionArchive:
     """The run's archive of the version (one for every host)."""
     run = job.run
@@ -131,17 +167,18 @@ def stage_model(job: HostJob) -> Ops:
     archive = archive_of(job)
     pulling = job.host.vars.model_transfer == "pull"
     try:
-        digest = "" if not Path(job.run.source_dir).is_dir() else (
-            packed_of(job).files.digest() if pulling else archive.digest())
+        source = None if not Path(job.run.source_dir).is_dir() else SourceSums.of(
+            packed_of(job).files.files if pulling else archive.entries())
     except (SourceError, ArtifactError, OSError) as error:
         raise GateFailed("stage_model", f"version {version} readable in the model's source",
                          str(error)) from None
+    digest = source.digest if source else ""
     replace = False
     if version in job.facts.versions:
         recorded = job.facts.versions[version]
-        if not _staged_under_another_boot(job) or (digest and recorded != digest):
-            return (yield from _check_staged(job, final, digest))
-        if (yield from _reverified(job, final, digest)):
+        if not _staged_under_another_boot(job) or (source and not source.recorded_as(recorded)):
+            return (yield from _check_staged(job, final, source))
+        if (yield from _reverified(job, final, source)):
             return f"version {version} staged before the host's last boot: every file " \
                    "re-verified against its recorded sums"
         replace = True  # damaged: staged again below, over the damaged directory
@@ -178,15 +215,17 @@ def _staged_under_another_boot(job: HostJob) -> bool:
     return not recorded or not facts.boot_id or recorded != facts.boot_id
 
 
-def _reverified(job: HostJob, final: str, digest: str) -> Generator[Change, None, bool]:
+def _reverified(job: HostJob, final: str, source: SourceSums | None
+                ) -> Generator[Change, None, bool]:
     """Verify every file of a version staged under another boot against the sums recorded
     at staging (a version staged before sums were recorded: against the source's, whose
     digest is the recorded one); on success record this boot (and those sums). Returns
     whether the files matched (a plan, which runs no check, assumes they do)."""
     version, paths = job.run.version, job.paths
     recorded = job.facts.versions[version]
-    legacy = not job.facts.version_boots.get(version) and digest == recorded
-    sums = archive_of(job).sums().encode() if legacy else None
+    as_recorded = source.recorded_as(recorded) if source else None
+    legacy = not job.facts.version_boots.get(version) and as_recorded is not None
+    sums = as_recorded.encode() if as_recorded is not None and legacy else None
     verdict: dict[str, bool] = {}
 
     def verify() -> str:
@@ -208,20 +247,24 @@ def _reverified(job: HostJob, final: str, digest: str) -> Generator[Change, None
     return True
 
 
-def _check_staged(job: HostJob, final: str, digest: str) -> Ops:
+def _check_staged(job: HostJob, final: str, source: SourceSums | None) -> Ops:
     recorded = job.facts.versions[job.run.version]
-    if recorded and (recorded == digest or not digest):
+    if recorded and (source is None or source.recorded_as(recorded) is not None):
         return f"version {job.run.version} already staged (digest {recorded[:12]})"
+    if source is None:
+        raise GateFailed("stage_model", f"version {job.run.version} on the host with its "
+                         "digest, or in the model's source", "the host's copy has no "
+                         f"recorded digest and the source ({job.run.source_dir}) no version")
     if recorded:
         raise GateFailed("stage_model", f"version {job.run.version} on the host to hold the "
-                         f"source's files (digest {digest[:12]})",
+                         f"source's files (digest {source.digest[:12]})",
                          f"it holds other files (digest {recorded[:12]}): a version number "
                          "is never reused for new weights (TFServing may have loaded it); "
                          "publish them as a new version")
     sums = f"{job.paths.model_dir}/.sums-{job.run.version}-{job.run.release_id}"
-    yield WriteFile(sums, archive_of(job).sums().encode())
+    yield WriteFile(sums, source.canonical.encode())
     yield Command.of(stage_commands.verify_existing(
-        sums, final, digest_file=job.paths.digest_file(job.run.version), digest=digest),
+        sums, final, digest_file=job.paths.digest_file(job.run.version), digest=source.digest),
         f"verify the files already in {final} against the source")
     return f"version {job.run.version} already staged, verified against the source"
 
@@ -283,7 +326,7 @@ def _pull(job: HostJob, final: str, digest: str, *, replace: bool) -> Ops:
         image_bytes=packed.layer.size), f"room for version {run.version} "
         f"({size_mib:.1f} MiB) and its image on the host")
     yield PullModel(reference, what=f"version {run.version} ({size_mib:.1f} MiB)")
-    yield Command.of(pull_commands.extract(reference, staging),
+    yield Command.of(pull_commands.extract(reference, staging, model=run.model.name),
                      f"copy version {run.version} out of its image into {staging}",
                      timeout=600)
     yield WriteFile(f"{staging}/SHA256SUMS", packed.files.sums().encode())
