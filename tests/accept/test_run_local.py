@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 from tfsdeploy.accept import rows
@@ -28,6 +27,7 @@ from tfsdeploy.core.errors import ConfigError
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.tfserving import api as tfsapi
 from tfsdeploy.core.tfserving import tfrecord
+from tfsdeploy.core.tfserving.tensors import tensor
 
 from .conftest import REPO, FakeServer
 from .plotcheck import shaded_columns
@@ -66,8 +66,7 @@ def warmup_source(root: Path) -> Path:
         request.model_spec.name = "generated-under-another-name"
         request.model_spec.signature_name = "serving_default"
         request.model_spec.version.value = 1  # pinned in the data: the load must not be
-        request.inputs["x"].CopyFrom(
-            tfsapi.tensor_from_array(np.array([[float(i)]], np.float32), "DT_FLOAT"))
+        request.inputs["x"].CopyFrom(tfsapi.tensor_proto(tensor([[float(i)]], "DT_FLOAT")))
         records.append(tfrecord.frame_record(log.SerializeToString()))
     (extra / "tf_serving_warmup_requests").write_bytes(b"".join(records))
     return root / "source"
@@ -289,4 +288,4 @@ def test_requests_carry_the_model_name_and_no_version_pin(tmp_path: Path) -> Non
         assert request.model_spec.signature_name == "serving_default"
         assert not request.model_spec.HasField("version") and not \
             request.model_spec.version_label
-        assert tfsapi.array_from_tensor(request.inputs["x"]).tolist() == [[float(i)]]
+        assert tfsapi.tensor_from_proto(request.inputs["x"]).tolist() == [[float(i)]]

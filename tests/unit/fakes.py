@@ -36,11 +36,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.layout import ADMIN_SOCKET_NAME, LABEL_PREFIX, PROXY_ADMIN_MOUNT
+from tfsdeploy.core.tfserving.tensors import Tensor, tensor
 from tfsdeploy.hosts.commands.containers import PROXY_CONFIG_DIR, ContainerSpec
 from tfsdeploy.hosts.dockerapi import ContainerFact, ContainerState, DockerFailed, container_fact
 from tfsdeploy.hosts.probes import VersionStatus
@@ -624,9 +623,9 @@ class FakeSlot:
         return {"serving_default": {"inputs": {"x": ("DT_FLOAT", (-1, 1))},
                                     "outputs": {"y": ("DT_FLOAT", (-1, 1))}}}
 
-    def predict(self, inputs: dict[str, np.ndarray], *, version: int | None = None,
+    def predict(self, inputs: dict[str, Tensor], *, version: int | None = None,
                 signature: str = "serving_default", timeout: float = 30.0
-                ) -> tuple[dict[str, np.ndarray], float]:
+                ) -> tuple[dict[str, Tensor], float]:
         mode = self.behaviour.get(self.address)
         if mode == "vanish":
             self._host().unreachable = True
@@ -639,7 +638,8 @@ class FakeSlot:
             if version is not None and version != served:
                 raise RuntimeError(f"Servable not found for request: Specific({self.model}, "
                                    f"{version})")
-        return {"y": inputs["x"] * 0.5 + 2 + served - 1}, 0.002
+        x = inputs["x"]
+        return {"y": tensor([v * 0.5 + 2 + served - 1 for v in x.values], x.dtype, x.shape)}, 0.002
 
     def _behind_proxy(self) -> int:
         """The version of the container the host's proxy sends new requests to."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -29,34 +29,45 @@ from tfsdeploy.core.inventory.canary_policy import (
 )
 from tfsdeploy.core.tfserving import api as tfsapi
 from tfsdeploy.core.tfserving.golden import GoldenExample
+from tfsdeploy.core.tfserving.tensors import Tensor, tensor
 from tfsdeploy.core.tfserving.tfrecord import frame_record
 from tfsdeploy.core.tfserving.warmup_records import WARMUP_RELATIVE
 from tfsdeploy.loadtest.payloads import tensor_from_json
 
 DEFAULT = ComparisonPolicy()
-X = [np.arange(8, dtype=np.float32).reshape(4, 2) + i for i in range(10)]
+# ten requests of a 4x2 input: 0..7 row-major, plus the request's index
+X = [[[2 * r + c + i for c in range(2)] for r in range(4)] for i in range(10)]
 
 
-def half_plus_two(shift: float = 0.0) -> list[dict[str, np.ndarray]]:
-    return [{"y": (x / 2 + 2 + shift).astype(np.float32)} for x in X]
+def half_plus_two(shift: float = 0.0) -> list[dict[str, Tensor]]:
+    return [{"y": tensor([[v / 2 + 2 + shift for v in row] for row in x], "DT_FLOAT")}
+            for x in X]
 
 
-def softmax(logits: np.ndarray) -> np.ndarray:
-    exp = np.exp(logits - logits.max(axis=-1, keepdims=True))
-    return np.asarray(exp / exp.sum(axis=-1, keepdims=True))
+def changed(answer: Tensor, *, at: int | None = None, by: float) -> Tensor:
+    """``answer`` with ``by`` added to its ``at``-th value (every value when None)."""
+    return Tensor(answer.dtype, answer.shape, tuple(
+        v + by if at is None or i == at else v for i, v in enumerate(answer.values)))
 
 
-def classes(flip_rows: int = 0, seed: int = 0) -> list[dict[str, np.ndarray]]:
+def softmax(row: list[float]) -> list[float]:
+    top = max(row)
+    exp = [math.exp(v - top) for v in row]
+    return [e / sum(exp) for e in exp]
+
+
+def classes(flip_rows: int = 0, seed: int = 0) -> list[dict[str, Tensor]]:
     """10 requests of 10 rows of 3 class probabilities; the first ``flip_rows`` rows of every
     request answer another class."""
-    rng = np.random.default_rng(seed)
+    rng = random.Random(seed)
     answers = []
     for _ in range(10):
-        logits = np.zeros((10, 3))
-        logits[np.arange(10), np.arange(10) % 3] = 3.0
-        logits[:flip_rows] = np.roll(logits[:flip_rows], 1, axis=1)
-        logits += rng.normal(0, 0.05, logits.shape)
-        answers.append({"probabilities": softmax(logits).astype(np.float32)})
+        rows = []
+        for r in range(10):
+            top = (r % 3 + 1) % 3 if r < flip_rows else r % 3
+            rows.append(softmax([(3.0 if c == top else 0.0) + rng.gauss(0, 0.05)
+                                 for c in range(3)]))
+        answers.append({"probabilities": tensor(rows, "DT_FLOAT")})
     return answers
 
 
@@ -73,8 +84,7 @@ def test_the_same_answers_pass() -> None:
 
 def test_regressor_drift_is_caught_with_the_worst_example() -> None:
     new = half_plus_two()
-    new[3]["y"] = new[3]["y"].copy()
-    new[3]["y"][2, 1] += 0.5
+    new[3]["y"] = changed(new[3]["y"], at=2 * 2 + 1, by=0.5)  # y[2, 1]
     result = compare(half_plus_two(), new, half_plus_two(), DEFAULT,
                      sources=[f"golden #{i}" for i in range(10)])
     assert result.verdict is Verdict.FAIL
@@ -102,7 +112,7 @@ def test_tolerances_and_allowed_share_come_from_the_policy() -> None:
     assert compare(half_plus_two(), half_plus_two(0.005), half_plus_two(), loose).verdict \
         is Verdict.PASS
     new = half_plus_two()
-    new[0]["y"] = new[0]["y"] + 1  # 8 of 80 values
+    new[0]["y"] = changed(new[0]["y"], by=1)  # 8 of 80 values
     some = ComparisonPolicy(outputs={"y": OutputRule(kind="regressor",
                                                      max_mismatch_fraction=0.1)})
     assert compare(half_plus_two(), new, half_plus_two(), some).verdict is Verdict.PASS
@@ -113,9 +123,10 @@ def test_tolerances_and_allowed_share_come_from_the_policy() -> None:
 
 
 def test_nan_against_a_number_differs_and_nan_against_nan_does_not() -> None:
-    old = [{"y": np.array([1.0, np.nan])}]
-    assert compare(old, [{"y": np.array([1.0, np.nan])}], old, DEFAULT).verdict is Verdict.PASS
-    result = compare(old, [{"y": np.array([np.nan, np.nan])}], old, DEFAULT)
+    old = [{"y": tensor([1.0, math.nan], "DT_DOUBLE")}]
+    assert compare(old, [{"y": tensor([1.0, math.nan], "DT_DOUBLE")}], old, DEFAULT).verdict \
+        is Verdict.PASS
+    result = compare(old, [{"y": tensor([math.nan, math.nan], "DT_DOUBLE")}], old, DEFAULT)
     assert result.outputs[0].differing == 1
     assert json.dumps(result.as_dict(), allow_nan=False)  # NaN is written as text
 
@@ -126,8 +137,10 @@ def test_nan_against_a_number_differs_and_nan_against_nan_does_not() -> None:
 def test_a_value_differs_exactly_when_beyond_its_tolerance(old: float, diff: float,
                                                           noise: float) -> None:
     rule = ComparisonPolicy(outputs={"y": OutputRule(kind="regressor", atol=0.5, rtol=0.01)})
-    result = compare([{"y": np.array([old])}], [{"y": np.array([old + diff])}],
-                     [{"y": np.array([old + noise])}], rule)
+    def answer(value: float) -> list[dict[str, Tensor]]:
+        return [{"y": tensor([value], "DT_DOUBLE")}]
+
+    result = compare(answer(old), answer(old + diff), answer(old + noise), rule)
     measured_noise = abs((old + noise) - old)
     beyond = abs((old + diff) - old) > 0.5 + 0.01 * abs(old) + measured_noise
     assert (result.verdict is Verdict.FAIL) == beyond
@@ -169,12 +182,12 @@ def test_agreement_is_judged_against_the_old_slot_s_own_agreement() -> None:
 
 
 def test_logits_named_classifier_are_judged_by_their_top_1() -> None:
-    old = [{"logits": np.array([[3.0, 1.0], [0.0, 2.0]])}]
-    new = [{"logits": np.array([[5.0, 1.0], [0.0, 9.0]])}]
+    old = [{"logits": tensor([[3.0, 1.0], [0.0, 2.0]], "DT_DOUBLE")}]
+    new = [{"logits": tensor([[5.0, 1.0], [0.0, 9.0]], "DT_DOUBLE")}]
     assert compare(old, new, old, DEFAULT).verdict is Verdict.FAIL  # inferred: regressor
     named = ComparisonPolicy(outputs={"logits": OutputRule(kind="classifier")})
     assert compare(old, new, old, named).verdict is Verdict.PASS
-    scalar = [{"logits": np.array([1.0, 2.0])[:, None]}]
+    scalar = [{"logits": tensor([[1.0], [2.0]], "DT_DOUBLE")}]
     refused = compare(scalar, scalar, scalar, named)
     assert "cannot be compared as a classifier" in refused.reasons[0]
 
@@ -183,20 +196,24 @@ def test_logits_named_classifier_are_judged_by_their_top_1() -> None:
 
 
 def test_kinds_are_inferred_from_the_old_answers() -> None:
-    assert infer_kind([np.array([1, 2], dtype=np.int64)]) == "exact"
-    assert infer_kind([np.array([b"cat"], dtype=object)]) == "exact"
-    assert infer_kind([np.array([[0.2, 0.8], [0.5, 0.5]], dtype=np.float32)]) == "classifier"
-    assert infer_kind([np.array([[2.0, -1.0]])]) == "regressor"  # logits
-    assert infer_kind([np.array([[0.7], [0.1]])]) == "regressor"  # one sigmoid score
-    assert infer_kind([np.array([[0.2, 0.8]]), np.array([[0.2, 0.7]])]) == "regressor"
+    assert infer_kind([tensor([1, 2], "DT_INT64")]) == "exact"
+    assert infer_kind([tensor([True, False], "DT_BOOL")]) == "exact"
+    assert infer_kind([tensor([b"cat"], "DT_STRING")]) == "exact"
+    assert infer_kind([tensor([[0.2, 0.8], [0.5, 0.5]], "DT_FLOAT")]) == "classifier"
+    assert infer_kind([tensor([[2.0, -1.0]], "DT_DOUBLE")]) == "regressor"  # logits
+    assert infer_kind([tensor([[0.7], [0.1]], "DT_DOUBLE")]) == "regressor"  # one sigmoid score
+    assert infer_kind([tensor([[0.2, 0.8]], "DT_DOUBLE"),
+                       tensor([[0.2, 0.7]], "DT_DOUBLE")]) == "regressor"
 
 
 def test_exact_outputs_must_be_equal_beyond_the_old_slot_s_own_changes() -> None:
-    old = [{"classes": np.array([1, 2, 3, 4])}, {"label": np.array([b"cat"], dtype=object)}]
+    old = [{"classes": tensor([1, 2, 3, 4], "DT_INT64")},
+           {"label": tensor([b"cat"], "DT_STRING")}]
     same = compare(old, old, old, DEFAULT)
     assert same.verdict is Verdict.PASS
     assert [f.kind for f in same.outputs] == ["exact", "exact"]
-    new = [{"classes": np.array([1, 2, 0, 4])}, {"label": np.array([b"dog"], dtype=object)}]
+    new = [{"classes": tensor([1, 2, 0, 4], "DT_INT64")},
+           {"label": tensor([b"dog"], "DT_STRING")}]
     result = compare(old, new, old, DEFAULT)
     assert result.verdict is Verdict.FAIL and len(result.reasons) == 2
     assert "request 1 (#1) label[0]: old cat, new dog" in result.reasons[1]
@@ -204,7 +221,7 @@ def test_exact_outputs_must_be_equal_beyond_the_old_slot_s_own_changes() -> None
 
 
 def test_text_outputs_cannot_be_regressors() -> None:
-    old = [{"label": np.array([b"cat"], dtype=object)}]
+    old = [{"label": tensor([b"cat"], "DT_STRING")}]
     named = ComparisonPolicy(outputs={"label": OutputRule(kind="regressor")})
     assert "name it 'exact'" in compare(old, old, old, named).reasons[0]
 
@@ -212,7 +229,7 @@ def test_text_outputs_cannot_be_regressors() -> None:
 def test_missing_or_reshaped_answers_fail() -> None:
     new = half_plus_two()
     del new[2]["y"]
-    new[5]["y"] = new[5]["y"].reshape(2, 4)
+    new[5]["y"] = Tensor("DT_FLOAT", (2, 4), new[5]["y"].values)
     result = compare(half_plus_two(), new, half_plus_two(), DEFAULT)
     assert result.verdict is Verdict.FAIL
     assert result.outputs[0].differing == 16
@@ -258,17 +275,17 @@ def test_json_lines_corpus(tmp_path: Path) -> None:
         '"fill": {"kind": "ramp", "modulus": 2, "scale": 1}}}}\n')
     first, second = load_corpus(path)
     assert (first.signature, first.source) == ("serving_default", "corpus.jsonl:1")
-    assert first.inputs["x"].dtype == np.float32
-    np.testing.assert_array_equal(first.inputs["x"], [[1.0], [2.0]])
+    assert first.inputs["x"] == tensor([[1.0], [2.0]], "DT_FLOAT")
     assert (second.signature, second.source) == ("other", "corpus.jsonl:3")
-    np.testing.assert_array_equal(second.inputs["x"], [0, 1, 0])
+    assert second.inputs["x"] == tensor([0, 1, 0], "DT_INT64")
 
 
 @pytest.mark.parametrize("line, words", [
     ("not json", "not a request: Expecting value"),
     ('{"x": 1}', 'expected an object with "inputs"'),
     ('{"inputs": {"x": {"shape": [1], "values": [1]}}}', "missing key 'dtype'"),
-    ('{"inputs": {"x": {"dtype": "DT_FLOAT", "shape": [3], "values": [1]}}}', "reshape"),
+    ('{"inputs": {"x": {"dtype": "DT_FLOAT", "shape": [3], "values": [1]}}}',
+     "do not fill shape [3]"),
 ])
 def test_a_bad_json_line_is_located(tmp_path: Path, line: str, words: str) -> None:
     path = tmp_path / "c.jsonl"
@@ -306,7 +323,7 @@ def test_prediction_log_corpus(tmp_path: Path) -> None:
     first, second = load_corpus(tmp_path / "1")  # a SavedModel directory: its warmup file
     assert (first.signature, first.source) == ("serving_default",
                                                "tf_serving_warmup_requests#0")
-    np.testing.assert_array_equal(first.inputs["x"], [[1.0], [2.0]])
+    assert first.inputs["x"] == tensor([[1.0], [2.0]], "DT_FLOAT")
     assert second.signature == "sig"
     assert len(load_corpus(tmp_path / "1" / WARMUP_RELATIVE)) == 2
 
@@ -324,12 +341,13 @@ def test_unreadable_prediction_logs_are_refused(tmp_path: Path) -> None:
 
 
 def _corpus(count: int, prefix: str) -> list[CorpusRequest]:
-    return [CorpusRequest("serving_default", {"x": np.array([float(i)])}, f"{prefix}{i}")
+    return [CorpusRequest("serving_default", {"x": tensor([float(i)], "DT_DOUBLE")}, f"{prefix}{i}")
             for i in range(count)]
 
 
 def test_the_sample_is_bounded_golden_first_and_the_same_every_time() -> None:
-    golden = golden_corpus([GoldenExample("serving_default", {"x": np.array([1.0])}, {}, 0, 0)])
+    golden = golden_corpus([GoldenExample("serving_default", {"x": tensor([1.0], "DT_DOUBLE")},
+                                          {}, 0, 0)])
     assert golden[0].source == "golden #0"
     corpus = _corpus(1000, "c")
     picked = sample_corpus(golden, corpus, limit=50, seed=7)

@@ -1,5 +1,6 @@
 """The run over time as a PNG: QPS, latency percentiles and errors per second, with the
-release window and lost generators marked (matplotlib, no display needed)."""
+release window and lost generators marked (matplotlib, no display needed; installed on first
+use where missing: loadtest/plotting.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tfsdeploy.loadtest import plotting
 
 RELEASE_COLOR = "#f5a623"  # the shaded release window (a colour no line uses)
 RELEASE_ALPHA = 0.3
@@ -27,11 +30,9 @@ class Mark:
 def build_figure(series: Sequence[dict[str, Any]], *, title: str, target_qps: float,
                  slo_ms: float, duration_s: float, release: Mark | None,
                  lost: Sequence[Mark] = ()) -> Any:
-    """The figure (three panels sharing the time axis); the caller saves or inspects it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The figure (three panels sharing the time axis); the caller saves or inspects it.
+    PlotUnavailable when matplotlib is missing and cannot be installed."""
+    plt = plotting.pyplot()
 
     xs = [row["second"] + 0.5 for row in series]  # a second's figures sit at its middle
     fig, (ax_qps, ax_lat, ax_err) = plt.subplots(3, 1, sharex=True, figsize=(10, 8), dpi=100,
@@ -71,9 +72,11 @@ def _marks(ax: Any, release: Mark | None, lost: Sequence[Mark], *, label: bool) 
 
 
 def draw(path: Path, series: Sequence[dict[str, Any]], **kwargs: Any) -> None:
-    """Save the figure as a PNG at ``path``."""
-    import matplotlib.pyplot as plt
-
+    """Save the figure as a PNG at ``path`` (not drawn, said on stderr, when matplotlib is
+    missing and cannot be installed)."""
+    plt = plotting.pyplot_or_say(path)
+    if plt is None:
+        return
     fig = build_figure(series, **kwargs)
     fig.savefig(path)
     plt.close(fig)

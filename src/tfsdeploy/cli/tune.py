@@ -16,6 +16,7 @@ from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.localfiles import write_durable
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.timetext import duration_seconds
+from tfsdeploy.loadtest import plotting
 from tfsdeploy.run.tune import TuneOptions, TuneResult, tune
 
 HEADERS = ("#", "configuration", "QPS at SLO", "P50 ms", "P95 ms", "P99 ms", "batch",
@@ -100,10 +101,9 @@ def rows(result: TuneResult) -> list[tuple[str, ...]]:
 
 def draw(result: TuneResult, path: Path) -> None:
     """PNG: each trial's QPS at the SLO against its P99 there, the SLO, the pick starred."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot_or_say(path)
+    if plt is None:
+        return
 
     slo = result.model.latency_slo_ms
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)

@@ -1,8 +1,9 @@
 """Probes of one TFServing server: gRPC version status, signature and predict; over HTTP its REST
 status and its metrics.
 
-Messages come from ``tfsapi`` (TFServing's descriptors, read without importing TensorFlow),
-so probing costs no TensorFlow start-up.
+Messages come from ``tfsapi`` (the toolkit's own definitions of TFServing's messages), called
+by their method paths (``/tensorflow.serving.PredictionService/Predict`` ...) on a plain gRPC
+channel: no generated stubs, no TensorFlow.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from typing import Any
 
 import grpc
 import httpx
-import numpy as np
 
 from tfsdeploy.core.inventory.layout import host_port
 from tfsdeploy.core.tfserving import api as tfsapi
+from tfsdeploy.core.tfserving.tensors import Tensor
 
 STATE_NAMES = {0: "UNKNOWN", 10: "START", 20: "LOADING", 30: "AVAILABLE", 40: "UNLOADING",
                50: "END"}
@@ -105,33 +106,25 @@ class SlotClient:
         version has none of that name)."""
         return self.signatures(version, timeout=timeout).get(name, {})
 
-    def predict(self, inputs: Mapping[str, np.ndarray], *, version: int | None = None,
+    def predict(self, inputs: Mapping[str, Tensor], *, version: int | None = None,
                 signature: str = "serving_default", timeout: float = 30.0
-                ) -> tuple[dict[str, np.ndarray], float]:
+                ) -> tuple[dict[str, Tensor], float]:
         """Outputs of one Predict call and its latency in seconds."""
         request: Any = tfsapi.new_message(tfsapi.PREDICT_REQUEST)
         request.model_spec.name = self.model
         request.model_spec.signature_name = signature
         if version is not None:
             request.model_spec.version.value = version
-        for name, array in inputs.items():
-            request.inputs[name].CopyFrom(
-                tfsapi.tensor_from_array(array, _dtype_of(np.asarray(array))))
+        for name, tensor in inputs.items():
+            request.inputs[name].CopyFrom(tfsapi.tensor_proto(tensor))
         start = time.perf_counter()
         reply = self._predict(request, timeout=timeout)
         elapsed = time.perf_counter() - start
-        return {k: tfsapi.array_from_tensor(v) for k, v in reply.outputs.items()}, elapsed
+        return {k: tfsapi.tensor_from_proto(v) for k, v in reply.outputs.items()}, elapsed
 
     def close(self) -> None:
         """Close the channel."""
         self._channel.close()
-
-
-def _dtype_of(array: np.ndarray) -> str:
-    for name, (numpy_type, _) in tfsapi.NUMERIC_DTYPES.items():
-        if np.dtype(numpy_type) == array.dtype.newbyteorder("<"):
-            return name
-    raise ValueError(f"no TensorFlow dtype for numpy {array.dtype}")
 
 
 # TensorFlow and TFServing export their metrics as ":tensorflow:..." in Prometheus's format

@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import Message
 
 from tfsdeploy.core.tfserving import api as tfsapi
-
-_DTYPES = tfsapi.NUMERIC_DTYPES
+from tfsdeploy.core.tfserving.tensors import NUMERIC_DTYPES as _DTYPES
+from tfsdeploy.core.tfserving.tensors import STRING, TensorError, tensor
 
 
 class PayloadError(ValueError):
@@ -57,20 +56,6 @@ class Payloads:
     model: str
 
 
-def _tensor_from_array(array: np.ndarray[Any, Any], dtype: str) -> Message:
-    """A TensorProto holding ``array`` (tensor_content for numbers, string_val for text)."""
-    tensor = tfsapi.new_message(tfsapi.TENSOR_PROTO)
-    tensor.dtype = tfsapi.dtype_value(dtype)
-    for size in array.shape:
-        tensor.tensor_shape.dim.add(size=int(size))
-    if dtype == "DT_STRING":
-        tensor.string_val.extend(_to_bytes(v) for v in array.reshape(-1))
-        return tensor
-    if dtype not in _DTYPES:
-        raise PayloadError(f"unsupported dtype {dtype} (use one of {sorted(_DTYPES)} or DT_STRING)")
-    return tfsapi.tensor_from_array(array, dtype)
-
-
 def _to_bytes(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
@@ -94,25 +79,33 @@ def _infer_dtype(values: Any) -> str:
 def tensor_from_json(name: str, values: Any, dtypes: Mapping[str, str]) -> Message:
     """A TensorProto from a JSON value (nested lists of equal length, or a scalar)."""
     dtype = dtypes.get(name) or _infer_dtype(values)
+    if dtype not in _DTYPES and dtype != STRING:
+        raise PayloadError(f"unsupported dtype {dtype} (use one of {sorted(_DTYPES)} or DT_STRING)")
+    if dtype == STRING:
+        values = _map_leaves(_to_bytes, values)
     try:
-        array = np.array(values, dtype=object if dtype == "DT_STRING" else None)
-    except ValueError as err:
-        raise PayloadError(f"input {name!r}: ragged or invalid nested list ({err})") from err
-    if array.dtype == object and dtype != "DT_STRING":
-        raise PayloadError(f"input {name!r}: nested lists must be rectangular")
-    return _tensor_from_array(array, dtype)
+        return tfsapi.tensor_proto(tensor(values, dtype))
+    except TensorError as err:
+        raise PayloadError(f"input {name!r}: {err}") from err
+
+
+def _map_leaves(change: Callable[[Any], Any], values: Any) -> Any:
+    """Nested lists with ``change`` applied to each leaf."""
+    if isinstance(values, list):
+        return [_map_leaves(change, v) for v in values]
+    return change(values)
 
 
 def tensor_to_json(tensor: Any) -> Any:
     """Nested lists (TFServing REST columnar form) from a TensorProto."""
-    shape = [int(d.size) for d in tensor.tensor_shape.dim]
     dtype = tfsapi.dtype_name(int(tensor.dtype))
-    if dtype == "DT_STRING":
-        flat: list[Any] = [_text_or_b64(v) for v in tensor.string_val]
-        return np.array(flat, dtype=object).reshape(shape).tolist() if shape else flat[0]
-    if dtype not in _DTYPES:
+    if dtype not in _DTYPES and dtype != STRING:
         raise PayloadError(f"cannot convert {dtype} to JSON")
-    return tfsapi.array_from_tensor(tensor).tolist()
+    try:
+        found = tfsapi.tensor_from_proto(tensor)
+    except TensorError as err:
+        raise PayloadError(f"cannot convert the {dtype} tensor to JSON: {err}") from err
+    return _map_leaves(_text_or_b64, found.tolist()) if dtype == STRING else found.tolist()
 
 
 def _text_or_b64(value: bytes) -> Any:

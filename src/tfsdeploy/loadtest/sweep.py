@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tfsdeploy.loadtest import plotting
+
 SWEEP_KIND = "tfsdeploy.sweep"
 DEFAULT_MIN_GAIN = 0.05
 
@@ -153,11 +155,11 @@ def write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def draw_plot(points: Sequence[SweepPoint], path: Path, limits: SweepLimits) -> None:
-    """PNG of QPS (left axis), P50 and P99 (right axis) against concurrency (log 2)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """PNG of QPS (left axis), P50 and P99 (right axis) against concurrency (log 2); not drawn,
+    said on stderr, when matplotlib is missing and cannot be installed (plotting.py)."""
+    plt = plotting.pyplot_or_say(path)
+    if plt is None:
+        return
 
     xs = [p.concurrency for p in points]
     fig, ax_qps = plt.subplots(figsize=(8, 4.5), dpi=100)

@@ -43,8 +43,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
-import numpy as np
-
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.inventory.canary_policy import (
     ComparisonPolicy,
@@ -54,10 +52,11 @@ from tfsdeploy.core.inventory.canary_policy import (
 )
 from tfsdeploy.core.tfserving import api as tfsapi
 from tfsdeploy.core.tfserving.golden import GoldenExample, tensor_from_spec
+from tfsdeploy.core.tfserving.tensors import STRING, Tensor
 from tfsdeploy.core.tfserving.warmup_records import WarmupError, requests_from_warmup, warmup_file
 
 JSON_LINES_SUFFIXES = frozenset({".jsonl", ".ndjson", ".json"})
-Outputs: TypeAlias = Mapping[str, np.ndarray]
+Outputs: TypeAlias = Mapping[str, Tensor]
 
 
 # -- the request corpus -----------------------------------------------------------------------
@@ -68,7 +67,7 @@ class CorpusRequest:
     """One request to send to both slots, and where it comes from (for the report)."""
 
     signature: str
-    inputs: Mapping[str, np.ndarray]
+    inputs: Mapping[str, Tensor]
     source: str
 
 
@@ -130,7 +129,9 @@ def _from_predict_request(request: Any, source: str, path: Path) -> CorpusReques
     inputs = {}
     for name, tensor in request.inputs.items():
         try:
-            inputs[str(name)] = tfsapi.array_from_tensor(tensor)
+            inputs[str(name)] = tfsapi.tensor_from_proto(tensor)
+            if inputs[str(name)].dtype == STRING:
+                raise KeyError(STRING)
         except KeyError:
             dtype = tfsapi.dtype_name(int(tensor.dtype))
             raise ConfigError(Problem(
@@ -184,8 +185,6 @@ class Example:
 
 def _json_value(value: Any) -> Any:
     """Numbers as JSON allows them (NaN and infinities as text), bytes as text."""
-    if isinstance(value, np.generic):
-        value = value.item()
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="backslashreplace")
     if isinstance(value, float) and not math.isfinite(value):
@@ -252,21 +251,19 @@ class Comparison:
         return f"comparison {self.verdict} over {self.requests} requests: {figures}"
 
 
-def infer_kind(old: Sequence[np.ndarray]) -> Kind:
+def infer_kind(old: Sequence[Tensor]) -> Kind:
     """An output's kind from the old slot's answers (the rule in the module's docstring)."""
-    arrays = [np.asarray(a) for a in old]
-    if any(a.dtype.kind != "f" for a in arrays):
+    if any(a.kind != "f" for a in old):
         return "exact"
-    if arrays and all(a.ndim >= 1 and a.shape[-1] >= 2 and a.size and _is_distribution(a)
-                      for a in arrays):
+    if old and all(a.ndim >= 1 and a.shape[-1] >= 2 and a.size and _is_distribution(a)
+                   for a in old):
         return "classifier"
     return "regressor"
 
 
-def _is_distribution(array: np.ndarray) -> bool:
-    rows = array.astype(np.float64).reshape(-1, array.shape[-1])
-    return bool(np.all((rows >= 0) & (rows <= 1))
-                and np.all(np.abs(rows.sum(axis=1) - 1.0) <= 1e-3))
+def _is_distribution(answer: Tensor) -> bool:
+    return all(all(0 <= v <= 1 for v in row) and abs(math.fsum(row) - 1.0) <= 1e-3
+               for row in answer.rows())
 
 
 @dataclass(frozen=True)
@@ -274,9 +271,9 @@ class _Answers:
     """One output's answers to one request: old, new (None: missing), old again."""
 
     request: int
-    old: np.ndarray
-    new: np.ndarray | None
-    noise: np.ndarray | None
+    old: Tensor
+    new: Tensor | None
+    noise: Tensor | None
 
 
 def compare(old_outputs: Sequence[Outputs], new_outputs: Sequence[Outputs],
@@ -298,8 +295,7 @@ def compare(old_outputs: Sequence[Outputs], new_outputs: Sequence[Outputs],
     names = list(dict.fromkeys(name for outputs in old_outputs for name in outputs))
     figures = []
     for name in names:
-        answers = [_Answers(i, np.asarray(old[name]), _get(new_outputs[i], name),
-                            _get(noise_outputs[i], name))
+        answers = [_Answers(i, old[name], new_outputs[i].get(name), noise_outputs[i].get(name))
                    for i, old in enumerate(old_outputs) if name in old]
         rule = policy.outputs.get(name) or OutputRule(kind=infer_kind([a.old for a in answers]))
         figures.append(_judge_output(name, rule, answers, labels, policy.worst))
@@ -311,15 +307,11 @@ def compare(old_outputs: Sequence[Outputs], new_outputs: Sequence[Outputs],
     return Comparison(verdict, count, tuple(figures), tuple(reasons))
 
 
-def _get(outputs: Outputs, name: str) -> np.ndarray | None:
-    return np.asarray(outputs[name]) if name in outputs else None
-
-
 def _judge_output(name: str, rule: OutputRule, answers: list[_Answers], labels: list[str],
                   worst: int) -> OutputFigure:
     broken = [a for a in answers if a.new is None or a.new.shape != a.old.shape]
     usable = [a for a in answers if a.new is not None and a.new.shape == a.old.shape]
-    text = [a for a in answers if a.old.dtype.kind not in "fiub"]
+    text = [a for a in answers if a.old.kind not in "fiub"]
     if text and rule.kind != "exact":
         return OutputFigure(name, rule.kind, 0, 0, 0.0, ok=False, reason=(
             f"output {name!r} holds {text[0].old.dtype} values, not numbers: it cannot be "
@@ -344,11 +336,11 @@ def _judge_output(name: str, rule: OutputRule, answers: list[_Answers], labels: 
                         worst=figure.worst)
 
 
-def _units(array: np.ndarray, kind: str) -> int:
+def _units(answer: Tensor, kind: str) -> int:
     """What one answer counts for: its rows (classifier) or its values."""
-    if kind == "classifier" and array.ndim >= 1 and array.shape[-1]:
-        return int(array.size // array.shape[-1])
-    return int(array.size)
+    if kind == "classifier" and answer.ndim >= 1 and answer.shape[-1]:
+        return answer.size // answer.shape[-1]
+    return answer.size
 
 
 def _regressor(name: str, rule: OutputRule, answers: list[_Answers], labels: list[str],
@@ -357,23 +349,20 @@ def _regressor(name: str, rule: OutputRule, answers: list[_Answers], labels: lis
     compared = differing = 0
     candidates: list[tuple[float, Example]] = []
     for a in answers:
-        old, new = a.old.astype(np.float64), _float(a.new)
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(new - old)
-            excess = diff - (rule.atol + rule.rtol * np.abs(old) + noise)
-        same = _equal(old, new)
-        # NaN where one answer is NaN (or infinite) and the other is not: always a difference
-        beyond = ~same & ~(excess <= 0)
-        compared += int(old.size)
-        differing += int(beyond.sum())
-        ranked = np.where(beyond, np.nan_to_num(excess, nan=np.inf), -np.inf).reshape(-1)
-        for flat in np.argsort(-ranked, kind="stable")[:worst]:
-            if not beyond.reshape(-1)[flat]:
-                break
-            position = tuple(int(p) for p in np.unravel_index(int(flat), old.shape))
-            candidates.append((float(ranked[flat]), Example(
-                a.request, labels[a.request], name, position, old.reshape(-1)[flat].item(),
-                new.reshape(-1)[flat].item(), float(diff.reshape(-1)[flat]))))
+        old, new = a.old.as_floats(), _new(a).as_floats()
+        compared += len(old)
+        beyond: list[tuple[float, int, float]] = []  # (excess, flat index, difference)
+        for flat, (was, now) in enumerate(zip(old, new, strict=True)):
+            diff = abs(now - was)
+            excess = diff - (rule.atol + rule.rtol * abs(was) + noise)
+            # NaN where one answer is NaN (or infinite) and the other is not: a difference
+            if not _same(was, now) and not excess <= 0:
+                beyond.append((math.inf if math.isnan(excess) else excess, flat, diff))
+        differing += len(beyond)
+        for excess, flat, diff in sorted(beyond, key=lambda b: -b[0])[:worst]:
+            candidates.append((excess, Example(
+                a.request, labels[a.request], name, a.old.position(flat), old[flat], new[flat],
+                diff)))
     examples = _top(candidates, worst)
     ok = differing <= rule.max_mismatch_fraction * compared
     reason = "" if ok else (
@@ -381,6 +370,16 @@ def _regressor(name: str, rule: OutputRule, answers: list[_Answers], labels: lis
         f"rtol {rule.rtol:g} x |old| + noise {noise:.6g}{_allowed(rule.max_mismatch_fraction)}"
         f"{_worst_text(examples)}")
     return OutputFigure(name, "regressor", compared, differing, noise, ok, reason, examples)
+
+
+def _argmax(row: Sequence[float]) -> int:
+    """The first largest entry's index; the first NaN's when the row holds one (NaN counts as
+    the largest, as numpy's argmax has it: a row with NaN has changed class unless the other
+    answer has its NaN at the same place)."""
+    for index, value in enumerate(row):
+        if math.isnan(value):
+            return index
+    return max(range(len(row)), key=lambda i: (row[i], -i))
 
 
 def _classifier(name: str, rule: OutputRule, answers: list[_Answers], labels: list[str],
@@ -392,21 +391,26 @@ def _classifier(name: str, rule: OutputRule, answers: list[_Answers], labels: li
     rows = changed = noise_rows = noise_agree = 0
     candidates: list[tuple[float, Example]] = []
     for a in answers:
-        old = a.old.astype(np.float64).reshape(-1, a.old.shape[-1])
-        new = _float(a.new).reshape(old.shape)
-        top_old, top_new = old.argmax(axis=1), new.argmax(axis=1)
+        old_rows = [tuple(float(v) for v in r) for r in a.old.rows()]
+        new_rows = [tuple(float(v) for v in r) for r in _new(a).rows()]
+        top_old = [_argmax(r) for r in old_rows]
+        top_new = [_argmax(r) for r in new_rows]
         rows += len(top_old)
-        flipped = np.flatnonzero(top_old != top_new)
+        flipped = [i for i, (was, now) in enumerate(zip(top_old, top_new, strict=True))
+                   if was != now]
         changed += len(flipped)
         if a.noise is not None and a.noise.shape == a.old.shape:
             noise_rows += len(top_old)
-            noise_agree += int((_float(a.noise).reshape(old.shape).argmax(axis=1)
-                                == top_old).sum())
+            noise_agree += sum(_argmax(tuple(float(v) for v in r)) == top_old[i]
+                               for i, r in enumerate(a.noise.rows()))
+        width = a.old.shape[-1]
         for row in flipped[:worst]:
-            position = tuple(int(p) for p in np.unravel_index(int(row), a.old.shape[:-1]))
-            diff = float(np.nanmax(np.abs(new[row] - old[row])))
+            position = a.old.position(row * width)[:-1]
+            diffs = [abs(n - o) for n, o in zip(new_rows[row], old_rows[row], strict=True)]
+            finite = [d for d in diffs if not math.isnan(d)]
+            diff = max(finite) if finite else math.nan
             candidates.append((diff, Example(a.request, labels[a.request], name, position,
-                                             int(top_old[row]), int(top_new[row]), diff)))
+                                             top_old[row], top_new[row], diff)))
     examples = _top(candidates, worst)
     agreement = 1.0 - changed / rows if rows else 1.0
     noise = noise_agree / noise_rows if noise_rows else 1.0
@@ -423,18 +427,19 @@ def _exact(name: str, rule: OutputRule, answers: list[_Answers], labels: list[st
     compared = differing = noise_values = noise_differing = 0
     candidates: list[tuple[float, Example]] = []
     for a in answers:
-        assert a.new is not None  # missing answers were set aside by the caller
-        unequal = ~_equal(a.old, a.new)
-        compared += int(a.old.size)
-        differing += int(unequal.sum())
+        new = _new(a)
+        unequal = [i for i, (was, now) in enumerate(zip(a.old.values, new.values, strict=True))
+                   if not _same(was, now)]
+        compared += a.old.size
+        differing += len(unequal)
         if a.noise is not None and a.noise.shape == a.old.shape:
-            noise_values += int(a.old.size)
-            noise_differing += int((~_equal(a.old, a.noise)).sum())
-        for flat in np.flatnonzero(unequal.reshape(-1))[:worst]:
-            position = tuple(int(p) for p in np.unravel_index(int(flat), a.old.shape))
-            candidates.append((0.0, Example(a.request, labels[a.request], name, position,
-                                            a.old.reshape(-1)[flat], a.new.reshape(-1)[flat],
-                                            None)))
+            noise_values += a.old.size
+            noise_differing += sum(not _same(was, again) for was, again
+                                   in zip(a.old.values, a.noise.values, strict=True))
+        for flat in unequal[:worst]:
+            candidates.append((0.0, Example(a.request, labels[a.request], name,
+                                            a.old.position(flat), a.old.values[flat],
+                                            new.values[flat], None)))
     examples = _top(candidates, worst)
     rate = differing / compared if compared else 0.0
     noise = noise_differing / noise_values if noise_values else 0.0
@@ -453,27 +458,25 @@ def _allowed(fraction: float) -> str:
     return f" (more than the {fraction:.2%} allowed)" if fraction else ""
 
 
-def _float(array: np.ndarray | None) -> np.ndarray:
-    assert array is not None  # missing answers were set aside by the caller
-    return array.astype(np.float64)
+def _new(answers: _Answers) -> Tensor:
+    assert answers.new is not None  # missing answers were set aside by the caller
+    return answers.new
 
 
-def _equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Elementwise equality where NaN equals NaN (the same answer, twice)."""
-    same = np.asarray(a == b)
-    if a.dtype.kind in "fc" and b.dtype.kind in "fc":
-        same = same | (np.isnan(a) & np.isnan(b))
-    return same
+def _same(a: Any, b: Any) -> bool:
+    """Equal, NaN equal to NaN (the same answer, twice)."""
+    return bool(a == b) or (isinstance(a, float) and isinstance(b, float)
+                            and math.isnan(a) and math.isnan(b))
 
 
-def _max_abs(noise: np.ndarray | None, old: np.ndarray) -> float:
+def _max_abs(noise: Tensor | None, old: Tensor) -> float:
     """The largest finite |old - old'| of one answer (0 when none can be computed)."""
-    if noise is None or noise.shape != old.shape or old.dtype.kind not in "fiub":
+    if noise is None or noise.shape != old.shape or old.kind not in "fiub":
         return 0.0
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(noise.astype(np.float64) - old.astype(np.float64))
-    finite = diff[np.isfinite(diff)]
-    return float(finite.max()) if finite.size else 0.0
+    diffs = [abs(float(again) - float(was)) for was, again in zip(old.values, noise.values,
+                                                                 strict=True)]
+    finite = [d for d in diffs if math.isfinite(d)]
+    return max(finite) if finite else 0.0
 
 
 def _top(candidates: list[tuple[float, Example]], count: int) -> tuple[Example, ...]:

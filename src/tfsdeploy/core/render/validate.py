@@ -12,7 +12,6 @@ from typing import Any
 
 from google.protobuf import text_format
 from google.protobuf.message import Message
-from tensorflow_serving.config import model_server_config_pb2
 
 from tfsdeploy.core.errors import Problem
 from tfsdeploy.core.inventory.catalog import Model, validate_catalog
@@ -66,7 +65,7 @@ def validate_render(render: HostRender, inventory_file: str) -> list[Problem]:
     host = render.host.name
     problems: list[Problem] = []
     parsed: dict[str, Message] = {}
-    for name, message_type in ((MODEL_CONFIG, model_server_config_pb2.ModelServerConfig),
+    for name, message_type in ((MODEL_CONFIG, tfproto.ModelServerConfig),
                                (BATCHING_CONFIG, tfproto.BatchingParameters),
                                (MONITORING_CONFIG, tfproto.MonitoringConfig)):
         message, problem = parse_text_proto(render.file(name).text, message_type, host, name)
