@@ -1,11 +1,15 @@
-"""Weighted canary steps on one host, judged new slot against old slot (pure).
+"""Weighted canary steps on one host, judged new slots against old slots (pure).
 
-During a canary the host's proxy sends ``w`` % of the stable ports' requests to the new slot
-and the rest to the old one, so both serve the same traffic at the same moment. Each step is
-judged from the two slots' own TFServing metrics scraped at the start and the end of the
-step (``guard.Scrape``): server-side error rate (client errors left out, as the guard does),
-and P50/P99 from the ``request_latency`` histogram deltas. The scraping, the proxy's runtime
-commands (``proxy.weight_commands``) and the records' writing are the caller's.
+During a canary the host's proxy sends ``w`` % of the stable ports' requests to the new slots
+and the rest to the old ones (every instance of the host at the same weight), so both serve
+the same traffic at the same moment. Each step is judged (``step_metrics``, each metric
+classified as Kayenta does: core/canary/judge.py) from the slots' own TFServing metrics
+scraped at the start and the end of the step (``guard.Scrape``, summed over the host's
+instances): the server-side error rate (client errors left out, as the guard does) and the
+median and P99 of the ``request_latency`` histogram deltas; and from the judge's own requests
+sent to both sides during the step (``Probes``: the latency). The scraping, the requests, the
+proxy's runtime commands (``proxy.weight_commands``) and the records' writing are the
+caller's.
 
 Inconclusive steps (a slot served fewer than ``min_requests``): the default is to ``extend``
 the step (keep the step's first scrapes and scrape again after another ``step_s``, so the
@@ -21,14 +25,15 @@ aborted. ``plan_promote`` and ``plan_abort`` say what a command does from a reco
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tfsdeploy.core.canary import judge as judge_metrics
+from tfsdeploy.core.canary.judge import Classification, MetricResult
 from tfsdeploy.core.errors import Problem
 from tfsdeploy.core.inventory.canary_policy import (
     CanaryPolicy,
@@ -36,6 +41,9 @@ from tfsdeploy.core.inventory.canary_policy import (
     weights_for,
 )
 from tfsdeploy.core.observe import guard
+
+if TYPE_CHECKING:
+    from tfsdeploy.core.canary.compare import OutputFigure
 
 # -- one slot's figures over one step ------------------------------------------------------
 
@@ -122,152 +130,137 @@ def slot_figures(before: ScrapeSet, after: ScrapeSet) -> SlotFigures:
 
 
 @dataclass(frozen=True)
+class Probes:
+    """The judge's own requests during a step, sent to each old and each new slot of the host
+    in turn: each successful one's latency (ms) per side, and how many failed."""
+
+    old: tuple[float, ...] = ()
+    new: tuple[float, ...] = ()
+    old_failed: int = 0
+    new_failed: int = 0
+
+
+@dataclass(frozen=True)
 class StepResult:
-    """Both slots' figures over one step and the verdict; what the progress line, ``--json``
-    and the release record show."""
+    """Both slots' figures over one step, each metric's classification, the score and the
+    verdict; what the progress line, ``--json`` and the release record show."""
 
     weight: int
     old: SlotFigures
     new: SlotFigures
     verdict: Verdict
-    reasons: tuple[str, ...] = ()  # each failing figure (fail) or what is missing
+    reasons: tuple[str, ...] = ()  # each failing metric (fail, marginal) or what is missing
+    metrics: tuple[MetricResult, ...] = ()
+    score: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready result."""
-        return {"weight": self.weight, "verdict": str(self.verdict),
+        return {"weight": self.weight, "verdict": str(self.verdict), "score": self.score,
                 "reasons": list(self.reasons), "old": self.old.as_dict(),
-                "new": self.new.as_dict()}
+                "new": self.new.as_dict(), "metrics": [m.as_dict() for m in self.metrics]}
 
     def describe(self) -> str:
-        """One line: verdict, reasons, both slots' figures."""
+        """The verdict, its score and reasons, both slots' figures; then one line per
+        metric (effect, interval, p-value, classification)."""
         head = f"canary {self.weight}%: {self.verdict}"
+        if self.score is not None:
+            head += f", score {self.score:g}"
         if self.reasons:
             head += f" ({'; '.join(self.reasons)})"
-        return f"{head}; old {self.old.describe()} | new {self.new.describe()}"
+        lines = [f"{head}; old {self.old.describe()} | new {self.new.describe()}"]
+        return "\n".join(lines + [f"  {m.describe()}" for m in self.metrics])
 
 
 def step_analysis(old_before: ScrapeSet, old_after: ScrapeSet, new_before: ScrapeSet,
-                  new_after: ScrapeSet, policy: CanaryPolicy, *, weight: int = 0
+                  new_after: ScrapeSet, policy: CanaryPolicy, *, weight: int = 0,
+                  probes: Probes | None = None, outputs: Sequence[OutputFigure] = ()
                   ) -> StepResult:
     """Judge one step from the two slots' scrapes taken at its start and its end (each a
-    ``guard.Scrape``, or one per serving process)."""
+    ``guard.Scrape``, or one per serving process), the judge's own requests and the
+    prediction comparison's outputs."""
     return judge(slot_figures(old_before, old_after), slot_figures(new_before, new_after),
-                 policy, weight=weight)
+                 policy, weight=weight, probes=probes, outputs=outputs)
 
 
-def judge(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy, *, weight: int = 0
-          ) -> StepResult:
+def step_metrics(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy, *,
+                 probes: Probes | None = None, outputs: Sequence[OutputFigure] = ()
+                 ) -> list[MetricResult]:
+    """Every metric of a step, classified (core/canary/judge.py). A new slot that served
+    fewer than ``min_requests`` has its errors judged as if the step had reached
+    ``min_requests`` with every further request successful: a release failing most requests
+    at a low weight is stopped at once instead of waiting for traffic."""
+    critical = set(policy.critical)
+    slack, ratio50 = policy.latency_slack_ms, policy.max_p50_ratio
+    found: list[MetricResult] = []
+    if ratio50 is not None and probes is not None:
+        found.append(judge_metrics.classify_shift(
+            "latency", probes.old, probes.new, allowed=ratio50 - 1, slack=slack,
+            critical="latency" in critical))
+    if ratio50 is not None:
+        found.append(judge_metrics.classify_quantile(
+            "median", 0.50, old.latency, new.latency, allowed=ratio50 - 1, slack_ms=slack,
+            critical="median" in critical))
+    found.append(judge_metrics.classify_quantile(
+        "p99", 0.99, old.latency, new.latency, allowed=policy.max_p99_ratio - 1,
+        slack_ms=slack, critical="p99" in critical))
+    counted = max(new.requests, policy.min_requests)
+    errors = judge_metrics.classify_errors(old.errors, old.requests, new.errors, counted,
+                                           allowed=policy.max_error_rate_delta,
+                                           critical="errors" in critical)
+    if counted > new.requests:
+        errors = replace(errors, note=f"{errors.note}; the new slots' {new.requests} requests "
+                                      f"counted as min_requests {policy.min_requests}")
+    found.append(errors)
+    rules = policy.comparison.outputs
+    found += [judge_metrics.output_metric(figure, rule=rules.get(figure.name),
+                                          critical="outputs" in critical)
+              for figure in outputs]
+    return found
+
+
+def judge(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy, *, weight: int = 0,
+          probes: Probes | None = None, outputs: Sequence[OutputFigure] = ()) -> StepResult:
     """The verdict on two slots' figures over the same interval.
 
-    Fail: the new slot restarted, or its error rate or a latency quantile is beyond the
-    policy (each failing figure named with both values). Inconclusive: a slot served fewer
-    than ``min_requests`` (unless the new slot's errors already fail it whatever the rest
-    of its requests do), or no latency can be compared.
+    Fail: the new slot restarted, a critical metric is High, or the score is below
+    ``marginal_score``. Marginal: the score is below ``pass_score``. Inconclusive: a slot
+    served fewer than ``min_requests`` (unless the new slots' errors, or an output, already
+    fail it whatever the rest of its requests do), or a critical metric has no data (no
+    successful request to time). Pass otherwise.
     """
-    failures: list[str] = []
-    if new.restarted:
-        failures.append("new slot restarted during the step (its counters went back to 0)")
-    if old.requests >= policy.min_requests:
-        failures += _error_failure(old, new, policy)
+    metrics = tuple(step_metrics(old, new, policy, probes=probes, outputs=outputs))
+    restart = ("new slot restarted during the step (its counters went back to 0)",) \
+        if new.restarted else ()
     enough = old.requests >= policy.min_requests and new.requests >= policy.min_requests
-    if enough:
-        failures += _latency_failures(old, new, policy)
-    if failures:
-        return StepResult(weight, old, new, Verdict.FAIL, tuple(failures))
-    missing = _missing(old, new, policy.min_requests)
+    # with too few requests only the new slots' errors (counted up to min_requests, against
+    # an old slot that served enough) and the answers can fail the step
+    decisive = [m for m in metrics if m.critical and m.classification is Classification.HIGH
+                and (enough or m.name.startswith("output ")
+                     or (m.name == "errors" and old.requests >= policy.min_requests))]
+    if restart or decisive:
+        return StepResult(weight, old, new, Verdict.FAIL,
+                          restart + tuple(m.describe() for m in decisive), metrics,
+                          0.0 if decisive else None)
+    missing = _missing(old, new, policy.min_requests) or next(
+        (f"{m.name}: {m.note}" for m in metrics
+         if m.critical and m.classification is Classification.NODATA), None)
     if missing:
-        return StepResult(weight, old, new, Verdict.INCONCLUSIVE, (missing,))
-    return StepResult(weight, old, new, Verdict.PASS)
-
-
-def _error_failure(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy) -> list[str]:
-    """The error-rate failure, if any. With fewer than ``min_requests`` the new slot's errors
-    are judged as if the step had reached ``min_requests`` with every further request
-    successful: a release failing most requests at a low weight is stopped at once instead
-    of waiting for traffic (or passing under ``inconclusive="pass"``)."""
-    allowed = old.error_rate + policy.max_error_rate_delta
-    short = new.requests < policy.min_requests
-    rate = new.errors / policy.min_requests if short else new.error_rate
-    if rate <= allowed:
-        return []
-    figure = (f"at least {rate:.2%} ({new.errors} errors in {new.requests} of min_requests "
-              f"{policy.min_requests})" if short
-              else f"{rate:.2%} ({new.errors} of {new.requests})")
-    return [f"error rate new {figure} > old {old.error_rate:.2%} ({old.errors} of "
-            f"{old.requests}) + {policy.max_error_rate_delta * 100:g} pp"]
-
-
-# a latency quantile beyond its limit fails the step only when the new slot's requests above
-# the limit are more than a quantile at the limit would give by chance more than 1 % of the time
-SIGNIFICANCE = 0.01
-
-
-def _latency_failures(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy) -> list[str]:
-    """Each quantile of the new slot beyond ``ratio`` x the old slot's + the slack, when the
-    excess is significant.
-
-    A quantile of a few dozen requests is its slowest request: the P99 of 55 requests is
-    the 55th, so one request delayed by the scheduler puts it beyond any ratio, while the old
-    slot's P99, over many more requests, leaves its slowest 1 % out. So a quantile ``q``
-    beyond the limit fails only when the new slot served more requests above the limit than
-    ``Binomial(requests, 1 - q)`` reaches with probability ``SIGNIFICANCE``: 1 slow request
-    of 55 is chance (p = 0.42), and so are 3 (p = 0.018), 4 are not (p = 0.003); a release
-    slower by a real margin has most of its requests above the limit.
-    """
-    failures = []
-    for name, q, ratio, old_ms, new_ms in (
-            ("P50", 0.50, policy.max_p50_ratio, old.p50_ms, new.p50_ms),
-            ("P99", 0.99, policy.max_p99_ratio, old.p99_ms, new.p99_ms)):
-        if ratio is None or old_ms is None or new_ms is None:
-            continue
-        limit_ms = ratio * old_ms + policy.latency_slack_ms
-        if new_ms <= limit_ms:
-            continue
-        slack = f" + {policy.latency_slack_ms:g} ms" if policy.latency_slack_ms else ""
-        figure = f"{name} new {_ms(new_ms)} > {ratio:g} x old {_ms(old_ms)}{slack}"
-        if new.latency:
-            served = round(new.latency[-1][1])
-            above = round(guard.count_above(list(new.latency), limit_ms * 1000.0))
-            chance = binomial_tail(served, 1.0 - q, above)
-            if chance >= SIGNIFICANCE:
-                continue
-            figure += (f" ({above} of {served} requests above {_ms(limit_ms)}, where "
-                       f"{(1 - q) * served:.3g} are expected)")
-        failures.append(figure)
-    return failures
-
-
-def binomial_tail(n: int, p: float, k: int) -> float:
-    """P(X >= k) for X ~ Binomial(n, p), 0 < p < 1 (log-space terms: n may be millions)."""
-    if k <= 0:
-        return 1.0
-    if k > n:
-        return 0.0
-    if k <= n * p:
-        return 1.0  # k <= floor(np) <= the median: P(X >= k) >= 1/2, no term to sum
-    log_p, log_q = math.log(p), math.log1p(-p)
-    base = math.lgamma(n + 1)
-    total = 0.0
-    for i in range(k, n + 1):
-        term = math.exp(base - math.lgamma(i + 1) - math.lgamma(n - i + 1)
-                        + i * log_p + (n - i) * log_q)
-        total += term
-        if term < total * 1e-15:
-            break  # beyond the mean the terms only fall
-    return min(total, 1.0)
+        return StepResult(weight, old, new, Verdict.INCONCLUSIVE, (missing,), metrics)
+    scored = judge_metrics.score(metrics, pass_score=policy.pass_score,
+                                 marginal_score=policy.marginal_score)
+    if scored.label == "pass":
+        return StepResult(weight, old, new, Verdict.PASS, (), metrics, scored.score)
+    high = tuple(m.describe() for m in metrics if m.classification is Classification.HIGH)
+    verdict = Verdict.MARGINAL if scored.label == "marginal" else Verdict.FAIL
+    return StepResult(weight, old, new, verdict, (scored.reason, *high), metrics, scored.score)
 
 
 def _missing(old: SlotFigures, new: SlotFigures, min_requests: int) -> str | None:
-    """Why the step cannot be judged, or None when it can."""
+    """Why the step cannot be judged yet: too few requests on a side."""
     short = [f"{name} slot {figures.requests}" for name, figures in (("old", old), ("new", new))
              if figures.requests < min_requests]
     if short:
         return f"too few requests: {', '.join(short)} < min_requests {min_requests}"
-    unmeasured = [name for name, figures in (("old", old), ("new", new))
-                  if figures.p99_ms is None]
-    if unmeasured:
-        return (f"no successful request on the {' and '.join(unmeasured)} slot: latency "
-                "cannot be compared")
     return None
 
 
@@ -289,18 +282,23 @@ class Decision:
 
 def decide(result: StepResult, policy: CanaryPolicy, *, extensions: int) -> Decision:
     """Apply the policy to a step's verdict; ``extensions`` is how many times this step was
-    already extended."""
+    already extended. A marginal step is extended like an inconclusive one (more traffic to
+    decide on) and fails when no extension is left."""
     if result.verdict is Verdict.PASS:
         return Decision(Action.NEXT)
     reasons = "; ".join(result.reasons)
     if result.verdict is Verdict.FAIL:
         return Decision(Action.STOP, f"canary step {result.weight}% failed: {reasons}")
+    tail = f" after {extensions} extension{'s' if extensions != 1 else ''}"
+    if result.verdict is Verdict.MARGINAL:
+        if extensions < policy.max_extensions:
+            return Decision(Action.EXTEND)
+        return Decision(Action.STOP, f"canary step {result.weight}% marginal{tail}: {reasons}")
     if policy.inconclusive == "pass":
         return Decision(Action.NEXT)
     if policy.inconclusive == "extend" and extensions < policy.max_extensions:
         return Decision(Action.EXTEND)
-    tail = (f" after {extensions} extension{'s' if extensions != 1 else ''}"
-            if policy.inconclusive == "extend" else "")
+    tail = tail if policy.inconclusive == "extend" else ""
     return Decision(Action.STOP, f"canary step {result.weight}% inconclusive{tail}: "
                                  f"{reasons} (inconclusive={policy.inconclusive!r})")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -15,12 +15,15 @@ from tfsdeploy.core.errors import ConfigError, Problem, shown
 
 Kind = Literal["regressor", "classifier", "exact"]
 KINDS: tuple[str, ...] = ("regressor", "classifier", "exact")
+
+
 class Verdict(StrEnum):
     """The outcome of a judgement (a canary step, a comparison)."""
 
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"
+    MARGINAL = "marginal"  # a canary step whose score is between marginal and pass
 
 
 @dataclass(frozen=True)
@@ -134,26 +137,45 @@ Inconclusive = Literal["extend", "fail", "pass"]
 INCONCLUSIVE_POLICIES: tuple[str, ...] = ("extend", "fail", "pass")
 
 
+# the metrics a step classifies (core/canary/judge.py), as ``critical`` names them
+METRIC_NAMES: tuple[str, ...] = ("latency", "median", "p99", "errors", "outputs")
+
+
 @dataclass(frozen=True)
 class CanaryPolicy:
     """How a model's canary moves traffic and judges each step (``Rollout.canary``).
 
-    ``weights``: the new slot's share of requests at each step, percent, increasing.
-    ``min_requests``: what each slot must serve during a step for the step to count.
-    ``max_p99_ratio`` / ``max_p50_ratio``: the new slot fails when its quantile exceeds
-    ratio x the old slot's + ``latency_slack_ms``. The slack keeps sub-millisecond models
-    from failing on scheduler jitter (a 0.5 ms P99 going to 0.7 ms is a ratio of 1.4 that
-    nobody notices); a release slower by a real margin still fails.
-    ``max_error_rate_delta``: absolute (0.001 = 0.1 percentage point) over the old slot's.
+    ``weights``: the canary host's share of requests sent to the new release at each step,
+    percent, increasing (every instance of the host at that weight together).
+    ``min_requests``: what the new slots and the old slots must each serve during a step for
+    the step to count (else it is inconclusive: ``inconclusive`` says what follows).
+
+    Each step classifies every metric High, Low or Pass as Kayenta does (core/canary/judge.py):
+    a significant change (98 % interval) beyond the allowed increase is High.
+    ``max_p50_ratio``: the latency the judge measures on both slots during the step (the
+    Hodges-Lehmann shift of its requests: "latency") and the live traffic's median
+    ("median") may grow to ratio x the old slots' + ``latency_slack_ms`` (None: neither is
+    judged); ``max_p99_ratio``: the same for the live traffic's P99 ("p99");
+    ``max_error_rate_delta``: the server-error rate ("errors") may grow by this fraction of
+    requests (0.005 = 0.5 percentage point); the prediction comparison's outputs ("outputs")
+    are judged by ``comparison``. The slack keeps sub-millisecond models from failing on
+    scheduler jitter (a 0.5 ms P99 going to 0.7 ms is a ratio of 1.4 that nobody notices); a
+    release slower by a real margin still fails.
+    ``critical``: the metrics that fail a step alone; the others count in the score, the share
+    of passing metrics: >= ``pass_score`` passes, >= ``marginal_score`` extends the step (more
+    traffic to decide on, at most ``max_extensions`` times, then it fails), below it fails.
     """
 
     weights: tuple[int, ...] = (5, 25, 50)
     step_s: float = 60.0
     min_requests: int = 100
     max_p99_ratio: float = 1.2
-    max_p50_ratio: float | None = None
-    max_error_rate_delta: float = 0.001
+    max_p50_ratio: float | None = 1.1
+    max_error_rate_delta: float = 0.005
     latency_slack_ms: float = 1.0
+    critical: tuple[str, ...] = ("latency", "errors", "outputs")
+    pass_score: float = 95.0
+    marginal_score: float = 75.0
     inconclusive: Inconclusive = "extend"
     max_extensions: int = 2
     pause: bool = False
@@ -161,10 +183,9 @@ class CanaryPolicy:
 
     def __post_init__(self) -> None:
         # an inventory may write weights=[5, 25]: keep the policy hashable and immutable
-        if isinstance(self.weights, list):
-            object.__setattr__(self, "weights", tuple(self.weights))
-
-
+        for name in ("weights", "critical"):
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
 
 
 def validate_canary(policy: CanaryPolicy, *, field: str = "rollout.canary",
@@ -204,6 +225,7 @@ def validate_canary(policy: CanaryPolicy, *, field: str = "rollout.canary",
         add(f"latency_slack_ms {shown(policy.latency_slack_ms)} is not a number of ms >= 0 "
             "(at most a day)",
             "set e.g. latency_slack_ms=1", "latency_slack_ms")
+    problems += _judge_problems(policy, add)
     if policy.inconclusive not in INCONCLUSIVE_POLICIES:
         add(f"inconclusive {shown(policy.inconclusive)} is not one of "
             f"{', '.join(INCONCLUSIVE_POLICIES)}",
@@ -223,6 +245,29 @@ def validate_canary(policy: CanaryPolicy, *, field: str = "rollout.canary",
         problems += validate_comparison(policy.comparison, field=f"{field}.comparison",
                                         file=file)
     return problems
+
+
+def _judge_problems(policy: CanaryPolicy, add: Callable[[str, str, str], None]
+                    ) -> list[Problem]:
+    """The critical metrics, the score thresholds and the sampling interval (reported
+    through ``add``; returns nothing of its own)."""
+    critical = policy.critical
+    if not isinstance(critical, tuple) or any(name not in METRIC_NAMES for name in critical):
+        add(f"critical {shown(critical)} is not a list of metric names "
+            f"({', '.join(METRIC_NAMES)})",
+            "name the metrics that fail a step alone, e.g. critical=('latency', 'errors', "
+            "'outputs')", "critical")
+    scores = [(name, getattr(policy, name)) for name in ("pass_score", "marginal_score")]
+    bad = [(name, value) for name, value in scores
+           if not _is_number(value) or not 0 <= value <= 100]
+    for name, value in bad:
+        add(f"{name} {shown(value)} is not a score from 0 to 100",
+            f"set e.g. {name}={95 if name == 'pass_score' else 75}", name)
+    if not bad and policy.marginal_score > policy.pass_score:
+        add(f"marginal_score {policy.marginal_score:g} is above pass_score "
+            f"{policy.pass_score:g}", "keep marginal_score <= pass_score, e.g. 75 and 95",
+            "marginal_score")
+    return []
 
 
 def _weight_problems(weights: object, *, field: str, file: str | None) -> list[Problem]:
