@@ -50,6 +50,7 @@ from tfsdeploy.run.jobs import (
     Facts,
     GatewayLink,
     HostJob,
+    InstanceJob,
     RunContext,
     Session,
     Verb,
@@ -247,9 +248,30 @@ def _record_step(job: HostJob, phase: str, step: str, ok: bool, seconds: float,
 def roll_host(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
     """Run a batch phase's tasks on one host, instance by instance (the host's other
     instances keep serving meanwhile); raise on the first failure, with ``job.instance`` the
-    instance that failed."""
-    for instance in job.instances:
-        run_tasks(state, job.on(instance), phase, tasks)
+    instance that failed. A canary host's instances move together up to the end of the
+    canary steps (``instance_passes``): a failure until then restores all of them."""
+    passes = instance_passes(job, tasks)
+    job.together = len(passes) > len(job.instances)
+    for number, (instance, chunk) in enumerate(passes):
+        if number > len(job.instances):  # past the canary: each instance on its own again
+            job.together = False
+        run_tasks(state, job.on(instance), phase, chunk)
+
+
+def instance_passes(job: HostJob, tasks: Sequence[Task]
+                    ) -> list[tuple[InstanceJob, Sequence[Task]]]:
+    """The tasks each instance runs, in order: all of them instance by instance, except on a
+    canary host with several instances: a canary weight is the share of the host's requests,
+    so every instance runs the tasks before ``canary_steps``, the steps run once for the
+    whole host (on its last instance, every instance at each weight together), then every
+    instance runs the rest."""
+    actions = [task.action for task in tasks]
+    if len(job.instances) < 2 or not job.canary_host or "canary_steps" not in actions:
+        return [(instance, tasks) for instance in job.instances]
+    at = actions.index("canary_steps")
+    return ([(instance, tasks[:at]) for instance in job.instances]
+            + [(job.instances[-1], tasks[at:at + 1])]
+            + [(instance, tasks[at + 1:]) for instance in job.instances])
 
 
 def run_parallel(state: RunState, phase: Phase, jobs: list[HostJob], tasks: Sequence[Task]
@@ -367,9 +389,10 @@ def roll_batches(state: RunState, phase: Phase, jobs: list[HostJob]) -> bool:
             state.failed.add(job.name)
             state.outcome(job).error = describe(error)
             state.outcome(job).diagnosis = job.diagnosis.as_dict() if job.diagnosis else None
-            # revert: the whole host goes back; stay: only the instance that failed
-            state.outcome(job).status = rescue_host(state, phase, job,
-                                                    every=state.on_failure == "revert")
+            # revert: the whole host goes back; stay: only the instance that failed (every
+            # instance while a canary host's instances move together)
+            state.outcome(job).status = rescue_host(
+                state, phase, job, every=state.on_failure == "revert" or job.together)
         stop = state.cancel.is_set() or threshold_exceeded(
             len(state.failed), len(state.jobs), state.max_fail_percentage)
         if stop:

@@ -175,6 +175,9 @@ class HostJob:
     down_slots: frozenset[tuple[int, str]] = frozenset()
     # GPUs of the inventory the host does not report: their instances are left out
     absent_gpus: tuple[int, ...] = ()
+    # a canary host's instances move together up to the end of its canary steps: a failure
+    # then restores every instance the run changed, whatever on_failure says
+    together: bool = False
 
     new_slot = _delegated("new_slot")
     old = _delegated("old")
@@ -195,6 +198,11 @@ class HostJob:
         """Make ``instance`` the one the next steps act on."""
         self.instance = instance
         return self
+
+    @property
+    def canary_host(self) -> bool:
+        """Whether this host runs the run's canary steps (the first batch's hosts)."""
+        return self.run.canary is not None and self.name in self.run.canary_hosts
 
     @property
     def last_instance(self) -> bool:

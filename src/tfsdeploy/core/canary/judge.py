@@ -47,7 +47,7 @@ Where this judge differs, and why:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -55,7 +55,6 @@ from typing import TYPE_CHECKING, Any
 from tfsdeploy.core.canary import stats
 
 if TYPE_CHECKING:
-    from tfsdeploy.core.canary.compare import OutputFigure
     from tfsdeploy.core.inventory.canary_policy import OutputRule
 
 CONFIDENCE = 0.98  # NetflixACAJudge.scala: confLevel = 0.98
@@ -314,30 +313,33 @@ def classify_errors(old_errors: int, old_requests: int, new_errors: int, new_req
 # -- the prediction comparison's outputs ---------------------------------------------------------
 
 
-def output_metric(figure: OutputFigure, *, rule: OutputRule | None, critical: bool
+def output_metric(figure: Mapping[str, Any], *, rule: OutputRule | None, critical: bool
                   ) -> MetricResult:
-    """One compared output as a metric: the share of differing values (rows, for a
-    classifier) with its Wilson interval and the binomial test against the share its rule
-    allows (``rule``: the policy's, None: the default tolerances); its classification is the
-    comparison's own verdict (High when it failed)."""
-    kind = figure.kind
+    """One compared output (``OutputFigure.as_dict()``: what the record keeps) as a metric:
+    the share of differing values (rows, for a classifier) with its Wilson interval and the
+    binomial test against the share its rule allows (``rule``: the policy's, None: the
+    default tolerances); its classification is the comparison's own verdict (High when it
+    failed)."""
+    kind, noise = str(figure["kind"]), float(figure["noise"])
+    compared, differing = int(figure["compared"]), int(figure["differing"])
     fraction = rule.max_agreement_drop if rule and kind == "classifier" else (
         rule.max_mismatch_fraction if rule else 0.0)
     # classifier: noise is the old slot's agreement with itself; exact: its own unequal share
-    allowed = min(1.0, (1.0 - figure.noise if kind == "classifier" else
-                        figure.noise if kind == "exact" else 0.0) + fraction)
-    low, high = stats.wilson(figure.differing, figure.compared, confidence=CONFIDENCE)
-    if 0 < allowed < 1 and figure.compared:
-        p_value = stats.binomial_tail(figure.compared, allowed, figure.differing)
+    allowed = min(1.0, (1.0 - noise if kind == "classifier" else
+                        noise if kind == "exact" else 0.0) + fraction)
+    low, high = stats.wilson(differing, compared, confidence=CONFIDENCE)
+    if 0 < allowed < 1 and compared:
+        p_value = stats.binomial_tail(compared, allowed, differing)
     else:
-        p_value = 1.0 if figure.differing <= allowed * figure.compared else 0.0
-    note = f"{figure.differing} of {figure.compared} differ ({kind})"
-    if not figure.ok:
-        note += f": {figure.reason}"
-    return MetricResult(f"output {figure.name}",
-                        Classification.PASS if figure.ok else Classification.HIGH, critical,
-                        "share", effect=figure.rate, low=low, high=high, p_value=p_value,
-                        allowed=allowed, new=figure.rate, note=note)
+        p_value = 1.0 if differing <= allowed * compared else 0.0
+    rate = differing / compared if compared else 0.0
+    note = f"{differing} of {compared} differ ({kind})"
+    if not figure["ok"]:
+        note += f": {figure['reason']}"
+    return MetricResult(f"output {figure['name']}",
+                        Classification.PASS if figure["ok"] else Classification.HIGH, critical,
+                        "share", effect=rate, low=low, high=high, p_value=p_value,
+                        allowed=allowed, new=rate, note=note)
 
 
 # -- the score ------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import Any, TypeAlias
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,9 +41,6 @@ from tfsdeploy.core.inventory.canary_policy import (
     weights_for,
 )
 from tfsdeploy.core.observe import guard
-
-if TYPE_CHECKING:
-    from tfsdeploy.core.canary.compare import OutputFigure
 
 # -- one slot's figures over one step ------------------------------------------------------
 
@@ -173,17 +170,17 @@ class StepResult:
 
 def step_analysis(old_before: ScrapeSet, old_after: ScrapeSet, new_before: ScrapeSet,
                   new_after: ScrapeSet, policy: CanaryPolicy, *, weight: int = 0,
-                  probes: Probes | None = None, outputs: Sequence[OutputFigure] = ()
+                  probes: Probes | None = None, outputs: Sequence[Mapping[str, Any]] = ()
                   ) -> StepResult:
     """Judge one step from the two slots' scrapes taken at its start and its end (each a
     ``guard.Scrape``, or one per serving process), the judge's own requests and the
-    prediction comparison's outputs."""
+    prediction comparison's outputs (``OutputFigure.as_dict()`` each)."""
     return judge(slot_figures(old_before, old_after), slot_figures(new_before, new_after),
                  policy, weight=weight, probes=probes, outputs=outputs)
 
 
 def step_metrics(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy, *,
-                 probes: Probes | None = None, outputs: Sequence[OutputFigure] = ()
+                 probes: Probes | None = None, outputs: Sequence[Mapping[str, Any]] = ()
                  ) -> list[MetricResult]:
     """Every metric of a step, classified (core/canary/judge.py). A new slot that served
     fewer than ``min_requests`` has its errors judged as if the step had reached
@@ -212,14 +209,14 @@ def step_metrics(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy, *,
                                       f"counted as min_requests {policy.min_requests}")
     found.append(errors)
     rules = policy.comparison.outputs
-    found += [judge_metrics.output_metric(figure, rule=rules.get(figure.name),
+    found += [judge_metrics.output_metric(figure, rule=rules.get(str(figure["name"])),
                                           critical="outputs" in critical)
               for figure in outputs]
     return found
 
 
 def judge(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy, *, weight: int = 0,
-          probes: Probes | None = None, outputs: Sequence[OutputFigure] = ()) -> StepResult:
+          probes: Probes | None = None, outputs: Sequence[Mapping[str, Any]] = ()) -> StepResult:
     """The verdict on two slots' figures over the same interval.
 
     Fail: the new slot restarted, a critical metric is High, or the score is below
@@ -256,11 +253,17 @@ def judge(old: SlotFigures, new: SlotFigures, policy: CanaryPolicy, *, weight: i
 
 
 def _missing(old: SlotFigures, new: SlotFigures, min_requests: int) -> str | None:
-    """Why the step cannot be judged yet: too few requests on a side."""
+    """Why the step cannot be judged yet: too few requests on a side, or no successful one
+    (no latency: failing everything on both sides is no evidence of health)."""
     short = [f"{name} slot {figures.requests}" for name, figures in (("old", old), ("new", new))
              if figures.requests < min_requests]
     if short:
         return f"too few requests: {', '.join(short)} < min_requests {min_requests}"
+    unmeasured = [name for name, figures in (("old", old), ("new", new))
+                  if figures.p99_ms is None]
+    if unmeasured:
+        return (f"no successful request on the {' and '.join(unmeasured)} slot: latency "
+                "cannot be compared")
     return None
 
 
