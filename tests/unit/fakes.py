@@ -186,13 +186,15 @@ class FakeProxy:
     def serving_port(self, backend: str = "grpc") -> int | None:
         """The port of a server of ``backend`` that takes new requests: the one, or, with one
         server per GPU, the first instance's (HAProxy balances over them all; the fake's
-        stable port answers from one). Two ready slots of one instance outside a canary are
-        a fault: no answer then."""
+        stable port answers from one). Two ready slots of one instance outside a canary (at
+        the configuration's weights: a canary sets both) are a fault: no answer then."""
         ready = [k for k, status in self.servers.items()
                  if k[0] == backend and self.health(k[1], status) in (READY, "UP")
                  and self.weights[k] > 0]
         instances = [k[1].split("-", 1)[0] for k in ready]
-        if not ready or len(set(instances)) != len(instances):
+        faulty = {i for i in instances if instances.count(i) > 1 and all(
+            self.weights[k] == 1 for k in ready if k[1].startswith(f"{i}-"))}
+        if not ready or faulty:
             return None
         return self.addresses[ready[0]]
 
