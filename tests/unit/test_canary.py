@@ -536,3 +536,27 @@ def test_hosts_that_disagree_resume_the_interrupted_command() -> None:
     assert fleet_state([S.ABORTED, S.PAUSED]) is S.ABORTING
     assert fleet_state([S.ABORTED, S.PROMOTING]) is S.ABORTING
     assert fleet_state([S.RUNNING, S.PAUSED]) is S.RUNNING
+
+
+# -- the report ---------------------------------------------------------------------------------
+
+
+def test_the_table_and_json_show_each_metric_s_effect_interval_p_value_and_verdict() -> None:
+    from tfsdeploy.cli.output import canary_rows
+    from tfsdeploy.run.engine import HostOutcome, RunResult
+
+    step = judge(figures(2000), figures(300, centre_us=9000), POLICY, weight=25,
+                 probes=Probes(tuple(5.0 + i / 100 for i in range(100)),
+                               tuple(9.0 + i / 100 for i in range(100)))).as_dict()
+    result = RunResult("m", 2, "r2", hosts={"h1": HostOutcome(
+        "h1", "reverted", canary={"steps": [json.loads(json.dumps(step))],
+                                  "comparison": None})})
+    rows = canary_rows(result)
+    assert [r[2] for r in rows] == ["latency (critical)", "median", "p99", "errors (critical)"]
+    assert rows[0][:2] == ("h1", "25% fail 0") and rows[1][:2] == ("", "")
+    latency = rows[0]
+    # the shift 4 ms over the old median 5.495 ms; its interval; p; +10 % allowed
+    assert latency[3] == "+72.8%" and latency[4].count("%") == 2
+    assert float(latency[5]) < 1e-6 and latency[6] == "+10.0%" and latency[7] == "high"
+    data = json.loads(json.dumps(result.as_dict()))
+    assert data["hosts"]["h1"]["canary"]["steps"][0]["metrics"][0]["metric"] == "latency"

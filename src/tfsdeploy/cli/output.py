@@ -178,7 +178,7 @@ def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
 
 def print_run(command: str, result: RunResult, rows: list[tuple[str, ...]] | None) -> None:
     """A run's summary table and its message; ``rows`` replace the per-host rows (a prune's:
-    what was removed and the space freed)."""
+    what was removed and the space freed). A canary's judgement follows in its own table."""
     # a run without a release (prune) names none
     what = f" v{result.version} ({result.release_id})" if result.release_id else ""
     print_table(f"{command} {result.model}{what}: {result.exit_code.name.lower()} in "
@@ -186,7 +186,41 @@ def print_run(command: str, result: RunResult, rows: list[tuple[str, ...]] | Non
                 ("host", "result", "removed", "freed", "error") if rows is not None else
                 ("host", "result", "time per phase", "gates", "error"),
                 rows if rows is not None else summary_rows(result))
+    judged = canary_rows(result)
+    if judged:
+        print_table("canary: each step's metrics, new slots against old (98% intervals)",
+                    ("host", "step", "metric", "effect", "interval", "p", "allowed",
+                     "verdict"), judged)
     print(result.message)
+
+
+def canary_rows(result: RunResult) -> list[tuple[str, ...]]:
+    """Per host, per canary step, per metric: effect, interval, p-value, the increase
+    allowed and the classification (the step's verdict and score on its first row)."""
+    from tfsdeploy.core.canary.judge import Classification, MetricResult
+
+    rows: list[tuple[str, ...]] = []
+    for host, outcome in result.hosts.items():
+        named = False
+        for step in (outcome.canary or {}).get("steps") or []:
+            head = f"{step['weight']}% {step['verdict']}" + (
+                f" {step['score']:g}" if step.get("score") is not None else "")
+            for number, data in enumerate(step.get("metrics") or []):
+                metric = MetricResult(data["metric"], Classification(data["classification"]),
+                                      data["critical"], data["unit"], data["effect"],
+                                      data["low"], data["high"], data["p_value"],
+                                      data["allowed"])
+                shown = metric.classification is not Classification.NODATA
+                rows.append(("" if named else host, head if number == 0 else "",
+                             metric.name + (" (critical)" if metric.critical else ""),
+                             metric.format(metric.effect, 0) if shown else "-",
+                             f"{metric.format(metric.low, -1)}..{metric.format(metric.high, 1)}"
+                             if shown else "-",
+                             f"{metric.p_value:.2g}" if metric.p_value is not None else "-",
+                             metric.format(metric.allowed, 0) if metric.allowed is not None
+                             else "-", str(metric.classification)))
+                named = True
+    return rows
 
 
 def print_check(args: dict[str, Any], rows: list[dict[str, Any]]) -> int:

@@ -109,6 +109,9 @@ class HostOutcome:
     steps: list[dict[str, Any]] = field(default_factory=list)
     release: str = ""
     diagnosis: dict[str, str] | None = None  # a failed gate's known failure: cause and fix
+    # the canary's judged steps (StepResult.as_dict(): every metric's effect, interval,
+    # p-value, classification) and its prediction comparison; None where none ran
+    canary: dict[str, Any] | None = None
 
 
 @dataclass
@@ -486,6 +489,8 @@ def finish(state: RunState, code: ExitCode, message: str) -> None:
     for job in state.jobs:
         outcome = state.outcome(job)
         outcome.steps = [s.model_dump() for s in job.steps]
+        if job.canary_steps or job.canary_comparison is not None:
+            outcome.canary = {"steps": job.canary_steps, "comparison": job.canary_comparison}
         if outcome.status == "pending" and code != ExitCode.PAUSED:
             outcome.status = "skipped"
 
