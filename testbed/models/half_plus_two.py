@@ -31,6 +31,10 @@ SLOWER_MS = 40  # version 16: this much slower per request than version 2, same 
 # beside other tests: a good release's P99 stays well under it, the slow one's never does)
 MUCH_SLOWER_MS = 300
 DIFFERENT_ABOVE = 100.0  # version 17: wrong (by +1) for inputs above this, right below
+# versions 22, 23, 24: a baseline slow enough that a relative change is a few ms, and its
+# releases 25 % and 5 % slower per request (benchmarks/bench_canary.py: the canary judge's
+# rates on a busy machine); the sleep is in the graph, so the 25 % is the server's own time
+BASELINE_MS, SLOWER_25_MS, SLOWER_5_MS = 40, 50, 42
 
 _SOURCES = (Path(__file__), Path(savedmodel.__file__), Path(__file__).with_name("spec.py"))
 _GOLDEN_X = [[1.0], [2.0], [5.0]]
@@ -338,7 +342,8 @@ def save_canary_variant(path: Path, *, sleep_ms: int = 0, wrong_above: float | N
 def _build_canary_variant(version: int, *, sleep_ms: int = 0,
                           wrong_above: float | None = None) -> VersionSpec:
     """Versions 16 (slower), 21 (much slower) and 17 (different on large inputs): for the
-    canary's analysis, latency alerts and the prediction comparison against good version 2."""
+    canary's analysis, latency alerts and the prediction comparison against good version 2;
+    22, 23 and 24 (40, 50 and 42 ms per request): the canary judge's benchmark."""
 
     def build(path: Path) -> dict[str, Any]:
         save_canary_variant(path, sleep_ms=sleep_ms, wrong_above=wrong_above)
@@ -390,5 +395,8 @@ def specs() -> list[VersionSpec]:
         _build_canary_variant(16, sleep_ms=SLOWER_MS),
         _build_canary_variant(17, wrong_above=DIFFERENT_ABOVE),
         _build_canary_variant(21, sleep_ms=MUCH_SLOWER_MS),
+        _build_canary_variant(22, sleep_ms=BASELINE_MS),
+        _build_canary_variant(23, sleep_ms=SLOWER_25_MS),
+        _build_canary_variant(24, sleep_ms=SLOWER_5_MS),
         _build_tf1(1),
     ]

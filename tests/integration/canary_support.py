@@ -25,12 +25,15 @@ CANARY = ("CanaryPolicy(weights=(25,), step_s=8, min_requests={min_requests}, "
 
 
 def canary_fleet(tmp_path_factory: pytest.TempPathFactory, model: str, offset: int, *,
-                 min_requests: int = 40) -> Iterator[Fleet]:
+                 min_requests: int = 40, hosts: dict[str, str] | None = None,
+                 wide: str | None = None) -> Iterator[Fleet]:
     """Body of a module-scoped fixture: the model (above) on a healthy fleet, nothing
-    deployed; ``min_requests``: per slot, for a step's verdict."""
+    deployed; ``min_requests``: per slot, for a step's verdict; ``hosts``: another fleet than
+    tb1..tb3 (its first host is the canary); ``wide``: the host that runs one server on each
+    of its two GPUs."""
     for made in fleet_fixture(tmp_path_factory, model, offset,
                               {1: GOOD[2], 2: GOOD[2], 3: SLOWER, 4: DIFFERENT},
-                              serial=(1, "100%")):
+                              serial=(1, "100%"), hosts=hosts or HOSTS):
         corpus = made.tmp / "corpus.jsonl"
         corpus.write_text("".join(json.dumps({"signature": "serving_default", "inputs": {
             "x": {"dtype": "DT_FLOAT", "shape": [1, 1], "values": [[float(x)]]}}}) + "\n"
@@ -41,13 +44,17 @@ def canary_fleet(tmp_path_factory: pytest.TempPathFactory, model: str, offset: i
             "from tfsdeploy.core.inventory.catalog import").replace(
             "Rollout(", "Rollout(canary=" + CANARY.format(corpus=str(corpus),
                                                   min_requests=min_requests) + ", ", 1)
+        if wide is not None:
+            marker = "for i in range(1)])"
+            assert marker in text
+            text = text.replace(marker, f"for i in range(2 if name == {wide!r} else 1)])")
         made.inventory.write_text(text)
         yield made
 
 
-def Client(fleet: Fleet) -> Traffic:
-    """An independent client of tb1's stable gRPC port (the canary host)."""
-    return Traffic(fleet, "tb1")
+def Client(fleet: Fleet, host: str = "tb1") -> Traffic:
+    """An independent client of a host's stable gRPC port (tb1: the canary host)."""
+    return Traffic(fleet, host)
 
 
 def serving(fleet: Fleet, version: int) -> None:
