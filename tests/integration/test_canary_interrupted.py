@@ -21,10 +21,24 @@ MODEL, OFFSET = "itcanarykill", 3250
 CANARY = ("--canary-weights", "50", "--step-s", "30")
 
 
+# each version of the rollback fleet adds 1 to y: the accepted change (else the prediction
+# comparison, made at the first weight, stops the canary within seconds of its split)
+POLICY = ("CanaryPolicy(comparison=ComparisonPolicy(outputs={'y': OutputRule("
+          "kind='regressor', atol=1.5)}))")
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=0.0,
-                             serial=(1, "100%"), keep_releases=10)
+    for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, window_s=0.0,
+                              serial=(1, "100%"), keep_releases=10):
+        text = made.inventory.read_text()
+        assert "Rollout(" in text
+        made.inventory.write_text(text.replace(
+            "from tfsdeploy.core.inventory.catalog import",
+            "from tfsdeploy.core.inventory.canary_policy import (CanaryPolicy, "
+            "ComparisonPolicy, OutputRule)\nfrom tfsdeploy.core.inventory.catalog import").replace(
+            "Rollout(", f"Rollout(canary={POLICY}, ", 1))
+        yield made
 
 
 def split_on_tb1() -> bool:

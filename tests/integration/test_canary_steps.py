@@ -2,8 +2,9 @@
 weight's share of responses, pause then promote or abort from new processes. What a step's
 verdict on latency says is in test_canary.py (alone: it judges latency); these judge shares
 and the pause's state machine, which the rest of the fleet's load does not move, so they run
-in the fleet phase (a good release's latency step is judged by the binomial test of
-core/canary/steps.py: one slow request of a busy machine is chance, not a slower release).
+in the fleet phase (a good release's step is judged by core/canary/judge.py's tests: a
+busy machine's slow requests land on both sides alike, and one slow request is chance, not a
+slower release).
 
 Model ``itcanarysteps`` on tb1..tb3, port offset 4900; versions as canary_support says.
 """
