@@ -111,7 +111,7 @@ def line(row: dict[str, Any]) -> str:
     latency = row["latency"] or {}
     interval = f"[{percent(latency.get('low'))}, {percent(latency.get('high'))}]"
     p_value = latency.get("p_value")
-    p_text = "-" if p_value is None else f"{p_value:.2g}"
+    p_text = "-" if p_value is None else f"{p_value:.2g}" if p_value else "0"
     score = "-" if row["score"] is None else f"{row['score']:g}"
     return (f"  v{row['version']} {'pass' if row['passed'] else 'FAIL':4} "
             f"{row['verdict']:<12} score {score:>6}"

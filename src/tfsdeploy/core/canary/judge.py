@@ -100,7 +100,7 @@ class MetricResult:
         return {"metric": self.name, "classification": str(self.classification),
                 "critical": self.critical, "unit": self.unit, "effect": _round(self.effect),
                 "low": _round(self.low), "high": _round(self.high),
-                "p_value": _round(self.p_value, 6), "allowed": _round(self.allowed),
+                "p_value": _significant(self.p_value), "allowed": _round(self.allowed),
                 "old": _round(self.old), "new": _round(self.new), "note": self.note}
 
     def describe(self) -> str:
@@ -130,6 +130,13 @@ def _round(value: float | None, digits: int = 4) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return round(value, digits)
+
+
+def _significant(value: float | None) -> float | None:
+    """A p-value to 3 significant digits (a tiny one stays a tiny number, never 0)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.3g}")
 
 
 def _p(value: float) -> str:
