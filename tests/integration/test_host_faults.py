@@ -193,11 +193,12 @@ def reboot(*options: str) -> None:
 
 def mount_volume() -> None:
     """The model's version directory moved to a volume of its own: an ext4 file system of
-    VOLUME_MIB in a file of the host, loop-mounted over it with its versions copied in (the
-    serving containers keep the directory they were started with)."""
+    VOLUME_MIB in a file of the host (no blocks reserved for root: the toolkit writes as
+    root), loop-mounted over it with its versions copied in (the serving containers keep the
+    directory they were started with)."""
     image, aside = f"/srv/tfsdeploy/{MODEL}-volume.img", f"/srv/tfsdeploy/{MODEL}-aside"
     ssh(HOST, f"mountpoint -q {MODELS_DIR} || (truncate -s {VOLUME_MIB}M {image} && "
-              f"mkfs.ext4 -q {image} && rm -rf {aside} && cp -a {MODELS_DIR} {aside} && "
+              f"mkfs.ext4 -q -m 0 {image} && rm -rf {aside} && cp -a {MODELS_DIR} {aside} && "
               f"mount -o loop {image} {MODELS_DIR} && cp -a {aside}/. {MODELS_DIR}/ && "
               f"rm -rf {MODELS_DIR}/lost+found {aside})")
 
