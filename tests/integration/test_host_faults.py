@@ -365,7 +365,7 @@ def test_a_full_volume_while_staging_stops_the_deploy_before_anything_serving_ch
         client.wait(1)
     print(f"full volume: exit {full.code}; client: {client.summary()}")
     assert full.code == 1, full.describe()
-    assert "No space left on device" in full.out, full.describe()
+    assert f"tb4: no space left under {MODELS_DIR}" in full.out, full.describe()
     assert fleet.current(HOST)["id"] == live
     assert client.failed() == [], client.summary()
     ssh(HOST, f"rm -f {MODELS_DIR}/.filler")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import posixpath
 import select
 import shlex
 import socket
@@ -25,7 +26,7 @@ from typing import Any, Protocol
 
 from fabric import Connection as FabricConnection
 
-from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.errors import HostUnreachable, TfsDeployError
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.hosts.commands.files import write_file
 from tfsdeploy.hosts.dockerapi import Docker, SdkDocker
@@ -93,6 +94,11 @@ def _hops(conn: FabricConnection) -> list[FabricConnection]:
     while isinstance(chain[-1].gateway, FabricConnection):
         chain.append(chain[-1].gateway)
     return chain
+
+
+class UploadFailed(TfsDeployError):
+    """The host refused a file the toolkit uploaded (its volume full, a path it cannot
+    write); the connection itself is fine."""
 
 
 ConnectionFactory = Callable[[ResolvedHost], Connection]
@@ -221,11 +227,31 @@ class SshConnection:
             raise HostUnreachable(f"{self.host.name}: writing {path}: {result.tail()}")
 
     def put_file(self, local: str, path: str) -> None:
-        """Upload a local file over SFTP."""
+        """Upload a local file over SFTP. A failed upload over a live connection is the host's
+        refusal (its volume full, say: SFTP then reports only a short file), said with the
+        free space where it was written; over a lost one, the host is unreachable."""
         try:
             self._sftp_client().put(str(Path(local)), path)
         except OSError as exc:
-            raise HostUnreachable(f"{self.host.name}: uploading to {path}: {exc}") from exc
+            if not self._transport().is_active():
+                raise HostUnreachable(f"{self.host.name}: uploading to {path}: {exc}") from exc
+            why = self._upload_failure(local, path, exc)
+            with contextlib.suppress(OSError):  # no partial file is left behind
+                self._sftp_client().remove(path)
+            raise UploadFailed(why) from exc
+
+    def _upload_failure(self, local: str, path: str, error: OSError) -> str:
+        """Why an upload failed, with the free space beside ``path`` when it is short."""
+        need_kib = Path(local).stat().st_size // 1024 + 1
+        where = posixpath.dirname(path) or "/"
+        found = self.run(["df", "-Pk", where], timeout=30)
+        fields = found.stdout.splitlines()[-1].split() if found.ok and found.stdout else []
+        free = int(fields[3]) if len(fields) >= 4 and fields[3].isdigit() else None
+        if free is not None and free < need_kib:
+            return (f"{self.host.name}: no space left under {where} ({free} KiB free, "
+                    f"{need_kib} KiB to upload): free space there (`fab prune`) or give the "
+                    f"model's versions a larger volume")
+        return f"{self.host.name}: uploading to {path} failed: {error}"
 
     @property
     def docker(self) -> Docker:
