@@ -7,8 +7,9 @@
   output (what is shown is ``core.visible``'s escape of it);
 - a stream that fails (EIO, EPIPE, closed) under every write: the command's writes never
   raise;
-- option values at and beyond every bound (cli/options.py ``BOUNDS``), as text: each is taken
-  within its bound or refused with one located problem naming the option and its fix;
+- option values at and beyond every bound (declared beside each option in cli/verbs.py), as
+  text: each is taken within its bound or refused with one located problem naming the option
+  and its fix;
 - inventories with huge integers (beyond 64 bits, beyond Python's int-str limit) in their
   numeric fields: a ConfigError of located problems, never a bare ValueError or OverflowError.
 """
@@ -25,8 +26,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tfsdeploy.cli import output
-from tfsdeploy.cli.options import BOUNDS, COMMAND_BOUNDS, Bound, options
+from tfsdeploy.cli.options import bounded, option_value
 from tfsdeploy.cli.terminal import GuardedStream
+from tfsdeploy.cli.verbs import Bound
 from tfsdeploy.core.errors import ConfigError
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
 from tfsdeploy.core.inventory.catalog import Batching, Rollout, Warmup
@@ -168,19 +170,18 @@ def _values(bound: Bound) -> st.SearchStrategy[str]:
     return st.one_of(near.map(repr), whole.map(str), junk)
 
 
-BOUNDED = [(None, name, bound) for name, bound in BOUNDS.items()] + \
-    [(command, name, bound) for (command, name), bound in COMMAND_BOUNDS.items()]
+BOUNDED = bounded()
 
 
 @examples(400)
 @given(st.sampled_from(BOUNDED), st.data())
 def test_every_bounded_option_takes_its_range_and_refuses_the_rest(
-        case: tuple[str | None, str, Bound], data: st.DataObject) -> None:
+        case: tuple[str, str, Bound], data: st.DataObject) -> None:
     command, name, bound = case
     text = data.draw(_values(bound))
     flag = f"--{name.replace('_', '-')}"
     try:
-        value = options({name: text}, command)[name]
+        value = option_value(command, name, text)
     except ConfigError as refused:
         (problem,) = refused.problems
         assert problem.field == flag and problem.fix and problem.message.startswith(flag)
@@ -197,7 +198,7 @@ def test_every_bounded_option_takes_its_range_and_refuses_the_rest(
                  st.sampled_from(["9" * 5000, "1" * 400, "0.5", "00"])))
 def test_a_since_span_is_taken_or_refused_located(unit: str, count: int | str) -> None:
     try:
-        options({"since": f"{count}{unit}"})
+        option_value("logs", "since", f"{count}{unit}")
     except ConfigError as refused:
         (problem,) = refused.problems
         assert problem.field == "--since" and "before 1970" in problem.message

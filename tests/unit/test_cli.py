@@ -152,14 +152,32 @@ def test_every_option_of_every_command_shows_as_name_and_value() -> None:
 
 
 def test_every_number_option_is_typed_and_range_checked() -> None:
-    from tfsdeploy.cli.options import BOUNDS, OPTION_TYPES
+    from typing import get_type_hints
+
+    from tfsdeploy.cli.verbs import VERBS, declared, meta
+
+    numbers = 0
+    for verb in VERBS:
+        hints = get_type_hints(verb)
+        for one in declared(verb):
+            kinds = {getattr(k, "__name__", str(k)) for k in getattr(
+                hints[one.name], "__args__", (hints[one.name],))}
+            if kinds & {"int", "float"}:
+                numbers += 1
+                assert meta(one).bound is not None, (verb.command, one.name)
+    assert numbers > 20  # the check reads the declarations it is meant to
+
+
+def test_each_task_is_made_from_its_declaration() -> None:
+    from tfsdeploy.cli.verbs import VERBS, declared, meta
 
     tasks = _tasks_module()
-    for name in tasks.ns.task_names:
-        body = tasks.ns[name].body
-        for parameter in inspect.signature(body).parameters.values():
-            if str(parameter.annotation).split(" ")[0] in ("int", "float"):
-                assert parameter.name in {*OPTION_TYPES, *BOUNDS}, (name, parameter.name)
+    for verb in VERBS:
+        task = tasks.ns[verb.command]
+        parameters = list(inspect.signature(task.body).parameters)[1:]
+        assert parameters == [f.name for f in declared(verb)], verb.command
+        assert task.help == {f.name: meta(f).help for f in declared(verb)}, verb.command
+        assert (task.body.__doc__ or "").startswith(verb.summary.split("\n")[0])
 
 
 def test_fab_help_and_a_bad_number_from_the_command_line(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from invoke.parser import Parser
 
 import tasks
 from tfsdeploy.accept import run as accept_run
-from tfsdeploy.cli.options import options
+from tfsdeploy.cli.options import option_value
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.hosts.ssh import SshConnection
 from tfsdeploy.loadtest import cli as loadtest_cli
@@ -93,7 +93,7 @@ def test_since_is_checked_and_passed_on_as_given() -> None:
     # logs() reads it against the clock when it starts (run.views.since_timestamp, whose
     # figures test_fleet checks): the Unix time docker-py's logs() takes, not the text
     for given in ("1h30m", "1d", "2025-01-31T10:00:00+02:00"):
-        assert options({"since": given})["since"] == given
+        assert option_value("logs", "since", given) == given
 
 
 @pytest.mark.parametrize("since", ["junk", "10x", "-10m", "1969-12-31T23:59:59Z", "1700000000"])

@@ -1,4 +1,4 @@
-"""Every numeric and duration option has bounds, written once (cli/options.py ``BOUNDS``):
+"""Every numeric and duration option has bounds, declared beside it (cli/verbs.py):
 a value at its bound is taken, one beyond it is refused at the option check, exit 1, naming
 the option, the bound and the fix, before any host is contacted."""
 
@@ -6,14 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfsdeploy.cli.options import (
-    BOUNDS,
-    COMMAND_BOUNDS,
-    DURATION_MAX_S,
-    Bound,
-    exact,
-    options,
-)
+from tfsdeploy.cli.options import DURATION_MAX_S, bounded, option_value
+from tfsdeploy.cli.verbs import Bound, exact
 from tfsdeploy.core.errors import ConfigError
 
 from .test_cli_options import CONNECTIONS, fab, no_host  # noqa: F401 (the fixture)
@@ -34,20 +28,19 @@ def _within(bound: Bound) -> list[str]:
             else repr(bound.high)]
 
 
-CASES = [(None, name, bound) for name, bound in BOUNDS.items()] + \
-    [(command, name, bound) for (command, name), bound in COMMAND_BOUNDS.items()]
+CASES = bounded()
 
 
 @pytest.mark.parametrize(("command", "name", "bound"), CASES,
-                         ids=[f"{c or 'any'}-{n}" for c, n, _ in CASES])
+                         ids=[f"{c}-{n}" for c, n, _ in CASES])
 def test_each_numeric_option_takes_its_bounds_and_refuses_beyond_them(
-        command: str | None, name: str, bound: Bound) -> None:
+        command: str, name: str, bound: Bound) -> None:
     for value in _within(bound):
-        assert options({name: value}, command)[name] == float(value)
+        assert option_value(command, name, value) == float(value)
     flag = f"--{name.replace('_', '-')}"
     for value in _beyond(bound):
         with pytest.raises(ConfigError) as refused:
-            options({name: value}, command)
+            option_value(command, name, value)
         (problem,) = refused.value.problems
         assert problem.field == flag and problem.message.startswith(f"{flag} {value!r}: ")
         said = problem.message + problem.fix
@@ -77,9 +70,9 @@ def test_an_option_beyond_its_bound_exits_1_before_any_host(
 
 def test_the_longest_duration_is_a_day() -> None:
     assert DURATION_MAX_S == 86_400
-    assert options({"duration": "24h"})["duration"] == "24h"
+    assert option_value("bench", "duration", "24h") == "24h"
     with pytest.raises(ConfigError):
-        options({"duration": "25h"})
+        option_value("bench", "duration", "25h")
 
 
 @pytest.mark.parametrize("option", ["--start-margin", "--timeout", "--interval"])

@@ -20,11 +20,39 @@ from typing import Any
 
 from tfsdeploy.cli import output
 from tfsdeploy.cli.exits import debugging, run_command, unattended_outputs
-from tfsdeploy.cli.options import Options, is_safe, options, safe_model, writable
+from tfsdeploy.cli.options import is_safe, options, safe_model, writable
 from tfsdeploy.cli.render import summary_rows as render_rows
 from tfsdeploy.cli.render import write_renders
 from tfsdeploy.cli.terminal import guarded_output, hangup_survived
 from tfsdeploy.cli.unattended import INVALID_MODEL, update_textfile, write_json_file
+from tfsdeploy.cli.verbs import (
+    AbortArgs,
+    AcceptArgs,
+    BenchArgs,
+    CanaryArgs,
+    DeployArgs,
+    DiagnoseArgs,
+    ExecArgs,
+    GatewayArgs,
+    GuardArgs,
+    HistoryArgs,
+    HostsArgs,
+    LockArgs,
+    LogsArgs,
+    ObserveArgs,
+    PlanCapacityArgs,
+    PromoteArgs,
+    PruneArgs,
+    PublishArgs,
+    RenderArgs,
+    RetireArgs,
+    RollbackArgs,
+    Selected,
+    StageArgs,
+    StatusArgs,
+    TuneArgs,
+    Unattended,
+)
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy, parse_weights
 from tfsdeploy.core.inventory.load import load_inventory
@@ -41,20 +69,20 @@ from tfsdeploy.run.after import (
 ROOT = Path(__file__).resolve().parents[3]  # the checkout: playbooks, tasks, `fab` itself
 
 
-def target(args: Options) -> Target:
+def target(args: Selected | TuneArgs | LockArgs | AcceptArgs) -> Target:
     """The command's target: inventory, model (validated), selected hosts."""
-    return load_target(safe_model(args["model"]), inventory=args.get("inventory"),
-                       hosts=args.get("hosts"), limit=args.get("limit"))
+    return load_target(safe_model(args.model), inventory=args.inventory,
+                       hosts=getattr(args, "hosts", None), limit=getattr(args, "limit", None))
 
 
 class Record:
     """A run's record, written by the engine before any after-pass: the JSON result and the
     textfile, from the run's own result (``extra``: what the command adds to the JSON)."""
 
-    def __init__(self, command: str, args: Options, events: list[dict[str, Any]],
+    def __init__(self, command: str, args: Unattended, events: list[dict[str, Any]],
                  extra: Callable[[Any], dict[str, Any]] | None = None) -> None:
         self.command, self.events, self.extra = command, events, extra
-        self.json_file, self.metrics_file = args.get("json_file"), args.get("metrics_file")
+        self.json_file, self.metrics_file = args.json_file, args.metrics_file
         self.data: dict[str, Any] = {}
 
     def __call__(self, result: Any) -> None:
@@ -121,95 +149,96 @@ def after_the_run(error: BaseException, code: int) -> None:
 
 # -- the commands -----------------------------------------------------------------------
 
-def cmd_render(args: Options) -> int:
+def cmd_render(args: RenderArgs) -> int:
     """`fab render`."""
-    renders = render_release(target(args), args["version"])
-    written = write_renders(renders, Path(args["out"]))
-    output.print_table(f"{args['model']}: {len(renders)} host(s) rendered and validated into "
-                       f"{args['out']}/", ("host", "address", "version", "GPU fraction",
+    renders = render_release(target(args), args.version)
+    written = write_renders(renders, Path(args.out))
+    output.print_table(f"{args.model}: {len(renders)} host(s) rendered and validated into "
+                       f"{args.out}/", ("host", "address", "version", "GPU fraction",
                                            "files"), render_rows(renders))
     print(f"{len(written)} files written; the TFServing files parsed with TFServing's "
           "definitions; proxy/haproxy.cfg as a first deploy writes it (slot blue).")
     return 0
 
 
-def cmd_observe(args: Options) -> int:
+def cmd_observe(args: ObserveArgs) -> int:
     """`fab observe`."""
     from tfsdeploy.cli.observe import observe
 
-    inventory = load_inventory(args["inventory"])
-    model = safe_model(args["model"]) if args.get("model") else None
-    written, published = observe(inventory, model, Path(args["out"]),
-                                 targets=bool(args.get("targets")))
+    inventory = load_inventory(args.inventory)
+    model = safe_model(args.model) if args.model else None
+    written, published = observe(inventory, model, Path(args.out),
+                                 targets=bool(args.targets))
     for path in written:
         print(path)
     for place in published:
         print(f"targets: {place}")
     print(f"{len(written)} files written; check them with `promtool check config "
-          f"{args['out']}/prometheus/prometheus.yml`")
+          f"{args.out}/prometheus/prometheus.yml`")
     return 0
 
 
-def cmd_hosts(args: Options) -> int:
+def cmd_hosts(args: HostsArgs) -> int:
     """`fab hosts`."""
-    inventory = load_inventory(args["inventory"])
-    chosen = inventory.select(args["hosts"], limit=args["limit"])
+    inventory = load_inventory(args.inventory)
+    chosen = inventory.select(args.hosts, limit=args.limit)
     output.print_table(f"{inventory.path}: {len(chosen)} host(s)",
                        ("host", "address", "groups", "GPUs", "models"),
                        output.host_rows(inventory, chosen))
     return 0
 
 
-def cmd_deploy(args: Options) -> int:
+def cmd_deploy(args: DeployArgs) -> int:
     """`fab deploy` (and `--check [--diff]`)."""
     from tfsdeploy.run import deploy
 
-    if args["check"] or args["diff"]:
-        return output.print_check(args, deploy.check(
-            target(args), version=args["version"], playbook=args["playbook"],
-            diff=args["diff"]))
+    if args.check or args.diff:
+        return output.print_check("deploy", args.model, args.json, deploy.check(
+            target(args), version=args.version, playbook=args.playbook,
+            diff=args.diff))
     from tfsdeploy.run.gateway import drift_notes
 
     return _surrounded(
         "deploy", args, lambda chosen, shown, before, epilogue: deploy.deploy(
-            chosen, version=args["version"], playbook=args["playbook"],
-            lock_wait=args["lock_wait"], reporter=shown, before=before,
-            canary=_canary_option(chosen, args), max_pulls=args.get("max_pulls"),
+            chosen, version=args.version, playbook=args.playbook,
+            lock_wait=args.lock_wait, reporter=shown, before=before,
+            canary=_canary_option(chosen, args), max_pulls=args.max_pulls,
             epilogue=epilogue),
         notes=lambda chosen: [lambda session: drift_notes(chosen.inventory, chosen.model.name,
                                                           session=session)])
 
 
-def gateway_notes(args: Options) -> None:
+def gateway_notes(args: Selected) -> None:
     """A line on stderr per gateway host routing the model whose configuration no longer
     matches the inventory (nothing when no gateway routes it); never changes the exit code."""
     from tfsdeploy.run.gateway import drift_notes
 
     with hangup_survived():
         try:
-            inventory = load_inventory(args.get("inventory"))
-            for note in drift_notes(inventory, args["model"]):
+            inventory = load_inventory(args.inventory)
+            for note in drift_notes(inventory, args.model):
                 print(note, file=sys.stderr, flush=True)
         except (Exception, KeyboardInterrupt) as error:
             print(f"gateway: not compared ({type(error).__name__}: {error})", file=sys.stderr)
 
 
-def _canary_option(chosen: Target, args: Options) -> CanaryPolicy | None:
+def _canary_option(chosen: Target, args: DeployArgs) -> CanaryPolicy | None:
     """The command line's canary policy (over the model's), or None to keep the model's."""
-    if not (args.get("canary_weights") or args.get("pause") or args.get("step_s")):
+    if not (args.canary_weights or args.pause or args.step_s):
         return None
     base = chosen.model.rollout.canary or CanaryPolicy()
     changes: dict[str, Any] = {}
-    if args.get("canary_weights"):
-        changes["weights"] = parse_weights(str(args["canary_weights"]))
-    if args.get("step_s"):
-        changes["step_s"] = float(args["step_s"])
-    if args.get("pause"):
+    if args.canary_weights:
+        changes["weights"] = parse_weights(str(args.canary_weights))
+    if args.step_s:
+        changes["step_s"] = float(args.step_s)
+    if args.pause:
         changes["pause"] = True
     return dataclasses.replace(base, **changes)
 
 
-def _surrounded(command: str, args: Options, run: Callable[..., Any],
+def _surrounded(command: str, args: DeployArgs | RollbackArgs | CanaryArgs,
+                run: Callable[..., Any],
                 notes: Callable[[Target], list[NotePass]] = lambda chosen: []) -> int:
     """A command's run with its hooks and notifications around it (cli/around.py): the
     pre-hook once the release is known and everything is validated (it may stop the run
@@ -221,18 +250,18 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any],
 
     chosen = target(args)
     started = time.monotonic()
-    shown = around.EventReporter(output.reporter(args["json"], args["log_file"]))
-    before = around.surround(shown, command, chosen, hooks_dir=args.get("hooks"),
-                             notify_urls=args.get("notify") or ())
+    shown = around.EventReporter(output.reporter(args.json, args.log_file))
+    before = around.surround(shown, command, chosen, hooks_dir=args.hooks,
+                             notify_urls=args.notify or ())
     retarget = Retargeter(chosen) if retargets(chosen) else None
     record = Record(command, args, shown.events)
 
     def hooks_after(result: Any, _session: Any) -> None:
         if shown.around is not None:
-            record.add(around.after(shown.around, output.note_sink(args["json"]),
+            record.add(around.after(shown.around, output.note_sink(args.json),
                                     result=result, exit_code=int(result.exit_code),
                                     seconds=result.seconds, message=result.message,
-                                    data=record.data, json_file=args["json_file"]), result)
+                                    data=record.data, json_file=args.json_file), result)
 
     epilogue = Epilogue(
         notes=notes(chosen), record=record,
@@ -247,7 +276,7 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any],
         if shown.around is not None:
             with hangup_survived():
                 try:  # nothing in them changes the run's exit code (run_command records it)
-                    around.ended_early(shown.around, output.note_sink(args["json"]), error,
+                    around.ended_early(shown.around, output.note_sink(args.json), error,
                                        command=command, seconds=time.monotonic() - started)
                 except (Exception, KeyboardInterrupt) as late:
                     after_the_run(late, int(error.exit_code))
@@ -258,48 +287,48 @@ def _surrounded(command: str, args: Options, run: Callable[..., Any],
         if shown.around is not None:
             around.close(shown.around)
         raise
-    return shown_result(command, result, record, json=args["json"])
+    return shown_result(command, result, record, json=args.json)
 
 
-def cmd_promote(args: Options) -> int:
+def cmd_promote(args: PromoteArgs) -> int:
     """`fab promote`."""
     from tfsdeploy.run import canary
     from tfsdeploy.run.jobs import Verb
 
     return _surrounded("promote", args, lambda chosen, shown, before, epilogue: (
-        canary.finish_canary(Verb.PROMOTE, chosen, lock_wait=args["lock_wait"], reporter=shown,
+        canary.finish_canary(Verb.PROMOTE, chosen, lock_wait=args.lock_wait, reporter=shown,
                              before=before, epilogue=epilogue)))
 
 
-def cmd_abort(args: Options) -> int:
+def cmd_abort(args: AbortArgs) -> int:
     """`fab abort`."""
     from tfsdeploy.run import canary
     from tfsdeploy.run.jobs import Verb
 
     return _surrounded("abort", args, lambda chosen, shown, before, epilogue: (
-        canary.finish_canary(Verb.ABORT, chosen, lock_wait=args["lock_wait"], reporter=shown,
+        canary.finish_canary(Verb.ABORT, chosen, lock_wait=args.lock_wait, reporter=shown,
                              before=before, epilogue=epilogue)))
 
 
-def cmd_rollback(args: Options) -> int:
+def cmd_rollback(args: RollbackArgs) -> int:
     """`fab rollback`."""
     from tfsdeploy.run import rollback
 
     return _surrounded("rollback", args, lambda chosen, shown, before, epilogue: (
-        rollback.rollback(chosen, to=args["to"], playbook=args["playbook"],
-                          lock_wait=args["lock_wait"], reporter=shown, before=before,
+        rollback.rollback(chosen, to=args.to, playbook=args.playbook,
+                          lock_wait=args.lock_wait, reporter=shown, before=before,
                           epilogue=epilogue)))
 
 
-def cmd_status(args: Options) -> int:
+def cmd_status(args: StatusArgs) -> int:
     """`fab status`."""
     from tfsdeploy.run.views import status
 
-    rows = status(target(args), with_orphans=not args.get("hosts") and not args.get("limit"))
-    if args["json"]:
+    rows = status(target(args), with_orphans=not args.hosts and not args.limit)
+    if args.json:
         output.print_json(rows)
     else:
-        output.print_table(f"{args['model']}: status", ("host", "release", "version",
+        output.print_table(f"{args.model}: status", ("host", "release", "version",
                                                         "traffic", "slots", "drift", "lock"),
                            [output.status_row(r) for r in rows])
         for row in rows:  # the table cuts the error short: its reason and fix in full
@@ -311,34 +340,34 @@ def cmd_status(args: Options) -> int:
     return 0 if all(r["reachable"] and not r.get("down") for r in rows) else 3
 
 
-def cmd_history(args: Options) -> int:
+def cmd_history(args: HistoryArgs) -> int:
     """`fab history`."""
     from tfsdeploy.run.views import history
 
     rows = history(target(args))
-    if args["json"]:
+    if args.json:
         output.print_json(rows)
     else:
-        output.print_history(args["model"], rows)
+        output.print_history(args.model, rows)
     return 0 if all(r["reachable"] for r in rows) else 3
 
 
-def cmd_guard(args: Options) -> int:
+def cmd_guard(args: GuardArgs) -> int:
     """`fab guard`: when it acts, the rollback (or the abort of a paused canary) runs with the
     hooks and events `fab rollback` (`fab abort`) has, after a ``guard_triggered`` event."""
     from tfsdeploy.cli import around
     from tfsdeploy.run.guard import GuardPolicy, guard
 
     started = time.monotonic()
-    policy = GuardPolicy(max_error_rate=args["max_error_rate"], slo_p99_ms=args["slo_p99_ms"],
-                         for_s=args["for_s"], interval_s=args["interval_s"],
-                         duration_s=args["duration_s"], min_requests=args["min_requests"],
-                         count_client_errors=bool(args.get("count_client_errors")),
-                         lock_wait=args["lock_wait"])
+    policy = GuardPolicy(max_error_rate=args.max_error_rate, slo_p99_ms=args.slo_p99_ms,
+                         for_s=args.for_s, interval_s=args.interval_s,
+                         duration_s=args.duration_s, min_requests=args.min_requests,
+                         count_client_errors=bool(args.count_client_errors),
+                         lock_wait=args.lock_wait)
     chosen = target(args)
-    shown = around.EventReporter(output.reporter(False, args["log_file"]))
-    hooked = shown.around = around.prepare("guard", chosen, hooks_dir=args.get("hooks"),
-                                           notify_urls=args.get("notify") or ())
+    shown = around.EventReporter(output.reporter(False, args.log_file))
+    hooked = shown.around = around.prepare("guard", chosen, hooks_dir=args.hooks,
+                                           notify_urls=args.notify or ())
     act, abort = around.guard_actions(shown, chosen, lock_wait=policy.lock_wait)
     try:
         code, message = guard(chosen, policy, reporter=shown, act=act, abort=abort)
@@ -356,7 +385,7 @@ def cmd_guard(args: Options) -> int:
     with late_signals(shown) as late:
         # the guard's end is recorded first; then, when it acted, the model's targets (what
         # serves now) and its runbook's post-hooks, under the after-passes' deadline
-        record_run(None, args["metrics_file"], {"exit_code": int(code)}, model=args["model"],
+        record_run(None, args.metrics_file, {"exit_code": int(code)}, model=args.model,
                    command="guard", seconds=seconds, release="", version=None)
         run_after_passes(passes, None, None, deadline_s=AFTER_DEADLINE_S, late=late,
                          reporter=shown)
@@ -381,105 +410,109 @@ def _guard_after(hooked: Any, shown: Any, chosen: Target, *, code: int, message:
                  message=message, data=data, json_file=None)
 
 
-def cmd_bench(args: Options) -> int:
+def cmd_bench(args: BenchArgs) -> int:
     """`fab bench`."""
-    from tfsdeploy.run.bench import bench
+    from tfsdeploy.run.bench import Load, bench
 
-    return bench(target(args), args)
+    return bench(target(args), Load(
+        version=args.version, duration=args.duration, concurrency=args.concurrency,
+        slo_p99=args.slo_p99, max_error_rate=args.max_error_rate, sweep=args.sweep,
+        rps=args.rps, procs=args.procs, min_qps=args.min_qps, report=args.report,
+        sweep_plot=args.sweep_plot))
 
 
-def cmd_tune(args: Options) -> int:
+def cmd_tune(args: TuneArgs) -> int:
     """`fab tune`."""
     from tfsdeploy.cli.tune import run_tune
 
     return run_tune(target(args), args)
 
 
-def cmd_diagnose(args: Options) -> int:
+def cmd_diagnose(args: DiagnoseArgs) -> int:
     """`fab diagnose`."""
     from tfsdeploy.cli.tune import print_diagnosis
     from tfsdeploy.core.timetext import duration_seconds
     from tfsdeploy.run.diagnose import diagnose_hosts
 
-    window = duration_seconds(args.get("for_") or "60s")
+    window = duration_seconds(args.for_ or "60s")
     print(f"reading each instance's metrics for {window:g} s", file=sys.stderr, flush=True)
     rows = diagnose_hosts(target(args), window)
-    if args.get("json"):
+    if args.json:
         output.print_json(rows)
     else:
         print_diagnosis(rows)
     return 0 if all(r.get("reachable") for r in rows) else 3
 
 
-def cmd_plan_capacity(args: Options) -> int:
+def cmd_plan_capacity(args: PlanCapacityArgs) -> int:
     """`fab plan-capacity`."""
     from tfsdeploy.loadtest.cli import plan_capacity
 
     given = [k for k in ("sweep_report", "tune_report", "per_instance_qps")
-             if args.get(k) is not None]
+             if getattr(args, k) is not None]
     if len(given) != 1:
         raise ConfigError(Problem(
             "no per-instance figure" if not given else
             f"{' and '.join('--' + k.replace('_', '-') for k in given)} both give the "
             "per-instance figure", fix="pass one of --sweep-report FILE, --tune-report FILE "
                                        "or --per-instance-qps N"))
-    source: str | float = args[given[0]]
-    code, text = plan_capacity(args["target_qps"], source, load_factor=args["load_factor"],
-                               availability_factor=args["availability_factor"],
-                               instances_per_host=args["instances_per_host"],
-                               as_json=args["json"], tune=given[0] == "tune_report")
+    source: str | float = getattr(args, given[0])
+    code, text = plan_capacity(args.target_qps, source, load_factor=args.load_factor,
+                               availability_factor=args.availability_factor,
+                               instances_per_host=args.instances_per_host,
+                               as_json=args.json, tune=given[0] == "tune_report")
     print(text)
     return code
 
 
-def cmd_lock(args: Options) -> int:
+def cmd_lock(args: LockArgs) -> int:
     """`fab lock`."""
     from tfsdeploy.run.views import lock_state
 
-    lines, verdict = lock_state(target(args), breaking=args["break_"])
+    lines, verdict = lock_state(target(args), breaking=args.break_)
     print("\n".join([*lines, verdict]))
     return 0
 
 
-def cmd_logs(args: Options) -> int:
+def cmd_logs(args: LogsArgs) -> int:
     """`fab logs`."""
     from tfsdeploy.run.views import logs
 
-    return logs(target(args), lines=int(args["lines"]), since=args["since"],
-                follow=args["follow"],
+    return logs(target(args), lines=int(args.lines), since=args.since,
+                follow=args.follow,
                 out=lambda line: print(line, flush=True))  # followed lines show as they come
 
 
-def cmd_exec(args: Options) -> int:
+def cmd_exec(args: ExecArgs) -> int:
     """`fab exec -- CMD ...`."""
     from tfsdeploy.run.views import exec_in
 
-    return exec_in(target(args), list(args["argv"]), force=args["force"], out=print)
+    return exec_in(target(args), list(args.argv), force=args.force, out=print)
 
 
-def cmd_prune(args: Options) -> int:
+def cmd_prune(args: PruneArgs) -> int:
     """`fab prune` (and `--check`)."""
     from tfsdeploy.run import prune
 
-    if args["check"]:
-        return output.print_check({**args, "command": "prune"},
-                                  prune.prune_check(target(args), playbook=args["playbook"]))
-    shown = output.reporter(args["json"], args["log_file"])
+    if args.check:
+        return output.print_check("prune", args.model, args.json,
+                                  prune.prune_check(target(args), playbook=args.playbook))
+    shown = output.reporter(args.json, args.log_file)
     record = Record("prune", args, shown.events, extra=prune.summary_data)
-    result = prune.prune(target(args), playbook=args["playbook"], lock_wait=args["lock_wait"],
+    result = prune.prune(target(args), playbook=args.playbook, lock_wait=args.lock_wait,
                          reporter=shown, epilogue=Epilogue(record=record))
-    return shown_result("prune", result, record, json=args["json"],
+    return shown_result("prune", result, record, json=args.json,
                         rows=prune.summary_rows(result))
 
 
-def cmd_publish(args: Options) -> int:
+def cmd_publish(args: PublishArgs) -> int:
     """`fab publish`: the version packed once and pushed to each registry the model's hosts
     name; only what a registry lacks is pushed."""
     from tfsdeploy.run import stage
 
     chosen = target(args)
-    published = stage.publish_version(chosen, args["version"])
-    if args["json"]:
+    published = stage.publish_version(chosen, args.version)
+    if args.json:
         output.print_json(stage.publish_data(chosen, published))
         return 0
     for done in published:
@@ -488,59 +521,59 @@ def cmd_publish(args: Options) -> int:
     return 0
 
 
-def cmd_stage(args: Options) -> int:
+def cmd_stage(args: StageArgs) -> int:
     """`fab stage`: the version put in place on every selected host ahead of a release."""
     from tfsdeploy.run import stage
 
-    shown = output.reporter(args["json"], args["log_file"])
+    shown = output.reporter(args.json, args.log_file)
     record = Record("stage", args, shown.events)
-    result = stage.stage(target(args), version=args["version"], playbook=args["playbook"],
-                         lock_wait=args["lock_wait"], max_pulls=args["max_pulls"],
+    result = stage.stage(target(args), version=args.version, playbook=args.playbook,
+                         lock_wait=args.lock_wait, max_pulls=args.max_pulls,
                          reporter=shown, epilogue=Epilogue(record=record))
-    return shown_result("stage", result, record, json=args["json"])
+    return shown_result("stage", result, record, json=args.json)
 
 
-def cmd_retire(args: Options) -> int:
+def cmd_retire(args: RetireArgs) -> int:
     """`fab retire` (and `--check`): by default from every inventory host (each one that holds
     the model is retired; the others are reported absent)."""
     from tfsdeploy.run import retire
 
-    chosen = load_target(safe_model(args["model"]), inventory=args.get("inventory"),
-                         hosts=args.get("hosts") or "all", limit=args.get("limit"))
-    if args["check"]:
-        return output.print_check({**args, "command": "retire"},
-                                  retire.retire_check(chosen, playbook=args["playbook"]))
-    shown = output.reporter(args["json"], args["log_file"])
+    chosen = load_target(safe_model(args.model), inventory=args.inventory,
+                         hosts=args.hosts or "all", limit=args.limit)
+    if args.check:
+        return output.print_check("retire", args.model, args.json,
+                                  retire.retire_check(chosen, playbook=args.playbook))
+    shown = output.reporter(args.json, args.log_file)
     record = Record("retire", args, shown.events)
-    result = retire.retire(chosen, playbook=args["playbook"], lock_wait=args["lock_wait"],
+    result = retire.retire(chosen, playbook=args.playbook, lock_wait=args.lock_wait,
                            reporter=shown, epilogue=Epilogue(record=record))
-    return shown_result("retire", result, record, json=args["json"])
+    return shown_result("retire", result, record, json=args.json)
 
 
-def cmd_accept(args: Options) -> int:
+def cmd_accept(args: AcceptArgs) -> int:
     """`fab accept` (docs/acceptance.md)."""
     from tfsdeploy.accept.plan import AcceptOptions
     from tfsdeploy.accept.run import run_accept
 
     accept = AcceptOptions(
-        model=safe_model(args["model"]), inventory=args["inventory"],
-        target_qps=args["target_qps"], duration=args["duration"], interval=args["interval"],
-        release=args["release"], release_at=args["release_at"], loadgens=args["loadgens"],
-        slo_p99_ms=args["slo_p99_ms"], max_error_rate_pct=args["max_error_rate"],
-        data_version=args["data_version"], start_margin=args["start_margin"],
-        timeout=args["timeout"], concurrency=args["concurrency"], procs=args["procs"])
-    return run_accept(accept, root=ROOT, out=Path(args["out"]) if args["out"] else None,
+        model=safe_model(args.model), inventory=args.inventory,
+        target_qps=args.target_qps, duration=args.duration, interval=args.interval,
+        release=args.release, release_at=args.release_at, loadgens=args.loadgens,
+        slo_p99_ms=args.slo_p99_ms, max_error_rate_pct=args.max_error_rate,
+        data_version=args.data_version, start_margin=args.start_margin,
+        timeout=args.timeout, concurrency=args.concurrency, procs=args.procs)
+    return run_accept(accept, root=ROOT, out=Path(args.out) if args.out else None,
                       show_table=output.print_table)
 
 
-def cmd_gateway(args: Options) -> int:
+def cmd_gateway(args: GatewayArgs) -> int:
     """`fab gateway` (and `--check [--diff]`)."""
     from tfsdeploy.cli.gateway import cmd_gateway as run_gateway
 
-    return run_gateway(args["inventory"], check=args["check"], diff=args["diff"])
+    return run_gateway(args.inventory, check=args.check, diff=args.diff)
 
 
-COMMANDS: dict[str, Callable[[Options], int]] = {
+COMMANDS: dict[str, Callable[[Any], int]] = {
     "render": cmd_render, "hosts": cmd_hosts, "deploy": cmd_deploy, "rollback": cmd_rollback,
     "status": cmd_status, "history": cmd_history, "guard": cmd_guard, "bench": cmd_bench,
     "plan_capacity": cmd_plan_capacity, "lock": cmd_lock, "logs": cmd_logs, "exec": cmd_exec,
@@ -552,15 +585,16 @@ UNATTENDED = ("deploy", "rollback", "guard", "prune", "retire", "promote", "abor
 
 
 def main(command: str, raw: dict[str, Any]) -> int:
-    """Run ``command`` with the task's arguments; returns the exit code."""
-    args = {k: v for k, v in raw.items() if k != "c"}
+    """Run ``command`` with the task's arguments (as invoke parsed them, text) typed into its
+    options class (``cli.verbs``); returns the exit code."""
+    name = command.replace("-", "_")
+    given = {k: v for k, v in raw.items() if k != "c"}
     record = None
-    if command in UNATTENDED:
-        model = str(args.get("model", ""))
+    if name in UNATTENDED:
+        model = str(given.get("model", ""))
         # a --model that is no model name is recorded under a label no model can have
         label = model if is_safe(model) else INVALID_MODEL
-        record = unattended_outputs(command, label, writable(args.get("json_file")),
-                                    writable(args.get("metrics_file")))
+        record = unattended_outputs(name, label, writable(given.get("json_file")),
+                                    writable(given.get("metrics_file")))
     with guarded_output():
-        return run_command(lambda: COMMANDS[command](options(args, command)),
-                           record=record)
+        return run_command(lambda: COMMANDS[name](options(given, name)), record=record)

@@ -1,29 +1,28 @@
-"""Every command's options typed before it runs: numbers and durations parsed from the text
-the task received (tasks.py declares them as text: invoke's own conversion ends in a
-traceback), ranges checked, paths checked before anything is written, and every bad option
-named at once with its fix (a ConfigError, exit 1)."""
+"""Every command's options typed before it runs, into the command's own options class
+(``cli.verbs``): numbers and durations parsed from the text the task received (invoke's own
+conversion ends in a traceback), ranges checked (each number's bound is declared beside it),
+paths checked before anything is written, and every bad option named at once with its fix (a
+ConfigError, exit 1)."""
 
 from __future__ import annotations
 
 import math
 import re
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import Field, fields
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BeforeValidator, Field, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, TypeAdapter, ValidationError
 from pydantic_core import PydanticCustomError
 
+from tfsdeploy.cli.verbs import VERBS, Args, Bound, declared, exact, is_required, meta, verb
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.inventory.canary_policy import parse_weights
 from tfsdeploy.core.inventory.layout import RELEASE_ID
-from tfsdeploy.core.inventory.schema import ONE_DAY_S, ONE_WEEK_S, explain
+from tfsdeploy.core.inventory.schema import ONE_DAY_S, explain
 from tfsdeploy.core.timetext import SINCE_FIX, duration_seconds, since_seconds
-
-Options = dict[str, Any]
-"""A command's options by name, as the task passed them (``options`` types them)."""
 
 
 def parsed(parse: Callable[[str], Any], fix: str) -> BeforeValidator:
@@ -108,76 +107,17 @@ OutputDir = Annotated[str, parsed(output_path(directory=True),
                                   "name a directory (made when missing) this user can write")]
 
 
-@dataclass(frozen=True)
-class Bound:
-    """The range of a numeric option: ``low`` (excluded when ``above``) to ``high``, both
-    finite; ``whole`` for a count."""
-
-    low: float
-    high: float
-    above: bool = False  # low itself is refused (a rate or an interval of 0 means nothing)
-    whole: bool = False
-
-    def kind(self) -> Any:
-        """The pydantic type that checks it (its errors name the bounds as written here)."""
-        low, high = exact(self.low), exact(self.high)
-        at_least = Field(gt=low) if self.above else Field(ge=low)
-        if self.whole:
-            return Annotated[int, at_least, Field(le=high)]
-        return Annotated[float, at_least, Field(le=high, allow_inf_nan=False)]
-
-
-def exact(number: float) -> float | int:
-    """``number`` as an int when it is whole (a bound reads 86400, not 86400.0)."""
-    return int(number) if float(number).is_integer() else number
-
-
-MILLION = 1_000_000
-# Every numeric option's bounds, in one place (docs/commands.md names them). A value beyond
-# its bound is refused with the option, the bound and the fix before any host is contacted:
-# beyond them a value is a typo, not a choice (`--lock-wait 1e300` waits forever,
-# `--interval-s 1e-300` reads every serving process's metrics in a busy loop).
-BOUNDS: dict[str, Bound] = {
-    "lock_wait": Bound(0, ONE_DAY_S),            # s
-    "step_s": Bound(0, ONE_DAY_S, above=True),   # s, a canary step
-    "for_s": Bound(0, ONE_DAY_S),                # s, how long a breach lasts
-    "interval_s": Bound(0.1, 3600),              # s between the guard's metric reads
-    "duration_s": Bound(0, ONE_WEEK_S, above=True),  # s the guard watches
-    "slo_p99_ms": Bound(0, 3_600_000, above=True),   # ms
-    "slo_p99": Bound(0, 3_600_000, above=True),      # ms
-    "max_error_rate": Bound(0, 100),             # percent (bench, accept); guard: below
-    "min_requests": Bound(1, 1_000_000_000, whole=True),
-    "concurrency": Bound(1, 100_000, whole=True),
-    "procs": Bound(1, 1024, whole=True),
-    "instances_per_host": Bound(1, 1024, whole=True),
-    "lines": Bound(1, MILLION, whole=True),
-    "max_pulls": Bound(1, 10_000, whole=True),   # hosts pulling a model version at once
-    "rps": Bound(0, 10 * MILLION, above=True),
-    "min_qps": Bound(0, 10 * MILLION, above=True),
-    "target_qps": Bound(0, 10 * MILLION, above=True),
-    "per_instance_qps": Bound(0, 10 * MILLION, above=True),
-    "load_factor": Bound(0, 1, above=True),      # 0 divides by zero
-    "availability_factor": Bound(0, 1, above=True),
-}
-# (command, option) -> its bound where that command's differs
-COMMAND_BOUNDS: dict[tuple[str, str], Bound] = {
-    ("guard", "max_error_rate"): Bound(0, 1),    # a fraction: 0.01 is 1 %
-}
 # durations given as text (`fab bench --duration`, `fab logs --since` a span back): at most
 DURATION_MAX_S = ONE_DAY_S
-OPTION_TYPES: dict[str, Any] = {
+# a text option's format, by the name its declaration gives (``Meta.check``)
+CHECKS: dict[str, Any] = {
     "since": Annotated[str, parsed(since_text, SINCE_FIX)],
-    "to": Annotated[str, parsed(release_id, "give a release id that `fab history` lists, "
-                                            "e.g. r20250131-080000000-v3")],
+    "release_id": Annotated[str, parsed(release_id, "give a release id that `fab history` "
+                                                    "lists, e.g. r20250131-080000000-v3")],
     "duration": Annotated[str, parsed(duration_text, "write it like 30s, 500ms, 2m or 1.5h")],
-    "json_file": OutputFile, "metrics_file": OutputFile, "log_file": OutputFile,
-    "report": OutputFile, "sweep_plot": OutputFile, "out": OutputDir, "write": OutputFile,
-    "budget": Annotated[str, parsed(duration_text, "write it like 10m, 90s or 1h")],
-    "step": Annotated[str, parsed(duration_text, "write it like 5s or 500ms")],
-    "for_": Annotated[str, parsed(duration_text, "write it like 60s or 2m")],
-    "sweep_report": Annotated[str, parsed(input_file, "name the JSON report of `fab bench "
-                                                      "--sweep`")],
-    "tune_report": Annotated[str, parsed(input_file, "name the tune.json of `fab tune`")],
+    "output_file": OutputFile, "output_dir": OutputDir,
+    "input_file": Annotated[str, parsed(input_file, "name a file this user can read: the "
+                                                    "report or tune.json it names")],
 }
 
 
@@ -208,48 +148,71 @@ def _notify_urls(urls: list[str]) -> None:
 # options checked by the module that reads them (a located ConfigError), whatever the
 # command does with them: `deploy --check` reads neither the canary options nor --notify,
 # yet must refuse what the deploy would
-OPTION_CHECKS: dict[str, Callable[[Any], None]] = {
+LOCATED_CHECKS: dict[str, Callable[[Any], None]] = {
     "canary_weights": lambda value: _canary_weights(str(value)),
     "notify": lambda value: _notify_urls(list(value)),
 }
 
+Typed = TypeVar("Typed", bound=Args)
 
-def options(raw: Options, command: str | None = None) -> Options:
-    """The command's options, typed and range-checked (``BOUNDS``); every bad one named at
-    once, with its bound and the fix."""
-    checked, problems = dict(raw), []
-    for name, value in raw.items():
-        flag = f"--{name.replace('_', '-')}"
-        if isinstance(value, str) and not value.strip():
-            # an empty value is never a choice: `--inventory "$INV"` with $INV unset must not
-            # mean the default inventory, nor `--hosts ""` every host of the model
-            problems.append(Problem(f"{flag} is empty", fix=f"give a value, or leave {flag} out",
-                                    field=flag))
-        elif name in OPTION_CHECKS and value is not None:
-            try:
-                OPTION_CHECKS[name](value)
-            except ConfigError as error:
-                problems += error.problems
-        elif value is not None and (kind := option_type(name, command)) is not None:
-            try:
-                checked[name] = TypeAdapter(kind).validate_python(value)
-            except ValidationError as error:
-                problems.append(_option_problem(flag, value, error,
-                                                option_bound(name, command)))
+
+def options(raw: Mapping[str, Any], command: str | type[Typed]) -> Typed:
+    """The command's options (``command``: its name or its options class) as given to its
+    task, typed into its options class and range-checked; every bad one named at once, with
+    its bound and the fix."""
+    kind: type[Typed] = verb(command) if isinstance(command, str) else command  # type: ignore[assignment]
+    values: dict[str, Any] = {}
+    problems: list[Problem] = []
+    for one in fields(kind):
+        given = raw.get(one.name)
+        if given is None:
+            if is_required(one):  # tasks.py names it first; a caller of its own may not
+                flag = f"--{one.name.replace('_', '-')}"
+                problems.append(Problem(f"{flag} is required", field=flag,
+                                        fix=f"give {flag} {meta(one).value or 'VALUE'}"))
+            continue
+        try:
+            values[one.name] = typed(one, given)
+        except ConfigError as error:
+            problems += error.problems
     if problems:
         raise ConfigError(problems)
-    return checked
+    return kind(**values)
 
 
-def option_bound(name: str, command: str | None) -> Bound | None:
-    """The bound of a numeric option for ``command`` (None: not a number)."""
-    return COMMAND_BOUNDS.get((command or "", name)) or BOUNDS.get(name)
+def typed(one: Field[Any], given: Any) -> Any:
+    """One option's value as its declaration types it (a ConfigError naming it when it
+    cannot be)."""
+    declaration = meta(one)
+    flag = f"--{one.name.replace('_', '-')}".rstrip("-")
+    if isinstance(given, str) and not given.strip():
+        # an empty value is never a choice: `--inventory "$INV"` with $INV unset must not
+        # mean the default inventory, nor `--hosts ""` every host of the model
+        raise ConfigError(Problem(f"{flag} is empty", fix=f"give a value, or leave {flag} out",
+                                  field=flag))
+    if declaration.check in LOCATED_CHECKS:
+        LOCATED_CHECKS[declaration.check](given)
+        return tuple(given) if declaration.repeat else given
+    kind = declaration.bound.kind() if declaration.bound is not None else \
+        CHECKS.get(declaration.check)
+    if kind is None:
+        return tuple(given) if declaration.repeat else given
+    try:
+        return TypeAdapter(kind).validate_python(given)
+    except ValidationError as error:
+        raise ConfigError(_option_problem(flag, given, error, declaration.bound)) from None
 
 
-def option_type(name: str, command: str | None) -> Any:
-    """The type an option's text is checked against (None: taken as given)."""
-    bound = option_bound(name, command)
-    return bound.kind() if bound is not None else OPTION_TYPES.get(name)
+def option_value(command: str, name: str, given: Any) -> Any:
+    """One option of ``command`` typed as its declaration says (a ConfigError naming it when
+    it cannot be)."""
+    return typed(next(f for f in fields(verb(command)) if f.name == name), given)
+
+
+def bounded() -> list[tuple[str, str, Bound]]:
+    """(command, option, bound) of every numeric option (the bounds table of the docs)."""
+    return [(v.command, f.name, meta(f).bound) for v in VERBS for f in declared(v)  # type: ignore[misc]
+            if meta(f).bound is not None]
 
 
 def _option_problem(flag: str, value: Any, error: ValidationError, bound: Bound | None

@@ -223,12 +223,12 @@ def canary_rows(result: RunResult) -> list[tuple[str, ...]]:
     return rows
 
 
-def print_check(args: dict[str, Any], rows: list[dict[str, Any]]) -> int:
+def print_check(command: str, model: str, json: bool, rows: list[dict[str, Any]]) -> int:
     """A check's plan: per host what it would do, then each step's changes and the diffs."""
-    if args["json"]:
+    if json:
         print_json(rows)
         return 0
-    print_table(f"{args.get('command', 'deploy')} --check {args['model']}: nothing was changed",
+    print_table(f"{command} --check {model}: nothing was changed",
                 ("host", "would do", "live"), [(r["host"], r["action"], r["detail"])
                                                for r in rows])
     for row in rows:

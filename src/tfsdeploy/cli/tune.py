@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tfsdeploy.cli.output import print_table
+from tfsdeploy.cli.verbs import TuneArgs
 from tfsdeploy.core.errors import ConfigError, Problem
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.localfiles import write_durable
@@ -39,12 +40,12 @@ def chosen_host(target: Target, name: str | None) -> ResolvedHost:
     return found[0]
 
 
-def run_tune(target: Target, args: dict[str, Any]) -> int:
+def run_tune(target: Target, args: TuneArgs) -> int:
     """`fab tune` with its typed options; returns the exit code."""
-    host = chosen_host(target, args.get("host"))
-    out = Path(args.get("out") or f"tune-{target.model.name}")
-    options = TuneOptions(budget_s=duration_seconds(args.get("budget") or "10m"),
-                          step_s=duration_seconds(args.get("step") or "5s"))
+    host = chosen_host(target, args.host)
+    out = Path(args.out or f"tune-{target.model.name}")
+    options = TuneOptions(budget_s=duration_seconds(args.budget),
+                          step_s=duration_seconds(args.step))
     print(f"tuning {target.model.name} on {host.name}: budget {options.budget_s:g} s, "
           f"{options.step_s:g} s per rate step; the inventory is not changed", flush=True)
     result = tune(target, host, options, note=lambda line: print(line, flush=True))
@@ -57,7 +58,7 @@ def run_tune(target: Target, args: dict[str, Any]) -> int:
     print_table(f"{target.model.name} on {host.name} (SLO P99 {target.model.latency_slo_ms:g} "
                 "ms)", HEADERS, rows(result))
     print(f"report: {out / 'tune.json'}  plot: {plot}")
-    return _conclude(result, args.get("write"))
+    return _conclude(result, args.write)
 
 
 def _conclude(result: TuneResult, write: str | None) -> int:

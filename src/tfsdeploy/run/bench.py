@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +85,27 @@ def data_version(target: Target, requested: Any, *,
     return found, line
 
 
-def bench(target: Target, args: dict[str, Any], *,
-          connect: ConnectionFactory = SshConnection) -> int:
-    """Run the load test with the command's (already typed) options; returns its exit code."""
+@dataclass(frozen=True)
+class Load:
+    """What `fab bench` sends and how it judges it (the command's options, typed)."""
+
+    version: str | None
+    duration: str
+    concurrency: int
+    slo_p99: float | None
+    max_error_rate: float
+    sweep: bool
+    rps: float | None = None
+    procs: int | None = None
+    min_qps: float | None = None
+    report: str | None = None
+    sweep_plot: str | None = None
+
+
+def bench(target: Target, load: Load, *, connect: ConnectionFactory = SshConnection) -> int:
+    """Run the load test with the command's options; returns its exit code."""
     model = target.model
-    version, line = data_version(target, args.get("version"), connect=connect)
+    version, line = data_version(target, load.version, connect=connect)
     print(line, flush=True)
     addresses = [host_port(h.address, model_ports(h, model).grpc) for h in target.hosts]
     # each stable port fronts the host's instances (one per GPU): the per-instance figure
@@ -96,11 +113,11 @@ def bench(target: Target, args: dict[str, Any], *,
     instances = sum(len(instance_gpus(h, model)) for h in target.hosts)
     options: dict[str, Any] = {
         "model": model.name, "data_from_warmup": Path(model.source) / str(version),
-        "duration": args["duration"], "concurrency": int(args["concurrency"]),
-        "slo_p99": args["slo_p99"] or model.latency_slo_ms,
-        "max_error_rate": args["max_error_rate"], "sweep": bool(args["sweep"]),
-        "instances": instances}
+        "duration": load.duration, "concurrency": load.concurrency,
+        "slo_p99": load.slo_p99 or model.latency_slo_ms,
+        "max_error_rate": load.max_error_rate, "sweep": load.sweep, "instances": instances}
     for key in PASSED_WHEN_GIVEN:
-        if args.get(key) is not None:
-            options[key] = Path(str(args[key])) if key in PATHS else args[key]
+        value = getattr(load, key)
+        if value is not None:
+            options[key] = Path(value) if key in PATHS else value
     return run_bench(addresses, **options)
