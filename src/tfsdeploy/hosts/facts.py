@@ -197,13 +197,10 @@ class HostFacts:
             return None
         return held_by(pid, self.gpu_truth.apps, self.gpu_truth.ancestry, self.gpus)
 
-    def gpu_earlier(self, seq: int | None = None) -> tuple[Earlier, ...]:
-        """The live window reservations (those the host numbered before ``seq``, or all),
-        each with what its containers already hold."""
+    def gpu_earlier(self) -> tuple[Earlier, ...]:
+        """The live window reservations, each with what its containers already hold."""
         found = []
         for r in self.gpu_truth.reservations:
-            if seq is not None and r.seq >= seq:
-                continue
             held: dict[int, int] = {}
             for container in r.containers:
                 for gpu, mib in (self.gpu_held(container) or {}).items():

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from tfsdeploy.core.gpu.holding import Ancestry, held_by, parse_ancestry, reported
 from tfsdeploy.core.gpu.smi import GpuApp, GpuCard, parse_apps, parse_gpus
-from tfsdeploy.hosts.commands.gpu import read_gpu_apps, read_gpu_memory
+from tfsdeploy.hosts.commands.gpu import read_gpu_apps
 from tfsdeploy.hosts.facts import HostFacts, parse_sections
 from tfsdeploy.hosts.ssh import Connection
 
@@ -20,10 +20,6 @@ class GpuReading:
     cards: tuple[GpuCard, ...] = ()
     apps: tuple[GpuApp, ...] = ()
     ancestry: Ancestry = field(default_factory=dict)
-
-    def card(self, index: int) -> GpuCard | None:
-        """The card with host index ``index``."""
-        return next((c for c in self.cards if c.index == index), None)
 
     def held(self, pid: int) -> dict[int, int]:
         """GPU index -> MiB held by the processes at and below host pid ``pid``."""
@@ -44,16 +40,16 @@ def parse_reading(sections: dict[str, list[tuple[str, str]]]) -> GpuReading:
                       ancestry=parse_ancestry(body("gpuancestry")))
 
 
-def read(conn: Connection, cards: tuple[GpuCard, ...] | None = None) -> GpuReading:
-    """Read what the host's GPUs hold now, in one command: every process and its ancestors,
-    and the cards' memory unless ``cards`` (already read, e.g. with the facts: their indexes
-    and UUIDs do not change) are given."""
-    result = conn.run(read_gpu_apps() if cards is not None else read_gpu_memory(), timeout=30)
+def read(conn: Connection, cards: tuple[GpuCard, ...]) -> GpuReading:
+    """Read what the host's GPUs hold now, in one command: every process and its ancestors;
+    ``cards`` are the GPUs as already read (with the facts: their indexes and UUIDs do not
+    change)."""
+    result = conn.run(read_gpu_apps(), timeout=30)
     sections = parse_sections(result.stdout)
     if not result.ok or "end" not in sections:
         raise RuntimeError(f"{conn.host.name}: reading the GPUs failed: {result.tail()}")
     reading = parse_reading(sections)
-    return reading if cards is None else GpuReading(cards, reading.apps, reading.ancestry)
+    return GpuReading(cards, reading.apps, reading.ancestry)
 
 
 def with_holdings(conn: Connection, facts: HostFacts) -> HostFacts:

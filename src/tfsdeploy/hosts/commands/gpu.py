@@ -67,12 +67,6 @@ def read_gpu_apps() -> Argv:
     return ["sh", "-c", APPS_SH + 'echo "@@end"']
 
 
-def read_gpu_memory() -> Argv:
-    """Each GPU's memory, each compute process's holding and its ancestors (one round
-    trip); ends with ``@@end``."""
-    return ["sh", "-c", GPUS_SH + APPS_SH + 'echo "@@end"']
-
-
 # stdin: the reservation record (its directory is $gd: publish_sh sets $d). Under the
 # host-wide flock: this instance's earlier reservation of the same model (a run the model's
 # lock has ended) goes, the next number is drawn, the record is written under it; then
