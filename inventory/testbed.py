@@ -42,7 +42,8 @@ def _hosts() -> list[Host]:
                     "gpus": [{"index": 0, "memory_mib": 16384, "name": "Simulated Tesla T4"}]}
                    for i in (1, 2, 3)]
     return [Host(e["name"], e["address"],
-                 gpus=[Gpu(g["index"], g["memory_mib"], g.get("name", "GPU")) for g in e["gpus"]])
+                 gpus=[Gpu(g["index"], g["memory_mib"], g.get("name", "GPU"),
+                           reserved_mib=g.get("reserved_mib", 0)) for g in e["gpus"]])
             for e in entries]
 
 

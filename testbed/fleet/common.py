@@ -11,6 +11,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 BRIDGE = "tfsbr0"
 GATEWAY = "10.87.0.1"
@@ -26,6 +27,20 @@ DEFAULT_GPU_MIB = 16384
 DEFAULT_GPUS = 1
 MAX_GPUS = 16
 DEFAULT_GPU_NAME = "Simulated Tesla T4"
+# the simulated cards (`up --gpu-card`): what nvidia-smi reports (memory.total, memory.reserved)
+# and what a process holds beside its allocator pool (context_mib). The H200's figures are
+# measured on a real one (driver 580.159.04, CUDA 13.0; docs/gpu-memory.md): nvidia-smi total
+# 143,771 MiB, reserved 616 MiB, CUDA's total 143,156 MiB; TensorFlow's allocator (XLA's TSL
+# BFC) held 626 MiB beside its pool. The T4 is the testbed's first card, in round figures
+# (16 GiB, nothing reserved; 256 MiB beside the pool, near the 234 MiB published for
+# TFServing 2.2 on a T4), not a measurement.
+CARDS: dict[str, dict[str, Any]] = {
+    "t4": {"name": DEFAULT_GPU_NAME, "memory_total_mib": DEFAULT_GPU_MIB,
+           "memory_reserved_mib": 0, "context_mib": 256, "compute_capability": "7.5"},
+    "h200": {"name": "Simulated NVIDIA H200", "memory_total_mib": 143771,
+             "memory_reserved_mib": 616, "context_mib": 626, "compute_capability": "9.0"},
+}
+DEFAULT_CARD = "t4"
 # mount points inside every host, each backed by a private directory under the state dir
 # /root too: a host is a fresh Debian machine, so the machine's own root dotfiles (shell start-up
 # scripts that can take a tenth of a second per SSH command) must not leak into its logins

@@ -2,9 +2,21 @@
 """nvidia-smi for the testbed's simulated GPUs: answers from /run/simgpu (private to each host).
 
 Supports what the toolkit asks a real nvidia-smi:
-  --query-gpu=index,name,uuid,memory.total,memory.used,memory.free --format=csv[,noheader][,nounits]
+  --query-gpu=index,name,uuid,memory.total,memory.reserved,memory.used,memory.free
+      --format=csv[,noheader][,nounits]
   --query-compute-apps=pid,process_name,used_gpu_memory,gpu_uuid --format=csv[,noheader][,nounits]
   -i/--id, -L, and a plain summary without arguments.  Output follows nvidia-smi's CSV format.
+
+Memory as a real card reports it (an H200 on driver 580: `memory.total` 143771 MiB,
+`memory.reserved` 616, `memory.used` 0 and `memory.free` 143156 at idle; docs/gpu-memory.md):
+the driver's reserve (gpus.json `memory_reserved_mib`, default 0) is in the total but neither
+used nor free, so free = total - reserved - used.
+
+Processes by pid as the caller's pid namespace numbers them, as the driver does: run on a host,
+the pid of a containerised server is its HOST pid. A record's owner holds a flock on its file,
+and the kernel's /proc/locks names each flock's holder by its pid in the reader's pid namespace
+(fs/locks.c, locks_translate_pid); a holder that namespace cannot see (0 there) keeps the pid
+its record gives.
 
 On a host, gpus.json lists every GPU; in a container it lists the GPUs the container was given
 (nvidia_container_hook.py), each with the host's index. Like the real nvidia-smi in a container,
@@ -48,6 +60,7 @@ GPU_FIELDS = {
     "pci.bus_id": ("pci.bus_id", ""),
     "gpu_bus_id": ("pci.bus_id", ""),
     "memory.total": ("memory.total [MiB]", "MiB"),
+    "memory.reserved": ("memory.reserved [MiB]", "MiB"),
     "memory.used": ("memory.used [MiB]", "MiB"),
     "memory.free": ("memory.free [MiB]", "MiB"),
     "utilization.gpu": ("utilization.gpu [%]", "%"),
@@ -79,7 +92,8 @@ def load_gpus() -> list[dict[str, Any]] | None:
 
 
 def live_reservations() -> list[dict[str, Any]]:
-    """Reservation records of live owners; files of dead owners are removed."""
+    """Reservation records of live owners, each with its owner's pid as this pid namespace
+    sees it; files of dead owners are removed."""
     procs = SIMGPU / "procs"
     if not procs.is_dir():
         return []
@@ -87,11 +101,46 @@ def live_reservations() -> list[dict[str, Any]]:
     with open(SIMGPU / "lock", "a+") as lock:
         with contextlib.suppress(OSError):
             fcntl.flock(lock, fcntl.LOCK_EX)
+        holders = flock_holders()
         for path in sorted(procs.glob("*.json")):
             record = _live_record(path)
             if record is not None:
-                records.append(record)
+                records.append(with_holder_pid(record, path, holders))
     return records
+
+
+def flock_holders(locks: Path = Path("/proc/locks")) -> dict[tuple[int, int], int]:
+    """(device, inode) -> the pid holding a flock on that file, as /proc/locks gives it in
+    this pid namespace (``1: FLOCK  ADVISORY  WRITE 18326 fe:00:2146378 0 EOF``; waiters,
+    ``1: -> FLOCK ...``, are skipped)."""
+    found: dict[tuple[int, int], int] = {}
+    try:
+        text = locks.read_text()
+    except OSError:
+        return found
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        try:
+            major, minor, inode = fields[5].split(":")
+            device = os.makedev(int(major, 16), int(minor, 16))
+            found[(device, int(inode))] = int(fields[4])
+        except ValueError:
+            continue
+    return found
+
+
+def with_holder_pid(
+    record: dict[str, Any], path: Path, holders: dict[tuple[int, int], int]
+) -> dict[str, Any]:
+    """The record with ``pid`` = the pid of its file's flock holder in this namespace."""
+    try:
+        st = path.stat()
+    except OSError:
+        return record
+    pid = holders.get((st.st_dev, st.st_ino), 0)
+    return {**record, "pid": pid} if pid > 0 else record
 
 
 def _live_record(path: Path) -> dict[str, Any] | None:
@@ -183,6 +232,7 @@ def gpu_rows(
     for position in range(len(gpus)) if positions is None else positions:
         gpu = gpus[position]
         total = int(gpu["memory_total_mib"])
+        reserved = int(gpu.get("memory_reserved_mib", 0))
         in_use = used.get(position, 0)
         rows.append(
             {
@@ -194,8 +244,9 @@ def gpu_rows(
                 "driver_version": DRIVER_VERSION,
                 "pci.bus_id": bus_id(gpu),
                 "memory.total [MiB]": total,
+                "memory.reserved [MiB]": reserved,
                 "memory.used [MiB]": in_use,
-                "memory.free [MiB]": max(total - in_use, 0),
+                "memory.free [MiB]": max(total - reserved - in_use, 0),
                 "utilization.gpu [%]": 0,
                 "utilization.memory [%]": round(100 * in_use / total) if total else 0,
                 "temperature.gpu": 35,

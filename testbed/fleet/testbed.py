@@ -24,8 +24,9 @@ import prometheus
 import registry
 from common import (
     BRIDGE,
+    CARDS,
+    DEFAULT_CARD,
     DEFAULT_GPU_MIB,
-    DEFAULT_GPU_NAME,
     DEFAULT_GPUS,
     DEFAULT_HOSTS,
     FLEET_DIR,
@@ -137,16 +138,69 @@ def parse_gpu_specs(sizes: list[str], count: int, gpus: list[str] | None = None,
     return layout
 
 
-def gpu_document(name: str, mibs: list[int]) -> dict[str, Any] | None:
+def _card(value: str) -> str:
+    if value not in CARDS:
+        raise TestbedError(
+            f"--gpu-card {value!r}: choose one of {', '.join(sorted(CARDS))} "
+            "(e.g. --gpu-card tb4=h200)"
+        )
+    return value
+
+
+def parse_card_specs(
+    specs: list[str],
+    count: int,
+    named: list[list[str]] | None = None,
+    current: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """`--gpu-card` values -> each host's card. A host that no GPU option names (``named``:
+    the --gpus and --gpu-mib values) keeps its ``current`` card; a named one without a card
+    gets the default (so `up --gpus tb4=2` makes tb4's GPUs T4s again)."""
+    cards = _per_host("--gpu-card", specs, _card)
+    others = [spec.rpartition("=")[0] for values in named or [] for spec in values]
+    layout = {}
+    for name in (host_name(i) for i in range(1, count + 1)):
+        if name in cards or "" in cards:
+            layout[name] = cards.get(name, cards.get("", DEFAULT_CARD))
+        elif name in others or "" in others or current is None or name not in current:
+            layout[name] = DEFAULT_CARD
+        else:
+            layout[name] = current[name]
+    return layout
+
+
+def apply_cards(
+    gpus: dict[str, list[int]], cards: dict[str, str], sizes: list[str], previous: dict[str, str]
+) -> dict[str, list[int]]:
+    """Each host's GPU sizes once its card is known: a host whose card changes (or that is
+    new) takes the card's memory, unless --gpu-mib names it."""
+    sized = {spec.rpartition("=")[0] for spec in sizes}
+    out = {}
+    for name, mibs in gpus.items():
+        changed = previous.get(name, DEFAULT_CARD) != cards[name]
+        if changed and name not in sized and "" not in sized:
+            total = int(CARDS[cards[name]]["memory_total_mib"])
+            out[name] = [total] * len(mibs)
+        else:
+            out[name] = mibs
+    return out
+
+
+def gpu_document(name: str, mibs: list[int], card: str = DEFAULT_CARD) -> dict[str, Any] | None:
     if not mibs:
         return None
+    profile = CARDS[card]
     return {
         "gpus": [
             {
                 "index": i,
-                "name": DEFAULT_GPU_NAME,
+                "name": profile["name"],
                 "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{name}.gpu{i}.tfsdeploy")),
                 "memory_total_mib": mib,
+                "memory_reserved_mib": profile["memory_reserved_mib"],
+                "context_mib": profile["context_mib"],
+                "compute_capability": profile["compute_capability"],
+                "card": card,
             }
             for i, mib in enumerate(mibs)
         ]
@@ -261,6 +315,15 @@ def remove_user_ssh() -> None:
             path.write_text(strip_user_entries(path.read_text()))
 
 
+def current_cards(places: Places) -> dict[str, str]:
+    """Each host's card, as the last `up` wrote it (none: the default)."""
+    try:
+        hosts = json.loads(places.hosts_json.read_text())["hosts"]
+        return {h["name"]: str(h.get("card", DEFAULT_CARD)) for h in hosts}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def current_shape(places: Places) -> tuple[dict[str, list[int]], set[str]]:
     """Each host's GPU sizes and the reserved hosts, as the last `up` wrote them (none yet:
     empty)."""
@@ -284,22 +347,26 @@ def parse_reserve(value: str | None, count: int, current: set[str]) -> set[str]:
 
 
 def write_hosts_json(places: Places, gpus: dict[str, list[int]],
-                     reserved: set[str] | None = None) -> None:
+                     reserved: set[str] | None = None,
+                     cards: dict[str, str] | None = None) -> None:
     hosts = []
     for name, mibs in gpus.items():
-        doc = gpu_document(name, mibs) or {"gpus": []}
+        card = (cards or {}).get(name, DEFAULT_CARD)
+        doc = gpu_document(name, mibs, card) or {"gpus": []}
         hosts.append(
             {
                 "name": name,
                 "address": host_address(int(name[2:])),
                 # left out of inventory/testbed.py: hosts the test suite keeps to itself
                 "reserved": name in (reserved or set()),
+                "card": card,
                 "gpus": [
                     {
                         "index": g["index"],
                         "name": g["name"],
                         "uuid": g["uuid"],
                         "memory_mib": g["memory_total_mib"],
+                        "reserved_mib": g["memory_reserved_mib"],
                     }
                     for g in doc["gpus"]
                 ],
@@ -342,12 +409,14 @@ def existing_hosts(places: Places) -> list[int]:
     return found
 
 
-def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path) -> dict[str, str]:
+def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path,
+                   cards: dict[str, str] | None = None) -> dict[str, str]:
     """Start every host that is not fully healthy; returns what happened per host."""
 
     def one(index: int) -> str:
         host = hostlib.Host(index, places)
-        gpu_doc = gpu_document(host.name, gpus[host.name])
+        gpu_doc = gpu_document(host.name, gpus[host.name],
+                               (cards or {}).get(host.name, DEFAULT_CARD))
         state = hostlib.inspect(host)
         if state.healthy:
             hostlib.write_gpus(host, gpu_doc)
@@ -458,6 +527,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     if not 1 <= args.hosts <= MAX_HOSTS:
         raise TestbedError(f"--hosts {args.hosts}: choose 1..{MAX_HOSTS}")
     gpus = parse_gpu_specs(args.gpu_mib, args.hosts, args.gpus, current=shape)
+    cards_now = current_cards(places)
+    cards = parse_card_specs(args.gpu_card, args.hosts, [args.gpus, args.gpu_mib], cards_now)
+    gpus = apply_cards(gpus, cards, args.gpu_mib, cards_now)
     reserved = parse_reserve(args.reserve, args.hosts, reserved_now)
     for sub in ("logs", "bin", "hosts", "registry"):
         (places.state / sub).mkdir(parents=True, exist_ok=True)
@@ -475,10 +547,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     reg = registry.ensure(places)
     timer.phase("bridge+registry", t)
     t = time.monotonic()
-    states = bring_up_hosts(places, gpus, runtime)
+    states = bring_up_hosts(places, gpus, runtime, cards)
     (places.ssh / "known_hosts").write_text("\n".join(known_hosts_lines(places, args.hosts)) + "\n")
     places.ssh_config.write_text(ssh_config_text(places))
-    write_hosts_json(places, gpus, reserved)
+    write_hosts_json(places, gpus, reserved, cards)
     if not args.no_user_ssh:
         install_user_ssh(places, args.hosts)
     check_ssh(places, args.hosts)
@@ -750,6 +822,15 @@ def main(argv: list[str]) -> int:
         metavar="[tbN=]MIB[,MIB]",
         help=f"memory of each simulated GPU (default: as now; {DEFAULT_GPU_MIB} on a new host): "
         "for all hosts, or one host; a list sizes the GPUs one by one; 0 = no GPU",
+    )
+    up.add_argument(
+        "--gpu-card",
+        action="append",
+        default=[],
+        metavar="[tbN=]CARD",
+        help=f"the simulated card: {', '.join(sorted(CARDS))} (default: as now; "
+        f"{DEFAULT_CARD} on a new host or one --gpus/--gpu-mib names); its memory, reserved "
+        "memory and what a process holds beside its pool",
     )
     up.add_argument("--no-images", action="store_true", help="skip building/pushing/pulling images")
     up.add_argument("--gateway", action="store_true",

@@ -105,6 +105,23 @@ def test_nvidia_smi_shows_each_gpu_and_process(emulator, tmp_path, sources) -> N
                                          for i in (0, 1)]
 
 
+def test_an_h200s_pool_is_a_fraction_of_what_cuda_can_allocate(emulator, tmp_path,
+                                                               sources) -> None:
+    # the H200 card of the testbed (`up --gpu-card h200`): nvidia-smi's total 143,771 MiB, 616
+    # reserved, 626 MiB held beside the pool; measured on a real H200 with TensorFlow's
+    # allocator (XLA's TSL BFC) at fraction 0.20: 29,257 MiB = 0.20 x 143,156 + 626
+    gpu = tmp_path / "simgpu"
+    gpu.mkdir()
+    (gpu / "gpus.json").write_text(json.dumps({"gpus": [
+        {"index": 0, "name": "Simulated NVIDIA H200", "uuid": "GPU-h200",
+         "memory_total_mib": 143771, "memory_reserved_mib": 616, "context_mib": 626,
+         "compute_capability": "9.0"}]}))
+    server, port = start(emulator, model(tmp_path, sources), gpu,
+                         "--per_process_gpu_memory_fraction=0.2")
+    server.wait_port(port)
+    assert usage(gpu, server.proc.pid) == {0: 29257}
+
+
 @pytest.mark.parametrize(("env", "host_gpus"), [
     ({"NVIDIA_VISIBLE_DEVICES": "1"}, [1]),
     ({"NVIDIA_VISIBLE_DEVICES": "0,1", "CUDA_VISIBLE_DEVICES": "1"}, [1]),

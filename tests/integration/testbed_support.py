@@ -181,7 +181,9 @@ def clean_model(model: str, hosts: dict[str, str] = HOSTS) -> None:
     script = (f"ids=$(docker ps -aq --filter label=tfsdeploy.model={model}); "
               f"[ -n \"$ids\" ] && docker rm -f $ids >/dev/null; "
               f"docker rm -f tfs-proxy-{model} >/dev/null 2>&1; "
-              f"rm -rf /srv/tfsdeploy/{model} /srv/tfsdeploy/models/{model}; true")
+              f"rm -rf /srv/tfsdeploy/{model} /srv/tfsdeploy/models/{model}; "
+              f"rm -f /srv/tfsdeploy/gpu/overhead/*.{model}.json "
+              f"/srv/tfsdeploy/gpu/reservations/*.{model}.*.json; true")
     for host in hosts:
         with suppress(subprocess.TimeoutExpired):
             ssh(host, script, check=False, timeout=120)

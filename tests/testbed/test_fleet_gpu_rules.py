@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -225,7 +226,8 @@ def test_nvidia_smi_on_a_host_shows_each_gpus_memory_and_processes(tmp_path: Pat
         assert one.stdout.splitlines() == ["3000 MiB", "700 MiB"]
         plain = smi(host).stdout
         assert "GPU 1: Simulated Tesla T4  00000000:02:00.0  3700MiB / 24576MiB" in plain
-        assert "GPU 1  pid 42  tensorflow_model_server  3000MiB" in plain
+        # the holder of the record's flock, as this pid namespace numbers it: this process
+        assert f"GPU 1  pid {os.getpid()}  tensorflow_model_server  3000MiB" in plain
     assert smi(host, "-L").stdout == ("GPU 0: Simulated Tesla T4 (UUID: GPU-a0)\n"
                                       "GPU 1: Simulated Tesla T4 (UUID: GPU-b1)\n")
 
@@ -242,6 +244,70 @@ def test_nvidia_smi_in_a_container_numbers_its_gpus_from_0(tmp_path: Path) -> No
         assert smi(view, "-i", "0", "-L").stdout == "GPU 0: Simulated Tesla T4 (UUID: GPU-b1)\n"
         missing = smi(view, "-i", "1", "-L")
         assert (missing.returncode, missing.stdout) == (6, "No devices were found\n")
+
+
+H200 = Path(__file__).resolve().parents[1] / "fixtures" / "nvidia-smi" / "h200"
+
+
+def test_nvidia_smi_reports_an_h200s_reserved_memory_as_the_real_one(tmp_path: Path) -> None:
+    card = cli.gpu_document("tb9", [143771], "h200")["gpus"][0]
+    host = simgpu_dir(tmp_path, [card])
+    query = "--query-gpu=memory.total,memory.reserved,memory.used,memory.free"
+    done = smi(host, query, "--format=csv")
+    real = (H200 / "nvidia-smi-query-gpu-reserved.csv").read_text().splitlines()
+    ours = done.stdout.splitlines()
+    assert ours[0] == real[0]  # the same columns, named and united alike
+    # total and reserved as measured; free is total - reserved - used (the real card's
+    # 143156 comes from byte counts rounded to MiB, one more than the MiB difference)
+    assert ours[1] == "143771 MiB, 616 MiB, 0 MiB, 143155 MiB", ours
+    with holding(host, "a", {"gpu": 0, "used_mib": 29257}):
+        busy = smi(host, query, "--format=csv,noheader,nounits").stdout
+    assert busy == "143771, 616, 29257, 113898\n"
+
+
+def test_nvidia_smi_on_the_host_names_a_containerised_process_by_its_host_pid(
+        tmp_path: Path) -> None:
+    host = simgpu_dir(tmp_path, GPUS)
+    record = host / "procs" / "server.json"
+    # a server in its own pid namespace (as in a container): it records its own pid, 1
+    script = ("import fcntl, json, os, sys, time\n"
+              "f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+              "f.write(json.dumps({'gpu': 0, 'used_mib': 930, 'pid': os.getpid()})); f.flush()\n"
+              "print(os.getpid(), flush=True); time.sleep(60)\n")
+    server = subprocess.Popen(["unshare", "--pid", "--fork", sys.executable, "-c", script,
+                               str(record)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "1"
+        inside = json.loads(record.read_text())["pid"]
+        apps = smi(host, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits")
+        pid = int(apps.stdout.split(",")[0])
+        assert inside == 1 and pid != 1
+        # the host pid of the server: unshare's child, below the process started here
+        children = Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split()
+        assert [pid] == [int(c) for c in children], (pid, children)
+        assert apps.stdout == f"{pid}, 930\n"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_gpu_cards_follow_the_options_and_stay_as_they_are() -> None:
+    current = {"tb1": "t4", "tb2": "h200", "tb3": "h200"}
+    assert cli.parse_card_specs([], 3, [[], []], current) == current
+    assert cli.parse_card_specs(["tb1=h200"], 3, [[], []], current) == {
+        "tb1": "h200", "tb2": "h200", "tb3": "h200"}
+    # a host that --gpus or --gpu-mib names without a card gets the default card again
+    assert cli.parse_card_specs([], 3, [["tb2=2"], ["tb3=16384"]], current) == {
+        "tb1": "t4", "tb2": "t4", "tb3": "t4"}
+    with pytest.raises(cli.TestbedError, match="--gpu-card 'a100': choose one of h200, t4"):
+        cli.parse_card_specs(["a100"], 3)
+    sizes = cli.apply_cards({"tb1": [16384], "tb2": [16384, 16384], "tb3": [8192]},
+                            {"tb1": "t4", "tb2": "h200", "tb3": "h200"}, ["tb3=8192"],
+                            {"tb1": "t4", "tb2": "t4", "tb3": "t4"})
+    assert sizes == {"tb1": [16384], "tb2": [143771, 143771], "tb3": [8192]}
+    doc = cli.gpu_document("tb2", [143771], "h200")["gpus"][0]
+    assert (doc["memory_reserved_mib"], doc["context_mib"], doc["compute_capability"]) == (
+        616, 626, "9.0")
 
 
 def test_nvidia_smi_without_gpus_file_fails_like_a_missing_driver(tmp_path: Path) -> None:

@@ -8,8 +8,11 @@ scripts of ``commands`` (facts, lock, stage, files) run unchanged. What a test m
 faked at the edges only:
 
 - ``nvidia-smi`` and ``ss`` are small scripts on the host's PATH, printing the GPUs (with
-  ``gpu_used_mib``) and the ports that the host's running containers, its proxy and
-  ``extra_listening`` hold;
+  ``gpu_used_mib`` and ``gpu_reserved_mib``), the compute processes (each running server given
+  GPUs holds its pool, fraction x CUDA's total, plus ``GPU_BESIDE_POOL_MIB``; one started while
+  ``cut_new_pools`` is set holds a pool its allocator cut to 0.729, three 0.9 steps), and the
+  ports that
+  the host's running containers, its proxy and ``extra_listening`` hold;
 - HAProxy's runtime API (``socat`` to the admin socket) is answered in Python by ``FakeProxy``
   (the facts command's own ``socat`` is a script reading the proxy's state from a file);
 - the Docker Engine is ``FakeDocker``: containers with labels, recording every call; starting
@@ -23,6 +26,7 @@ A host can be made unreachable: then every call raises HostUnreachable.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shlex
@@ -231,6 +235,8 @@ class FakeContainer:
     # restarting under its restart policy (not running): running again after this many
     # more container lists (each poll of the run reads them once)
     restarting: int = 0
+    pid: int = field(default_factory=lambda: next(_PIDS))  # its main process's host pid
+    cut: bool = False  # its GPU pool was cut by the allocator (it started into a full GPU)
 
     def port(self, flag: str) -> int | None:
         """The port a serving container listens on (``--port``/``--rest_api_port``)."""
@@ -246,6 +252,12 @@ class FakeContainer:
     @property
     def release(self) -> str:
         return self.labels.get(f"{LABEL_PREFIX}.release", "")
+
+
+_PIDS = itertools.count(3_900_001)  # above the pids a test machine hands out
+GPU_BESIDE_POOL_MIB = 256  # what a fake server holds beside its pool (the testbed T4's context)
+CUT = 0.729  # a pool the allocator cut three times (0.9 x 0.9 x 0.9)
+FRACTION_FLAG = "--per_process_gpu_memory_fraction="
 
 
 class FakeDocker:
@@ -301,7 +313,8 @@ class FakeDocker:
             raise DockerFailed(f"{self.host.name}: run {spec.name}: Conflict. The container "
                                f"name \"/{spec.name}\" is already in use")
         self.by_name[spec.name] = FakeContainer(spec.name, dict(spec.labels), spec.image,
-                                                   tuple(spec.command), spec)
+                                                   tuple(spec.command), spec,
+                                                   cut=self.host.cut_new_pools)
         if spec.labels.get(f"{LABEL_PREFIX}.role") == "proxy":
             self._start_proxy(spec)
 
@@ -341,7 +354,8 @@ class FakeDocker:
         if c is None:
             return None
         return ContainerState(status="running" if c.running else "exited",
-                              restarts=c.restarts, exit_code=c.exit_code)
+                              restarts=c.restarts, exit_code=c.exit_code,
+                              pid=c.pid if c.running else 0)
 
     def logs(self, name: str, lines: int) -> str:
         self._call("logs", name)
@@ -395,6 +409,14 @@ read -r command
 exec cat "{stat}"
 """
 _CAT = '#!/bin/sh\nexec cat "{file}"\n'
+# nvidia-smi: the compute processes for --query-compute-apps, the GPUs otherwise
+_NVIDIA_SMI = ('#!/bin/sh\ncase "$*" in *--query-compute-apps*) exec cat "{apps}";; esac\n'
+               'exec cat "{gpus}"\n')
+
+
+def gpu_uuid(host: str, index: int) -> str:
+    """A fake GPU's UUID, stable per host and index."""
+    return f"GPU-{host}-{index:04d}"
 # sync: the arguments must exist, as for coreutils' sync (it opens each); no fsync, which on
 # the test machine's disk would cost every write a few milliseconds (the argv builders' own
 # tests and the fleet's check the real one)
@@ -416,6 +438,8 @@ class FakeHost:
     dir: Path
     gpus: list[tuple[int, int]] = field(default_factory=list)  # (index, total MiB)
     gpu_used_mib: int = 1000
+    gpu_reserved_mib: int = 0  # nvidia-smi's memory.reserved, on every GPU
+    cut_new_pools: bool = False  # servers started from now on get a cut pool
     extra_listening: set[int] = field(default_factory=set)  # ports another service holds
     unreachable: bool = False
     log: list[list[str]] = field(default_factory=list)  # every argv run
@@ -430,7 +454,8 @@ class FakeHost:
         self.proxy = FakeProxy(self)
         self.bin = self.dir / "bin"
         self.bin.mkdir(parents=True, exist_ok=True)
-        self._tool("nvidia-smi", _CAT.format(file=self.dir / "gpus.csv"))
+        self._tool("nvidia-smi", _NVIDIA_SMI.format(gpus=self.dir / "gpus.csv",
+                                                    apps=self.dir / "apps.csv"))
         self._tool("ss", _CAT.format(file=self.dir / "listening.txt"))
         self._tool("socat", _SOCAT.format(stat=self.dir / "proxy.stat"))
         self._tool("sync", _SYNC)
@@ -464,7 +489,15 @@ class FakeHost:
     def sync_tools(self) -> None:
         """Write what the fake tools print, from the host's state now."""
         (self.dir / "gpus.csv").write_text(
-            "".join(f"{i}, {total}, {self.gpu_used_mib}\n" for i, total in self.gpus))
+            "index, uuid, memory.total [MiB], memory.used [MiB], memory.free [MiB], "
+            "memory.reserved [MiB]\n" + "".join(
+                f"{i}, {gpu_uuid(self.name, i)}, {total}, {self.gpu_used_mib}, "
+                f"{max(0, total - self.gpu_reserved_mib - self.gpu_used_mib)}, "
+                f"{self.gpu_reserved_mib}\n" for i, total in self.gpus))
+        (self.dir / "apps.csv").write_text("".join(
+            f"{c.pid}, {mib}, {gpu_uuid(self.name, index)}\n"
+            for c in self.docker.by_name.values() if c.running
+            for index, mib in self.held(c).items()))
         (self.dir / "listening.txt").write_text(
             "".join(f"LISTEN 0      4096         0.0.0.0:{p}      0.0.0.0:*\n"
                     for p in sorted(self.listening())))
@@ -473,6 +506,20 @@ class FakeHost:
             stat.write_text(self.proxy.stat_csv())
         else:
             stat.unlink(missing_ok=True)
+
+    def held(self, container: FakeContainer) -> dict[int, int]:
+        """GPU index -> MiB a running server holds: its pool (fraction x CUDA's total, cut
+        when its release is in ``cut_pools``) and what it holds beside it, on every GPU its
+        spec asks for (nothing without a GPU request or a fraction)."""
+        request = container.spec.gpus if container.spec else None
+        fraction = next((float(a[len(FRACTION_FLAG):]) for a in container.command
+                         if a.startswith(FRACTION_FLAG)), None)
+        if request is None or fraction is None:
+            return {}
+        wanted = {int(d) for d in request.device_ids} or {i for i, _ in self.gpus}
+        scale = CUT if container.cut else 1.0
+        return {i: int(int(fraction * (total - self.gpu_reserved_mib)) * scale)
+                + GPU_BESIDE_POOL_MIB for i, total in self.gpus if i in wanted}
 
     def running(self, model: str) -> list[str]:
         """Releases of ``model`` whose serving containers run, sorted."""

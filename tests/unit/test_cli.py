@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +38,26 @@ def test_fab_render_writes_one_folder_per_host(tmp_path: Path) -> None:
         "batching.config", "models.config", "monitoring.config", "proxy", "tfserving.flags"]
     assert "versions: 2" in (out / "tb3" / "resnet50" / "models.config").read_text()
     assert "tb1" in result.stdout and "0.150" in result.stdout
+
+
+def test_fab_render_shows_what_cuda_can_allocate_beside_nvidia_smis_total(
+        tmp_path: Path) -> None:
+    # the testbed inventory declares what `scripts/testbed up --gpu-card tb1=h200` wrote
+    state = tmp_path / "no-testbed"
+    state.mkdir()
+    (state / "hosts.json").write_text(json.dumps({"hosts": [
+        {"name": "tb1", "address": "10.87.0.11", "reserved": False, "gpus": [
+            {"index": 0, "name": "Simulated NVIDIA H200", "memory_mib": 143771,
+             "reserved_mib": 616}]}]}))
+    out = tmp_path / "out"
+    result = _fab("render", "--model", "resnet50", "--version", "2", "--out", str(out),
+                  tmp_path=tmp_path)
+    assert result.returncode == 0, result.stderr
+    line = ("tb1: CUDA total 143155 MiB = 143771 MiB (nvidia-smi memory.total) - 616 MiB "
+            "(memory.reserved); fraction = ceil(2048 MiB x 1.2 / 143155 MiB, 3 places) = "
+            "0.018, pool 2576 MiB per process")
+    assert line in result.stdout, result.stdout
+    assert line.removeprefix("tb1: ") in (out / "tb1" / "resnet50" / "tfserving.flags").read_text()
 
 
 def test_fab_render_writes_a_proxy_config_haproxy_accepts(tmp_path: Path) -> None:

@@ -286,15 +286,17 @@ def test_a_gpu_without_room_for_one_more_instance_is_refused_with_the_arithmetic
     # 16384 MiB GPU: a 5000 MiB model x 1.2 takes 0.367, a CUDA context 512 MiB (0.031):
     # one live + one scratch (0.797) fits under 0.9, two live (a deploy window) + one does not
     m = model(memory_mib=5000)
-    inv = inventory(models=[m])
+    inv = inventory(models=[m], defaults={"gpu_context_mib": 512})
     plan = plan_instances(inv.select("h1")[0], m)[0].plan
     assert plan is not None
     assert scratch_gpu_problem(plan, 1) is None
     problem = scratch_gpu_problem(plan, 2)
     assert problem is not None
     assert problem.startswith("this GPU of h1 cannot hold a scratch instance of m beside the "
-                              "2 running: fraction = ceil(5000 MiB x 1.2 / 16384 MiB")
-    assert "3 x 0.367 + 3 x 512 MiB CUDA context / 16384 MiB = 1.101 + 0.094 = 1.195" in problem
+                              "2 running: CUDA total 16384 MiB = 16384 MiB (nvidia-smi "
+                              "memory.total) - 0 MiB (memory.reserved); fraction = "
+                              "ceil(5000 MiB x 1.2 / 16384 MiB")
+    assert "3 x 0.367 + 3 x 512 MiB beside each pool / 16384 MiB = 1.101 + 0.094 = 1.195" in problem
     assert problem.endswith("limit 1 - 0.1 = 0.900")
 
 

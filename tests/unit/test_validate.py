@@ -239,19 +239,19 @@ def test_flag_newer_than_target_release() -> None:
 
 def test_gpu_fraction_too_large_for_two_releases_names_numbers() -> None:
     m = model(memory_mib=5500)
-    inv = inventory(models=[m], gpu_mib=16384)
+    inv = inventory(models=[m], gpu_mib=16384, defaults={"gpu_context_mib": 512})
     render = render_fleet(inv, m, 1, inv.select("h1"))[0]
     assert _problems(render) == []  # fits: 2 x 0.403 + 2 x 512 MiB context = 0.869 <= 0.9
     assert render.gpu is not None
     arithmetic = render.gpu.arithmetic()
     assert "fraction = ceil(5500 MiB x 1.2 / 16384 MiB, 3 places) = 0.403" in arithmetic
-    assert ("window = 0.000 (other models) + 2 x 0.403 + 2 x 512 MiB CUDA context / 16384 MiB"
-            " = 0.806 + 0.063 = 0.869") in arithmetic
+    assert ("window = 0.000 (other models) + 2 x 0.403 + 2 x 512 MiB beside each pool / "
+            "16384 MiB = 0.806 + 0.063 = 0.869") in arithmetic
     m = model(memory_mib=6000)  # fitted before the CUDA contexts were counted: 0.880
-    inv = inventory(models=[m], gpu_mib=16384)
+    inv = inventory(models=[m], gpu_mib=16384, defaults={"gpu_context_mib": 512})
     text = _messages(_problems(render_fleet(inv, m, 1, inv.select("h1"))[0]))
-    assert ("window = 0.000 (other models) + 2 x 0.440 + 2 x 512 MiB CUDA context / 16384 MiB"
-            " = 0.880 + 0.063 = 0.943, limit 1 - 0.1 = 0.900") in text
+    assert ("window = 0.000 (other models) + 2 x 0.440 + 2 x 512 MiB beside each pool / "
+            "16384 MiB = 0.880 + 0.063 = 0.943, limit 1 - 0.1 = 0.900") in text
     assert "strategy 'recreate'" in text
 
 
@@ -263,10 +263,10 @@ def test_gpu_context_is_a_host_var() -> None:
     assert "window = 0.000 (other models) + 2 x 0.440 = 0.880, limit" in render.gpu.arithmetic()
     inv = inventory(models=[m], gpu_mib=16384, defaults={"gpu_context_mib": 2048})
     render = render_fleet(inv, m, 1, inv.select("h1"))[0]
-    assert "+ 2 x 2048 MiB CUDA context / 16384 MiB = 0.880 + 0.250 = 1.130" in \
+    assert "+ 2 x 2048 MiB beside each pool / 16384 MiB = 0.880 + 0.250 = 1.130" in \
         _messages(_problems(render))
     # the printed arithmetic is in the flags file the host receives
-    assert "2 x 2048 MiB CUDA context" in render.file(FLAGS).text
+    assert "2 x 2048 MiB beside each pool" in render.file(FLAGS).text
 
 
 def test_one_process_alone_must_fit() -> None:
@@ -293,13 +293,14 @@ def test_gpu_host_needs_explicit_fraction() -> None:
 
 def test_co_located_models_share_the_gpu() -> None:
     a, b = model(name="a", memory_mib=3500), model(name="b", memory_mib=3500, port_offset=100)
-    inv = inventory(models=[a, b])
+    small = {"gpu_context_mib": 512}
+    inv = inventory(models=[a, b], defaults=small)
     assert _problems(render_fleet(inv, a, 1, inv.select("h1"))[0]) == []  # 0.865 fits
     a, b = model(name="a", memory_mib=5000), model(name="b", memory_mib=5000, port_offset=100)
-    inv = inventory(models=[a, b])
+    inv = inventory(models=[a, b], defaults=small)
     text = _messages(_problems(render_fleet(inv, a, 1, inv.select("h1"))[0]))
     # three processes: b's release, and a's old and new
-    assert ("0.367 (other models) + 2 x 0.367 + 3 x 512 MiB CUDA context / 16384 MiB = "
+    assert ("0.367 (other models) + 2 x 0.367 + 3 x 512 MiB beside each pool / 16384 MiB = "
             "1.101 + 0.094 = 1.195") in text
 
 

@@ -21,8 +21,8 @@ from typing import Any
 from tfsdeploy.cli import output
 from tfsdeploy.cli.exits import debugging, run_command, unattended_outputs
 from tfsdeploy.cli.options import is_safe, options, safe_model, writable
+from tfsdeploy.cli.render import arithmetic_lines, write_renders
 from tfsdeploy.cli.render import summary_rows as render_rows
-from tfsdeploy.cli.render import write_renders
 from tfsdeploy.cli.terminal import guarded_output, hangup_survived
 from tfsdeploy.cli.unattended import INVALID_MODEL, update_textfile, write_json_file
 from tfsdeploy.cli.verbs import (
@@ -155,7 +155,9 @@ def cmd_render(args: RenderArgs) -> int:
     written = write_renders(renders, Path(args.out))
     output.print_table(f"{args.model}: {len(renders)} host(s) rendered and validated into "
                        f"{args.out}/", ("host", "address", "version", "GPU fraction",
-                                           "files"), render_rows(renders))
+                                        "files"), render_rows(renders))
+    for line in arithmetic_lines(renders):
+        print(line)
     print(f"{len(written)} files written; the TFServing files parsed with TFServing's "
           "definitions; proxy/haproxy.cfg as a first deploy writes it (slot blue).")
     return 0
@@ -329,7 +331,8 @@ def cmd_status(args: StatusArgs) -> int:
         output.print_json(rows)
     else:
         output.print_table(f"{args.model}: status", ("host", "release", "version",
-                                                        "traffic", "slots", "drift", "lock"),
+                                                    "traffic", "slots", "drift", "lock",
+                                                    "GPU MiB planned/held"),
                            [output.status_row(r) for r in rows])
         for row in rows:  # the table cuts the error short: its reason and fix in full
             if not row["reachable"]:

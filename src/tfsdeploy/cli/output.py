@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from tfsdeploy.cli.gpu_status import gpu_cell
 from tfsdeploy.core.errors import ConfigError, TfsDeployError
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.gpu import instance_gpus
@@ -287,7 +288,7 @@ def traffic_cell(instances: list[dict[str, Any]], canary: dict[str, str] | None)
 def status_row(row: dict[str, Any]) -> tuple[str, ...]:
     """`fab status`'s row of one host."""
     if not row["reachable"]:
-        return (row["host"], "UNREACHABLE", "", "", row.get("error", "")[:60], "", "")
+        return (row["host"], "UNREACHABLE", "", "", row.get("error", "")[:60], "", "", "")
     instances = row.get("instances") or [{"instance": 0, "traffic_slot": row["traffic_slot"],
                                           "slots": row["slots"]}]
     several = len(instances) > 1
@@ -307,7 +308,7 @@ def status_row(row: dict[str, Any]) -> tuple[str, ...]:
         or "none"
     return (row["host"], str(row["current"] or "-"), str(row["version"] or "-"),
             traffic_cell(instances, row.get("canary")), slots or "-", drift,
-            row["lock"] or "free")
+            row["lock"] or "free", gpu_cell(row))
 
 
 def print_history(model: str, rows: list[dict[str, Any]]) -> None:

@@ -48,3 +48,16 @@ def summary_rows(renders: list[HostRender]) -> list[tuple[str, ...]]:
         rows.append((r.host.name, r.host.address, str(r.version), gpu,
                      str(len(r.files) + 1)))  # + the proxy config
     return rows
+
+
+def arithmetic_lines(renders: list[HostRender]) -> list[str]:
+    """The GPU memory arithmetic of every instance, once per distinct plan with the hosts it
+    holds for: what nvidia-smi reports, what CUDA can allocate, the fraction and the window."""
+    hosts: dict[str, list[str]] = {}
+    for r in renders:
+        for i in r.instances:
+            if i.plan is not None:
+                gpus = f" GPU {','.join(map(str, i.gpus))}" if len(r.instances) > 1 else ""
+                hosts.setdefault(i.plan.arithmetic(), []).append(r.host.name + gpus)
+    return [f"{', '.join(names)}: {text}" for text, names in hosts.items()]
+

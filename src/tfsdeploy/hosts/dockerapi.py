@@ -54,6 +54,7 @@ class ContainerState:
     status: str
     restarts: int
     exit_code: int
+    pid: int = 0  # State.Pid: its main process on the host (0 when it does not run)
 
 
 class Docker(Protocol):
@@ -262,7 +263,8 @@ class SdkDocker:
         state = attrs.get("State") or {}
         return ContainerState(status=str(state.get("Status", "")),
                               restarts=int(attrs.get("RestartCount") or 0),
-                              exit_code=int(state.get("ExitCode") or 0))
+                              exit_code=int(state.get("ExitCode") or 0),
+                              pid=int(state.get("Pid") or 0))
 
     def logs(self, name: str, lines: int) -> str:
         """Log tail (stdout and stderr)."""

@@ -15,6 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tfsdeploy.core.errors import ConfigError, Problem
+from tfsdeploy.core.gpu.holding import held_by, parse_ancestry
+from tfsdeploy.core.gpu.records import (
+    OverheadRecord,
+    WindowReservation,
+    live_reservations,
+    parse_overhead,
+)
+from tfsdeploy.core.gpu.smi import GpuApp, GpuCard, parse_apps, parse_gpus
+from tfsdeploy.core.gpu.window import Earlier
 from tfsdeploy.core.inventory.layout import HostPaths, is_release_id, parse_server_name
 from tfsdeploy.core.render.files import FILE_NAMES
 from tfsdeploy.core.render.host_proxy import ServerState, parse_stat
@@ -31,14 +40,26 @@ from tfsdeploy.hosts.commands.files import read_files
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.ssh import Connection
 
+GpuFact = GpuCard
+"""One GPU as the host's nvidia-smi reports it (index, total, used, free, reserved, uuid)."""
+
 
 @dataclass(frozen=True)
-class GpuFact:
-    """One GPU as the host's nvidia-smi reports it."""
+class GpuTruth:
+    """What a host's GPUs hold, host-wide (every model's processes), read with its facts: the
+    live window reservations in the host's order and what processes were measured to hold
+    beside their pools (per card and model); each compute process's holding (host pids) and
+    its ancestors only when there are reservations (a deploy judges them) or when `fab status`
+    asked for them (``hosts.gpu_memory.with_holdings``)."""
 
-    index: int
-    total_mib: int
-    used_mib: int
+    apps: tuple[GpuApp, ...] = ()
+    ancestry: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    reservations: tuple[WindowReservation, ...] = ()
+    overhead: tuple[OverheadRecord, ...] = ()
+    # container -> its main process's host pid (docker inspect's State.Pid): the live
+    # reservations' containers (read with the facts when there are reservations), the model's
+    # running servers (read by `fab status`: hosts.gpu_memory.with_holdings)
+    pids: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -104,6 +125,7 @@ class HostFacts:
     images: dict[str, bool] = field(default_factory=dict)
     docker_version: str = ""
     seconds: float = 0.0  # how long reading them took
+    gpu_truth: GpuTruth = field(default_factory=lambda: GpuTruth())  # every model's processes
 
     @property
     def holds_model(self) -> bool:
@@ -165,6 +187,26 @@ class HostFacts:
             return None
         return next((c for c in self.servers if c.release == self.current
                      and c.instance == instance), None)
+
+
+    def gpu_held(self, container: str) -> dict[int, int] | None:
+        """GPU index -> MiB the container's processes hold (nvidia-smi on the host: pool and
+        what they hold beside it); None when its main pid is not known (it does not run)."""
+        pid = self.gpu_truth.pids.get(container, 0)
+        if pid <= 0:
+            return None
+        return held_by(pid, self.gpu_truth.apps, self.gpu_truth.ancestry, self.gpus)
+
+    def gpu_earlier(self) -> tuple[Earlier, ...]:
+        """The live window reservations, each with what its containers already hold."""
+        found = []
+        for r in self.gpu_truth.reservations:
+            held: dict[int, int] = {}
+            for container in r.containers:
+                for gpu, mib in (self.gpu_held(container) or {}).items():
+                    held[gpu] = held.get(gpu, 0) + mib
+            found.append(Earlier(r, held))
+        return tuple(found)
 
     @property
     def serving_release(self) -> str | None:
@@ -241,7 +283,7 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
         disk_free_mib=_disk(_body(sections, "disk")), gpus=_gpus(_body(sections, "gpus")),
         listening=_listening(_body(sections, "listen")),
         tools=frozenset(_body(sections, "tools").split()), images=dict(images or {}),
-        docker_version=docker_version)
+        docker_version=docker_version, gpu_truth=gpu_truth(sections))
 
 
 def _proxy(containers: Sequence[ContainerFact], stat: str) -> ProxyFact:
@@ -300,14 +342,19 @@ def _disk(text: str) -> int | None:
 
 
 def _gpus(text: str) -> tuple[GpuFact, ...]:
-    found = []
-    for line in text.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            found.append(GpuFact(int(parts[0]), int(float(parts[1])), int(float(parts[2]))))
-        except (IndexError, ValueError):
-            continue
-    return tuple(found)
+    return parse_gpus(text)
+
+
+def gpu_truth(sections: dict[str, list[tuple[str, str]]]) -> GpuTruth:
+    """The GPU sections of a facts (or reservation) answer."""
+    locks = dict(sections.get("gpulock", []))
+    return GpuTruth(
+        apps=parse_apps(_body(sections, "gpuapps")),
+        ancestry=parse_ancestry(_body(sections, "gpuancestry")),
+        reservations=live_reservations([(name, text, locks.get(name, "")) for name, text in
+                                        sections.get("gpureservation", [])]),
+        overhead=tuple(r for r in (parse_overhead(text) for _, text in
+                                   sections.get("gpuoverhead", [])) if r))
 
 
 def _listening(text: str) -> frozenset[int]:
@@ -333,6 +380,7 @@ def gather(conn: Connection, model: str, paths: HostPaths, *,
     present = {image: docker.image_present(image) for image in dict.fromkeys(images)}
     facts = parse_facts(conn.host.name, result.stdout, containers, images=present,
                         docker_version=version)
+    facts = with_gpu_pids(conn, facts)
     return replace(facts, seconds=time.monotonic() - started)
 
 
@@ -371,6 +419,21 @@ def reread_serving(conn: Connection, facts: HostFacts, model: str, paths: HostPa
     return replace(facts, containers=tuple(c for c in containers if c.role == "proxy"
                                            or is_release_id(c.release)),
                    proxy=_proxy(containers, stat))
+
+
+def with_gpu_pids(conn: Connection, facts: HostFacts) -> HostFacts:
+    """The facts with the host pid of each live reservation's container (what it already
+    holds is not still to come): one inspection each, only when there are reservations."""
+    truth = facts.gpu_truth
+    if not truth.apps:
+        return facts
+    names = [n for r in truth.reservations for n in r.containers]
+    pids = {}
+    for name in dict.fromkeys(names):
+        state = conn.docker.state(name)
+        if state is not None and state.pid > 0:
+            pids[name] = state.pid
+    return replace(facts, gpu_truth=replace(truth, pids=pids))
 
 
 def read_release_files(conn: Connection, paths: HostPaths, release_id: str) -> dict[str, str]:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from tfsdeploy.core.gpu.records import WindowReservation
 from tfsdeploy.hosts.commands import Argv
 from tfsdeploy.hosts.commands.containers import ContainerSpec
 
@@ -244,6 +245,21 @@ class ReloadProxy(Change):
 
     def describe(self) -> str:
         return self.what
+
+
+@dataclass(frozen=True)
+class ReserveGpu(Change):
+    """GPU memory reserved host-wide for a window's new process before it starts (refused,
+    naming the other run, when earlier windows leave too little); ``reclaim``: the running
+    containers the start removes first (their memory is freed)."""
+
+    kind: ClassVar[str] = "reserve-gpu"
+    record: WindowReservation
+    reclaim: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        need = ", ".join(f"GPU {g}: {m} MiB" for g, m in sorted(self.record.need_mib.items()))
+        return f"reserve GPU memory for the window, host-wide ({need})"
 
 
 @dataclass(frozen=True)

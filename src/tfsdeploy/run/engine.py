@@ -665,6 +665,7 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
         clear_finished_canary_parts(plan, [s for s in sites if s not in taken], facts,
                                     reporter)
         context, jobs = plan.planner(facts, session)
+        context.lock_token = record.token  # what the run's GPU reservations live by
         if plan.on_planned is not None:
             plan.on_planned(context)
         what = (f" version {context.version} as {context.release_id}"

@@ -21,7 +21,7 @@ from tfsdeploy.core.render.gateway_proxy import (
 from tfsdeploy.core.rollout.gates import Clock, GateFailed, Verdict, poll
 from tfsdeploy.core.rollout.records import AuditEntry, now_iso
 from tfsdeploy.hosts import gateway as gateway_host
-from tfsdeploy.hosts import proxyadmin
+from tfsdeploy.hosts import gpu_reservation, proxyadmin
 from tfsdeploy.hosts.commands.files import append_lines
 from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.ssh import Connection
@@ -38,6 +38,7 @@ from tfsdeploy.run.changes import (
     ReloadProxy,
     RemoveContainer,
     RemoveImage,
+    ReserveGpu,
     RunContainer,
     StartContainer,
     StopContainer,
@@ -106,11 +107,27 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
         elif isinstance(change, ReloadProxy):
             return proxyadmin.reload(conn, job.paths.admin_socket, change.container,
                                      change.servers, clock=job.run.clock)
+        elif isinstance(change, ReserveGpu):
+            return reserve_gpu(job, change, step)
         else:
             raise TypeError(f"no way to apply {type(change).__name__}")
     except (DockerFailed, proxyadmin.ProxyRefused) as error:
         raise GateFailed(step, f"{change.describe()} to succeed", str(error)) from None
     return ""
+
+
+def reserve_gpu(job: HostJob, change: ReserveGpu, step: str) -> str:
+    """Take the window's host-wide GPU reservation, or fail the step naming the earlier
+    window that holds the GPU (the new process is not started)."""
+    taken = gpu_reservation.take(job.conn, job.paths, change.record, reclaim=change.reclaim)
+    if taken.refusal is not None:
+        raise GateFailed(step, "room on the GPU for the window beside the other runs' windows",
+                         f"{taken.refusal.text()}; fix: deploy again once that window has "
+                         "ended (its run finishes or fails), or roll this model with "
+                         "strategy 'recreate'")
+    others = len(taken.earlier)
+    return (f"reserved as {taken.name}" + (f" beside {others} earlier window(s)"
+                                           if others else ""))
 
 
 def gateway_state(job: HostJob, change: GatewayState, step: str) -> str:

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from tfsdeploy.core.errors import HostUnreachable
+from tfsdeploy.core.gpu.records import OverheadRecord
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
 from tfsdeploy.core.inventory.catalog import Model
 from tfsdeploy.core.inventory.fleet import ResolvedHost
@@ -93,6 +94,7 @@ class RunContext:
     canary_hosts: frozenset[str] = frozenset()  # the first batch, set when the roll starts
     gateway: GatewayLink | None = None  # the gateway hosts routing the model
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lock_token: str = ""  # the fleet lock's token this run holds ("": --check, no lock)
 
     @property
     def rollback(self) -> bool:
@@ -119,6 +121,9 @@ class InstanceJob:
     took_traffic: bool = False  # the new release served (restore makes it "reverted")
     out_of_rotation: bool = False  # "recreate": its old release was taken out of rotation
     weighted: bool = False  # canary: its slots' weights were changed (a switch resets them)
+    pid: int = 0  # its new container's main process, host pid, as last inspected (GPU gates)
+    # what its new process held beside its pool after warmup, per GPU (release_gpu records it)
+    overhead: list[OverheadRecord] = field(default_factory=list)
 
     @property
     def touched(self) -> bool:

@@ -26,6 +26,7 @@ from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.probes import SlotClient
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.run import plans, survey
+from tfsdeploy.run.gpu_views import add_gpu_memory
 from tfsdeploy.run.jobs import Session
 
 
@@ -177,18 +178,19 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
     orphan = is_orphan(target, host, facts)
     render = live_render(target, host, facts)
     shape, down = instance_drift(render, facts, target.model.name)
-    return {"orphan": orphan,
-            "note": orphan_note(target.model.name, host.name) if orphan else "",
-            "current": serving or facts.current, "recorded_current": facts.current,
-            "version": record.version if record else None,
-            "image": record.image if record else None,
-            "traffic_slot": first["traffic_slot"], "proxy_running": facts.proxy.running,
-            "slots": first["slots"], "instances": instances,
-            "canary": canary_on(facts), "drift": drift(render, facts),
-            "instance_drift": shape, "down": down,
-            "broken_records": [b.model_dump() for b in facts.broken],
-            "lock": (holder.describe() + (" (STALE)" if locks.is_stale(holder) else "")
-                     if holder else "unreadable lock record" if facts.lock_present else None)}
+    row = {"orphan": orphan,
+           "note": orphan_note(target.model.name, host.name) if orphan else "",
+           "current": serving or facts.current, "recorded_current": facts.current,
+           "version": record.version if record else None,
+           "image": record.image if record else None,
+           "traffic_slot": first["traffic_slot"], "proxy_running": facts.proxy.running,
+           "slots": first["slots"], "instances": instances,
+           "canary": canary_on(facts), "drift": drift(render, facts),
+           "instance_drift": shape, "down": down,
+           "broken_records": [b.model_dump() for b in facts.broken],
+           "lock": (holder.describe() + (" (STALE)" if locks.is_stale(holder) else "")
+                    if holder else "unreadable lock record" if facts.lock_present else None)}
+    return add_gpu_memory(row, conn, facts, record)
 
 
 def status(target: Target, *, connect: ConnectionFactory = SshConnection,

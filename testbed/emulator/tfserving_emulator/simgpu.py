@@ -6,6 +6,13 @@ the container (indices or UUIDs; ``all``; unset counts as ``all`` because the te
 renumbered from 0 as nvidia-container-runtime and CUDA do (an invalid entry ends the list; -1 or
 empty: none). TensorFlow makes a device of every one it sees.
 
+The memory CUDA can use is the card's total less what its driver reserves (gpus.json
+``memory_reserved_mib``, default 0; an H200 on driver 580 reserves 616 of its 143,771 MiB and
+cuMemGetInfo's total is 143,156 MiB): TensorFlow's limit is ``fraction x`` that total
+(gpu_device.cc SingleVirtualDeviceMemoryLimit: ``total_memory * per_process_gpu_memory_fraction``
+with ``total_memory`` from DeviceMemoryUsage, i.e. cuMemGetInfo), and free memory is that total
+less what every process holds.
+
 What a process holds on each visible GPU, as TensorFlow does (tensorflow/core/common_runtime/gpu/
 gpu_device.cc, xla/tsl/framework/bfc_allocator.cc):
 - a CUDA context (``context_mib`` of gpus.json, default 256 MiB): if it does not fit, creating
@@ -182,8 +189,9 @@ class Device:
 
     @property
     def total_mib(self) -> int:
-        """The GPU's memory."""
-        return int(self.gpu["memory_total_mib"])
+        """The GPU's memory CUDA can use (cuMemGetInfo's total): nvidia-smi's total less the
+        driver's reserve."""
+        return int(self.gpu["memory_total_mib"]) - int(self.gpu.get("memory_reserved_mib", 0))
 
     @property
     def name(self) -> str:

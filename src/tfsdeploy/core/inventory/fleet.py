@@ -32,12 +32,26 @@ from tfsdeploy.core.inventory.schema import (
 
 @dataclass(frozen=True)
 class Gpu:
-    """One GPU of a host: its index (CUDA_VISIBLE_DEVICES) and total memory."""
+    """One GPU of a host: its index (CUDA_VISIBLE_DEVICES), its memory as nvidia-smi reports
+    it (``memory.total``) and the part of it the driver reserves (``memory.reserved``).
+
+    What a process can allocate is CUDA's total, ``memory.total - memory.reserved``
+    (``cuda_mib``): on an H200 (driver 580) nvidia-smi reports 143,771 MiB total and 616 MiB
+    reserved, and cuMemGetInfo's total is 143,156 MiB. TensorFlow sizes
+    ``per_process_gpu_memory_fraction`` against that CUDA total (gpu_device.cc,
+    SingleVirtualDeviceMemoryLimit: ``total_memory * per_process_gpu_memory_fraction`` with
+    ``total_memory`` from DeviceMemoryUsage, i.e. cuMemGetInfo)."""
 
     __pydantic_config__: ClassVar[ConfigDict] = CHECKED
     index: Annotated[int, Strict(), Field(ge=0, le=1023)]
     memory_mib: Annotated[int, Strict(), Field(ge=1, le=1 << 20)]
     name: Annotated[str, Strict(), Field(min_length=1, max_length=128)] = "GPU"
+    reserved_mib: Annotated[int, Strict(), Field(ge=0, le=1 << 16)] = 0
+
+    @property
+    def cuda_mib(self) -> int:
+        """What CUDA can allocate on the GPU: nvidia-smi's total less the driver's reserve."""
+        return self.memory_mib - self.reserved_mib
 
 
 SLOT_NAMES = ("blue", "green")
@@ -123,17 +137,17 @@ class HostVars:
         default_factory=lambda: {"blue": (8510, 8511), "green": (8520, 8521)})
     gpu_safety_margin: GpuMargin = 1.2
     gpu_headroom: Annotated[float, Strict(), Field(ge=0.0, lt=1.0, allow_inf_nan=False)] = 0.1
-    # GPU memory each TFServing process takes outside its fraction (CUDA context, cuDNN and
-    # cuBLAS handles); gpu.py's window counts it once per process. Published figures:
-    # - 234 MiB for TFServing 2.2.0-gpu on a T4: used = f x total + 234 MiB at f = 0.25 and
-    #   0.5 (github.com/tensorflow/serving/issues/1668);
-    # - about 400 MiB for a CUDA >= 11.7 context with lazy module loading, over 1000 MiB before
-    #   lazy loading (NVIDIA's PyTorch maintainer, github.com/pytorch/pytorch/issues/109888);
-    # - 107 MiB (RTX 4060 Ti) to 555 MiB (RTX PRO 6000) for a bare context
-    #   (github.com/ggml-org/llama.cpp/pull/23604).
-    # 512 covers all but the largest cards: measure yours (nvidia-smi of an idle server minus
-    # f x total).
-    gpu_context_mib: Annotated[int, Strict(), Field(ge=0, le=65536)] = 512
+    # GPU memory each TFServing process holds beside its allocator pool (CUDA context, cuDNN
+    # and cuBLAS workspaces); gpu.py's window counts it once per process. Measured on an
+    # NVIDIA H200 (driver 580, CUDA 13): a bare context 531-621 MiB, with cuBLAS 739, with
+    # cuDNN about 940; TensorFlow's allocator (XLA/TSL BFC) 626 beside its pool at fractions
+    # 0.20, 0.40 and two processes at 0.45. Published: 234 MiB for TFServing 2.2.0-gpu on a T4
+    # (github.com/tensorflow/serving/issues/1668); 107-555 MiB for bare contexts on other
+    # cards (github.com/ggml-org/llama.cpp/pull/23604). A TFServing process loads cuBLAS and
+    # cuDNN, so the default is 1024: the largest figure measured (939) with 85 MiB to spare.
+    # Every deploy measures what its processes hold beside their pools and the next plan uses
+    # that where it is larger (hosts record it per card); a small card may set this lower.
+    gpu_context_mib: Annotated[int, Strict(), Field(ge=0, le=65536)] = 1024
     monitoring_path: UrlPath = "/monitoring/prometheus/metrics"
     # TFServing: a negative value disables polling and start-up waits for a model forever
     file_system_poll_wait_seconds: Annotated[int, Strict(), Field(ge=0, le=86_400)] = 1

@@ -3,8 +3,12 @@
 TensorFlow's default fraction 0 takes nearly all free GPU memory, so a second TFServing on the
 same GPU fails to start. Every release therefore gets an explicit
 ``--per_process_gpu_memory_fraction`` sized from the model's footprint, and the old and the new
-release must both fit during the window. Each process also holds a CUDA context outside its
-fraction (host var ``gpu_context_mib``); the window counts one per process.
+release must both fit during the window. The fraction applies to what CUDA can allocate
+(nvidia-smi's ``memory.total`` less ``memory.reserved``: ``Gpu.cuda_mib``), not to
+``memory.total``: TensorFlow's pool is ``fraction x`` cuMemGetInfo's total
+(tensorflow/core/common_runtime/gpu/gpu_device.cc, SingleVirtualDeviceMemoryLimit). Each
+process also holds memory beside its pool (CUDA context, cuBLAS, cuDNN: host var
+``gpu_context_mib``, or what the host measured when larger); the window counts one per process.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class GpuPlan:
 
     host: str
     model: str
-    gpu_memory_mib: int
+    gpu_memory_mib: int  # what CUDA can allocate: nvidia-smi's total less its reserved memory
     footprint_mib: int
     margin: float
     headroom: float
@@ -39,6 +43,18 @@ class GpuPlan:
     context_mib: int = 0  # per process, outside its fraction
     other_models: int = 0  # processes of the other models on this host
     where: str = "this GPU"  # "GPU 1" on a host with several
+    reserved_mib: int = 0  # nvidia-smi's memory.reserved (memory.total = this + the CUDA total)
+
+    @property
+    def total_mib(self) -> int:
+        """The GPU's memory as nvidia-smi's ``memory.total`` reports it."""
+        return self.gpu_memory_mib + self.reserved_mib
+
+    @property
+    def pool_mib(self) -> int:
+        """The allocator pool one process of this release gets: fraction x CUDA's total
+        (TensorFlow computes it in bytes and truncates; so does this, in MiB)."""
+        return pool_mib(self.fraction, self.gpu_memory_mib)
 
     @property
     def processes(self) -> int:
@@ -66,23 +82,36 @@ class GpuPlan:
         """The most the GPU may be committed to: 1 - headroom (fragmentation, other users)."""
         return round(1.0 - self.headroom, 6)
 
+    def memory(self) -> str:
+        """Both figures of the GPU's memory: what nvidia-smi reports and what CUDA can
+        allocate (the one fractions apply to)."""
+        return (f"CUDA total {self.gpu_memory_mib} MiB = {self.total_mib} MiB (nvidia-smi "
+                f"memory.total) - {self.reserved_mib} MiB (memory.reserved)")
+
     def arithmetic(self) -> str:
-        """The numbers, for error messages and `fab render`'s summary."""
+        """The numbers, for error messages, `fab render`'s lines and the flags file."""
         window = (f"window = {self.others:.3f} (other models) + {self.slots} x "
                   f"{self.fraction:.3f} = {self.fractions_total:.3f}")
         if self.context_mib:
             window = (f"window = {self.others:.3f} (other models) + {self.slots} x "
-                      f"{self.fraction:.3f} + {self.processes} x {self.context_mib} MiB CUDA "
-                      f"context / {self.gpu_memory_mib} MiB = {self.fractions_total:.3f} + "
+                      f"{self.fraction:.3f} + {self.processes} x {self.context_mib} MiB beside "
+                      f"each pool / {self.gpu_memory_mib} MiB = {self.fractions_total:.3f} + "
                       f"{self.contexts:.3f} = {self.window_total:.3f}")
-        return (f"fraction = ceil({self.footprint_mib} MiB x {self.margin} / "
-                f"{self.gpu_memory_mib} MiB, 3 places) = {self.fraction:.3f}; {window}, "
+        return (f"{self.memory()}; fraction = ceil({self.footprint_mib} MiB x {self.margin} / "
+                f"{self.gpu_memory_mib} MiB, 3 places) = {self.fraction:.3f}, pool "
+                f"{self.pool_mib} MiB per process; {window}, "
                 f"limit 1 - {self.headroom} = {self.limit:.3f}")
 
 
 def release_fraction(footprint_mib: int, margin: float, gpu_memory_mib: int) -> float:
     """Smallest fraction, rounded up to 3 places, that holds footprint x margin."""
     return math.ceil(footprint_mib * margin / gpu_memory_mib * 1000 - 1e-9) / 1000
+
+
+def pool_mib(fraction: float, cuda_mib: int) -> int:
+    """The allocator pool a process with ``fraction`` gets on a GPU where CUDA can allocate
+    ``cuda_mib``."""
+    return int(fraction * cuda_mib + 1e-9)
 
 
 @dataclass(frozen=True)
@@ -116,7 +145,8 @@ def plan_instances(host: ResolvedHost, model: Model, co_located: Sequence[Model]
     seeing several GPUs is sized by the smallest (TensorFlow applies one fraction to every GPU
     a process sees) and judged on its most crowded GPU.
     """
-    memory = {g.index: g.memory_mib for g in host.gpus}
+    memory = {g.index: g.cuda_mib for g in host.gpus}
+    reserved = {g.index: g.reserved_mib for g in host.gpus}
     others = [m for m in co_located if m.name != model.name]
     seen = {m.name: {i for g in instance_gpus(host, m) for i in g} for m in others}
     plans = []
@@ -124,16 +154,17 @@ def plan_instances(host: ResolvedHost, model: Model, co_located: Sequence[Model]
         if not gpus:
             plans.append(InstancePlan(index, (), None))
             continue
+        smallest = min(gpus, key=lambda g: memory[g])
         plans.append(InstancePlan(index, gpus, max(
-            (_plan_on(host, model, min(memory[g] for g in gpus),
+            (_plan_on(host, model, memory[smallest], reserved[smallest],
                       [m for m in others if card in seen[m.name]],
                       f"GPU {card}" if len(memory) > 1 else "this GPU") for card in gpus),
             key=lambda p: p.window_total)))
     return tuple(plans)
 
 
-def _plan_on(host: ResolvedHost, model: Model, memory: int, others: Sequence[Model],
-             where: str) -> GpuPlan:
+def _plan_on(host: ResolvedHost, model: Model, memory: int, reserved: int,
+             others: Sequence[Model], where: str) -> GpuPlan:
     margin, headroom = host.vars.gpu_safety_margin, host.vars.gpu_headroom
     return GpuPlan(host=host.name, model=model.name, gpu_memory_mib=memory,
                    footprint_mib=model.memory_mib, margin=margin, headroom=headroom,
@@ -142,7 +173,7 @@ def _plan_on(host: ResolvedHost, model: Model, memory: int, others: Sequence[Mod
                                     for m in others), 6),
                    slots=1 if model.rollout.strategy == "recreate" else 2,
                    context_mib=host.vars.gpu_context_mib, other_models=len(others),
-                   where=where)
+                   where=where, reserved_mib=reserved)
 
 
 def check_gpu_plan(plan: GpuPlan, file: str) -> list[Problem]:

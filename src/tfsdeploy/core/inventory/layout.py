@@ -13,6 +13,10 @@ On a host (``data_root`` defaults to /srv/tfsdeploy)::
     <data_root>/<model>/audit.log                 one JSON line per change, append-only
     <data_root>/<model>/lock/                     the model's part of the fleet lock
     <data_root>/<model>/lock.flock                serialises lock changes on the host
+    <data_root>/gpu/reservations/<seq>.<model>.<instance>.json
+                                                  a window's GPU memory, reserved host-wide
+    <data_root>/gpu/overhead/<gpu>.<model>.json   what a process held beside its pool
+    <data_root>/gpu/lock                          serialises the reservations (flock)
 """
 
 from __future__ import annotations
@@ -141,6 +145,15 @@ class HostPaths:
     def admin_socket(self) -> str:
         """The proxy's admin socket, as the host sees it."""
         return f"{self.admin_dir}/{ADMIN_SOCKET_NAME}"
+
+    @property
+    def gpu_dir(self) -> str:
+        """The host-wide GPU records every model shares (reservations, measured overhead)."""
+        return f"{self.root}/gpu"
+
+    def overhead_file(self, gpu: int) -> str:
+        """What this model's process was last measured to hold beside its pool on ``gpu``."""
+        return f"{self.gpu_dir}/overhead/{gpu}.{self.model}.json"
 
 
 def host_paths(host: ResolvedHost, model: Model) -> HostPaths:

@@ -336,6 +336,13 @@ def _check_names(path: str, hosts: list[Host], groups: dict[str, Group]) -> list
                 host=host.name, file=path, field=f"hosts.{host.name}.address"))
         by_address.setdefault(address, host.name)
         indexes = [g.index for g in host.gpus]
+        for gpu in host.gpus:
+            if gpu.reserved_mib >= gpu.memory_mib:
+                problems.append(Problem(
+                    f"GPU {gpu.index}: reserved_mib {gpu.reserved_mib} is not below memory_mib "
+                    f"{gpu.memory_mib}", fix="write nvidia-smi's memory.reserved, a small part "
+                    "of memory.total (616 of 143,771 MiB on an H200)", host=host.name,
+                    file=path, field=f"hosts.{host.name}.gpus"))
         if len(set(indexes)) != len(indexes):
             problems.append(Problem(f"GPU indexes repeat: {indexes}",
                                     fix="give each GPU its own index", host=host.name,

@@ -69,8 +69,9 @@ def pattern_rule(pattern: str, what: str, fix: str) -> AfterValidator:
 MODEL_NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 # Names the host layout (layout.py) uses beside or inside the model directories: a model with
 # one of them would share its directory with the layout's own (`models` is the version store
-# beside the model homes).
-RESERVED_MODEL_NAMES = frozenset({"models", "lock", "releases", "current", "proxy", "audit.log"})
+# beside the model homes, `gpu` the host-wide GPU records every model shares).
+RESERVED_MODEL_NAMES = frozenset({"models", "lock", "releases", "current", "proxy", "audit.log",
+                                  "gpu"})
 
 
 def model_name_problem(name: str) -> str | None:

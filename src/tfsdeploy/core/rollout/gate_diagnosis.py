@@ -33,6 +33,7 @@ class Kind(StrEnum):
     OP_NOT_IN_SERVER = "op_not_in_server"
     MODEL_NEWER_THAN_SERVER = "model_newer_than_server"
     GPU_MEMORY_EXHAUSTED = "gpu_memory_exhausted"
+    GPU_POOL_CUT = "gpu_pool_cut"  # the process holds less than its planned pool (nvidia-smi)
     WARMUP_FILE_UNREADABLE = "warmup_file_unreadable"
     SIGNATURE_MISMATCH = "signature_mismatch"
 

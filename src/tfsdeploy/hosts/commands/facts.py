@@ -5,7 +5,9 @@ line ``@@<name> [argument]``: the ``current`` link and the sha256 of its files, 
 record, the lock record, the staged versions and their digests, free disk where the
 versions are written (the volume of the model's directory), GPUs, listening
 ports, the proxy's configuration, its ``show stat`` and the servers its haproxy.cfg enables
-(what a restarted proxy serves), the kernel's boot id and which tools the host has. Docker's
+(what a restarted proxy serves), the kernel's boot id and which tools the host has; and the
+GPU's truth (``commands.gpu``): each process's holding with its ancestors, the host-wide window
+reservations and what processes were measured to hold beside their pools. Docker's
 facts come from the Engine API, not from here.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.hosts.commands import Argv
+from tfsdeploy.hosts.commands.gpu import FACTS_SH
 
 MARK = "@@"
 
@@ -33,8 +36,7 @@ for d in "$models"/*; do
   [ -d "$d" ] && printf '%s %s\n' "$v" "$(cat "$home/versions/$v.sha256" 2>/dev/null)"
 done
 echo "@@disk"; p=$models; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -Pm "$p" | tail -n 1
-echo "@@gpus"
-nvidia-smi --query-gpu=index,memory.total,memory.used --format=csv,noheader,nounits 2>/dev/null
+''' + FACTS_SH + r'''
 echo "@@listen"; ss -ltnH 2>/dev/null
 echo "@@proxycfg"; cat "$home/proxy/haproxy.cfg" 2>/dev/null
 echo "@@proxy"

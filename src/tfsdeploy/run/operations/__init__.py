@@ -6,8 +6,9 @@ planner only lists it. An operation never touches a host itself.
 
 A step called ``gate_available`` in ``tasks/*.yml`` is ``operations.gates.gate_available``;
 ``registry()`` maps every name to its function, module by module: ``preflight``, ``stage``,
-``shape``, ``roll``, ``gates``, ``canary``, ``finalize``, ``restore``, ``prune``, ``retire``
-and ``custom`` (a playbook's own ``local`` and ``remote`` commands).
+``shape``, ``roll``, ``gates``, ``gpu`` (the GPU reservation and the holding gate), ``canary``,
+``finalize``, ``restore``, ``prune``, ``retire`` and ``custom`` (a playbook's own ``local`` and
+``remote`` commands).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tfsdeploy.run.operations import (
     custom,
     finalize,
     gates,
+    gpu,
     preflight,
     prune,
     restore,
@@ -27,7 +29,7 @@ from tfsdeploy.run.operations import (
 )
 from tfsdeploy.run.operations.step import GATES, OPERATIONS, Operation
 
-MODULES = (preflight, stage, shape, roll, gates, canary, finalize, restore, prune, retire,
+MODULES = (preflight, stage, shape, roll, gates, gpu, canary, finalize, restore, prune, retire,
            custom)
 
 

@@ -41,6 +41,7 @@ def container_problem(job: HostJob) -> str | None:
     state = job.conn.docker.state(job.container)
     if state is None:
         return "container is gone"
+    job.instance.pid = state.pid  # what GPU gates map nvidia-smi's processes to
     if state.status != "running":
         return f"container {state.status} (exit code {state.exit_code})"
     if state.restarts > 0:

@@ -5,15 +5,20 @@ release is already live). Only ``pull_image`` changes a host (it adds an image).
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
+from tfsdeploy.core.gpu.window import admit
+from tfsdeploy.core.inventory.gpu import GpuPlan, check_gpu_plan
 from tfsdeploy.core.inventory.layout import other_slot, server_name
+from tfsdeploy.core.render.files import FLAGS
 from tfsdeploy.core.render.host_proxy import FULL_WEIGHT, PortMove, config_ports, proxy_instances
 from tfsdeploy.core.rollout.gates import GateFailed, Verdict, poll
 from tfsdeploy.hosts.facts import coming_back, reread_serving
 from tfsdeploy.run.changes import Check, PullImage
 from tfsdeploy.run.jobs import HostJob, InstanceJob
+from tfsdeploy.run.operations.gpu import beside_pool_mib
 from tfsdeploy.run.operations.step import Ops, operation
 
 REQUIRED_TOOLS = ("socat", "flock", "sha256sum", "tar")
@@ -288,7 +293,10 @@ def _tree_mib(path: str) -> int:
 @operation("check_gpu")
 def check_gpu(job: HostJob) -> Ops:
     """The host's GPUs are the inventory's (count and memory, as nvidia-smi reports them), and
-    each instance's GPU has room for its new release beside the live one."""
+    each instance's GPU has room for its new release beside the live one: its pool sized
+    against what CUDA can allocate (memory.total less memory.reserved), the window counted
+    with what the host measured processes to hold beside their pools (when more than
+    gpu_context_mib), and the memory free now less what other runs' windows have reserved."""
     yield from ()  # a check: no change
     if not job.host.gpus:
         return "no GPU"
@@ -297,32 +305,17 @@ def check_gpu(job: HostJob) -> Ops:
         raise GateFailed("check_gpu", f"the inventory's GPUs: {mismatch[0]}", mismatch[1])
     if job.unchanged:
         return "unchanged"
-    cards = {g.index: g for g in job.facts.gpus}
+    notes: list[str] = []
     for instance in job.instances:
         plan = job.render.instances[instance.index].plan
         if plan is None or any(c.running for c in job.facts.of_release(job.run.release_id)
                                if c.instance == instance.index):
             continue
-        need = plan.fraction * plan.gpu_memory_mib + plan.context_mib
-        # a drained old release still running in the slot we take is replaced, freeing it
-        reclaim = need if any(c.running and c != instance.old for c in
-                              job.facts.in_slot(instance.new_slot, instance.index)) else 0.0
-        if job.model.rollout.strategy == "recreate" and instance.old:
-            reclaim = need  # the old release stops before the new one starts
         for index in instance.gpus:
-            card = cards[index]
-            free = card.total_mib - card.used_mib + int(reclaim)
-            if free < need:
-                whose = (f"instance {instance.index}'s" if len(job.instances) > 1 else "the")
-                raise GateFailed(
-                    "check_gpu", f"{need:.0f} MiB free on GPU {index} for {whose} new "
-                    f"release (fraction {plan.fraction:.3f} x "
-                    f"{plan.gpu_memory_mib} MiB + {plan.context_mib} MiB CUDA context)",
-                    f"{free} MiB free ({card.used_mib} of {card.total_mib} MiB used); "
-                    f"plan: {plan.arithmetic()}")
+            notes += _check_card(job, instance, plan, index)
     absent = f"; {absent_note(job)}" if job.absent_gpus else ""
-    return (f"{len(cards)} GPU(s) as in the inventory; {len(job.instances)} instance(s) "
-            f"have room{absent}")
+    return "; ".join([f"{len(job.facts.gpus)} GPU(s) as in the inventory; "
+                      f"{len(job.instances)} instance(s) have room{absent}", *notes])
 
 
 def absent_note(job: HostJob) -> str:
@@ -331,6 +324,57 @@ def absent_note(job: HostJob) -> str:
     return (f"GPU {', '.join(map(str, job.absent_gpus))} of the inventory absent "
             f"(nvidia-smi: GPU {seen}): the host serves on what it has; the instance(s) come "
             "back with the next `fab deploy` once the GPU is back")
+
+
+def _check_card(job: HostJob, instance: InstanceJob, plan: GpuPlan, index: int) -> list[str]:
+    """One GPU of one instance: the pool, the window and the free memory, as the host's
+    nvidia-smi and records have them; returns the lines worth saying (a measured overhead)."""
+    card = next(c for c in job.facts.gpus if c.index == index)
+    context, measured = beside_pool_mib(job, index)
+    real = replace(plan, gpu_memory_mib=card.cuda_mib, reserved_mib=card.driver_reserve_mib,
+                   context_mib=context)
+    where = f"GPU {index}" + (f" (instance {instance.index})" if len(job.instances) > 1 else "")
+    wanted = int(plan.footprint_mib * plan.margin + 1e-9)
+    if real.pool_mib < wanted:
+        declared = next(g for g in job.host.gpus if g.index == index)
+        raise GateFailed(
+            "check_gpu", f"a pool of >= {wanted} MiB on {where} ({plan.footprint_mib} MiB x "
+            f"{plan.margin})", f"fraction {plan.fraction:.3f} x {card.cuda_mib} MiB that CUDA "
+            f"can allocate = {real.pool_mib} MiB ({real.memory()}); the inventory declares "
+            f"reserved_mib={declared.reserved_mib}: fix it to Gpu({index}, "
+            f"{card.total_mib}, reserved_mib={card.driver_reserve_mib}) as nvidia-smi reports")
+    notes = []
+    if measured is not None:
+        notes.append(f"{where}: processes were measured holding {context} MiB beside their "
+                     f"pools ({measured.model} release {measured.release}, {measured.at}), "
+                     f"more than gpu_context_mib {job.host.vars.gpu_context_mib}: planned "
+                     f"with {context}")
+    problems = check_gpu_plan(real, file=job.render.file(FLAGS).name)
+    if problems:
+        raise GateFailed("check_gpu", f"the window to fit {where} as the host has it (what "
+                         f"CUDA can allocate, {context} MiB beside each pool)",
+                         problems[0].message + "; fix: " + problems[0].fix)
+    need = real.pool_mib + context
+    # a drained old release still running in the slot we take is replaced, freeing it
+    reclaim = need if any(c.running and c != instance.old for c in
+                          job.facts.in_slot(instance.new_slot, instance.index)) else 0
+    if job.model.rollout.strategy == "recreate" and instance.old:
+        reclaim = need  # the old release stops before the new one starts
+    refusal = admit({index: need}, {index: card.available_mib}, job.facts.gpu_earlier(),
+                    {index: reclaim})
+    if refusal is not None:
+        whose = (f"instance {instance.index}'s" if len(job.instances) > 1 else "the")
+        seen = (f"{card.available_mib} MiB free ({card.used_mib} of {card.cuda_mib} MiB "
+                f"that CUDA can allocate used)")
+        if refusal.pending_mib:
+            seen += f", {refusal.pending_mib} MiB of it reserved by other runs' windows"
+        if refusal.whose():
+            seen += refusal.whose() + "; deploy again once they have ended"
+        raise GateFailed(
+            "check_gpu", f"{need} MiB free on GPU {index} for {whose} new release (fraction "
+            f"{plan.fraction:.3f} x {card.cuda_mib} MiB + {context} MiB beside the pool)",
+            f"{seen}; plan: {real.arithmetic()}")
+    return notes
 
 
 def gpu_mismatch(job: HostJob) -> tuple[str, str] | None:

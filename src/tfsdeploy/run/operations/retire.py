@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tfsdeploy.core.render.host_proxy import set_state
 from tfsdeploy.hosts.commands.files import remove_tree
+from tfsdeploy.hosts.commands.gpu import forget_model
 from tfsdeploy.run.changes import Command, ProxyCommands, RemoveContainer
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.roll import drain_check, gateway_drain
@@ -56,8 +57,8 @@ def remove_containers(job: HostJob) -> Ops:
 
 @operation("remove_files")
 def remove_files(job: HostJob) -> Ops:
-    """Releases, ``current``, the proxy's directories, version digests, staged versions; the
-    audit log (and the lock, held by this run) stay."""
+    """Releases, ``current``, the proxy's directories, version digests, staged versions, the
+    model's host-wide GPU records; the audit log (and the lock, held by this run) stay."""
     if not job.facts.holds_model:
         return "nothing of the model here"
     paths = job.paths
@@ -66,4 +67,7 @@ def remove_files(job: HostJob) -> Ops:
         yield Command.of(remove_tree(path, root=paths.home), f"remove {path}")
     yield Command.of(remove_tree(paths.model_dir, root=paths.root),
                      f"remove {paths.model_dir}")
+    if job.host.gpus:  # what its processes held is no longer the next plan's business
+        yield Command.of(forget_model(paths.gpu_dir, job.model.name),
+                         f"remove the model's GPU records under {paths.gpu_dir}")
     return f"files removed; {paths.audit_log} kept"
