@@ -12,7 +12,8 @@ Offsets in use: 0 is the default inventory's (the demo's half_plus_two and resne
 hand-run demos, 300-800 the rollback tests, 900 benchmarks/bench_rollback.py, 1000-1300 the
 deploy tests, 1400 benchmarks/bench_deploy.py, 4400 the observability test (itobserve), 4500 the
 gateway tests (test_gateway.py, on tb1, tb2 and the gateway host tbgw), 4700 test_tune.py, 4750
-benchmarks/bench_tune.py (`fab tune`'s scratch instances listen on free ports above 14000).
+benchmarks/bench_tune.py, 5200 test_tune_scratch.py (`fab tune`'s scratch instances listen on
+free ports above 14000).
 
 The test models are half_plus_two and its relatives (docs/models.md): a good version v answers
 y = 0.5 x + v + 1, so a Predict of x = 2 tells which version serves.
@@ -177,8 +178,11 @@ def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120,
 
 
 def clean_model(model: str, hosts: dict[str, str] = HOSTS) -> None:
-    """Every trace of ``model`` on ``hosts``: containers, proxy, releases, versions, lock."""
-    script = (f"ids=$(docker ps -aq --filter label=tfsdeploy.model={model}); "
+    """Every trace of ``model`` on ``hosts``: containers (`fab tune`'s scratch instances too),
+    proxy, releases, versions, locks."""
+    # two lists: docker ps ANDs its label filters
+    script = (f"ids=$(docker ps -aq --filter label=tfsdeploy.model={model}; "
+              f"docker ps -aq --filter label=tfsdeploy.tune={model}); "
               f"[ -n \"$ids\" ] && docker rm -f $ids >/dev/null; "
               f"docker rm -f tfs-proxy-{model} >/dev/null 2>&1; "
               f"rm -rf /srv/tfsdeploy/{model} /srv/tfsdeploy/models/{model}; "

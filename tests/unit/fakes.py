@@ -42,10 +42,22 @@ from typing import Any, ClassVar
 
 from tfsdeploy.core.errors import HostUnreachable
 from tfsdeploy.core.inventory.fleet import ResolvedHost
-from tfsdeploy.core.inventory.layout import ADMIN_SOCKET_NAME, LABEL_PREFIX, PROXY_ADMIN_MOUNT
+from tfsdeploy.core.inventory.layout import (
+    ADMIN_SOCKET_NAME,
+    LABEL_PREFIX,
+    PROXY_ADMIN_MOUNT,
+    TUNE_LABEL,
+)
 from tfsdeploy.core.tfserving.tensors import Tensor, tensor
 from tfsdeploy.hosts.commands.containers import PROXY_CONFIG_DIR, ContainerSpec
-from tfsdeploy.hosts.dockerapi import ContainerFact, ContainerState, DockerFailed, container_fact
+from tfsdeploy.hosts.dockerapi import (
+    ContainerFact,
+    ContainerState,
+    DockerFailed,
+    ScratchFact,
+    container_fact,
+    scratch_fact,
+)
 from tfsdeploy.hosts.probes import VersionStatus
 from tfsdeploy.hosts.ssh import Result
 
@@ -365,6 +377,13 @@ class FakeDocker:
     def labelled(self, label: str, value: str) -> list[str]:
         self._call("labelled", (label, value))
         return sorted(n for n, c in self.by_name.items() if c.labels.get(label) == value)
+
+    def scratch(self) -> list[ScratchFact]:
+        self._call("scratch", None)
+        return sorted((scratch_fact({"Names": [f"/{c.name}"], "Labels": dict(c.labels),
+                                     "State": "running" if c.running else "exited"})
+                       for c in self.by_name.values() if TUNE_LABEL in c.labels),
+                      key=lambda f: f.name)
 
     def cpu_seconds(self, name: str) -> tuple[float, float] | None:
         self._call("cpu_seconds", name)

@@ -84,6 +84,14 @@ def test_the_config_scrapes_each_model_and_only_the_toolkits_textfile_metrics(
     assert jobs["tfsdeploy-textfile"]["metric_relabel_configs"][0]["regex"] == "tfsdeploy_.*"
 
 
+def test_each_model_has_its_target_alerts(rendered: Path) -> None:
+    rules = yaml.safe_load((rendered / "prometheus" / "rules" / "m.yml").read_text())
+    alerts = {r["alert"]: r for g in rules["groups"] for r in g["rules"] if "alert" in r}
+    assert alerts["TFServingTargetDown"]["expr"] == 'up{job="tfserving-m"} == 0'
+    assert alerts["TFServingTargetsAbsent"]["expr"] == 'absent(up{job="tfserving-m"})'
+    assert alerts["TFServingTargetDown"]["for"] == "300s"  # monitoring.alert_for_s
+
+
 def test_targets_carry_model_host_instance_slot_release_and_version() -> None:
     inv = fleet()
     groups = target_groups(inv.model("m"), inv.hosts, [
@@ -218,6 +226,31 @@ def unit_tests() -> list[dict[str, Any]]:
             # every request slow: the SLO's budget burns at 100x
             ("10m", "TFServingSLOBurnRate1h", [BURN_1H]),
             ("10m", "TFServingModelLoadFailed", [])]),
+        # a serving process stops answering its scrape at 5 min (its host lost): pending,
+        # then firing after alert_for_s (5 min); one down for two minutes (a roll's step
+        # between a process stopping and the targets following it) stays silent
+        case([{"series": f"up{{{PROCESS}}}", "values": "1x20 0x60"},
+              {"series": f'up{{{PROCESS.replace("h1", "h2")}}}', "values": "1x20 0x8 1x60"}], [
+            ("4m", "TFServingTargetDown", []),
+            ("8m", "TFServingTargetDown", []),
+            ("12m", "TFServingTargetDown", [{**PROCESS_LABELS, "severity": "page"}]),
+            ("12m", "TFServingTargetsAbsent", [])]),
+        # every process answers: silent
+        case([{"series": f"up{{{PROCESS}}}", "values": "1x200"}], [
+            ("30m", "TFServingTargetDown", []), ("30m", "TFServingTargetsAbsent", [])]),
+        # the model's targets vanish at 2.5 min (an empty targets file): absent once the
+        # 5 min lookback passed (7.5 min), firing 5 min later
+        case([{"series": f"up{{{PROCESS}}}", "values": "1x10"}], [
+            ("2m", "TFServingTargetsAbsent", []),
+            ("10m", "TFServingTargetsAbsent", []),
+            ("20m", "TFServingTargetsAbsent", [{"job": "tfserving-m", "model": "m",
+                                                "severity": "page"}]),
+            ("20m", "TFServingTargetDown", [])]),
+        # only another model is scraped: this one's targets were never there
+        case([{"series": 'up{job="tfserving-other",model="other",host="h1"}',
+               "values": "1x100"}], [
+            ("6m", "TFServingTargetsAbsent", [{"job": "tfserving-m", "model": "m",
+                                               "severity": "page"}])]),
         # a good release: fast, no errors: nothing fires
         case(latency(10, FAST_BUCKET) + requests(10, 0), [
             ("30m", "TFServingP99AboveSLO", []),

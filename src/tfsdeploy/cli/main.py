@@ -339,6 +339,8 @@ def cmd_status(args: StatusArgs) -> int:
                 print(f"{row['host']}: UNREACHABLE ({row.get('error', '')})")
             for note in row.get("instance_drift") or []:
                 print(f"{row['host']}: {note}")
+            for found in row.get("scratch") or []:
+                print(f"{row['host']}: {found['note']}")
     gateway_notes(args)
     return 0 if all(r["reachable"] and not r.get("down") for r in rows) else 3
 

@@ -21,7 +21,7 @@ from docker.types import DeviceRequest
 from docker.types import Mount as SdkMount
 
 from tfsdeploy.core.errors import ConfigError, HostUnreachable
-from tfsdeploy.core.inventory.layout import LABEL_PREFIX
+from tfsdeploy.core.inventory.layout import GPUS_LABEL, LABEL_PREFIX, TUNE_LABEL, TUNE_RUN_LABEL
 from tfsdeploy.hosts.commands.containers import ContainerSpec
 from tfsdeploy.hosts.dockerssh import PullFailed, PullProgress, pull_with_progress
 from tfsdeploy.hosts.logins import PullLogins
@@ -48,6 +48,24 @@ class ContainerFact:
 
 
 @dataclass(frozen=True)
+class ScratchFact:
+    """One of `fab tune`'s scratch instances on a host (any model's), from its labels."""
+
+    name: str
+    model: str  # the model it measures
+    run: str  # the token of the tune lock that started it ("": an older tune's)
+    gpus: str  # all, device ids (0,1), or "" (none)
+    running: bool
+    state: str  # running, restarting, exited, created ...
+
+    def holds_gpu(self, index: int) -> bool:
+        """Whether it may hold memory on GPU ``index`` (every GPU when it was given all)."""
+        if not self.running and self.state != "restarting":
+            return False
+        return self.gpus == "all" or str(index) in self.gpus.split(",")
+
+
+@dataclass(frozen=True)
 class ContainerState:
     """A container's state as inspected now."""
 
@@ -68,6 +86,9 @@ class Docker(Protocol):
 
     def labelled(self, label: str, value: str) -> list[str]:
         """The names of the containers whose ``label`` is ``value``, running or not."""
+
+    def scratch(self) -> list[ScratchFact]:
+        """`fab tune`'s scratch instances on the host, every model's, running or not."""
 
     def cpu_seconds(self, name: str) -> tuple[float, float] | None:
         """CPU time a running container used so far, (user, system) in seconds (None: no
@@ -133,12 +154,23 @@ def container_fact(attrs: dict[str, Any]) -> ContainerFact | None:
                          image=str(attrs.get("Image", "")))
 
 
+def scratch_fact(attrs: dict[str, Any]) -> ScratchFact:
+    """One entry of the Engine's container list, labelled as a scratch instance -> a fact."""
+    labels = attrs.get("Labels") or {}
+    state = str(attrs.get("State", ""))
+    return ScratchFact(name=str((attrs.get("Names") or [""])[0]).lstrip("/"),
+                       model=str(labels.get(TUNE_LABEL, "")),
+                       run=str(labels.get(TUNE_RUN_LABEL, "")),
+                       gpus=str(labels.get(GPUS_LABEL, "all")), running=state == "running",
+                       state=state)
+
+
 def sdk_arguments(spec: ContainerSpec) -> dict[str, Any]:
     """The docker SDK's ``containers.run`` keyword arguments for ``spec`` (detached)."""
     arguments: dict[str, Any] = {
         "image": spec.image, "name": spec.name, "command": list(spec.command),
         "detach": True, "network_mode": "host", "labels": dict(spec.labels),
-        "restart_policy": {"Name": "unless-stopped"},
+        "restart_policy": {"Name": spec.restart},
         "mounts": [SdkMount(target=m.target, source=m.source, type="bind",
                             read_only=m.read_only) for m in spec.mounts],
         "cap_drop": ["ALL"], "security_opt": ["no-new-privileges"], "read_only": True,
@@ -205,6 +237,13 @@ class SdkDocker:
         with self._calls("list containers"):
             listed = self._client.api.containers(all=True, filters={"label": f"{label}={value}"})
         return sorted(str((c.get("Names") or [""])[0]).lstrip("/") for c in listed)
+
+    def scratch(self) -> list[ScratchFact]:
+        """Every container with the scratch label (a label filter without a value matches
+        the key, whatever its value)."""
+        with self._calls("list containers"):
+            listed = self._client.api.containers(all=True, filters={"label": TUNE_LABEL})
+        return sorted((scratch_fact(c) for c in listed), key=lambda f: f.name)
 
     def cpu_seconds(self, name: str) -> tuple[float, float] | None:
         """One stats read: the cgroup's user and system CPU time (the Engine reports both,

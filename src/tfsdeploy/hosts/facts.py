@@ -37,7 +37,7 @@ from tfsdeploy.core.rollout.records import (
 from tfsdeploy.hosts import proxyadmin
 from tfsdeploy.hosts.commands.facts import MARK, read_facts
 from tfsdeploy.hosts.commands.files import read_files
-from tfsdeploy.hosts.dockerapi import ContainerFact
+from tfsdeploy.hosts.dockerapi import ContainerFact, ScratchFact
 from tfsdeploy.hosts.ssh import Connection
 
 GpuFact = GpuCard
@@ -111,6 +111,8 @@ class HostFacts:
     lock: LockRecord | None = None
     lock_present: bool = False  # a lock directory exists (its record may be unreadable)
     lock_digest: str = "none"  # sha256 of the lock record's bytes ("none": no record file)
+    tune_lock: LockRecord | None = None  # who holds `fab tune`'s lock of the model here
+    scratch: tuple[ScratchFact, ...] = ()  # `fab tune`'s scratch instances, every model's
     versions: dict[int, str] = field(default_factory=dict)  # staged version -> digest or ""
     # staged version -> the boot id of the kernel it was staged (or last verified) under
     version_boots: dict[int, str] = field(default_factory=dict)
@@ -245,7 +247,8 @@ def _body(sections: dict[str, list[tuple[str, str]]], name: str) -> str:
 
 
 def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
-                images: dict[str, bool] | None = None, docker_version: str = "") -> HostFacts:
+                images: dict[str, bool] | None = None, docker_version: str = "",
+                scratch: Sequence[ScratchFact] = ()) -> HostFacts:
     """Facts from the facts command's output and the Engine's container list (pure).
 
     Every record is parsed on its own: a truncated or edited one is reported in ``broken``
@@ -265,6 +268,7 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
     link = _body(sections, "current").rsplit("/", 1)[-1]
     staged = _versions(_body(sections, "versions"))
     lock_text = _body(sections, "lock")
+    tune_text = _body(sections, "tunelock")
     return HostFacts(
         host=host, containers=tuple(c for c in containers
                                     if c.role == "proxy" or is_release_id(c.release)),
@@ -276,6 +280,7 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
         lock=parse_lock(lock_text) if lock_text else None,
         lock_digest=_lock_digest(sections),
         lock_present="lockdir" in sections,
+        tune_lock=parse_lock(tune_text) if tune_text else None, scratch=tuple(scratch),
         versions={v: digest for v, (digest, _) in staged.items()},
         version_boots={v: boot for v, (_, boot) in staged.items() if boot},
         boot_id=_boot(_body(sections, "boot")),
@@ -379,7 +384,7 @@ def gather(conn: Connection, model: str, paths: HostPaths, *,
     containers = docker.containers(model)
     present = {image: docker.image_present(image) for image in dict.fromkeys(images)}
     facts = parse_facts(conn.host.name, result.stdout, containers, images=present,
-                        docker_version=version)
+                        docker_version=version, scratch=docker.scratch())
     facts = with_gpu_pids(conn, facts)
     return replace(facts, seconds=time.monotonic() - started)
 

@@ -189,6 +189,21 @@ class RemoveContainer(Change):
 
 
 @dataclass(frozen=True)
+class ClearScratch(Change):
+    """`fab tune`'s scratch instances of the model that a tune no longer running left,
+    removed under the model's tune lock on the host (a running tune's are left to it). None
+    of them serves: what serves is unchanged."""
+
+    kind: ClassVar[str] = "scratch"
+    model: str
+    names: tuple[str, ...] = ()  # what the facts showed (the removal judges again)
+
+    def describe(self) -> str:
+        return (f"remove fab tune's scratch instance(s) of {self.model} a killed tune left"
+                + (f" ({', '.join(self.names)})" if self.names else ""))
+
+
+@dataclass(frozen=True)
 class RemoveImage(Change):
     """An image removed, unless a container still uses it (never forced)."""
 

@@ -21,13 +21,15 @@ from tfsdeploy.core.render.gateway_proxy import (
 from tfsdeploy.core.rollout.gates import Clock, GateFailed, Verdict, poll
 from tfsdeploy.core.rollout.records import AuditEntry, now_iso
 from tfsdeploy.hosts import gateway as gateway_host
-from tfsdeploy.hosts import gpu_reservation, proxyadmin
+from tfsdeploy.hosts import gpu_reservation, proxyadmin, scratch
 from tfsdeploy.hosts.commands.files import append_lines
 from tfsdeploy.hosts.dockerapi import DockerFailed
+from tfsdeploy.hosts.lock import new_lock_record
 from tfsdeploy.hosts.ssh import Connection
 from tfsdeploy.run.changes import (
     Change,
     Check,
+    ClearScratch,
     Command,
     GatewayState,
     LocalCommand,
@@ -96,6 +98,10 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
             conn.docker.stop(change.name)
         elif isinstance(change, RemoveContainer):
             conn.docker.remove(change.name)
+        elif isinstance(change, ClearScratch):
+            return scratch.clear_left(conn, change.model, job.paths,
+                                      new_lock_record(f"fab {job.run.verb} (removing what a "
+                                                      "killed fab tune left)"))
         elif isinstance(change, RemoveImage):
             freed = conn.docker.remove_image(change.image)
             return f"{change.image}: {freed / (1 << 20):.1f} MiB ({freed} bytes) freed" \

@@ -20,6 +20,7 @@ from tfsdeploy.core.inventory.monitoring import Monitoring
 from tfsdeploy.core.localfiles import write_durable
 from tfsdeploy.core.observe.prometheus import ServingProcess, target_groups, targets_file
 from tfsdeploy.core.target import Target
+from tfsdeploy.hosts.commands.files import ABSENT, read_if_present
 from tfsdeploy.hosts.ssh import Connection
 from tfsdeploy.hosts.ssh import SshConnection as connect
 from tfsdeploy.run import survey
@@ -74,11 +75,17 @@ def merged_groups(target: Target, processes: list[ServingProcess], unread: list[
 
 def parse_groups(text: str) -> list[dict[str, Any]]:
     """A file_sd file's groups ([] when it is not one)."""
+    found = groups_in(text)
+    return found if found is not None else []
+
+
+def groups_in(text: str) -> list[dict[str, Any]] | None:
+    """A file_sd file's groups (None when it is not one)."""
     try:
         data = json.loads(text)
     except ValueError:
-        return []
-    return data if isinstance(data, list) else []
+        return None
+    return data if isinstance(data, list) else None
 
 
 def _previous_local(path: Path) -> list[dict[str, Any]]:
@@ -93,18 +100,25 @@ def publish_targets(target: Target, *, local_only: Path | None = None,
     """Rewrite the model's file_sd file in every place the inventory names (or only in
     ``local_only``), over a run's ``session`` when given; returns where it was written. A
     host that could not be read keeps the groups the file had for it (the local file, else
-    the first monitoring host's). A monitoring host that cannot be written is reported on
-    stderr and the others are still written."""
+    the first monitoring host's that holds one); when no monitoring host can say what that
+    was, their files are left as they are (stderr says so): a host is never dropped from the
+    targets because it could not be read. A monitoring host that cannot be written is
+    reported on stderr and the others are still written."""
     inventory = target.inventory
     local = local_only or local_targets_dir(inventory)
     name = targets_file(target.model.name)
     monitors = (inventory.match(inventory.monitoring.hosts, "monitoring.hosts")
                 if local_only is None and inventory.monitoring.hosts is not None else ())
     processes, unread = running_processes(target, session)
-    previous: list[dict[str, Any]] = []
+    previous: list[dict[str, Any]] | None = []
     if unread:
         previous = (_previous_local(local / name) if local is not None
                     else _previous_remote(monitors, inventory.monitoring, name, session))
+    if previous is None:
+        print(f"tfsdeploy: the targets of {target.model.name} were left as they are: "
+              f"{', '.join(unread)} could not be read, and no monitoring host gave its "
+              "previous targets", file=sys.stderr)
+        return []
     groups = merged_groups(target, processes, unread, previous)
     text = json.dumps(groups, indent=2) + "\n"
     written = []
@@ -122,21 +136,27 @@ def _connection(host: ResolvedHost, session: Session | None) -> tuple[Connection
 
 
 def _previous_remote(monitors: Sequence[ResolvedHost], monitoring: Monitoring, name: str,
-                     session: Session | None) -> list[dict[str, Any]]:
-    """The targets file as the first monitoring host that answers holds it."""
+                     session: Session | None) -> list[dict[str, Any]] | None:
+    """The targets file as the first monitoring host that holds one has it; [] when a host
+    answered that it has none yet and none other has it; None when none could be read (an
+    unreadable file counts as not read)."""
+    answered = False
     for host in monitors:
         try:
             conn, own = _connection(host, session)
             try:
-                result = conn.run(["cat", f"{monitoring.targets_dir}/{name}"], timeout=30)
+                result = conn.run(read_if_present(f"{monitoring.targets_dir}/{name}"),
+                                  timeout=30)
             finally:
                 if own:
                     conn.close()
         except Exception:
             continue
-        if result.ok:
-            return parse_groups(result.stdout)
-    return []
+        found = groups_in(result.stdout) if result.ok else None
+        if found is not None:
+            return found
+        answered = answered or result.code == ABSENT
+    return [] if answered else None
 
 
 def _upload(host: ResolvedHost, monitoring: Monitoring, name: str, text: str,

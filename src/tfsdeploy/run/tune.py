@@ -10,6 +10,12 @@ server's own metrics and CPU time around the step that met the SLO, and removes 
 The live release is never touched. Every scratch instance of the model is removed on every
 ending: the search's end, an error, Ctrl-C, SIGTERM or SIGHUP (a second signal does not cut
 the clean-up short).
+
+One tune of a model per host at a time: the tune lock on the host (``hosts.scratch``) is taken
+first, and each scratch instance carries its token. A second tune is refused (exit 4, naming
+the first) before it touches anything. What a killed tune (kill -9) leaves never restarts on
+its own (restart policy "no"), `fab status` names it, and the next tune, deploy, rollback,
+prune or retire of the model removes it.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
 from tfsdeploy.core.inventory.catalog import Model
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.gpu import plan_instances
-from tfsdeploy.core.inventory.layout import TUNE_LABEL, HostPaths, host_paths, host_port
+from tfsdeploy.core.inventory.layout import HostPaths, host_paths, host_port
 from tfsdeploy.core.render.files import FLAGS, HostRender, placements, render_host
 from tfsdeploy.core.rollout.gates import GateFailed, SystemClock, Verdict, poll
 from tfsdeploy.core.target import Target
@@ -51,11 +57,13 @@ from tfsdeploy.core.tuning.search import (
     step_fits,
 )
 from tfsdeploy.core.tuning.stages import StageWindow, parse_totals, stage_window
-from tfsdeploy.hosts import probes
+from tfsdeploy.hosts import probes, scratch
 from tfsdeploy.hosts.commands.containers import parse_gpus, scratch_spec
-from tfsdeploy.hosts.commands.files import mkdir, remove_tree
+from tfsdeploy.hosts.commands.files import mkdir
 from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.facts import HostFacts, gather
+from tfsdeploy.hosts.lock import new_lock_record
+from tfsdeploy.hosts.scratch import ScratchLeft, TuneHeld
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.loadtest.cli import measure_once, warmup_payloads
 from tfsdeploy.loadtest.payloads import PayloadError, Payloads
@@ -68,12 +76,6 @@ class TuneStopped(TfsDeployError):
     """Ctrl-C, SIGTERM or SIGHUP: the search stopped; the scratch instances are removed."""
 
     exit_code = ExitCode.ROLLED_BACK
-
-
-class ScratchLeft(TfsDeployError):
-    """A scratch instance could not be removed: a person must look."""
-
-    exit_code = ExitCode.INCONSISTENT
 
 
 @dataclass(frozen=True)
@@ -118,42 +120,61 @@ class TuneResult:
 
 def tune(target: Target, host: ResolvedHost, options: TuneOptions, *, note: Note,
          connect: ConnectionFactory = SshConnection) -> TuneResult:
-    """Search ``target.model``'s configurations on ``host`` (see the module docstring)."""
+    """Search ``target.model``'s configurations on ``host`` (see the module docstring), under
+    the model's tune lock on the host (``hosts.scratch``): a second tune is refused with
+    TuneHeld, naming the first, before it removes or starts anything."""
     model = target.model
-    conn = connect(host)
     paths = host_paths(host, model)
+    record = new_lock_record(f"fab tune --host {host.name}")
     stop = _Stop()
+    conn = connect(host)
+    taken = False
     try:
         with _stops_noted(stop, note):
+            taken, holder = scratch.attempt(conn, paths, record, on_stale=note)
+            if not taken:
+                raise TuneHeld(scratch.held_message(model.name, host.name, holder, paths))
             facts = gather(conn, model.name, paths)
             _remove_scratch(conn, model, paths, note, leftover=True)
             stop.check()
-            return _search_on(target, host, conn, facts, options, note=note, stop=stop)
+            return _search_on(target, host, conn, facts, options, note=note, stop=stop,
+                              run=record.token)
     finally:
         with _signals_noted(note):
-            _clean_up(conn, host, paths, model, note=note, connect=connect)
+            if taken:
+                _clean_up(conn, host, paths, model, record.token, note=note, connect=connect)
+            else:
+                conn.close()
 
 
-def _clean_up(conn: Connection, host: ResolvedHost, paths: HostPaths, model: Model, *,
-              note: Note, connect: ConnectionFactory) -> None:
-    """Remove the scratch instances; on a fresh connection when a signal broke the first
-    one mid-call (an interrupted Docker call leaves its stream unusable)."""
+def _clean_up(conn: Connection, host: ResolvedHost, paths: HostPaths, model: Model,
+              token: str, *, note: Note, connect: ConnectionFactory) -> None:
+    """Remove the scratch instances, then give the tune lock back; on a fresh connection
+    when a signal broke the first one mid-call (an interrupted Docker call leaves its stream
+    unusable)."""
     try:
-        _remove_scratch(conn, model, paths, note)
+        _finish(conn, model, paths, token, note)
     except ScratchLeft:
         raise
     except Exception:  # any failure of the old connection: try a new one
         fresh = connect(host)
         try:
-            _remove_scratch(fresh, model, paths, note)
+            _finish(fresh, model, paths, token, note)
         finally:
             fresh.close()
     finally:
         conn.close()
 
 
+def _finish(conn: Connection, model: Model, paths: HostPaths, token: str, note: Note) -> None:
+    try:
+        _remove_scratch(conn, model, paths, note)
+    finally:
+        scratch.give_back(conn, paths, token)
+
+
 def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
-               options: TuneOptions, *, note: Note, stop: _Stop) -> TuneResult:
+               options: TuneOptions, *, note: Note, stop: _Stop, run: str) -> TuneResult:
     model = target.model
     live = facts.serving(0)
     if live is None:
@@ -184,7 +205,7 @@ def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: Host
         note(f"warning: {line}")
     bench = _Bench(target=target, host=host, conn=conn, paths=host_paths(host, model),
                    version=live.version, image=live.image, ports=ports, bodies=bodies,
-                   co_located=co_located, options=options, note=note, stop=stop)
+                   co_located=co_located, options=options, note=note, stop=stop, run=run)
     dims = dimensions(model, host_cpus=cpus)
     bench.deadline = time.monotonic() + options.budget_s
     course = search(Config.of(model), dims, measure=bench.trial, problems=bench.problems,
@@ -241,6 +262,7 @@ class _Bench:
     options: TuneOptions
     note: Note
     stop: _Stop
+    run: str  # the tune lock's token: each scratch instance is labelled with it
     made: int = 0
     deadline: float = math.inf  # the end of the budget (time.monotonic()): no step beyond it
 
@@ -288,7 +310,8 @@ class _Bench:
             gpus = replace(gpus, count=0, device_ids=tuple(str(g) for g in instance.gpus))
         spec = scratch_spec(model=self.model.name, trial=index, version=self.version,
                             image=self.image, paths=self.paths, config_dir=directory,
-                            ports=self.ports, flags=_flag_lines(render), gpus=gpus)
+                            ports=self.ports, flags=_flag_lines(render), gpus=gpus,
+                            run=self.run)
         self.conn.docker.run(spec)
         self._wait_available(spec.name)
         return spec.name
@@ -437,18 +460,11 @@ def _trial_line(trial: Trial) -> str:
 
 def _remove_scratch(conn: Connection, model: Model, paths: HostPaths, note: Note, *,
                     leftover: bool = False) -> None:
-    """Remove every scratch instance of the model on the host and their files."""
-    docker = conn.docker
-    names = docker.labelled(TUNE_LABEL, model.name)
-    for name in names:
-        docker.remove(name)
+    """Remove every scratch instance of the model on the host and their files (this tune
+    holds the tune lock: they are its own, or a killed tune's)."""
+    for name in scratch.remove_all(conn, model.name, paths):
         if leftover:
             note(f"removed {name}, a scratch instance an earlier fab tune left")
-    result = conn.run(remove_tree(f"{paths.home}/tune", root=paths.root), timeout=60)
-    left = docker.labelled(TUNE_LABEL, model.name)
-    if left or not result.ok:
-        raise ScratchLeft(f"scratch instances left on {conn.host.name}: {left or result.tail()}"
-                          f"; remove them with `docker rm -f` on the host")
 
 
 class _Stop:

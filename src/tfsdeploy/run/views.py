@@ -20,6 +20,7 @@ from tfsdeploy.core.rollout.records import LockRecord, parse_audit
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.timetext import SINCE_FIX, since_seconds
 from tfsdeploy.hosts import lock as locks
+from tfsdeploy.hosts import scratch
 from tfsdeploy.hosts.commands.files import tail
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts
@@ -193,11 +194,26 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
     return add_gpu_memory(row, conn, facts, record)
 
 
+def scratch_rows(model: str, facts: HostFacts) -> list[dict[str, Any]]:
+    """The model's `fab tune` scratch instances on the host: a running tune's, or left by a
+    killed one (the next deploy, rollback, prune or retire removes those)."""
+    return [{"name": f.name, "state": f.state, "gpus": f.gpus,
+             "left": scratch.owner(facts, f) is None, "note": scratch.whose(facts, f, model)}
+            for f in facts.scratch if f.model == model]
+
+
+def _host_status_and_scratch(target: Target, host: ResolvedHost, conn: Connection,
+                             facts: HostFacts) -> dict[str, Any]:
+    return {**host_status(target, host, conn, facts),
+            "scratch": scratch_rows(target.model.name, facts)}
+
+
 def status(target: Target, *, connect: ConnectionFactory = SshConnection,
            with_orphans: bool = False) -> list[dict[str, Any]]:
-    """`fab status`: one entry per selected host, unreachable ones included; with
-    ``with_orphans``, then the inventory's other hosts that still hold the model."""
-    rows = survey.each_host(target, host_status, connect=connect)
+    """`fab status`: one entry per selected host, unreachable ones included, with the model's
+    `fab tune` scratch instances there; with ``with_orphans``, then the inventory's other
+    hosts that still hold the model."""
+    rows = survey.each_host(target, _host_status_and_scratch, connect=connect)
     return rows + (orphans(target, connect=connect) if with_orphans else [])
 
 

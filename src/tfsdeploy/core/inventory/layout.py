@@ -17,6 +17,9 @@ On a host (``data_root`` defaults to /srv/tfsdeploy)::
                                                   a window's GPU memory, reserved host-wide
     <data_root>/gpu/overhead/<gpu>.<model>.json   what a process held beside its pool
     <data_root>/gpu/lock                          serialises the reservations (flock)
+    <data_root>/<model>/tune/<trial>/             `fab tune`'s trial files (while it runs)
+    <data_root>/<model>/tune.lock/                one `fab tune` of the model on the host
+    <data_root>/<model>/tune.lock.flock           serialises that lock's changes
 """
 
 from __future__ import annotations
@@ -122,6 +125,21 @@ class HostPaths:
         return f"{self.home}/lock.flock"
 
     @property
+    def tune_dir(self) -> str:
+        """`fab tune`'s trial files (one directory per trial)."""
+        return f"{self.home}/tune"
+
+    @property
+    def tune_lock_dir(self) -> str:
+        """The lock of `fab tune` on this host: one tune of the model at a time."""
+        return f"{self.home}/tune.lock"
+
+    @property
+    def tune_lock_guard(self) -> str:
+        """The file ``flock`` holds while the tune lock is read and changed."""
+        return f"{self.home}/tune.lock.flock"
+
+    @property
     def digests(self) -> str:
         """Digests of the staged versions' files (``<version>.sha256``)."""
         return f"{self.home}/versions"
@@ -197,6 +215,8 @@ def parse_server_name(name: str) -> tuple[int, str] | None:
 
 
 TUNE_LABEL = f"{LABEL_PREFIX}.tune"  # `fab tune`'s scratch instances: the model they measure
+TUNE_RUN_LABEL = f"{LABEL_PREFIX}.tune-run"  # the token of the tune lock that started it
+GPUS_LABEL = f"{LABEL_PREFIX}.gpus"  # the GPUs a scratch instance was given (all, ids, none)
 
 
 def scratch_name(model: str, trial: int) -> str:

@@ -31,6 +31,7 @@ kept by Prometheus as ``exported_<name>`` (``request_example_counts{model}``).
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -120,6 +121,19 @@ class ServingProcess:
     version: int
 
 
+def scrape_address(address: str, port: int) -> str:
+    """A file_sd target, ``host:port``, as Prometheus reads it: an IPv6 literal in brackets
+    (``[fd00::1]:8511``). Prometheus splits ``__address__`` with Go's net.SplitHostPort, which
+    wants the brackets, and takes it whole as the scrape URL's host (prometheus
+    scrape/target.go: PopulateLabels, Target.URL); a zone stays as written (``%eth0``: Go
+    escapes it when it prints the URL, and dials it as it is)."""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return f"{address}:{port}"  # a DNS name
+    return f"[{address}]:{port}" if parsed.version == 6 else f"{address}:{port}"
+
+
 def target_groups(model: Model, hosts: Sequence[ResolvedHost],
                   processes: Iterable[ServingProcess]) -> list[dict[str, Any]]:
     """file_sd target groups, one per process: its REST port (where the metrics page is) and
@@ -135,7 +149,7 @@ def target_groups(model: Model, hosts: Sequence[ResolvedHost],
                   "slot": p.slot, "release": p.release, "version": str(p.version)}
         if host.vars.monitoring_path != DEFAULT_METRICS_PATH:
             labels["__metrics_path__"] = host.vars.monitoring_path
-        groups.append({"targets": [f"{host.address}:{port}"], "labels": labels})
+        groups.append({"targets": [scrape_address(host.address, port)], "labels": labels})
     return groups
 
 
@@ -262,6 +276,7 @@ def model_alerts(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]:
             f"{m}: failed or slower than {model.latency_slo_ms:g} ms (judged at the "
             f"{bucket.micros / 1000:.4g} ms bucket) at {burn}x the error budget ({budget:g}) "
             f"over {long} and {short}", model=m))
+    alerts += target_alerts(model, monitoring)
     alerts.append(_alert(
         "TFServingP99AboveSLO",
         f'model:tfserving_request_latency_seconds:p99{{model="{m}",window="{w}"}} > {slo_s:g}',
@@ -291,6 +306,26 @@ def model_alerts(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]:
             f"queue on {{{{ $labels.host }}}}, over {monitoring.queue_slo_share:g} of the SLO",
             model=m))
     return alerts
+
+
+def target_alerts(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]:
+    """A serving process that does not answer its scrape (``up == 0``: its host lost, its
+    server dead; a host a run could not read keeps its targets, so it is alerted on here
+    rather than dropped), and a model with no target at all (its targets file empty, missing
+    or not read: nothing of the model is watched). Both hold for ``alert_for_s``: a process
+    a roll retires leaves the targets within a step."""
+    m = model.name
+    sel = f'job="{job_name(m)}"'
+    hold = seconds(monitoring.alert_for_s)
+    return [
+        _alert("TFServingTargetDown", f"up{{{sel}}} == 0", hold, "page",
+               f"{m}: the serving process on {{{{ $labels.host }}}} (instance "
+               "{{ $labels.instance }}, slot {{ $labels.slot }}, release {{ $labels.release }})"
+               " does not answer its metrics scrape", model=m),
+        _alert("TFServingTargetsAbsent", f"absent(up{{{sel}}})", hold, "page",
+               f"{m}: no serving process is scraped (job {job_name(m)} has no target): its "
+               "targets file is empty, missing or not read", model=m),
+    ]
 
 
 def toolkit_alerts(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]:

@@ -12,9 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from tfsdeploy.core.inventory.layout import (
+    GPUS_LABEL,
     LABEL_PREFIX,
     PROXY_ADMIN_MOUNT,
     TUNE_LABEL,
+    TUNE_RUN_LABEL,
     HostPaths,
     Ports,
     container_name,
@@ -24,6 +26,11 @@ from tfsdeploy.core.inventory.layout import (
 from tfsdeploy.core.render.files import CONTAINER_CONFIG_DIR, CONTAINER_MODEL_ROOT
 
 SERVER_BINARY = "/usr/bin/tensorflow_model_server"
+# Docker's restart policies (moby api/types/container/hostconfig.go: RestartPolicyDisabled is
+# "no", RestartPolicyUnlessStopped "unless-stopped"): what serves comes back after a crash or a
+# reboot of the host's engine; a scratch instance never does
+RESTART_SERVING = "unless-stopped"
+RESTART_NEVER = "no"
 # TFServing reads its model and config files and writes nothing: it runs as an unprivileged
 # user (nobody), whatever user the image names
 SERVER_USER = "65534:65534"
@@ -60,6 +67,7 @@ class ContainerSpec:
     gpus: GpuRequest | None = None
     user: str | None = None
     tmpfs: tuple[str, ...] = ("/tmp",)
+    restart: str = RESTART_SERVING
 
     def describe(self) -> str:
         """One line for plans and logs."""
@@ -101,20 +109,32 @@ def server_spec(*, model: str, release_id: str, slot: str, version: int, image: 
 
 def scratch_spec(*, model: str, trial: int, version: int, image: str, paths: HostPaths,
                  config_dir: str, ports: tuple[int, int], flags: Sequence[str],
-                 gpus: GpuRequest | None) -> ContainerSpec:
+                 gpus: GpuRequest | None, run: str) -> ContainerSpec:
     """A scratch instance of ``model`` for `fab tune`: a serving container as ``server_spec``
     makes it (the same binary, user, mounts and hardening) on ``ports`` (gRPC, REST) with
-    its configuration from ``config_dir``, labelled as a tuning trial and not as one of the
-    model's servers: no deploy, status or prune ever counts it, and no proxy sends it a
-    request."""
+    its configuration from ``config_dir``, labelled as a tuning trial of the tune whose lock
+    token is ``run`` (with the GPUs it holds) and not as one of the model's servers: no
+    proxy sends it a request and no release counts it. It never restarts on its own: one
+    left by a killed tune stays down after a crash or a reboot until a deploy, prune, retire
+    or the next tune removes it."""
     spec = server_spec(model=model, release_id=f"tune{trial}", slot="tune", version=version,
                        image=image, paths=paths,
                        ports=Ports(grpc=ports[0], rest=ports[1], slots={"tune": ports}),
                        flags=flags, gpus=gpus)
     labels = {TUNE_LABEL: model, f"{LABEL_PREFIX}.role": "tune",
-              f"{LABEL_PREFIX}.trial": str(trial), f"{LABEL_PREFIX}.version": str(version)}
+              f"{LABEL_PREFIX}.trial": str(trial), f"{LABEL_PREFIX}.version": str(version),
+              TUNE_RUN_LABEL: run, GPUS_LABEL: gpus_label(gpus)}
     mounts = (spec.mounts[0], Mount(config_dir, CONTAINER_CONFIG_DIR))
-    return replace(spec, name=scratch_name(model, trial), labels=labels, mounts=mounts)
+    return replace(spec, name=scratch_name(model, trial), labels=labels, mounts=mounts,
+                   restart=RESTART_NEVER)
+
+
+def gpus_label(gpus: GpuRequest | None) -> str:
+    """What a scratch instance's GPU label says: ``all`` (every GPU, or a count Docker
+    chooses), the device ids (``0,1``), or ``""`` (none)."""
+    if gpus is None or not (gpus.device_ids or gpus.count):
+        return ""
+    return ",".join(gpus.device_ids) if gpus.device_ids else "all"
 
 
 def proxy_spec(*, model: str, image: str, paths: HostPaths) -> ContainerSpec:

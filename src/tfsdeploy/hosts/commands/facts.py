@@ -2,8 +2,8 @@
 
 One round trip prints every file-system fact the toolkit needs, each section after a marker
 line ``@@<name> [argument]``: the ``current`` link and the sha256 of its files, every release
-record, the lock record, the staged versions and their digests, free disk where the
-versions are written (the volume of the model's directory), GPUs, listening
+record, the lock record (and `fab tune`'s), the staged versions and their digests, free disk
+where the versions are written (the volume of the model's directory), GPUs, listening
 ports, the proxy's configuration, its ``show stat`` and the servers its haproxy.cfg enables
 (what a restarted proxy serves), the kernel's boot id and which tools the host has; and the
 GPU's truth (``commands.gpu``): each process's holding with its ancestors, the host-wide window
@@ -30,6 +30,7 @@ echo "@@live"; [ -d "$home/current/" ] && (cd "$home/current/" && sha256sum -- *
 echo "@@lock"; cat "$home/lock/info.json" 2>/dev/null; echo
 [ -d "$home/lock" ] && echo "@@lockdir"
 echo "@@lockdigest"; [ -f "$home/lock/info.json" ] && sha256sum < "$home/lock/info.json"
+echo "@@tunelock"; cat "$home/tune.lock/info.json" 2>/dev/null; echo
 echo "@@versions"
 for d in "$models"/*; do
   v=${d##*/}; case $v in ''|*[!0-9]*) continue;; esac

@@ -88,6 +88,15 @@ def read_files(directory: str, names: tuple[str, ...]) -> Argv:
             'cat "$d/$n" || exit 1; echo; done; echo "@@end"', "sh", directory, *names]
 
 
+ABSENT = 3  # read_if_present's exit status when there is no such file
+
+
+def read_if_present(path: str) -> Argv:
+    """Print a file; exit ``ABSENT`` when it does not exist (any other failure: another
+    status), so that "no file yet" and "could not read it" differ."""
+    return ["sh", "-c", 'if [ -e "$1" ]; then exec cat -- "$1"; fi; exit 3', "sh", path]
+
+
 def tail(path: str, lines: int) -> Argv:
     """The last ``lines`` lines of a file (the audit log)."""
     return ["tail", "-n", str(lines), path]

@@ -70,3 +70,19 @@ def replace_if_token(paths: HostPaths, token: str, record: str) -> Argv:
     """Replace the lock's record while it still records ``token`` (a paused canary hands its
     lock on, a promote or abort takes it over); otherwise print what it holds and exit 3."""
     return ["sh", "-c", _REPLACE, "sh", paths.lock_guard, paths.lock_dir, token, record]
+
+
+# `fab tune`'s lock on one host: the same directory-and-flock scheme, beside the fleet lock's
+# (one tune of a model per host at a time; a deploy, prune or retire takes it for the moment it
+# removes what a killed tune left)
+
+def acquire_tune(paths: HostPaths, record: str) -> Argv:
+    """``acquire`` for the model's tune lock on the host."""
+    return ["sh", "-c", _ACQUIRE, "sh", paths.home, paths.tune_lock_guard, paths.tune_lock_dir,
+            record]
+
+
+def remove_tune_if_token(paths: HostPaths, token: str) -> Argv:
+    """``remove_if_token`` for the model's tune lock on the host."""
+    return ["sh", "-c", _REMOVE, "sh", paths.tune_lock_guard, paths.tune_lock_dir, token,
+            "none"]

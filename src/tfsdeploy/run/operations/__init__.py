@@ -7,8 +7,8 @@ planner only lists it. An operation never touches a host itself.
 A step called ``gate_available`` in ``tasks/*.yml`` is ``operations.gates.gate_available``;
 ``registry()`` maps every name to its function, module by module: ``preflight``, ``stage``,
 ``shape``, ``roll``, ``gates``, ``gpu`` (the GPU reservation and the holding gate), ``canary``,
-``finalize``, ``restore``, ``prune``, ``retire`` and ``custom`` (a playbook's own ``local`` and
-``remote`` commands).
+``finalize``, ``restore``, ``prune``, ``retire``, ``scratch`` (`fab tune`'s leftovers) and
+``custom`` (a playbook's own ``local`` and ``remote`` commands).
 """
 
 from __future__ import annotations
@@ -24,13 +24,14 @@ from tfsdeploy.run.operations import (
     restore,
     retire,
     roll,
+    scratch,
     shape,
     stage,
 )
 from tfsdeploy.run.operations.step import GATES, OPERATIONS, Operation
 
 MODULES = (preflight, stage, shape, roll, gates, gpu, canary, finalize, restore, prune, retire,
-           custom)
+           scratch, custom)
 
 
 def registry() -> dict[str, Operation]:

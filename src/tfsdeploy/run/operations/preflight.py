@@ -1,6 +1,8 @@
 """Preflight: checks on every target host before anything changes anywhere, from the facts
 read at the start of the run, and the decisions taken from them (the free slot, whether the
-release is already live). Only ``pull_image`` changes a host (it adds an image)."""
+release is already live). Only ``pull_image`` changes a host (it adds an image); and
+``remove_scratch`` (operations/scratch.py), which removes what a killed `fab tune` left,
+serving nothing."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tfsdeploy.hosts.facts import coming_back, reread_serving
 from tfsdeploy.run.changes import Check, PullImage
 from tfsdeploy.run.jobs import HostJob, InstanceJob
 from tfsdeploy.run.operations.gpu import beside_pool_mib
+from tfsdeploy.run.operations.scratch import gpu_note
 from tfsdeploy.run.operations.step import Ops, operation
 
 REQUIRED_TOOLS = ("socat", "flock", "sha256sum", "tar")
@@ -292,6 +295,20 @@ def _tree_mib(path: str) -> int:
 
 @operation("check_gpu")
 def check_gpu(job: HostJob) -> Ops:
+    """``gpu_room``; a refusal names the `fab tune` scratch instances on the instances' GPUs
+    and whose they are (a running tune's, or left by a killed one: ``remove_scratch`` before
+    it removes those)."""
+    try:
+        return (yield from gpu_room(job))
+    except GateFailed as refused:
+        note = gpu_note(job, sorted({g for i in job.instances for g in i.gpus}))
+        if not note:
+            raise
+        raise GateFailed(refused.step, refused.expected, refused.seen + note,
+                         refused.log_tail, diagnosis=refused.diagnosis) from None
+
+
+def gpu_room(job: HostJob) -> Ops:
     """The host's GPUs are the inventory's (count and memory, as nvidia-smi reports them), and
     each instance's GPU has room for its new release beside the live one: its pool sized
     against what CUDA can allocate (memory.total less memory.reserved), the window counted
