@@ -22,7 +22,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
 from tfsdeploy.core.inventory.fleet import ResolvedHost
@@ -608,6 +608,61 @@ def _add_notes(result: RunResult, epilogue: Epilogue, session: Session,
             reporter.note(line)
         if lines:
             result.message += "; " + "; ".join(lines)
+
+
+LOOK_DEADLINE_S = 300.0  # a look at the fleet (status, history, lock, exec) ends by then
+
+Looked = TypeVar("Looked")
+
+
+class LookStopped(TfsDeployError):
+    """A look at the fleet was stopped (Ctrl-C, SIGTERM, SIGHUP) or outlived its deadline;
+    nothing was changed by it."""
+
+    exit_code = ExitCode.INCONSISTENT
+
+
+def look(target: Target, body: Callable[[Session], Looked], *,
+         connect: ConnectionFactory = SshConnection,
+         deadline_s: float | None = LOOK_DEADLINE_S) -> Looked:
+    """A read of the fleet on the engine's own session (status, history, lock, logs, exec):
+    the connections ``body`` asks for are opened on first use and closed at the end, and
+    the read ends at Ctrl-C, SIGTERM or SIGHUP, or at ``deadline_s`` (None: none), with
+    LookStopped saying which (exit 3: what was read is not whole)."""
+    cancel = threading.Event()
+    session = Session(connections={}, clock=CancellableClock(SystemClock(), cancel),
+                      connect=connect)
+    stopped: list[str] = []
+    outcome: list[Any] = []
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stopped.append(signal.Signals(signum).name)
+        cancel.set()
+
+    def work() -> None:
+        try:
+            outcome.append(("ok", body(session)))
+        except BaseException as error:
+            outcome.append(("error", error))
+
+    worker = threading.Thread(target=work, name="look", daemon=True)
+    end = None if deadline_s is None else time.monotonic() + deadline_s
+    try:
+        with handled(handler):
+            worker.start()
+            while worker.is_alive() and not cancel.is_set() and (
+                    end is None or time.monotonic() < end):
+                worker.join(timeout=0.1)
+    finally:
+        close_session(session)  # a read still blocked on a host is freed by its close
+    if worker.is_alive() or not outcome:
+        why = stopped[-1] if stopped else f"its {deadline_s:g} s deadline"
+        raise LookStopped(f"the look at {target.model.name}'s hosts ended at {why} before "
+                          "every host answered; nothing was changed")
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value  # type: ignore[no-any-return]
 
 
 def _take_lock(plan: RunPlan, session: Session, reporter: Reporter, record: LockRecord,

@@ -26,7 +26,7 @@ from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.probes import SlotClient
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
-from tfsdeploy.run import plans, survey
+from tfsdeploy.run import engine, plans, survey
 from tfsdeploy.run.gpu_views import add_gpu_memory
 from tfsdeploy.run.jobs import Session
 
@@ -213,8 +213,11 @@ def status(target: Target, *, connect: ConnectionFactory = SshConnection,
     """`fab status`: one entry per selected host, unreachable ones included, with the model's
     `fab tune` scratch instances there; with ``with_orphans``, then the inventory's other
     hosts that still hold the model."""
-    rows = survey.each_host(target, _host_status_and_scratch, connect=connect)
-    return rows + (orphans(target, connect=connect) if with_orphans else [])
+    def read(session: Session) -> list[dict[str, Any]]:
+        rows = survey.each_host(target, _host_status_and_scratch, session=session)
+        return rows + (orphans(target, session=session) if with_orphans else [])
+
+    return engine.look(target, read, connect=connect)
 
 
 def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
@@ -235,7 +238,8 @@ def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: Ho
 def history(target: Target, *, connect: ConnectionFactory = SshConnection
             ) -> list[dict[str, Any]]:
     """`fab history`: per host."""
-    return survey.each_host(target, host_history, connect=connect)
+    return engine.look(target, lambda session: survey.each_host(
+        target, host_history, session=session), connect=connect)
 
 
 def lock_line(holder: LockRecord | None, present: bool) -> str:
@@ -256,14 +260,17 @@ def lock_state(target: Target, *, breaking: bool = False,
     canary's part is broken only when every host of the model answers and none keeps that
     canary open (`plans.canary_open`): a part left by a finished canary."""
     open_on: dict[str, list[str]] = {}
-    if breaking:
-        seen = survey.each_host(target, lambda t, h, c, f: {"facts": f},
-                                hosts=target.model_hosts, connect=connect)
-        facts = {r["host"]: r["facts"] for r in seen if r["reachable"]}
-        everywhere = len(facts) == len(seen)
-        for release in {f.lock.paused for f in facts.values() if f.lock and f.lock.paused}:
-            open_on[release] = (plans.canary_open(facts, release) if everywhere
-                                else ["an unreachable host"])
+
+    def read(session: Session) -> list[dict[str, Any]]:
+        if breaking:
+            seen = survey.each_host(target, lambda t, h, c, f: {"facts": f},
+                                    hosts=target.model_hosts, session=session)
+            facts = {r["host"]: r["facts"] for r in seen if r["reachable"]}
+            everywhere = len(facts) == len(seen)
+            for release in {f.lock.paused for f in facts.values() if f.lock and f.lock.paused}:
+                open_on[release] = (plans.canary_open(facts, release) if everywhere
+                                    else ["an unreachable host"])
+        return survey.each_host(target, look, hosts=target.model_hosts, session=session)
 
     def look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
              ) -> dict[str, Any]:
@@ -283,7 +290,7 @@ def lock_state(target: Target, *, breaking: bool = False,
                 f"NOT broken: it changed meanwhile, now {now.describe() if now else '?'}")
         return {"line": line, "held": present}
 
-    rows = survey.each_host(target, look, hosts=target.model_hosts, connect=connect)
+    rows = engine.look(target, read, connect=connect)
     lines = [f"{r['host']}: {r['line']}" if r["reachable"] else
              f"{r['host']}: unreachable ({r['error']})" for r in rows]
     held = sum(1 for r in rows if r.get("held"))
@@ -464,7 +471,8 @@ def exec_in(target: Target, argv: list[str], *, force: bool, out: Callable[[str]
             results.append({"served": served, "code": code, "output": text})
         return {"results": results}
 
-    rows = survey.each_host(target, run, connect=connect)
+    rows = engine.look(target, lambda session: survey.each_host(target, run, session=session),
+                       connect=connect, deadline_s=None)  # a command may take its time
     codes = []
     for row in rows:
         if not row["reachable"]:

@@ -1,0 +1,69 @@
+"""A look at the fleet (status, history, lock, exec) runs on the engine's own session: the
+connections it asks for are opened once and closed at its end, and it ends at a stop signal
+or at its deadline, saying which (exit 3), never hanging on a host that does not answer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tfsdeploy.core.errors import ExitCode
+from tfsdeploy.run import engine
+from tfsdeploy.run.jobs import Session
+
+from .runs import target
+
+
+class Counted:
+    """A connection that counts its closes."""
+
+    def __init__(self, name: str, closed: list[str]) -> None:
+        self.name, self._closed = name, closed
+
+    def close(self) -> None:
+        self._closed.append(self.name)
+
+
+def test_a_look_opens_each_host_once_and_closes_them_all(world: dict[str, Any]) -> None:
+    aim = target(world, count=2)
+    opened: list[str] = []
+    closed: list[str] = []
+
+    def connect(host: Any) -> Any:
+        opened.append(host.name)
+        return Counted(host.name, closed)
+
+    def body(session: Session) -> list[str]:
+        return [session.connection(h).name for h in (*aim.hosts, *aim.hosts)]
+
+    assert engine.look(aim, body, connect=connect) == ["h1", "h2", "h1", "h2"]
+    assert opened == ["h1", "h2"] and sorted(closed) == ["h1", "h2"]
+
+
+def test_a_look_ends_at_its_deadline(world: dict[str, Any]) -> None:
+    started = time.monotonic()
+    with pytest.raises(engine.LookStopped) as stopped:
+        engine.look(target(world, count=1), lambda session: time.sleep(30), deadline_s=0.3)
+    assert time.monotonic() - started < 5
+    assert stopped.value.exit_code == ExitCode.INCONSISTENT
+    assert "ended at its 0.3 s deadline" in str(stopped.value)
+
+
+def test_a_look_ends_at_sigterm_and_says_so(world: dict[str, Any]) -> None:
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(engine.LookStopped) as stopped:
+        engine.look(target(world, count=1), lambda session: time.sleep(30), deadline_s=None)
+    assert "ended at SIGTERM" in str(stopped.value)
+
+
+def test_a_failing_look_raises_its_own_error(world: dict[str, Any]) -> None:
+    def body(session: Session) -> None:
+        raise ValueError("no such thing")
+
+    with pytest.raises(ValueError, match="no such thing"):
+        engine.look(target(world, count=1), body)
