@@ -9,6 +9,9 @@ changes nothing: a gate, whose work runs only in a real run.
 
 from __future__ import annotations
 
+import io
+import tarfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -79,6 +82,29 @@ class WriteFile(Change):
 
     def describe(self) -> str:
         return f"write {self.path}"  # its size can differ between a plan and the run
+
+
+@dataclass(frozen=True)
+class WriteTree(Change):
+    """A new directory of files written in one command, atomically (a temporary directory
+    beside it, then a rename): a release's rendered files and its record."""
+
+    kind: ClassVar[str] = "write"
+    path: str
+    files: tuple[tuple[str, bytes], ...] = field(repr=False)  # (name, content), mode 0644
+
+    def describe(self) -> str:
+        return f"write {self.path}/{{{','.join(name for name, _ in self.files)}}}"
+
+    def archive(self) -> bytes:
+        """The files as a tar archive (what the host unpacks)."""
+        stream = io.BytesIO()
+        with tarfile.open(fileobj=stream, mode="w") as tar:
+            for name, data in self.files:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+                tar.addfile(info, io.BytesIO(data))
+        return stream.getvalue()
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from tfsdeploy.core.rollout.gates import Clock, GateFailed, Verdict, poll
 from tfsdeploy.core.rollout.records import AuditEntry, now_iso
 from tfsdeploy.hosts import gateway as gateway_host
 from tfsdeploy.hosts import gpu_reservation, proxyadmin, scratch
-from tfsdeploy.hosts.commands.files import append_lines
+from tfsdeploy.hosts.commands.files import append_lines, write_tree
 from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.lock import new_lock_record
 from tfsdeploy.hosts.ssh import Connection
@@ -46,6 +46,7 @@ from tfsdeploy.run.changes import (
     StopContainer,
     Upload,
     WriteFile,
+    WriteTree,
 )
 from tfsdeploy.run.jobs import GatewayLink, HostJob
 from tfsdeploy.run.operations.step import Operation
@@ -79,6 +80,12 @@ def apply_change(job: HostJob, step: str, change: Change, on_progress: ProgressS
             return run_local(change, step)
         elif isinstance(change, WriteFile):
             conn.put_bytes(change.data, change.path, mode=change.mode)
+        elif isinstance(change, WriteTree):
+            result = conn.run(write_tree(change.path, root=job.paths.root),
+                              stdin=change.archive(), timeout=60)
+            if not result.ok:
+                raise GateFailed(step, f"`{change.describe()}` to succeed",
+                                 f"exit {result.code}: {result.tail()}")
         elif isinstance(change, Upload):
             conn.put_file(change.source(), change.path)
         elif isinstance(change, PullImage):

@@ -67,6 +67,20 @@ def write_file(path: str, *, mode: int = 0o644) -> Argv:
     return ["sh", "-c", _WRITE, "sh", path, f"{mode:o}"]
 
 
+def write_tree(directory: str, *, root: str) -> Argv:
+    """Unpack the tar archive on stdin as the directory ``directory`` (inside ``root``), in
+    one command for a release's files: into a temporary directory beside it, every file
+    fsynced, then renamed into place, the parent fsynced. When the directory is there already
+    (a paused canary's release, written by the run that paused; its container has it mounted)
+    each file is renamed over its namesake instead: the directory itself stays."""
+    one = publish_sh('"$f"', '"$1/${f##*/}"')
+    script = ('t="$1.tmp-$$"; rm -rf -- "$t"; { mkdir -p -- "$t" && tar -x -C "$t" -f - && '
+              'if [ -d "$1" ]; then for f in "$t"/*; do ' + one + ' || exit 1; done; '
+              'rm -rf -- "$t"; else ' + publish_sh('"$t"', '"$1"') + '; fi; } || '
+              '{ rm -rf -- "$t"; exit 1; }')
+    return ["sh", "-c", script, "sh", inside(directory, root)]
+
+
 def point_symlink(target: str, link: str) -> Argv:
     """Replace ``link`` atomically and durably with a symlink to ``target`` (a new link
     renamed over the old one; the directory fsynced before and after)."""

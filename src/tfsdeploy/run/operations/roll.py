@@ -37,6 +37,7 @@ from tfsdeploy.run.changes import (
     StartContainer,
     StopContainer,
     WriteFile,
+    WriteTree,
 )
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.preflight import live_server_ports
@@ -55,12 +56,10 @@ def upload_release(job: HostJob) -> Ops:
     directory = job.paths.release_dir(job.run.release_id)
     if job.uploaded:
         return f"{directory} (written for the host's first instance)"
-    yield Command.of(mkdir(directory), f"create {directory}")
     job.uploaded = True
-    for rendered in job.render.files:
-        yield WriteFile(f"{directory}/{rendered.name}", rendered.text.encode())
-    yield WriteFile(f"{directory}/manifest.json",
-                    job.release_record(ReleaseStatus.STARTING).to_json())
+    yield WriteTree(directory, (*((r.name, r.text.encode()) for r in job.render.files),
+                                ("manifest.json",
+                                 job.release_record(ReleaseStatus.STARTING).to_json())))
     return directory
 
 
