@@ -4,6 +4,7 @@ the plan (rewritten, reloaded) before traffic moves and gets its runtime state b
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
 
 from tfsdeploy.core.errors import ExitCode
@@ -196,3 +197,54 @@ def test_show_stat_gives_each_server_its_address_and_the_weight_last_set() -> No
         "set server grpc/i0-blue state drain", "set server grpc/i0-blue weight 30"]
     assert parse_info_pid("Name: HAProxy\nVersion: 2.6.12\nPid: 73\nUptime_sec: 4\n") == 73
     assert parse_info_pid("Unknown command.\n") is None
+
+
+def test_a_port_move_killed_before_its_reload_converges_when_run_again(
+        world: dict[str, Any], monkeypatch: Any) -> None:
+    """A deploy that moves the model's ports is killed between writing the proxy's new
+    configuration (new and old stable ports) and reloading it: the file binds both, the
+    running worker only the old ones. The same deploy again reads the worker, not the file:
+    it reloads, keeping the old ports bound beside the new ones."""
+    from pathlib import Path
+
+    from tfsdeploy.core.errors import HostUnreachable
+    from tfsdeploy.core.render.host_proxy import config_ports
+    from tfsdeploy.core.target import load_target
+    from tfsdeploy.run.deploy import deploy
+
+    from .fakes import FakeDocker, FakeSlot, FrozenClock
+    from .runs import MODEL, inventory_file, paths
+
+    first = run_deploy(world, 1, count=1)
+    assert first.exit_code == ExitCode.OK, first.message
+    fleet: FakeFleet = world["fleet"]
+    host = fleet["h1"]
+    moved = Path(world["tmp"] / "inv-moved.py")
+    moved.write_text(Path(inventory_file(world, count=1)).read_text().replace(
+        "memory_mib=512,", "memory_mib=512, port_offset=100,"))
+
+    def move(recorder: Recorder) -> Any:
+        return deploy(load_target(MODEL, inventory=str(moved)), version=2, reporter=recorder,
+                      connect=fleet.connect, clock=FrozenClock(), client_factory=FakeSlot)
+
+    def killed(self: FakeDocker, name: str, signal: str) -> None:
+        for fake in fleet.hosts.values():  # the process is gone: nothing reaches a host
+            fake.unreachable = True
+        raise HostUnreachable(f"{name}: the run was killed before its {signal}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(FakeDocker, "kill", killed)
+        dead = move(Recorder())
+    assert dead.exit_code != ExitCode.OK
+    host.unreachable = False
+    shutil.rmtree(paths(host).lock_dir)  # the dead run's lock (broken by a live run)
+    written = config_ports((Path(paths(host).proxy_dir) / "haproxy.cfg").read_text())
+    assert written.binds["grpc"] == {8500, 8600}, written.binds
+    assert host.proxy.bound == {8500, 8501}  # the worker never loaded it
+
+    recorder = Recorder()
+    again = move(recorder)
+    assert again.exit_code == ExitCode.OK, again.message
+    assert host.proxy.bound == {8500, 8501, 8600, 8601}
+    reshape = recorder.details[recorder.steps.index(("h1", "roll", "reshape_proxy", "ok"))]
+    assert "reloaded" in reshape and ":8500" in reshape, reshape

@@ -215,6 +215,16 @@ def live_server_ports(job: HostJob) -> dict[str, tuple[int, int]]:
             if "grpc" in p and "rest" in p}
 
 
+def proxy_binds(job: HostJob) -> dict[str, frozenset[int]]:
+    """The stable ports the live proxy binds, per frontend (grpc, rest): its running
+    worker's listeners (``show stat``), else, for a worker that reports none (loaded on a
+    configuration written before they were reported), the configuration on the host. The
+    file alone is not the truth: a run killed between writing it and the reload leaves the
+    old worker bound elsewhere."""
+    live = dict(job.facts.proxy.binds)
+    return live if live else config_ports(job.facts.proxy_config).binds
+
+
 def port_move(job: HostJob) -> PortMove:
     """What the proxy must keep of the ports this deploy moves: the old stable ports when the
     plan's are not the ones it binds (served beside the new ones until the model's next
@@ -224,7 +234,7 @@ def port_move(job: HostJob) -> PortMove:
     if not facts.proxy.running or not facts.proxy.answered:
         return PortMove()
     ports, live = job.ports, live_server_ports(job)
-    bound = config_ports(facts.proxy_config).binds
+    bound = proxy_binds(job)
     grpc, rest = sorted(bound.get("grpc", ())), sorted(bound.get("rest", ()))
     binds = tuple(zip(grpc, rest, strict=False)) if grpc and ports.grpc not in grpc else ()
     keep = [(i.index, i.old.slot) for i in job.instances if i.old]
@@ -255,7 +265,7 @@ def check_ports(job: HostJob) -> Ops:
     ports = job.ports
     mine, ours = {ports.grpc, ports.rest}, set()
     if job.facts.proxy.running:
-        bound = config_ports(job.facts.proxy_config).binds
+        bound = proxy_binds(job)
         ours |= set().union(*bound.values()) if bound else {ports.grpc, ports.rest}
     for instance in job.instances:
         for slot in ports.slots:
