@@ -98,6 +98,10 @@ class ReleaseRecord(_Record):
     canary: dict[str, Any] | None = None
     restored_by: str = ""  # "guard": the guard's rollback made this release current again
     diagnosis: dict[str, str] | None = None  # a failed gate's known failure: kind, cause, fix
+    # the model's stable ports (gRPC, REST) the release was rolled behind (None: a record
+    # written before they were recorded): a move of the ports is done once a release behind
+    # the new ones is current
+    stable_ports: tuple[int, int] | None = None
 
     def with_status(self, status: ReleaseStatus) -> ReleaseRecord:
         """The same record with another status, stamped now."""
