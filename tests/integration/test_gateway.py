@@ -12,8 +12,14 @@ One set-up: v1 deployed, the gateway rolled. Then, in order:
   within 5 % of it, the others are answered RESOURCE_EXHAUSTED (REST: 429);
 - one host's proxy killed under load: the gateway takes the host out within its check
   interval, and no more requests fail than were in flight when it died;
-- tb2 taken out of the model's hosts: the next `fab deploy` drains it at the gateway first,
-  no request fails and none reaches tb2 after;
+- tb2 taken out of the model's hosts: the next `fab deploy` drains it at the gateway first
+  (recorded on tbgw: which run, why), no request fails and none reaches tb2 after; beside it
+  the gateway routes ``itgateway-eu`` (on tb3), whose name starts with the model's: its
+  servers are not the model's, and nothing of it is drained;
+- `fab gateway` killed (-9) at each of its steps, then run again: it converges (the worker
+  runs the files, tb2's recorded drain holds on every new worker), no request fails;
+- tb2 put back among the model's hosts: the next `fab deploy` puts it back in rotation at the
+  gateway (a `--check` drains nothing);
 - `fab retire --hosts tb2` under load: tb2 drained on tbgw before its own proxy, no request
   fails.
 Before them, `scripts/testbed up --gateway` has left tb1..tbN's daemons as they were.
@@ -34,13 +40,28 @@ from typing import Any
 
 import pytest
 from deploy_load import Sample, SteadyLoad, Target
-from deploy_support import GOOD, Fleet, fleet_fixture
-from testbed_support import ADDRESSES, REPO, STATE, VENV_BIN, Run, fab_env, netns, ssh
+from deploy_support import GOOD, GPU_MIB, Fleet, assert_ports_free, fleet_fixture
+from testbed_support import (
+    ADDRESSES,
+    REPO,
+    STATE,
+    VENV_BIN,
+    FileCue,
+    Run,
+    Watched,
+    clean_model,
+    fab_env,
+    netns,
+    ssh,
+)
 
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itgateway", 4500
 HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2")}
+# a second routed model whose name starts with the first's, on a host the first lacks
+PREFIXED, PREFIXED_OFFSET, PREFIXED_HOST = f"{MODEL}-eu", 4550, "tb3"
+HIGH_LIMIT = 100000  # a rate limit no test reaches: the configuration changes, not the traffic
 GATEWAY_HOST, GATEWAY_ADDRESS = "tbgw", "10.87.0.30"
 GRPC, REST = 8500 + OFFSET, 8501 + OFFSET  # the hosts' stable ports, and the gateway's
 CHECK_INTERVAL_MS = 500
@@ -72,9 +93,32 @@ def gateway_inventory(fleet: Fleet, name: str, limit: int | None = None) -> Path
     return path
 
 
+PREFIXED_BLOCK = f'''
+import dataclasses
+hosts.append(Host({PREFIXED_HOST!r}, {ADDRESSES[PREFIXED_HOST]!r},
+                  gpus=[Gpu(0, {GPU_MIB!r}, "Simulated Tesla T4")]))
+models[0] = dataclasses.replace(models[0], hosts="tb1,tb2")
+models.append(dataclasses.replace(models[0], name={PREFIXED!r}, port_offset={PREFIXED_OFFSET!r},
+                                  hosts={PREFIXED_HOST!r}))
+gateway = dataclasses.replace(gateway, routes=[*gateway.routes, Route(
+    {PREFIXED!r}, grpc_port={8500 + PREFIXED_OFFSET}, rest_port={8501 + PREFIXED_OFFSET})])
+'''
+
+
+def prefixed_inventory(fleet: Fleet) -> Path:
+    """The gateway's inventory with ``itgateway-eu`` on tb3 routed beside the model."""
+    path = fleet.tmp / "gateway_prefixed.py"
+    path.write_text(gateway_inventory(fleet, "gateway").read_text() + PREFIXED_BLOCK)
+    return path
+
+
+def _argv(inventory: Path, *args: str) -> list[str]:
+    return [str(VENV_BIN / "fab"), "gateway", "--inventory", str(inventory), *args]
+
+
 def fab_gateway(fleet: Fleet, inventory: Path, *args: str) -> Run:
     """``fab gateway --inventory I`` (no --model: the gateway routes the inventory's)."""
-    argv = [str(VENV_BIN / "fab"), "gateway", "--inventory", str(inventory), *args]
+    argv = _argv(inventory, *args)
     started = time.monotonic()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=REPO,
                           env=fab_env())
@@ -116,6 +160,9 @@ def _gateway_clean() -> None:
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     _gateway_up()
     _gateway_clean()
+    prefixed_host = {PREFIXED_HOST: ADDRESSES[PREFIXED_HOST]}
+    clean_model(PREFIXED, prefixed_host)
+    assert_ports_free(PREFIXED_OFFSET, prefixed_host)
     for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
                               hosts=HOSTS, serial=(1, "100%"), min_healthy_s=1.0):
         made.deploy(1)
@@ -125,6 +172,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             yield made
         finally:
             _gateway_clean()
+            clean_model(PREFIXED, prefixed_host)
 
 
 def admin(command: str) -> str:
@@ -140,6 +188,17 @@ def server_status(host: str) -> str:
         if fields[:2] == [f"{MODEL}-grpc", host]:
             return fields[17]
     raise AssertionError(f"no server {host} in {MODEL}-grpc")
+
+
+def worker_limited() -> bool:
+    """Whether tbgw's running worker has the model's rate limit (its `-rate` table)."""
+    return any(line.startswith(f"{MODEL}-rate,") for line in admin("show stat").splitlines())
+
+
+def drain_record(host: str) -> dict[str, Any] | None:
+    """The drain of ``host`` for the model recorded on tbgw (None: none)."""
+    path = GATEWAY_ROOT / "drains" / MODEL / host
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def backend_connections() -> dict[str, set[int]]:
@@ -292,39 +351,136 @@ def wait_up(host: str) -> None:
         time.sleep(0.1)
 
 
-def test_a_host_removed_from_the_models_hosts_is_drained_by_the_next_deploy(
-        fleet: Fleet) -> None:
-    """The model's hosts narrowed to tb1 (tb2 still serves v2): `fab deploy --version 1`
-    under load drains tb2 at the gateway before it rolls tb1, says so and that the gateway no
-    longer matches the inventory; no request fails and none is answered by tb2 after."""
-    wait_up("tb2")
+def narrowed_inventory(fleet: Fleet) -> Path:
+    """The gateway's inventory with the model's hosts narrowed to tb1."""
     narrowed = gateway_inventory(fleet, "gateway_tb1_only")
     text = narrowed.read_text()
     assert f"port_offset={OFFSET!r}," in text
     narrowed.write_text(text.replace(f"port_offset={OFFSET!r},",
                                      f'port_offset={OFFSET!r}, hosts="tb1",', 1))
+    return narrowed
+
+
+def test_a_host_removed_from_the_models_hosts_is_drained_by_the_next_deploy(
+        fleet: Fleet) -> None:
+    """The gateway also routes ``itgateway-eu`` (tb3). The model's hosts narrowed to tb1 (tb2
+    still serves v2): `fab deploy --version 1` under load drains tb2 at the gateway before it
+    rolls tb1, records it there, says so and that the gateway no longer matches the
+    inventory; no request fails and none is answered by tb2 after; itgateway-eu's servers
+    are left alone (no "No such server" ends the drains)."""
+    wait_up("tb2")
+    prefixed = prefixed_inventory(fleet)
+    beside = fleet.fab("deploy", "--version", "1", inventory=prefixed, model=PREFIXED)
+    assert beside.code == 0, beside.describe()
+    routed = fab_gateway(fleet, prefixed)
+    assert routed.code == 0, routed.describe()
     steady = load(50.0, rest=False)
     try:
         time.sleep(1.0)
-        run = fleet.fab("deploy", "--version", "1", timeout=300, inventory=narrowed)
+        run = fleet.fab("deploy", "--version", "1", timeout=300,
+                        inventory=narrowed_inventory(fleet))
         deployed = time.monotonic()
         time.sleep(1.0)
     finally:
         steady.stop()
-        status = server_status("tb2")
-        admin("; ".join(f"set server {MODEL}-{kind}/tb2 state ready" for kind in ("grpc", "rest")))
     assert run.code == 0, run.describe()
     assert f"gateway tbgw: tb2 drained for {MODEL}: no longer among its hosts" in run.out, run.out
+    assert "could not" not in run.out, run.out
     assert "gateway tbgw: its configuration no longer matches the inventory" in run.out, run.out
-    assert status.startswith("DRAIN"), status
+    assert server_status("tb2").startswith("DRAIN"), server_status("tb2")
+    stat = admin("show stat")
+    assert f"{PREFIXED}-grpc,tb3," in stat and "DRAIN" not in "".join(
+        line for line in stat.splitlines() if line.startswith(f"{PREFIXED}-")), stat
+    record = drain_record("tb2")
+    assert record is not None and record["reason"] == "no longer among the model's hosts"
+    assert record["run"].startswith(f"deploy {MODEL} "), record
     bad = failed(steady.samples)
     late = [s for s in steady.samples if s.sent > deployed]
     print(f"\ntb2 out of the model's hosts, deploy v1 on tb1 through the gateway: "
           f"{len(steady.samples)} requests, {len(bad)} failed")
     assert not bad, [s.error for s in bad[:5]]
     assert late and {s.y for s in late} == {V1_Y}, {s.y for s in late}  # tb2 serves v2
-    wait_up("tb2")
-    checked = fleet.fab("deploy", "--version", "1", "--check", inventory=narrowed)
+
+
+# fab gateway's lines, each the cue of a kill -9 right after it: the configuration checked
+# (the lock held, nothing live changed), the files written (the old worker still running),
+# the new worker answering (the drains not yet set on it), the drains set (before the gate)
+GATEWAY_STEPS = {
+    "checked": r"tbgw: configuration checked with haproxy -c",
+    "written": r"tbgw: files written",  # (killed as haproxy.cfg is renamed into place)
+    "reloaded": r"tbgw: reloaded: worker",
+    "drains set": r"tbgw: set again on the new worker",
+}
+
+
+def test_fab_gateway_killed_at_each_step_converges_when_run_again(fleet: Fleet) -> None:
+    """Under load through the gateway, with tb2 drained there (recorded by the previous
+    test's deploy): `fab gateway` is killed (-9) right after each of its steps, rolling a
+    configuration other than the live one (the model's rate limit on, then off), and run
+    again: it breaks the dead run's lock, the running worker has the rendered configuration,
+    tb2 is still drained, and no request fails."""
+    plain = gateway_inventory(fleet, "gateway")
+    limited = gateway_inventory(fleet, "gateway_high_limit", limit=HIGH_LIMIT)
+    assert drain_record("tb2") is not None
+    steady = load(50.0, rest=True)
+    try:
+        time.sleep(1.0)
+        for step, cue in GATEWAY_STEPS.items():
+            want = not worker_limited()  # always a change to roll
+            inventory = limited if want else plain
+            written = FileCue(GATEWAY_ROOT / "config" / "haproxy.cfg") \
+                if step == "written" else None
+            killed = Watched(_argv(inventory), fleet.log, own_session=True)
+            if written is not None:  # seen on the host, before the say line
+                killed.kill_on_change(written, "haproxy.cfg rewritten on tbgw")
+                line = "haproxy.cfg rewritten"
+                assert worker_limited() != want, "the worker reloaded before the kill"
+            else:
+                line = killed.kill_when(cue)
+            assert killed.proc.returncode == -9, killed.describe()
+            again = fab_gateway(fleet, inventory)
+            assert again.code == 0, f"killed after {step}: {line}\n{again.describe()}"
+            assert worker_limited() == want, f"killed after {step}\n{again.describe()}"
+            assert server_status("tb2").startswith("DRAIN"), (step, server_status("tb2"))
+            assert server_status("tb1") == "UP", (step, server_status("tb1"))
+            print(f"\nfab gateway killed after {step!r}, run again: {again.seconds:.1f} s, "
+                  "converged")
+        if worker_limited():
+            last = fab_gateway(fleet, plain)
+            assert last.code == 0, last.describe()
+    finally:
+        steady.stop()
+    bad = failed(steady.samples)
+    print(f"\nfab gateway killed at {len(GATEWAY_STEPS)} steps and run again: "
+          f"{len(steady.samples)} requests through the gateway, {len(bad)} failed")
+    assert not bad, [f"{s.target} {s.error}" for s in bad[:5]]
+    assert len(steady.samples) > 200
+
+
+def test_a_host_put_back_among_the_models_hosts_is_back_in_rotation(fleet: Fleet) -> None:
+    """tb2 among the model's hosts again: `fab deploy` under load puts it back in rotation at
+    the gateway (its recorded drain no longer holds), says which run had drained it and why,
+    and removes the record; no request fails. A `--check` of the narrowed inventory then
+    drains nothing."""
+    record = drain_record("tb2")
+    assert record is not None and server_status("tb2").startswith("DRAIN")
+    steady = load(50.0, rest=False)
+    try:
+        time.sleep(1.0)
+        run = fleet.fab("deploy", "--version", "1", timeout=300,
+                        inventory=gateway_inventory(fleet, "gateway"))
+        time.sleep(1.0)
+    finally:
+        steady.stop()
+    assert run.code == 0, run.describe()
+    assert (f"gateway tbgw: tb2 back in rotation for {MODEL} (drained by `{record['run']}`"
+            in run.out), run.out
+    assert server_status("tb2") == "UP", server_status("tb2")
+    assert drain_record("tb2") is None
+    bad = failed(steady.samples)
+    assert not bad, [s.error for s in bad[:5]]
+    checked = fleet.fab("deploy", "--version", "1", "--check",
+                        inventory=narrowed_inventory(fleet))
     assert checked.code == 0, checked.describe()
     assert server_status("tb2").startswith("UP"), server_status("tb2")  # --check drains none
 

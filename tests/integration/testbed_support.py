@@ -30,6 +30,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -427,8 +428,50 @@ class Watched:
         assert self.killed_on is not None
         return self.killed_on
 
+    def kill_if(self, cue: Callable[[], bool], what: str, timeout: float = 300,
+                poll_s: float = 0.005) -> None:
+        """kill -9 of the whole process group as soon as ``cue()`` holds (polled every
+        ``poll_s``; needs ``own_session``): for a point between two of its lines, seen on the
+        hosts. Fails when it exits first or nothing comes (it is killed then too)."""
+        assert self._own_session, "kill_if kills a process group: start with own_session"
+        end = time.monotonic() + timeout
+        while not cue():
+            if self.proc.poll() is not None or time.monotonic() > end:
+                self.kill()
+                self._log.append(self.describe(f"killed: never saw {what}"))
+                raise AssertionError(f"fab exited {self.proc.returncode} or ran {timeout} s "
+                                     f"before {what}:\n{self.text()[-6000:]}")
+            time.sleep(poll_s)
+        with self._cond:
+            self.killed_on = what
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._reader.join(timeout=10)
+        self._log.append(self.describe())
+
+    def kill_on_change(self, cue: FileCue, what: str, timeout: float = 300) -> None:
+        """kill -9 of the whole process group the moment the file ``cue`` watches changes
+        (needs ``own_session``). Fails when it exits first or nothing comes (it is killed
+        then too)."""
+        assert self._own_session, "a cue kills a process group: start with own_session"
+        cue.watch(self.proc.pid)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        said = cue.outcome()
+        self._reader.join(timeout=10)
+        if said != "killed":
+            self._log.append(self.describe(f"killed: never saw {what}"))
+            raise AssertionError(f"fab exited {self.proc.returncode} before {what}:\n"
+                                 f"{self.text()[-6000:]}")
+        self.killed_on = what
+        self._log.append(self.describe())
+
     def send(self, sig: int) -> None:
         self.proc.send_signal(sig)
+
 
     def finish(self, timeout: float = 300) -> Run:
         """Wait for the exit (kill -9 and fail after ``timeout``)."""
@@ -464,6 +507,38 @@ class Watched:
             done = "killed on cue" if self.killed_on is not None else "exit"
             why = f"{done} (rc {self.proc.returncode})"
         return f"$ fab {' '.join(self.argv[1:])}\n-> {why}\n{self.text()[-6000:]}"
+
+class FileCue:
+    """A watcher of one file in its own process (file_cue.py), armed before the run it will
+    kill starts: a test busy with its clients may not poll in time, an inotify wake-up in a
+    process of its own does."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).with_name("file_cue.py")), str(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        armed = self.proc.stdout.readline().strip()
+        assert armed == "armed", f"the watcher of {path} did not start: {armed!r}"
+
+    def watch(self, group: int) -> None:
+        """Kill process group ``group`` when the file changes."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{group}\n")
+        self.proc.stdin.flush()
+
+    def outcome(self) -> str:
+        """``killed`` or ``gone`` (the group ended first), once the watcher has ended."""
+        assert self.proc.stdout is not None
+        try:
+            said = self.proc.stdout.readline().strip()
+            self.proc.wait(timeout=10)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+        return said
+
 
 
 # -- one test module's model on the fleet ----------------------------------------------------

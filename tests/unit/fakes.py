@@ -104,6 +104,8 @@ class FakeProxy:
         text = Path(config_dir, "haproxy.cfg").read_text()
         self.binds, self.addresses, self.servers, self.weights = {}, {}, {}, {}
         self.bound: set[int] = set()  # every port its frontends bind
+        self.listeners: dict[str, list[int]] = {}  # frontend -> every port it binds
+        self.socket_stats: set[str] = set()  # frontends whose listeners `show stat` reports
         section, name, socket_path = "", "", None
         for line in text.splitlines():
             words = line.split()
@@ -114,6 +116,9 @@ class FakeProxy:
             elif section == "frontend" and words[0] == "bind":  # the first bind is the port
                 self.binds.setdefault(name, int(words[1].rsplit(":", 1)[1]))
                 self.bound.add(int(words[1].rsplit(":", 1)[1]))
+                self.listeners.setdefault(name, []).append(int(words[1].rsplit(":", 1)[1]))
+            elif section == "frontend" and words == ["option", "socket-stats"]:
+                self.socket_stats.add(name)
             elif section == "backend" and words[0] == "server":
                 key = (name, words[1])
                 self.addresses[key] = int(words[2].rsplit(":", 1)[1])
@@ -181,14 +186,18 @@ class FakeProxy:
 
     def stat_csv(self) -> str:
         """`show stat`, with frontend and backend rows like HAProxy's."""
-        rows = ["# pxname,svname,scur,status,weight"]
+        rows = ["# pxname,svname,scur,status,weight,type,addr"]
         for frontend in self.binds:
-            rows.append(f"{frontend},FRONTEND,0,OPEN,")
+            rows.append(f"{frontend},FRONTEND,0,OPEN,,0,")
+            if frontend in self.socket_stats:
+                rows += [f"{frontend},sock-{n},0,OPEN,,3,0.0.0.0:{port}"
+                         for n, port in enumerate(self.listeners[frontend], 1)]
         for (backend, server), status in self.servers.items():
             rows.append(f"{backend},{server},{self.sessions.get((backend, server), 0)},"
-                        f"{self.health(server, status)},{self.weights[(backend, server)]}")
+                        f"{self.health(server, status)},{self.weights[(backend, server)]},2,"
+                        f"127.0.0.1:{self.addresses[(backend, server)]}")
         for backend in {b for b, _ in self.servers}:
-            rows.append(f"{backend},BACKEND,0,UP,1")
+            rows.append(f"{backend},BACKEND,0,UP,1,1,")
         return "\n".join(rows) + "\n\n"
 
     def health(self, server: str, status: str) -> str:

@@ -4,7 +4,10 @@ the plan (rewritten, reloaded) before traffic moves and gets its runtime state b
 
 from __future__ import annotations
 
+import shutil
 from typing import Any
+
+import pytest
 
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.render.host_proxy import ServerState, restore_commands
@@ -196,3 +199,65 @@ def test_show_stat_gives_each_server_its_address_and_the_weight_last_set() -> No
         "set server grpc/i0-blue state drain", "set server grpc/i0-blue weight 30"]
     assert parse_info_pid("Name: HAProxy\nVersion: 2.6.12\nPid: 73\nUptime_sec: 4\n") == 73
     assert parse_info_pid("Unknown command.\n") is None
+
+
+@pytest.mark.parametrize("reloaded", [False, True], ids=["before-reload", "after-reload"])
+def test_a_port_move_killed_at_its_reload_converges_when_run_again(
+        world: dict[str, Any], monkeypatch: Any, reloaded: bool) -> None:
+    """A deploy that moves the model's ports is killed as it reloads the proxy on its new
+    configuration (new and old stable ports). Before the signal: the file binds both, the
+    running worker only the old ones; the same deploy again reads the worker, not the file,
+    and reloads. After it: the worker binds both, the host's current release is still the
+    one behind the old ports; the same deploy again keeps them (only the model's next deploy
+    drops them)."""
+    from pathlib import Path
+
+    from tfsdeploy.core.errors import HostUnreachable
+    from tfsdeploy.core.render.host_proxy import config_ports
+    from tfsdeploy.core.target import load_target
+    from tfsdeploy.run.deploy import deploy
+
+    from .fakes import FakeDocker, FakeSlot, FrozenClock
+    from .runs import MODEL, inventory_file, paths
+
+    first = run_deploy(world, 1, count=1)
+    assert first.exit_code == ExitCode.OK, first.message
+    fleet: FakeFleet = world["fleet"]
+    host = fleet["h1"]
+    moved = Path(world["tmp"] / "inv-moved.py")
+    moved.write_text(Path(inventory_file(world, count=1)).read_text().replace(
+        "memory_mib=512,", "memory_mib=512, port_offset=100,"))
+
+    def move(recorder: Recorder, version: int = 2) -> Any:
+        return deploy(load_target(MODEL, inventory=str(moved)), version=version, reporter=recorder,
+                      connect=fleet.connect, clock=FrozenClock(), client_factory=FakeSlot)
+
+    reload = FakeDocker.kill
+
+    def killed(self: FakeDocker, name: str, signal: str) -> None:
+        if reloaded:
+            reload(self, name, signal)
+        for fake in fleet.hosts.values():  # the process is gone: nothing reaches a host
+            fake.unreachable = True
+        raise HostUnreachable(f"{name}: the run was killed at its {signal}")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(FakeDocker, "kill", killed)
+        dead = move(Recorder())
+    assert dead.exit_code != ExitCode.OK
+    host.unreachable = False
+    shutil.rmtree(paths(host).lock_dir)  # the dead run's lock (broken by a live run)
+    written = config_ports((Path(paths(host).proxy_dir) / "haproxy.cfg").read_text())
+    assert written.binds["grpc"] == {8500, 8600}, written.binds
+    assert host.proxy.bound == ({8500, 8501, 8600, 8601} if reloaded else {8500, 8501})
+
+    recorder = Recorder()
+    again = move(recorder)
+    assert again.exit_code == ExitCode.OK, again.message
+    assert host.proxy.bound == {8500, 8501, 8600, 8601}
+    reshape = recorder.details[recorder.steps.index(("h1", "roll", "reshape_proxy", "ok"))]
+    assert ("proxy has the servers and ports" in reshape) if reloaded else \
+        ("reloaded" in reshape and ":8500" in reshape), reshape
+    third = move(Recorder(), version=1)  # the model's next deploy: the old ports go
+    assert third.exit_code == ExitCode.OK, third.message
+    assert host.proxy.bound == {8600, 8601}

@@ -22,13 +22,18 @@ from tfsdeploy.core.render.gateway_proxy import (
     GATEWAY_FILE,
     GatewayServer,
     carried_state,
+    configured,
     drain_commands,
+    files_digest,
     grpc_answer,
+    missing_drains,
     parse_gateway_stat,
     plan_gateway,
     render_gateway_files,
     route_health,
+    stale_drains,
 )
+from tfsdeploy.core.rollout.records import GatewayDrain
 
 SIG = Signature(inputs={"x": TensorSpec("DT_FLOAT", (-1, 1))},
                 outputs={"y": TensorSpec("DT_FLOAT", (-1, 1))})
@@ -195,11 +200,60 @@ def test_stat_health_and_the_drains_a_reload_carries_over() -> None:
     assert servers[0] == GatewayServer("m1-grpc", "s1", "UP", 3)
     inv = inventory(Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)]))
     plan = plan_gateway(inv)
-    assert route_health(plan, servers) == {"m1": (2, 2)}
-    assert carried_state(servers, plan) == ["set server m1-grpc/s2 state drain",
-                                            "set server m1-rest/s2 state maint"]
+    assert route_health(plan, servers) == {"m1": (1, 2)}  # a draining s2 takes no request
+    assert carried_state(servers, configured(plan)) == ["set server m1-grpc/s2 state drain",
+                                                        "set server m1-rest/s2 state maint"]
     assert drain_commands("m1", "s2") == ["set server m1-grpc/s2 state drain",
                                           "set server m1-rest/s2 state drain"]
+
+
+def _drain(model: str, host: str) -> GatewayDrain:
+    return GatewayDrain(model=model, host=host, reason="why", run="deploy x r1")
+
+
+def test_recorded_drains_reach_a_new_worker_and_one_that_lacks_them() -> None:
+    """A worker started after a kill (or a reboot) holds no drain: the recorded ones are set
+    on it; those of servers the configuration no longer has are stale."""
+    plan = plan_gateway(inventory(Gateway(routes=[Route("m1", grpc_port=9500,
+                                                        rest_port=9501)])))
+    fresh = parse_gateway_stat(STAT.replace("DRAIN", "UP").replace("MAINT", "UP"))
+    recorded = [_drain("m1", "s2"), _drain("m1", "gone")]
+    assert carried_state((), configured(plan), recorded) == [
+        "set server m1-grpc/s2 state drain", "set server m1-rest/s2 state drain"]
+    assert missing_drains(fresh, plan, recorded) == [
+        "set server m1-grpc/s2 state drain", "set server m1-rest/s2 state drain"]
+    assert missing_drains(parse_gateway_stat(STAT), plan, recorded) == []  # held already
+    assert stale_drains(plan, recorded) == [_drain("m1", "gone")]
+
+
+PREFIXED = ("# pxname,svname,qcur,qmax,scur,status\n"
+            "ranker-grpc,s1,0,0,0,DRAIN\nranker-rest,s1,0,0,0,DRAIN\n"
+            "ranker-eu-grpc,s1,0,0,4,UP\nranker-eu-rest,s1,0,0,0,UP\n"
+            "ranker-eu-grpc,s2,0,0,0,UP\nranker-eu-rest,s2,0,0,0,UP\n")
+
+
+def test_models_whose_names_prefix_each_other_keep_their_own_backends() -> None:
+    """``ranker`` and ``ranker-eu``: each model's servers are those of its own two backends,
+    matched whole."""
+    servers = parse_gateway_stat(PREFIXED)
+    assert [(s.backend, s.host) for s in servers if s.of("ranker")] == [
+        ("ranker-grpc", "s1"), ("ranker-rest", "s1")]
+    assert {s.host for s in servers if s.of("ranker-eu")} == {"s1", "s2"}
+    inv = inventory(Gateway(routes=[Route("ranker", grpc_port=9500, rest_port=9501),
+                                    Route("ranker-eu", grpc_port=9600, rest_port=9601)]),
+                    models=[model("ranker"), model("ranker-eu", port_offset=100)])
+    plan = plan_gateway(inv)
+    assert route_health(plan, servers) == {"ranker": (0, 2), "ranker-eu": (2, 2)}
+    assert missing_drains(servers, plan, [_drain("ranker", "s2")]) == []  # no ranker/s2 up
+    assert missing_drains(servers, plan, [_drain("ranker-eu", "s2")]) == [
+        "set server ranker-eu-grpc/s2 state drain", "set server ranker-eu-rest/s2 state drain"]
+
+
+def test_the_files_digest_covers_names_and_contents() -> None:
+    one = {"haproxy.cfg": "a", "x.http": "b"}
+    assert files_digest(one) == files_digest(dict(reversed(one.items())))
+    assert files_digest(one) != files_digest({"haproxy.cfg": "a", "x.http": "c"})
+    assert files_digest({"ab": "c"}) != files_digest({"a": "bc"})
 
 
 def test_no_gateway_declared_is_a_config_error() -> None:

@@ -1,7 +1,9 @@
 """`fab gateway`'s roll (run/gateway.py) against fake gateway hosts: a configuration one host
 refuses (`haproxy -c`) changes no host; a good one is written and reloaded host by host, with
-the drains the old worker held set again; a new worker with a model that has no serving host
-up puts that host back on its previous files and stops the roll (exit 2)."""
+the drains the old worker held and the recorded ones set again; a new worker with a model that
+has no serving host UP puts that host back on its previous files and stops the roll (exit 2).
+The same command run again after a kill between writing and reloading, or between reloading
+and setting the drains, converges."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ from tfsdeploy.core.inventory.fleet import Group, Host, ResolvedHost
 from tfsdeploy.core.inventory.gateway import Gateway, Route
 from tfsdeploy.core.inventory.load import build_inventory
 from tfsdeploy.core.render.gateway_proxy import GATEWAY_FILE, plan_gateway
+from tfsdeploy.core.rollout.records import GatewayDrain
 from tfsdeploy.hosts.dockerapi import ContainerState
 from tfsdeploy.hosts.ssh import Result
-from tfsdeploy.run.gateway import roll_gateway
+from tfsdeploy.run.gateway import files_for, roll_gateway
 
 from .fakes import FrozenClock
 from .test_gateway import model
@@ -50,21 +53,25 @@ class FakeGatewayHost:
     name: str
     refuse: bool = False  # haproxy -c refuses
     dark: bool = False  # the new worker's servers stay DOWN
+    dark_servers: set[str] = field(default_factory=set)  # ... these only
     live: dict[str, str] = field(default_factory=dict)
+    loaded: dict[str, str] = field(default_factory=dict)  # the files the worker runs
+    marker: str = ""  # <data_root>/gateway/loaded
+    drains: dict[str, str] = field(default_factory=dict)  # "<model>/<host>" -> record
     running: bool = False
     pid: int = 100
     states: dict[str, str] = field(default_factory=dict)  # "backend/server" -> status
     events: list[str] = field(default_factory=list)
 
     def reload(self) -> None:
-        self.running, self.pid = True, self.pid + 1
+        self.running, self.pid, self.loaded = True, self.pid + 1, dict(self.live)
         servers = [line.split()[1] for line in self.live.get(GATEWAY_FILE, "").splitlines()
                    if line.strip().startswith("server ")]
         backends = [line.split()[1] for line in self.live.get(GATEWAY_FILE, "").splitlines()
                     if line.startswith("backend ") and line.split()[1].endswith(("-grpc",
                                                                                  "-rest"))]
-        status = "DOWN" if self.dark else "UP"
-        self.states = {f"{b}/{s}": status for b in backends for s in set(servers)}
+        self.states = {f"{b}/{s}": "DOWN" if self.dark or s in self.dark_servers else "UP"
+                       for b in backends for s in set(servers)}
 
 
 class FakeConnection:
@@ -91,17 +98,33 @@ class FakeConnection:
             fake.events.append("haproxy -c")
             code, out = (1, "[ALERT] parsing [haproxy.cfg:12]: unknown keyword") \
                 if fake.refuse else (0, "Configuration file is valid")
+        elif argv[:2] == ["sh", "-c"] and "for f in */*" in argv[2]:
+            out = "".join(f"@@file {n}\n{t}\n" for n, t in fake.drains.items()) + "@@end\n"
         elif argv[:2] == ["sh", "-c"] and "for f in *" in argv[2]:
             out = "\n".join(fake.live) if argv[-1].endswith("/config") else ""
         elif argv[:2] == ["sh", "-c"] and "@@file" in argv[2]:
             out = "".join(f"@@file {n}\n{fake.live[n]}\n" for n in argv[5:]) + "@@end\n"
-        elif argv[:2] == ["sh", "-c"] and "cat >" in argv[2] and "/config/" in argv[4]:
-            fake.live[argv[4].rsplit("/", 1)[1]] = text
-            fake.events.append(f"write {argv[4].rsplit('/', 1)[1]}")
+        elif argv[:2] == ["sh", "-c"] and "2>/dev/null; true" in argv[2]:
+            out = fake.marker if argv[4].endswith("/gateway/loaded") else ""
+        elif argv[:2] == ["sh", "-c"] and "cat >" in argv[2]:
+            self._write(argv[4], text)
         elif argv[:2] == ["sh", "-c"] and "rm -f" in argv[2]:
             for name in argv[5:]:
-                fake.live.pop(name, None)
+                if argv[4].endswith("/config"):
+                    fake.live.pop(name, None)
+                else:
+                    fake.drains.pop(f"{argv[4].rsplit('/', 1)[1]}/{name}", None)
         return Result(tuple(argv), code, out, "")
+
+    def _write(self, path: str, text: str) -> None:
+        fake, name = self.fake, path.rsplit("/", 1)[1]
+        if "/config/" in path:
+            fake.live[name] = text
+            fake.events.append(f"write {name}")
+        elif path.endswith("/gateway/loaded"):
+            fake.marker = text
+        else:
+            raise AssertionError(f"a write the fake gateway host does not expect: {path}")
 
     def put_bytes(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
         self.fake.events.append(f"stage {path.rsplit('/', 1)[1]}")
@@ -179,3 +202,57 @@ def test_a_new_worker_with_no_serving_host_up_puts_the_host_back() -> None:
     assert fakes["gw1"].live == before  # the previous files, reloaded
     assert "m1.rate-limited.grpc.http" not in fakes["gw2"].live  # the roll stopped there
 
+
+
+def test_files_written_but_never_loaded_are_loaded_by_the_next_run() -> None:
+    """A run killed between writing a host's files and its reload leaves the new files and
+    the old worker: the same command run again reloads it (equal files are not current)."""
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    _roll(_plan(), fakes)
+    limited = _plan(limit=50)
+    fakes["gw1"].live = files_for(limited)["gw1"]  # what the killed run wrote
+    assert fakes["gw1"].loaded != fakes["gw1"].live
+    seen = len(fakes["gw1"].events)
+    again, lines = _roll(limited, fakes)
+    assert again.exit_code == ExitCode.OK, again.hosts
+    assert "kill SIGUSR2" in fakes["gw1"].events[seen:], lines
+    assert not any(e.startswith("write") for e in fakes["gw1"].events[seen:])  # already there
+    assert "gw1: its worker was not loaded on these files" in "\n".join(lines)
+    assert all(f.loaded == f.live == files_for(limited)[name] for name, f in fakes.items())
+    third, _ = _roll(limited, fakes)
+    assert third.hosts == {"gw1": "up to date; m1 2/2 up", "gw2": "up to date; m1 2/2 up"}
+
+
+def test_recorded_drains_are_set_on_a_worker_that_lacks_them() -> None:
+    """A run killed after its reload, before it set the drains again: the new worker runs
+    the files (up to date) with every server ready; the drain recorded on the host is set
+    on it by the next run, and a record of a server the configuration no longer has goes."""
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    _roll(_plan(), fakes)
+    for fake in fakes.values():
+        fake.drains = {"m1/s2": GatewayDrain(model="m1", host="s2", reason="recreate",
+                                             run="deploy m1 r1").model_dump_json(),
+                       "m1/old": "{}"}
+    again, lines = _roll(_plan(), fakes)
+    assert again.exit_code == ExitCode.OK, again.hosts
+    for fake in fakes.values():
+        assert fake.states["m1-grpc/s2"] == fake.states["m1-rest/s2"] == "DRAIN"
+        assert fake.states["m1-grpc/s1"] == "UP"
+        assert list(fake.drains) == ["m1/s2"]
+    assert again.hosts["gw1"] == "up to date; m1 1/2 up"
+    assert "gw1: old is no longer a server of m1: its drain record removed" in "\n".join(lines)
+
+
+def test_the_gate_counts_only_servers_that_take_requests() -> None:
+    """s1 never passes its check behind the new worker and s2 is drained there: no server of
+    m1 takes a request, the gate fails and the host goes back to its previous files."""
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    _roll(_plan(), fakes)
+    before = dict(fakes["gw1"].live)
+    fakes["gw1"].states["m1-grpc/s2"] = "DRAIN"  # a deploy drained s2 there
+    fakes["gw1"].dark_servers = {"s1"}
+    result, _ = _roll(_plan(limit=50), fakes)
+    assert result.exit_code == ExitCode.ROLLED_BACK, result.hosts
+    assert "no serving host up for m1 (m1 0/2 up)" in result.hosts["gw1"]
+    assert fakes["gw1"].live == fakes["gw1"].loaded == before
+    assert fakes["gw1"].states["m1-grpc/s2"] == "DRAIN"  # set again after the restore

@@ -26,7 +26,7 @@ from tfsdeploy.core.gpu.smi import GpuApp, GpuCard, parse_apps, parse_gpus
 from tfsdeploy.core.gpu.window import Earlier
 from tfsdeploy.core.inventory.layout import HostPaths, is_release_id, parse_server_name
 from tfsdeploy.core.render.files import FILE_NAMES
-from tfsdeploy.core.render.host_proxy import ServerState, parse_stat
+from tfsdeploy.core.render.host_proxy import ServerState, parse_binds, parse_stat
 from tfsdeploy.core.rollout.records import (
     BrokenRecord,
     LockRecord,
@@ -69,6 +69,9 @@ class ProxyFact:
     running: bool
     servers: tuple[ServerState, ...] = ()
     answered: bool = False  # the admin socket answered `show stat`
+    # the running worker's listening ports per frontend (its listener rows; empty when it
+    # reports none): what it binds, whatever its haproxy.cfg on disk says now
+    binds: tuple[tuple[str, frozenset[int]], ...] = ()
 
     def serving_slot(self, instance: int = 0) -> str | None:
         """The one slot of ``instance`` that takes new gRPC requests (None: none or both)."""
@@ -294,8 +297,9 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
 def _proxy(containers: Sequence[ContainerFact], stat: str) -> ProxyFact:
     proxy = next((c for c in containers if c.role == "proxy"), None)
     servers = parse_stat(stat) if stat else ()
+    binds = tuple(sorted(parse_binds(stat).items())) if stat else ()
     return ProxyFact(running=bool(proxy and proxy.running), servers=servers,
-                     answered=bool(servers))
+                     answered=bool(servers), binds=binds)
 
 
 def _lock_digest(sections: dict[str, list[tuple[str, str]]]) -> str:

@@ -15,9 +15,16 @@ from tfsdeploy.core.render.gateway_proxy import (
     parse_gateway_stat,
 )
 from tfsdeploy.core.rollout.gates import Clock, Verdict, poll
+from tfsdeploy.core.rollout.records import GatewayDrain, parse_gateway_drain
 from tfsdeploy.hosts.commands.containers import PROXY_CONFIG_DIR, ContainerSpec, Mount
 from tfsdeploy.hosts.commands.files import mkdir, read_files, remove_tree, write_file
-from tfsdeploy.hosts.commands.gateway import check_config, list_files, remove_files
+from tfsdeploy.hosts.commands.gateway import (
+    check_config,
+    list_files,
+    read_if_present,
+    read_records,
+    remove_files,
+)
 from tfsdeploy.hosts.proxyadmin import RELOAD_SIGNAL, ProxyRefused, send, worker_pid
 from tfsdeploy.hosts.ssh import Connection
 
@@ -31,10 +38,14 @@ def live_files(conn: Connection, paths: GatewayPaths) -> dict[str, str]:
     names = [n for n in conn.run(list_files(paths.config_dir), timeout=30).stdout.split() if n]
     if not names:
         return {}
-    result = conn.run(read_files(paths.config_dir, tuple(names)), timeout=30)
+    return _files(conn.run(read_files(paths.config_dir, tuple(names)), timeout=30).stdout)
+
+
+def _files(output: str) -> dict[str, str]:
+    """``@@file <name>`` sections up to ``@@end`` -> name -> text."""
     files: dict[str, str] = {}
     current: str | None = None
-    for line in result.stdout.splitlines(keepends=True):
+    for line in output.splitlines(keepends=True):
         if line.startswith("@@file "):
             current = line[len("@@file "):].rstrip("\n")
             files[current] = ""
@@ -42,8 +53,50 @@ def live_files(conn: Connection, paths: GatewayPaths) -> dict[str, str]:
             break
         elif current is not None:
             files[current] += line
-    # read_files adds one newline after each file
+    # the readers add one newline after each file
     return {name: text[:-1] if text.endswith("\n") else text for name, text in files.items()}
+
+
+def drains(conn: Connection, paths: GatewayPaths) -> list[GatewayDrain]:
+    """The drains recorded on the gateway host. A record that cannot be read still records
+    its drain (its path names the model and host), with an unknown run."""
+    found = []
+    for name, text in _files(conn.run(read_records(paths.drains_dir), timeout=30).stdout
+                             ).items():
+        model, _, host = name.partition("/")
+        record = parse_gateway_drain(text)
+        if record is None or (record.model, record.host) != (model, host):
+            record = GatewayDrain(model=model, host=host, run="unknown",
+                                  reason=f"unreadable record {paths.drains_dir}/{name}")
+        found.append(record)
+    return sorted(found, key=lambda d: (d.model, d.host))
+
+
+def record_drain(conn: Connection, paths: GatewayPaths, drain: GatewayDrain) -> None:
+    """Record ``drain`` on the gateway host (atomically), before it is made."""
+    path = paths.drain_record(drain.model, drain.host)
+    _must(conn, mkdir(path.rsplit("/", 1)[0]), "create the drains directory")
+    _must(conn, write_file(path), f"record the drain of {drain.host} for {drain.model}",
+          stdin=drain.to_json())
+
+
+def forget_drain(conn: Connection, paths: GatewayPaths, model: str, host: str) -> None:
+    """Remove the record of ``host`` drained for ``model`` (none: nothing to do), before the
+    host is put back."""
+    directory = f"{paths.drains_dir}/{model}"
+    _must(conn, remove_files(directory, [host]), f"remove the drain record of {host}")
+
+
+def loaded_digest(conn: Connection, paths: GatewayPaths) -> str:
+    """The digest of the files the running worker was loaded on, as recorded once it
+    answered ('' when none is recorded)."""
+    return conn.run(read_if_present(paths.loaded), timeout=30).stdout.strip()
+
+
+def mark_loaded(conn: Connection, paths: GatewayPaths, digest: str) -> None:
+    """Record that the running worker answers on the files of ``digest``."""
+    _must(conn, write_file(paths.loaded), "record the loaded configuration",
+          stdin=f"{digest}\n".encode())
 
 
 def check_staged(conn: Connection, paths: GatewayPaths, files: Mapping[str, str],

@@ -252,6 +252,7 @@ class GatewayState(Change):
     host: str
     state: str  # drain | ready
     timeout_s: float = 30.0
+    reason: str = ""  # why a drain is made, as its record on the gateway hosts says
 
     def describe(self) -> str:
         return (f"gateway: {self.host} drains for {self.model} (no new request routed to it)"

@@ -731,8 +731,8 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
         for job in jobs:
             _facts_step(job, reporter)
         if session.gateway is not None and plan.verb in (Verb.DEPLOY, Verb.ROLLBACK):
-            for note in executor.drain_departed(
-                    session.gateway, target.model.name, {h.name for h in target.model_hosts},
+            for note in executor.reconcile_gateway(
+                    session.gateway, context, {h.name for h in target.model_hosts},
                     timeout_s=target.model.rollout.drain_timeout_s, clock=session.clock):
                 reporter.note(note)
         outcome = run_roll(plan, context, jobs, reporter, cancel, listeners, session)

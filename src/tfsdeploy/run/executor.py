@@ -19,7 +19,7 @@ from tfsdeploy.core.render.gateway_proxy import (
     ready_commands,
 )
 from tfsdeploy.core.rollout.gates import Clock, GateFailed, Verdict, poll
-from tfsdeploy.core.rollout.records import AuditEntry, now_iso
+from tfsdeploy.core.rollout.records import AuditEntry, GatewayDrain, now_iso
 from tfsdeploy.hosts import gateway as gateway_host
 from tfsdeploy.hosts import gpu_reservation, proxyadmin, scratch
 from tfsdeploy.hosts.commands.files import append_lines, write_tree
@@ -48,7 +48,7 @@ from tfsdeploy.run.changes import (
     WriteFile,
     WriteTree,
 )
-from tfsdeploy.run.jobs import GatewayLink, HostJob
+from tfsdeploy.run.jobs import GatewayLink, HostJob, RunContext
 from tfsdeploy.run.operations.step import Operation
 
 if TYPE_CHECKING:
@@ -143,49 +143,86 @@ def reserve_gpu(job: HostJob, change: ReserveGpu, step: str) -> str:
                                            if others else ""))
 
 
+GATEWAY_FAILURES = (proxyadmin.ProxyRefused, gateway_host.GatewayRefused, HostUnreachable,
+                    OSError)
+
+
+def run_label(run: RunContext) -> str:
+    """The run as a drain record names it: ``deploy resnet50 <release>``."""
+    return " ".join(p for p in (str(run.verb), run.model.name, run.release_id) if p)
+
+
 def gateway_state(job: HostJob, change: GatewayState, step: str) -> str:
-    """Set the host's state for its model on every gateway host that routes it; a drain
-    waits until no request of the host is in flight there. A gateway host that refuses or
-    cannot be reached fails the step: the host must not leave its rotation unannounced."""
+    """Set the host's state for its model on every gateway host that routes it. A drain is
+    recorded there first (which run, why: ``GatewayDrain``), then made, then waited on until
+    no request of the host is in flight there; a ready removes the record first, then puts
+    the host back (a kill in between never leaves an unrecorded drain). A gateway host that
+    refuses or cannot be reached fails the step: the host must not leave its rotation
+    unannounced."""
     link = job.run.gateway
     if link is None:
         return "no gateway routes the model"
-    commands = (drain_commands if change.state == "drain" else ready_commands)(
-        change.model, change.host)
     for host in link.hosts:
         conn, paths = link.connections[host.name], gateway_paths(host)
         try:
-            gateway_host.commands(conn, paths, commands)
             if change.state == "drain":
+                gateway_host.record_drain(conn, paths, GatewayDrain(
+                    model=change.model, host=change.host, reason=change.reason,
+                    run=run_label(job.run), who=job.run.who, time=now_iso()))
+                gateway_host.commands(conn, paths, drain_commands(change.model, change.host))
                 _wait_drained(conn, paths, change, job.run.clock, step)
-        except (proxyadmin.ProxyRefused, HostUnreachable, OSError) as error:
+            else:
+                gateway_host.forget_drain(conn, paths, change.model, change.host)
+                gateway_host.commands(conn, paths, ready_commands(change.model, change.host))
+        except GATEWAY_FAILURES as error:
             raise GateFailed(step, f"gateway {host.name} to {change.state} {change.host}",
                              str(error)) from None
     return f"{change.state} on {', '.join(h.name for h in link.hosts)}"
 
 
-def drain_departed(link: GatewayLink, model: str, keep: set[str], *, timeout_s: float,
-                   clock: Clock) -> list[str]:
-    """On every gateway host that routes ``model``: each serving host of its backends that is
-    no longer among the model's hosts (``keep``) and still takes requests is drained (no new
-    request, those in flight finish), so that what leaves the inventory leaves the rotation
-    before the roll. One line per gateway host that did something or could not; a gateway
-    that cannot be read or refuses is said, and the run goes on (the gateway's configuration
-    check at the end says it no longer matches)."""
-    notes = []
+DEPARTED = "no longer among the model's hosts"
+
+
+def reconcile_gateway(link: GatewayLink, run: RunContext, keep: set[str], *,
+                      timeout_s: float, clock: Clock) -> list[str]:
+    """Before a deploy's or rollback's roll, on every gateway host that routes the model
+    (its backends matched by their exact names): each of the model's hosts (``keep``) that is
+    drained or in maintenance there, or has a recorded drain, is put back in rotation (this
+    run holds the model's lock, so the run that drained it has ended; a host that does not
+    serve stays out by the gateway's health check); each serving host of its backends no
+    longer among them is drained (recorded first; its requests finish), so that what leaves
+    the inventory leaves the rotation before the roll. One line per gateway host that did
+    something or could not; a gateway that cannot be read or refuses is said, and the run
+    goes on (the gateway's configuration check at the end says it no longer matches)."""
+    model, notes = run.model.name, []
     for host in link.hosts:
         conn, paths = link.connections[host.name], gateway_paths(host)
         try:
-            departed = sorted({s.host for s in gateway_host.stat(conn, paths)
-                               if s.backend.startswith(f"{model}-") and s.host not in keep
-                               and not s.status.upper().startswith(("DRAIN", "MAINT"))})
+            servers = [s for s in gateway_host.stat(conn, paths) if s.of(model)]
+            recorded = {d.host: d for d in gateway_host.drains(conn, paths) if d.model == model}
+            present = {s.host for s in servers}
+            back = sorted({s.host for s in servers if s.host in keep and not s.ready}
+                          | {name for name in recorded if name in keep and name in present})
+            for name in sorted(set(recorded) & keep):  # the reason no longer holds
+                gateway_host.forget_drain(conn, paths, model, name)
+            for name in back:
+                gateway_host.commands(conn, paths, ready_commands(model, name))
+            notes += [f"gateway {host.name}: {name} back in rotation for {model} ("
+                      + (recorded[name].describe() if name in recorded else
+                         "drained with no record: by hand, or by an older tfsdeploy")
+                      + ")" for name in back]
+            departed = sorted({s.host for s in servers if s.host not in keep and s.ready})
+            for name in sorted({s.host for s in servers if s.host not in keep} - set(recorded)):
+                gateway_host.record_drain(conn, paths, GatewayDrain(
+                    model=model, host=name, reason=DEPARTED, run=run_label(run), who=run.who,
+                    time=now_iso()))
             for name in departed:
-                change = GatewayState(model, name, "drain", timeout_s)
                 gateway_host.commands(conn, paths, drain_commands(model, name))
-                _wait_drained(conn, paths, change, clock, "gateway_departed")
-        except (proxyadmin.ProxyRefused, HostUnreachable, OSError, GateFailed) as error:
-            notes.append(f"gateway {host.name}: the hosts no longer among {model}'s could not "
-                         f"be drained ({error}); `fab gateway` takes them out")
+                _wait_drained(conn, paths, GatewayState(model, name, "drain", timeout_s),
+                              clock, "gateway_departed")
+        except (*GATEWAY_FAILURES, GateFailed) as error:
+            notes.append(f"gateway {host.name}: the model's servers could not be set right "
+                         f"({error}); `fab gateway` sets them from the records")
             continue
         if departed:
             listed = ",".join(departed)
@@ -200,7 +237,7 @@ def _wait_drained(conn: Connection, paths: GatewayPaths, change: GatewayState, c
                   step: str) -> None:
     def idle() -> Verdict:
         busy = sum(s.sessions for s in gateway_host.stat(conn, paths)
-                   if s.host == change.host and s.backend.startswith(f"{change.model}-"))
+                   if s.host == change.host and s.of(change.model))
         return Verdict.ok("none in flight") if busy == 0 else \
             Verdict.wait(f"{busy} request(s) in flight")
 

@@ -1,7 +1,12 @@
 """`fab gateway`: render every gateway host's HAProxy configuration from the inventory, check
 it on every host in the gateway's own image, then roll it host by host: files written, a
-seamless reload (or the first start), the drains the old worker held carried over, and a gate
-that every routed model has a serving host up behind the new worker before the next host.
+seamless reload (or the first start), the drains the old worker held and those recorded on
+the host (``<data_root>/gateway/drains``) set again, and a gate that every routed model has a
+serving host UP behind the new worker before the next host.
+
+A host counts as current only when its files are the rendered ones and its running worker was
+loaded on them (the files' digest, recorded in ``<data_root>/gateway/loaded`` once the new
+worker answered): the same command run again after a kill -9 at any step converges.
 
 One `fab gateway` at a time: a run takes the gateway's lock on a strict majority of the
 gateway hosts (``hosts.lock``, in ``<data_root>/gateway/lock``: no model lives on a gateway
@@ -25,14 +30,18 @@ from tfsdeploy.core.render.gateway_proxy import (
     GatewayPlan,
     GatewayServer,
     carried_state,
+    configured,
+    files_digest,
     gateway_image,
     gateway_paths,
+    missing_drains,
     plan_gateway,
     render_gateway_files,
     route_health,
+    stale_drains,
 )
 from tfsdeploy.core.rollout.gates import Clock, GateFailed, SystemClock, Verdict, poll
-from tfsdeploy.core.rollout.records import LockRecord
+from tfsdeploy.core.rollout.records import GatewayDrain, LockRecord
 from tfsdeploy.hosts import gateway as gw
 from tfsdeploy.hosts import lock as locks
 from tfsdeploy.hosts.dockerapi import DockerFailed
@@ -162,30 +171,73 @@ def _prepare(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
 def _roll_host(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
                files: dict[str, str], live: dict[str, str], *, clock: Clock,
                say: Say) -> str:
+    """One gateway host: current only when its files are the rendered ones AND its running
+    worker was loaded on them (the digest recorded once it answered: a run killed between
+    writing the files and the reload leaves equal files and the old worker); else written
+    (when they differ), started or reloaded, the digest recorded, the drains set again, the
+    gate. Recorded drains the worker lacks are set in either case."""
     paths, image = gateway_paths(host), gateway_image(plan, host)
-    if files == live and gw.running(conn):
-        health = _health_line(plan, gw.stat(conn, paths))
-        say(f"{host.name}: up to date; {health}")
-        return f"up to date; {health}"
-    before = gw.stat(conn, paths) if gw.running(conn) else ()
+    digest, recorded, running = files_digest(files), gw.drains(conn, paths), gw.running(conn)
+    if files == live and running and gw.loaded_digest(conn, paths) == digest:
+        return _up_to_date(conn, host, plan, recorded, say)
+    if files == live and running:
+        say(f"{host.name}: its worker was not loaded on these files (a run stopped before "
+            "its reload): reloading")
+    before = gw.stat(conn, paths) if running else ()
     try:
-        gw.install(conn, paths, files)
+        if files != live:
+            gw.install(conn, paths, files)
+            say(f"{host.name}: files written ({', '.join(sorted(files))})")
         done = gw.start_or_reload(conn, paths, image, clock=clock)
-        carried = carried_state(before, plan)
-        if carried:
-            gw.commands(conn, paths, carried)
+        gw.mark_loaded(conn, paths, digest)
+        say(f"{host.name}: {done}")
+        _carry(conn, host, before, recorded, configured(plan), say)
         health = _wait_for_backends(conn, host, plan, clock=clock)
     except FAILURES as error:
-        raise _HostFailed(host.name, str(error), _restore(conn, host, plan, live, clock)) \
-            from error
-    say(f"{host.name}: {done}; {health}")
+        code = _restore(conn, host, plan, live, before, recorded, clock)
+        raise _HostFailed(host.name, str(error), code) from error
+    _forget_stale(conn, host, plan, recorded, say)
+    say(f"{host.name}: serving: {health}")
     return f"{done}; {health}"
+
+
+def _up_to_date(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
+                recorded: list[GatewayDrain], say: Say) -> str:
+    paths = gateway_paths(host)
+    servers = gw.stat(conn, paths)
+    again = missing_drains(servers, plan, recorded)
+    if again:
+        gw.commands(conn, paths, again)
+        say(f"{host.name}: recorded drains set again: {'; '.join(again)}")
+        servers = gw.stat(conn, paths)
+    _forget_stale(conn, host, plan, recorded, say)
+    health = _health_line(plan, servers)
+    say(f"{host.name}: up to date; {health}")
+    return f"up to date; {health}"
+
+
+def _carry(conn: Connection, host: ResolvedHost, before: tuple[GatewayServer, ...],
+           recorded: list[GatewayDrain], present: set[tuple[str, str]], say: Say) -> None:
+    """The drains the old worker held and the recorded ones, set on the new worker."""
+    carried = carried_state(before, present, recorded)
+    if carried:
+        gw.commands(conn, gateway_paths(host), carried)
+        say(f"{host.name}: set again on the new worker: {'; '.join(carried)}")
+
+
+def _forget_stale(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
+                  recorded: list[GatewayDrain], say: Say) -> None:
+    """The records of drains whose server the configuration no longer has."""
+    for drain in stale_drains(plan, recorded):
+        gw.forget_drain(conn, gateway_paths(host), drain.model, drain.host)
+        say(f"{host.name}: {drain.host} is no longer a server of {drain.model}: its drain "
+            f"record removed ({drain.describe()})")
 
 
 def _wait_for_backends(conn: Connection, host: ResolvedHost, plan: GatewayPlan, *,
                        clock: Clock) -> str:
-    """Every routed model has a serving host up behind the new worker (its first checks
-    passed: ``rise`` intervals), within a few intervals."""
+    """Every routed model has a serving host UP behind the new worker (a draining one takes
+    no request and does not count), within a few check intervals."""
     settle_s = (plan.gateway.rise + 3) * plan.gateway.check_interval_ms / 1000 + 5
 
     def ready() -> Verdict:
@@ -200,15 +252,21 @@ def _wait_for_backends(conn: Connection, host: ResolvedHost, plan: GatewayPlan, 
 
 
 def _restore(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
-             live: dict[str, str], clock: Clock) -> ExitCode:
-    """The previous files back and the gateway reloaded on them: exit 2; none to go back to,
-    or that fails too: exit 3."""
+             live: dict[str, str], before: tuple[GatewayServer, ...],
+             recorded: list[GatewayDrain], clock: Clock) -> ExitCode:
+    """The previous files back and the gateway reloaded on them, the drains set again:
+    exit 2; none to go back to, or that fails too: exit 3."""
     if not live:
         return ExitCode.INCONSISTENT
     try:
         paths = gateway_paths(host)
         gw.install(conn, paths, live)
         gw.start_or_reload(conn, paths, gateway_image(plan, host), clock=clock)
+        gw.mark_loaded(conn, paths, files_digest(live))
+        present = {(s.backend, s.host) for s in gw.stat(conn, paths)}
+        carried = carried_state(before, present, recorded)
+        if carried:
+            gw.commands(conn, paths, carried)
     except FAILURES:
         return ExitCode.INCONSISTENT
     return ExitCode.ROLLED_BACK

@@ -293,7 +293,8 @@ class HostJob:
             updated_at=now_iso(), gates=tuple(self.gates), steps=tuple(self.steps),
             restored_by=self.run.reason if self.run.rollback else "",
             canary=self.canary_summary(),
-            diagnosis=self.diagnosis.as_dict() if self.diagnosis else None)
+            diagnosis=self.diagnosis.as_dict() if self.diagnosis else None,
+            stable_ports=(self.ports.grpc, self.ports.rest))
 
     def canary_summary(self) -> dict[str, Any] | None:
         """The canary's steps and comparison on this host (None: it ran none here)."""

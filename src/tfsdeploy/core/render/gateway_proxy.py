@@ -40,7 +40,9 @@ proxy image, Debian 12's haproxy 2.6.12):
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from tfsdeploy.core.errors import ConfigError, Problem
@@ -54,6 +56,7 @@ from tfsdeploy.core.inventory.layout import (
 )
 from tfsdeploy.core.inventory.load import Inventory
 from tfsdeploy.core.render.files import _environment, templates_dir
+from tfsdeploy.core.rollout.records import GatewayDrain
 
 GATEWAY_CONTAINER = "tfs-gateway"
 GATEWAY_FILE = "haproxy.cfg"
@@ -200,6 +203,22 @@ class GatewayPaths:
         """The runtime API's socket as the host sees it."""
         return f"{self.admin_dir}/{ADMIN_SOCKET_NAME}"
 
+    @property
+    def drains_dir(self) -> str:
+        """The recorded drains: ``<model>/<host>``, one file each (``GatewayDrain``)."""
+        return f"{self.root}/gateway/drains"
+
+    def drain_record(self, model: str, host: str) -> str:
+        """The record of ``host`` drained for ``model``."""
+        return f"{self.drains_dir}/{model}/{host}"
+
+    @property
+    def loaded(self) -> str:
+        """The digest of the files the running worker was started or reloaded on, written
+        once it answered (``files_digest``): equal files on disk are not enough, a run
+        killed between writing them and the reload leaves the old worker running."""
+        return f"{self.root}/gateway/loaded"
+
 
 def gateway_paths(host: ResolvedHost) -> GatewayPaths:
     """Where the gateway lives on ``host``."""
@@ -212,15 +231,31 @@ def gateway_image(plan: GatewayPlan, host: ResolvedHost) -> str:
     return plan.gateway.image or host.vars.proxy_image
 
 
+def files_digest(files: Mapping[str, str]) -> str:
+    """sha256 over a configuration directory's files, names and contents (each length-
+    prefixed: no two directories give one digest)."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        for part in (name.encode(), files[name].encode()):
+            digest.update(len(part).to_bytes(8, "big") + part)
+    return digest.hexdigest()
+
+
+def model_backends(model: str) -> tuple[str, str]:
+    """The names of ``model``'s two backends (gRPC, REST): a server belongs to the model
+    only in these, matched whole (``ranker``'s are not ``ranker-eu``'s)."""
+    return f"{model}-grpc", f"{model}-rest"
+
+
 def drain_commands(model: str, host: str) -> list[str]:
     """Runtime commands: no new request of ``model`` goes to serving host ``host`` (those in
     flight finish); on both of the model's backends."""
-    return [f"set server {model}-{kind}/{host} state drain" for kind in ("grpc", "rest")]
+    return [f"set server {backend}/{host} state drain" for backend in model_backends(model)]
 
 
 def ready_commands(model: str, host: str) -> list[str]:
     """Runtime commands: ``host`` takes ``model``'s requests again."""
-    return [f"set server {model}-{kind}/{host} state ready" for kind in ("grpc", "rest")]
+    return [f"set server {backend}/{host} state ready" for backend in model_backends(model)]
 
 
 @dataclass(frozen=True)
@@ -234,8 +269,19 @@ class GatewayServer:
 
     @property
     def up(self) -> bool:
-        """Checked and serving (a draining server is up but takes no new request)."""
-        return self.status.upper().startswith(("UP", "DRAIN"))
+        """Checked and taking new requests: ``UP`` (``UP 1/2`` while a failed check has not
+        yet taken it out). A draining server takes none, however healthy."""
+        return self.status.upper().startswith("UP")
+
+    @property
+    def ready(self) -> bool:
+        """Its admin state lets it take requests (neither draining nor in maintenance),
+        whatever its health."""
+        return not self.status.upper().startswith(("DRAIN", "MAINT"))
+
+    def of(self, model: str) -> bool:
+        """A server of one of ``model``'s backends."""
+        return self.backend in model_backends(model)
 
 
 def parse_gateway_stat(stat_csv: str) -> tuple[GatewayServer, ...]:
@@ -259,21 +305,51 @@ def route_health(plan: GatewayPlan, servers: tuple[GatewayServer, ...]
     """Per routed model: (servers of its gRPC backend that are up, servers it has)."""
     health = {}
     for route in plan.routes:
-        mine = [s for s in servers if s.backend == f"{route.model}-grpc"]
+        grpc = model_backends(route.model)[0]
+        mine = [s for s in servers if s.backend == grpc]
         health[route.model] = (sum(s.up for s in mine), len(route.servers))
     return health
 
 
-def carried_state(before: tuple[GatewayServer, ...], plan: GatewayPlan) -> list[str]:
-    """Runtime commands that give the new worker the drains and maintenances the old one held
-    (a reload starts every server ready) for the servers the new configuration still has."""
-    kept = {(f"{r.model}-{kind}", s.name) for r in plan.routes for s in r.servers
-            for kind in ("grpc", "rest")}
-    commands = []
+def configured(plan: GatewayPlan) -> set[tuple[str, str]]:
+    """(backend, server) of every server the configuration of ``plan`` has."""
+    return {(backend, s.name) for r in plan.routes for s in r.servers
+            for backend in model_backends(r.model)}
+
+
+def carried_state(before: Iterable[GatewayServer], present: set[tuple[str, str]],
+                  recorded: Iterable[GatewayDrain] = ()) -> list[str]:
+    """Runtime commands that give a new worker the drains and maintenances the old one held
+    (a reload starts every server ready), and every recorded drain (a worker started after a
+    kill, or a reboot, never held them), for the servers it has (``present``: (backend,
+    server))."""
+    states: dict[tuple[str, str], str] = {}
+    for drain in recorded:
+        for backend in model_backends(drain.model):
+            states[(backend, drain.host)] = "drain"
     for server in before:
         status = server.status.upper()
-        state = "maint" if status.startswith("MAINT") else \
-            "drain" if status.startswith("DRAIN") else None
-        if state and (server.backend, server.host) in kept:
-            commands.append(f"set server {server.backend}/{server.host} state {state}")
-    return commands
+        if status.startswith("MAINT"):
+            states[(server.backend, server.host)] = "maint"
+        elif status.startswith("DRAIN"):
+            states.setdefault((server.backend, server.host), "drain")
+    return [f"set server {backend}/{host} state {state}"
+            for (backend, host), state in sorted(states.items()) if (backend, host) in present]
+
+
+def missing_drains(servers: Iterable[GatewayServer], plan: GatewayPlan,
+                   recorded: Iterable[GatewayDrain]) -> list[str]:
+    """Runtime commands for the recorded drains the running worker does not hold (a run
+    killed between its reload and setting them again): the servers the configuration has
+    whose admin state is ready."""
+    ready, kept = {(s.backend, s.host) for s in servers if s.ready}, configured(plan)
+    return [f"set server {backend}/{drain.host} state drain" for drain in recorded
+            for backend in model_backends(drain.model) if (backend, drain.host) in ready
+            and (backend, drain.host) in kept]
+
+
+def stale_drains(plan: GatewayPlan, recorded: Iterable[GatewayDrain]) -> list[GatewayDrain]:
+    """Recorded drains of servers the configuration no longer has (the host left the
+    model's hosts and `fab gateway` took it out): nothing left to drain."""
+    kept = configured(plan)
+    return [d for d in recorded if (model_backends(d.model)[0], d.host) not in kept]

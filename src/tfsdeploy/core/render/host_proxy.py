@@ -142,6 +142,23 @@ def parse_stat(stat_csv: str) -> tuple[ServerState, ...]:
     return tuple(found)
 
 
+LISTENER_TYPE = "3"  # `show stat`'s type column: 0 frontend, 1 backend, 2 server, 3 listener
+
+
+def parse_binds(stat_csv: str) -> dict[str, frozenset[int]]:
+    """The ports the running worker listens on, per frontend (grpc, rest): the listener rows
+    of ``show stat`` (``option socket-stats``; ``addr`` is ``address:port``). Empty when it
+    reports none (a worker loaded on a configuration written before the option)."""
+    binds: dict[str, set[int]] = {}
+    for row in csv.DictReader(io.StringIO(stat_csv.lstrip("# "))):
+        if row.get("type") != LISTENER_TYPE or row.get("pxname") not in BACKENDS:
+            continue
+        port = _int((row.get("addr") or "").rpartition(":")[2])
+        if port:
+            binds.setdefault(row["pxname"], set()).add(port)
+    return {name: frozenset(ports) for name, ports in binds.items()}
+
+
 def _int(text: str | None, default: int = 0) -> int:
     try:
         return int(text or default)

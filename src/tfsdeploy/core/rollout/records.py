@@ -98,6 +98,10 @@ class ReleaseRecord(_Record):
     canary: dict[str, Any] | None = None
     restored_by: str = ""  # "guard": the guard's rollback made this release current again
     diagnosis: dict[str, str] | None = None  # a failed gate's known failure: kind, cause, fix
+    # the model's stable ports (gRPC, REST) the release was rolled behind (None: a record
+    # written before they were recorded): a move of the ports is done once a release behind
+    # the new ones is current
+    stable_ports: tuple[int, int] | None = None
 
     def with_status(self, status: ReleaseStatus) -> ReleaseRecord:
         """The same record with another status, stamped now."""
@@ -196,5 +200,38 @@ def parse_lock(text: str) -> LockRecord | None:
     """A lock record, or None when ``text`` is not one (empty, truncated, another format)."""
     try:
         return LockRecord.model_validate(json.loads(text))
+    except (ValueError, ValidationError):
+        return None
+
+
+class GatewayDrain(_Record):
+    """A serving host drained for one model on a gateway host, as recorded there
+    (``<data_root>/gateway/drains/<model>/<host>``): the runtime state of a gateway's worker
+    lives in its process only, so the record is what a later run, or `fab gateway`'s next
+    worker, reads of the drain. Written before the drain, removed before the host is put back
+    (a kill in between leaves a recorded drain, never an unrecorded one)."""
+
+    model: str
+    host: str
+    reason: str  # why it must take no request of the model
+    run: str  # the run that drained it ("deploy resnet50 20240101T000000-v2")
+    who: str = ""
+    time: str = ""
+
+    def describe(self) -> str:
+        """One line for people."""
+        by = f" by {self.who}" if self.who else ""
+        at = f" at {self.time}" if self.time else ""
+        return f"drained by `{self.run}`{by}{at}: {self.reason}"
+
+    def to_json(self) -> bytes:
+        """The file's bytes."""
+        return (self.model_dump_json(indent=2) + "\n").encode()
+
+
+def parse_gateway_drain(text: str) -> GatewayDrain | None:
+    """A gateway drain record, or None when ``text`` is not one."""
+    try:
+        return GatewayDrain.model_validate(json.loads(text))
     except (ValueError, ValidationError):
         return None

@@ -24,3 +24,15 @@ def remove_files(directory: str, names: list[str]) -> Argv:
     """Remove the named files of ``directory``."""
     return ["sh", "-c", 'd="$1"; shift; for n in "$@"; do rm -f -- "$d/$n"; done', "sh",
             directory, *names]
+
+
+def read_records(directory: str) -> Argv:
+    """Every file two levels under ``directory`` (``<model>/<host>``), each after a
+    ``@@file <model>/<host>`` line, then ``@@end`` (nothing when it does not exist)."""
+    return ["sh", "-c", 'cd -- "$1" 2>/dev/null && for f in */*; do [ -f "$f" ] && '
+            '{ echo "@@file $f"; cat -- "$f"; echo; }; done; echo "@@end"', "sh", directory]
+
+
+def read_if_present(path: str) -> Argv:
+    """The file at ``path``; nothing (and exit 0) when there is none."""
+    return ["sh", "-c", 'cat -- "$1" 2>/dev/null; true', "sh", path]

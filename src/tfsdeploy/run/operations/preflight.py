@@ -215,18 +215,30 @@ def live_server_ports(job: HostJob) -> dict[str, tuple[int, int]]:
             if "grpc" in p and "rest" in p}
 
 
+def proxy_binds(job: HostJob) -> dict[str, frozenset[int]]:
+    """The stable ports the live proxy binds, per frontend (grpc, rest): its running
+    worker's listeners (``show stat``), else, for a worker that reports none (loaded on a
+    configuration written before they were reported), the configuration on the host. The
+    file alone is not the truth: a run killed between writing it and the reload leaves the
+    old worker bound elsewhere."""
+    live = dict(job.facts.proxy.binds)
+    return live if live else config_ports(job.facts.proxy_config).binds
+
+
 def port_move(job: HostJob) -> PortMove:
-    """What the proxy must keep of the ports this deploy moves: the old stable ports when the
-    plan's are not the ones it binds (served beside the new ones until the model's next
-    deploy), and each serving (or retiring) server whose container listens elsewhere than the
-    plan says (it keeps its address until that container is replaced)."""
+    """What the proxy must keep of the ports this deploy moves: the old stable ports while the
+    move is not done (served beside the new ones until the model's next deploy), and each
+    serving (or retiring) server whose container listens elsewhere than the plan says (it
+    keeps its address until that container is replaced)."""
     facts = job.facts
     if not facts.proxy.running or not facts.proxy.answered:
         return PortMove()
     ports, live = job.ports, live_server_ports(job)
-    bound = config_ports(facts.proxy_config).binds
+    bound = proxy_binds(job)
     grpc, rest = sorted(bound.get("grpc", ())), sorted(bound.get("rest", ()))
-    binds = tuple(zip(grpc, rest, strict=False)) if grpc and ports.grpc not in grpc else ()
+    plan = (ports.grpc, ports.rest)
+    binds = tuple(pair for pair in zip(grpc, rest, strict=False) if pair != plan) \
+        if grpc and (ports.grpc not in grpc or _move_unrecorded(job)) else ()
     keep = [(i.index, i.old.slot) for i in job.instances if i.old]
     keep += [(index, slot) for index in job.retiring for slot in ports.slots]
     servers = tuple((name, *live[name]) for index, slot in keep
@@ -234,6 +246,15 @@ def port_move(job: HostJob) -> PortMove:
                     if name in live and live[name] != (ports.slot_grpc(slot, index),
                                                        ports.slot_rest(slot, index)))
     return PortMove(binds, servers)
+
+
+def _move_unrecorded(job: HostJob) -> bool:
+    """The proxy binds the plan's ports already, but the host's current release was rolled
+    behind others: a run that moved the ports stopped after its proxy reloaded and before the
+    host's record (the same deploy again keeps the old ports; the next one drops them)."""
+    current = job.facts.record(job.facts.current)
+    return current is not None and current.stable_ports is not None and \
+        current.stable_ports != (job.ports.grpc, job.ports.rest)
 
 
 def moved_ports(job: HostJob) -> str:
@@ -255,7 +276,7 @@ def check_ports(job: HostJob) -> Ops:
     ports = job.ports
     mine, ours = {ports.grpc, ports.rest}, set()
     if job.facts.proxy.running:
-        bound = config_ports(job.facts.proxy_config).binds
+        bound = proxy_binds(job)
         ours |= set().union(*bound.values()) if bound else {ports.grpc, ports.rest}
     for instance in job.instances:
         for slot in ports.slots:

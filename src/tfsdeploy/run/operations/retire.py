@@ -28,7 +28,8 @@ def drain_model(job: HostJob) -> Ops:
     live = sorted({(s.instance, s.slot) for s in proxy.servers if s.takes_new_requests})
     if not live:
         return "no server in rotation"
-    yield from gateway_drain(job, job.model.rollout.drain_timeout_s, whole_host=True)
+    yield from gateway_drain(job, job.model.rollout.drain_timeout_s, whole_host=True,
+                             reason="retire: the model leaves the host")
     yield ProxyCommands(tuple(c for i, slot in live for c in set_state(i, slot, "drain")),
                         "proxy: every server of the model drains (out of rotation)")
     for index, slot in live:

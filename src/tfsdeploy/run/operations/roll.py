@@ -299,7 +299,8 @@ def take_out_of_rotation(job: HostJob, timeout_s: float | None = None) -> Ops:
     slot = job.old.slot
     job.instance.out_of_rotation = True
     keeps = f"the host keeps {len(job.instances) - 1} of {len(job.instances)} instance(s) serving"
-    yield from gateway_drain(job, timeout_s or job.model.rollout.drain_timeout_s)
+    yield from gateway_drain(job, timeout_s or job.model.rollout.drain_timeout_s,
+                             reason="recreate: its last serving instance is replaced in place")
     yield ProxyCommands(tuple(set_state(job.instance.index, slot, "drain")),
                         f"proxy: {_where(job)}{slot} drains")
     yield drain_check(job, slot, timeout_s or job.model.rollout.drain_timeout_s)
@@ -308,16 +309,18 @@ def take_out_of_rotation(job: HostJob, timeout_s: float | None = None) -> Ops:
     return keeps
 
 
-def gateway_drain(job: HostJob, timeout_s: float, *, whole_host: bool = False) -> Ops:
+def gateway_drain(job: HostJob, timeout_s: float, *, reason: str,
+                  whole_host: bool = False) -> Ops:
     """Before the host's last serving instance leaves the rotation (``whole_host``: the
     model leaves the host): every gateway host that routes the model stops sending it
-    requests, and those in flight there finish."""
+    requests, and those in flight there finish; the drain is recorded there with
+    ``reason`` (the next run reads it)."""
     if job.run.gateway is None or job.gateway_drained:
         return "no gateway to drain"
     if not whole_host and any(not i.out_of_rotation for i in job.instances
                               if i is not job.instance):
         return "another instance keeps the host serving"
-    yield GatewayState(job.model.name, job.name, "drain", timeout_s)
+    yield GatewayState(job.model.name, job.name, "drain", timeout_s, reason)
     job.gateway_drained = True
     return "drained at the gateway"
 

@@ -19,7 +19,7 @@ from tfsdeploy.core.inventory.layout import parse_server_name, proxy_name
 from tfsdeploy.core.render.host_proxy import config_ports, proxy_instances, server_names, set_state
 from tfsdeploy.run.changes import ProxyCommands, ReloadProxy
 from tfsdeploy.run.jobs import HostJob
-from tfsdeploy.run.operations.preflight import live_server_ports
+from tfsdeploy.run.operations.preflight import live_server_ports, proxy_binds
 from tfsdeploy.run.operations.roll import drain_check, proxy_config, proxy_running
 from tfsdeploy.run.operations.step import Ops, operation
 
@@ -36,7 +36,9 @@ def _listed(indices: frozenset[int] | set[int]) -> str:
 def reload_reasons(job: HostJob, text: str) -> list[str]:
     """Why the running proxy must load ``text`` (the configuration as the plan needs it) before
     traffic moves: servers it lacks, servers that forward elsewhere, ports it does not bind
-    (none: the runtime API does the rest)."""
+    (none: the runtime API does the rest). Read from its running worker (``show stat``:
+    servers and listeners), not from its configuration on the host: a run killed between
+    writing that file and the reload left a file the worker does not run."""
     want = config_ports(text)
     live = live_server_ports(job)
     targets = {name: at for _, name in want.servers if (at := want.server(name)) is not None}
@@ -49,7 +51,7 @@ def reload_reasons(job: HostJob, text: str) -> list[str]:
              if name in live and live[name] != at]
     if moved:
         reasons.append(f"servers moved ({', '.join(moved)})")
-    bound = config_ports(job.facts.proxy_config).binds
+    bound = proxy_binds(job)
     wanted_binds = set().union(*want.binds.values()) if want.binds else set()
     had = set().union(*bound.values()) if bound else set()
     if wanted_binds - had - job.facts.listening or (bound and wanted_binds != had):

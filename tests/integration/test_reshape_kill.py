@@ -1,0 +1,124 @@
+"""kill -9 of `fab deploy` at each step of a proxy reshape, then the same deploy again: it
+converges, with 0 failed requests through the stable ports.
+
+Model ``itreshapekill`` on tb3 alone, one instance; each deploy moves its ports (port offset
+5200, then 5250, 5300, 5350), which makes the deploy's first roll step rewrite the proxy's
+configuration (the new stable ports bound beside every old one) and reload it. A client of
+the first stable ports predicts from start to end. The kills:
+- after the configuration is written, before the reload (seen on the host: haproxy.cfg
+  rewritten, file_cue.py; the reload's `haproxy -c` comes first): the running worker binds
+  the old ports only, and the deploy run again must read that from the worker, not from the
+  file;
+- after the reload signal (seen on the host: another worker answers the admin socket), before
+  the old worker's runtime state is set on the new one;
+- after the reshape step (its progress line).
+Each time the same deploy run again exits 0, the proxy listens on the new and every old
+stable port (tb3's `ss`), and the new one answers with the deployed version.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+from deploy_support import GOOD, Fleet, Traffic, assert_ports_free, fleet_fixture
+from testbed_support import ADDRESSES, STATE, FileCue, expected_y, grpc_predict, netns
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET, HOST = "itreshapekill", 5200, "tb3"
+MOVES = (5250, 5300, 5350)  # one offset per kill point
+ROOT = STATE / "hosts" / HOST / "srv" / MODEL  # the model's files as the root namespace sees
+CONFIG = ROOT / "proxy" / "haproxy.cfg"
+ADMIN = ROOT / "proxy-admin" / "admin.sock"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    for offset in MOVES:
+        assert_ports_free(offset, {HOST: ADDRESSES[HOST]})
+    yield from fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2]},
+                             hosts={HOST: ADDRESSES[HOST]}, serial=(1,), min_healthy_s=1.0)
+
+
+def admin(command: str) -> str:
+    """A runtime-API command on the model's proxy on tb3 (from the root namespace)."""
+    return subprocess.run(["socat", "-t", "2", "-", f"UNIX-CONNECT:{ADMIN}"],
+                          input=command + "\n", capture_output=True, text=True, timeout=10,
+                          check=True).stdout
+
+
+STABLE = {8500 + o for o in (OFFSET, *MOVES)} | {8501 + o for o in (OFFSET, *MOVES)}
+
+
+def listening() -> set[int]:
+    """The model's stable ports (of every offset the module uses) something listens on in
+    tb3, as its kernel says (`ss`): only the model's proxy binds them."""
+    out = subprocess.run(netns(HOST, "ss", "-Hltn"), capture_output=True, text=True,
+                         timeout=10, check=True).stdout
+    ports = {int(line.split()[3].rpartition(":")[2]) for line in out.splitlines()
+             if len(line.split()) > 3}
+    return ports & STABLE
+
+
+def worker() -> int | None:
+    """The pid of the worker that answers the admin socket (None: none answers)."""
+    try:
+        info = admin("show info")
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        return None
+    return next((int(line.split(":")[1]) for line in info.splitlines()
+                 if line.startswith("Pid:")), None)
+
+
+def moved_inventory(fleet: Fleet, offset: int) -> str:
+    path = fleet.tmp / f"inventory_{offset}.py"
+    text = fleet.inventory.read_text()
+    assert f"port_offset={OFFSET!r}," in text
+    path.write_text(text.replace(f"port_offset={OFFSET!r},", f"port_offset={offset!r},"))
+    return str(path)
+
+
+def reloaded(before: int | None) -> Callable[[], bool]:
+    """Another worker than ``before`` answers the admin socket."""
+    return lambda: worker() not in (before, None)
+
+
+def test_a_reshape_killed_at_each_step_converges_when_run_again(fleet: Fleet) -> None:
+    fleet.deploy(1)
+    first = {8500 + OFFSET, 8501 + OFFSET}
+    assert listening() == first
+    bound = set(first)
+    version = 1
+    with Traffic(fleet, HOST, rest=True) as client:  # a client of the first stable ports
+        for point, offset in zip(("written", "reloaded", "reshaped"), MOVES, strict=True):
+            version = 3 - version
+            new = {8500 + offset, 8501 + offset}
+            argv = ("deploy", "--version", str(version))
+            inventory = moved_inventory(fleet, offset)
+            cue = FileCue(CONFIG) if point == "written" else None
+            killed = fleet.background(*argv, inventory=inventory, own_session=True)
+            if cue is not None:
+                killed.kill_on_change(cue, "the proxy's configuration rewritten on tb3")
+                assert f"bind :{8500 + offset} " in CONFIG.read_text()
+                assert listening() == bound, "the reload came before the kill"
+            elif point == "reloaded":
+                killed.kill_if(reloaded(worker()), "a new proxy worker on tb3")
+            else:
+                killed.kill_when(rf"{HOST} +roll +reshape_proxy +ok")
+            assert killed.proc.returncode == -9, killed.describe()
+            again = fleet.fab(*argv, inventory=inventory)
+            assert again.code == 0, f"killed after {point}\n{again.describe()}"
+            assert "broke a stale lock" in again.out, again.describe()
+            bound |= new
+            assert listening() == bound, (point, listening())
+            got = grpc_predict(ADDRESSES[HOST], 8500 + offset, MODEL, [2.0])
+            assert got == pytest.approx([expected_y(version, 2.0)]), (point, got)
+            print(f"\nkilled after {point!r}, the same deploy again: exit 0 in "
+                  f"{again.seconds:.1f} s; the worker listens on {sorted(bound)}")
+    print(f"\na client of :{8500 + OFFSET}/:{8501 + OFFSET} through the three kills: "
+          f"{client.ok} answers, {len(client.failures)} failed")
+    assert not client.failures, client.failures[:5]
+    assert client.ok > 100, client.ok
+
