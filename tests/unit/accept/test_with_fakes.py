@@ -1,24 +1,38 @@
-"""``fab accept`` end to end on this machine, against the fake PredictionService (test
-equipment on 127.0.0.1): the default generator (this machine), and two generator "hosts" whose
-commands run locally through the same argument lists an SSH runner would run, each with its
-own data root, so that the generator environment is really built from the bundle (system
-python3, a venv without pip) and nothing from this environment leaks into it.
+"""``fab accept``'s mechanics on fakes, on this machine (the fleet tier's acceptance runs, over
+SSH on the testbed against a real release, are tests/accept/test_accept_testbed.py):
+
+- the server is the fake PredictionService (tfsdeploy.loadtest.fakeserver, test equipment on
+  127.0.0.1), answering after 2 ms;
+- the generator "hosts" are run by LocalRunner, not SSH: their commands run here through the
+  same argument lists an SSH runner would run, each with its own data root and nothing of this
+  Python environment in reach, so that the generator environment is really built from the
+  bundle (system python3, a venv without pip);
+- the release of test_the_release_runs_in_the_window_and_is_marked is a stand-in checkout
+  whose ``fab deploy`` sleeps 1.5 s.
 
 The model's SLO is 1 s: these tests are about the mechanics (set-up, merge, counts, a lost
-generator, the release), and this machine is shared; the SLO rows are tested in test_rows.
+generator, the release window, Ctrl-C), and this machine is shared; the SLO rows are tested
+in test_rows.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.accept.plotcheck import shaded_columns
 from tfsdeploy.accept import rows
 from tfsdeploy.accept.loadgen import LocalRunner
 from tfsdeploy.accept.plan import AcceptOptions
@@ -29,8 +43,7 @@ from tfsdeploy.core.tfserving import api as tfsapi
 from tfsdeploy.core.tfserving import tfrecord
 from tfsdeploy.core.tfserving.tensors import tensor
 
-from .conftest import REPO, FakeServer
-from .plotcheck import shaded_columns
+REPO = Path(__file__).resolve().parents[3]
 
 # the acceptance run judges each second's count against its target rate: the generators need
 # the machine's cores, not a share of them beside the parallel tiers
@@ -48,6 +61,40 @@ models = [Model(name="m", source={source!r}, hosts="srv", latency_slo_ms=1000, m
                 signature=Signature(inputs={{"x": TensorSpec("DT_FLOAT", (-1, 1))}},
                                     outputs={{"y": TensorSpec("DT_FLOAT", (-1, 1))}}))]
 '''
+
+
+@dataclass
+class FakeServer:
+    """A running fake server and, once stopped, the number of requests it received."""
+
+    port: int
+    process: subprocess.Popen[str]
+
+    def stop(self) -> int:
+        """SIGTERM, then the ``served=`` count it printed."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        out, _ = self.process.communicate(timeout=15)
+        found = re.search(r"stopped served=(\d+)", out)
+        assert found, f"the fake server printed no count: {out!r}"
+        return int(found.group(1))
+
+
+@pytest.fixture
+def fake_server() -> Iterator[FakeServer]:
+    """A fake server on 127.0.0.1 answering after 2 ms."""
+    proc = subprocess.Popen([sys.executable, "-m", "tfsdeploy.loadtest.fakeserver", "--port",
+                             "0", "--latency-ms", "2"], stdout=subprocess.PIPE, text=True,
+                            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    found = re.search(r"grpc=(\d+)", line)
+    assert found, line
+    server = FakeServer(int(found.group(1)), proc)
+    yield server
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 # the most unusual data root the inventory accepts (its names keep to [A-Za-z0-9_.+-]): every
@@ -247,10 +294,6 @@ def test_the_release_runs_in_the_window_and_is_marked(
 def test_ctrl_c_ends_the_window_and_still_reports(setup: tuple[Path, Path]) -> None:
     """SIGINT to ``fab accept`` (as a terminal's Ctrl-C reaches its process group): the
     generator ends its window early, its figures are reported, exit 130."""
-    import signal
-    import subprocess
-    import sys
-
     inventory, out = setup
     fab = Path(sys.executable).with_name("fab")
     proc = subprocess.Popen([str(fab), "accept", "--model", "m", "--inventory", str(inventory),
