@@ -7,7 +7,9 @@ batch (tests/accept/slowmodel.py): slow at serving time. The inventory's warmup 
 (P99 5 s) so that the deploy lets it through: the acceptance table must catch it.
 
 Tests run in file order: v1 is deployed by the fixture, the passing run releases v2, the lost
-generator run changes nothing, the slow run releases v3.
+and the stalled generator runs change nothing, the slow run releases v3. Each asserts the one
+verdict its scenario must give: pass (0), inconclusive (5: a generator lost, a generator
+that stalled), fail (2: the slow release).
 """
 
 from __future__ import annotations
@@ -46,9 +48,11 @@ pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "acceptit", 2000
 # an SLO the good versions meet with room on a 2-core machine shared with the fleet; the slow
-# version's batches wait about 2 x SLOW_SLEEP_MS, well above it
+# version's batches wait about 2 x SLOW_SLEEP_MS, so its P99 is over the SLO by more than the
+# generators' own lag has ever been (207 ms at most, docs/acceptance.md): the run must blame
+# the fleet (exit 2), never call it inconclusive
 SLO_MS = 250
-SLOW_VERSION, SLOW_B, SLOW_SLEEP_MS = 3, 4.0, 200
+SLOW_VERSION, SLOW_B, SLOW_SLEEP_MS = 3, 4.0, 500
 LOADGENS = ("tb1", "tb2")
 GROUPS = ('{"canary": Group(["tb1"]), "main": Group(["tb2", "tb3"]), '
           '"loadgens": Group(["tb1", "tb2"])}')
@@ -95,6 +99,16 @@ def accept_json(out: Path) -> dict[str, Any]:
     return json.loads((out / "accept.json").read_text())  # type: ignore[no-any-return]
 
 
+def figures(name: str, accept: dict[str, Any]) -> str:
+    """The run's verdict, rows and each generator's own lag, on one line (printed: the
+    measurements the bounds here rest on)."""
+    rows = ", ".join(f"{r['row']} {r['figure']} {'pass' if r['passed'] else 'FAIL'}"
+                     for r in accept["rows"])
+    gens = ", ".join(f"{g['name']} {g['status']} own late {g.get('ownLateSends')} max lag "
+                     f"{g.get('maxSendLagMs', 0):.0f} ms" for g in accept["generators"])
+    return f"{name}: exit {accept['exitCode']} ({accept['verdict']}); {rows}; {gens}"
+
+
 def run_dirs_left(run_id: str) -> dict[str, str]:
     """What each generator host still has of the run (nothing, after a run)."""
     left = {}
@@ -125,6 +139,7 @@ def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) 
                     "--out", str(out), timeout=600)
     data = accept_json(out)
     accept = data["tfsdeploy"]["accept"]
+    print(figures("passing run", accept))
     assert accept["sloP99Ms"] == 1000, accept["sloP99Ms"]
     # every request of every generator counted once in the merge
     gens = {g["name"]: g for g in accept["generators"]}
@@ -145,11 +160,9 @@ def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) 
     assert run_dirs_left(run_id_of(run)) == {}
     assert all("environment" in line for line in run.out.splitlines()
                if re.match(r"accept: tb\d: ready", line))
-    # last, the verdict: on a machine too busy to send on schedule the run is inconclusive
-    # (exit 5, the generator named), never a pass or a fleet failure
-    lagging = [w for w in accept["warnings"] if "could not hold its share" in w]
-    if run.code == 5 and lagging:
-        pytest.skip(f"this machine could not generate the load on time: {lagging[0]}")
+    # the verdict: a pass (a generator that lagged leaves a warning, and the pass stands when
+    # every row passed; a run that a lag made inconclusive fails here: that is
+    # test_a_generator_that_stalls_makes_the_run_inconclusive's outcome, not this one's)
     assert run.code == 0, run.describe()
     assert [(r["row"], r["passed"]) for r in accept["rows"]] == [
         ("throughput", True), ("p99 every 1 s", True), ("error rate", True),
@@ -171,6 +184,8 @@ def test_a_generator_lost_mid_run_fails_the_run_and_keeps_the_rest(fleet: ModelF
     assert run.code == 5, run.describe()
     gens = {g["name"]: g for g in accept["generators"]}
     assert gens["tb2"]["status"] == "lost" and "process gone" in gens["tb2"]["error"]
+    # killed 8 s into the window (after the 8 s margin), reported lost at 8.6 s (measured,
+    # docs/acceptance.md): within 3 s before and 6 s after the kill
     assert 5 <= gens["tb2"]["endedS"] <= 14
     assert gens["tb1"]["status"] == "ok" and gens["tb1"]["count"] == 1000  # kept
     assert data["count"] == 1000 and accept["merge"]["equal"]
@@ -179,18 +194,54 @@ def test_a_generator_lost_mid_run_fails_the_run_and_keeps_the_rest(fleet: ModelF
     assert run_dirs_left(run_id) == {}
 
 
+def test_a_generator_that_stalls_makes_the_run_inconclusive(fleet: ModelFleet) -> None:
+    """tb2's generator gets no CPU for 3 s mid-window (SIGSTOP of its processes, then
+    SIGCONT: what a machine with no core to give does to it): its sends fall behind by its own
+    doing, the seconds it stalled fail the P99 row by no more than its lag, and the run is
+    inconclusive (exit 5), never a verdict on the fleet."""
+    out = fleet.tmp / "stall"
+    watched = fleet.background("accept", "--target-qps", "100", "--duration", "30s",
+                               "--loadgens", "loadgens", "--start-margin", "8s",
+                               "--slo-p99-ms", "1000", "--out", str(out))
+    run_id = re.search(r"run (\S+);", watched.wait_for(r"accept: run \S+;")).group(1)  # type: ignore[union-attr]
+    watched.wait_for(r"accept: load from", timeout=300)
+    time.sleep(8 + 10)  # the margin, then 10 s into the window
+    ssh("tb2", f"pid=$(cat /srv/tfsdeploy/loadgen/runs/{run_id}/pid) && "
+               "group=$(ps -o pgid= -p $pid | tr -d ' ') && kill -STOP -- -$group && "
+               "sleep 3 && kill -CONT -- -$group")
+    run = watched.finish(timeout=300)
+    accept = accept_json(out)["tfsdeploy"]["accept"]
+    print(figures("stalled generator", accept))
+    assert run.code == 5, run.describe()
+    assert accept["verdict"] == "inconclusive: load generation failed", run.describe()
+    gens = {g["name"]: g for g in accept["generators"]}
+    assert {n: g["status"] for n, g in gens.items()} == {"tb1": "ok", "tb2": "ok"}
+    assert all(g["count"] == 1500 for g in gens.values()), gens  # 50 QPS x 30 s each
+    assert any(w.startswith("tb2 could not hold its share") for w in accept["warnings"]), \
+        accept["warnings"]
+    # the stalled seconds: P99 over the SLO by less than tb2's own lag (about 3 s)
+    rows = {r["row"]: r for r in accept["rows"]}
+    assert rows["throughput"]["passed"] and rows["error rate"]["passed"], rows
+    assert not rows["p99 every 1 s"]["passed"], rows
+    assert gens["tb2"]["maxSendLagMs"] >= 2500, gens["tb2"]
+    assert rows["p99 every 1 s"]["figure"] - gens["tb2"]["maxSendLagMs"] <= 1000, rows
+    assert run_dirs_left(run_id) == {}
+
+
 def test_a_release_that_breaks_the_slo_fails_the_release_row(fleet: ModelFleet) -> None:
     out = fleet.tmp / "slow"
-    run = fleet.fab("accept", "--target-qps", "300", "--duration", "40s", "--release",
+    # 60 QPS: 20 per host, which the slow version's two batch threads (a batch of up to 32
+    # every 2 x SLOW_SLEEP_MS) serve without filling its queue, so that its gates pass
+    run = fleet.fab("accept", "--target-qps", "60", "--duration", "40s", "--release",
                     str(SLOW_VERSION), "--release-at", "5s", "--loadgens", "loadgens",
                     "--start-margin", "8s", "--out", str(out), timeout=600)
     accept = accept_json(out)["tfsdeploy"]["accept"]
+    print(figures("slow release", accept))
     release_row = accept["rows"][3]
     assert release_row["row"] == f"p99 during release v{SLOW_VERSION}"
     assert accept["release"]["exitCode"] == 0, run.describe()  # the deploy let it through
     assert not release_row["passed"] and release_row["figure"] > SLO_MS, run.describe()
-    # 2: the fleet failed; 5 only when a generator also fell behind its schedule
-    assert run.code in (2, 5), run.describe()
-    if run.code == 5:
-        assert any("could not hold its share" in w for w in accept["warnings"]), run.describe()
+    # the fleet failed, whatever the generators' own lag: exit 2
+    assert run.code == 2, run.describe()
+    assert accept["verdict"] == "fail", run.describe()
 

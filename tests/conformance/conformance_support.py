@@ -1,13 +1,11 @@
 """The conformance tier: TFServing's own test artifacts served by the emulator image.
 
 Where things come from (environment variables, with their defaults):
-- TFSDEPLOY_TFSERVING_TESTDATA: the directory holding TFServing's test artifacts (README.md
-  and testdata/), default ``shared/tfserving-testdata`` in the nearest directory above the
-  repository that has one (``<repository>/../shared/tfserving-testdata`` for a checkout beside
-  ``shared/``, a level or more further up for one in a subdirectory). The suite is skipped,
-  saying so, when it is absent. Its testdata/ is copied into the run's scratch directory and
-  mounted from there, so it may live anywhere on this machine, even under a directory that is
-  private to each testbed host (/tmp, /root, /run, /srv/tfsdeploy, /var/lib/docker).
+- TFServing's test artifacts are in the repository: ``tests/conformance/tfserving-testdata``
+  (unmodified files of tensorflow/serving at a named commit, Apache 2.0: its README.md). Their
+  testdata/ is copied into the run's scratch directory and mounted from there, so the checkout
+  may live anywhere on this machine, even under a directory that is private to each testbed
+  host (/tmp, /root, /run, /srv/tfsdeploy, /var/lib/docker).
 - TFSDEPLOY_CONFORMANCE_IMAGE: the image under test, default
   ``10.87.0.1:5000/tfserving-emulator:2.21.0`` (what ``scripts/testbed up`` builds from this
   checkout).
@@ -16,6 +14,9 @@ Where things come from (environment variables, with their defaults):
 - TFSDEPLOY_CACHE: scratch files (the test data's copy, configs, exported models, a gRPC
   socket) go to ``$TFSDEPLOY_CACHE/conformance/<run>/`` (default /var/cache/tfsdeploy),
   visible to the host; everything a container mounts comes from there.
+
+The tier needs the local fleet up (``scripts/testbed up``, as root): a host whose sshd or
+Docker engine does not answer is an error of every case, never a skip (``fleet_problem``).
 
 Every container is started as ``tensorflow/serving`` is: ``docker run [-v ...] [-e ...]
 IMAGE [flags...]``, the flags appended to the image's entrypoint. Tests talk to it with the
@@ -48,18 +49,8 @@ from tensorflow_serving.config import model_server_config_pb2
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def default_testdata() -> pathlib.Path:
-    """``shared/tfserving-testdata`` in the nearest directory above the repository that has
-    one (the repository's sibling ``shared/`` when none has)."""
-    for parent in REPO.parents:
-        candidate = parent / "shared" / "tfserving-testdata"
-        if (candidate / "testdata").is_dir():
-            return candidate
-    return REPO.parent / "shared" / "tfserving-testdata"
-
-
-TESTDATA_ROOT = pathlib.Path(os.environ.get("TFSDEPLOY_TFSERVING_TESTDATA",
-                                            str(default_testdata())))
+# unmodified files of tensorflow/serving (tfserving-testdata/README.md: commit, license)
+TESTDATA_ROOT = pathlib.Path(__file__).resolve().parent / "tfserving-testdata"
 TESTDATA = TESTDATA_ROOT / "testdata"
 IMAGE = os.environ.get("TFSDEPLOY_CONFORMANCE_IMAGE", "10.87.0.1:5000/tfserving-emulator:2.21.0")
 HOST = os.environ.get("TFSDEPLOY_CONFORMANCE_HOST", "tb3")
@@ -74,32 +65,28 @@ RPC_TIMEOUT = 20.0
 SHARED_CONTAINERS = pytest.mark.xdist_group("conformance")
 
 
-def skip_reason() -> str | None:
-    """Why the suite cannot run here, or None."""
-    if not (TESTDATA / "saved_model_half_plus_two_cpu").is_dir():
-        return (f"TFServing's test data not found at {TESTDATA_ROOT}: set "
-                "TFSDEPLOY_TFSERVING_TESTDATA to the directory holding README.md and testdata/ "
-                "(docs/emulator.md, 'Conformance suite')")
+def fleet_problem() -> str | None:
+    """Why the tier cannot run its containers on the fleet, or None: an error for every
+    case (a broken fleet is never a pass or a skip)."""
     if os.geteuid() != 0 or not (STATE / "ssh" / "id_ed25519").exists():
         return f"the local fleet is not set up ({STATE}): run scripts/testbed up as root"
-    if ssh("docker info --format '{{.ServerVersion}}'", check=False).returncode != 0:
-        return f"{HOST}'s Docker engine does not answer: run scripts/testbed up"
+    engine = ssh("docker info --format '{{.ServerVersion}}'", check=False)
+    if engine.returncode != 0:
+        return (f"{HOST}'s Docker engine does not answer (ssh {HOST} docker info: exit "
+                f"{engine.returncode}: {(engine.stderr or engine.stdout).strip()[-500:]}); "
+                "see `scripts/testbed status`")
     return None
 
 
 def ssh(command: str, *, check: bool = True, timeout: float = 120
         ) -> subprocess.CompletedProcess[str]:
-    """A shell command on the host, as root; ssh's own failures (255) are retried a while."""
+    """A shell command on the host, as root. Nothing cuts this host's SSH in this tier: a
+    failed connection (ssh's exit 255) is a failure like any other."""
     key = STATE / "ssh" / "id_ed25519"
     argv = ["ssh", "-i", str(key), "-o", f"UserKnownHostsFile={STATE / 'ssh' / 'known_hosts'}",
             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes",
             "-o", "ConnectTimeout=10", f"root@{ADDRESS}", command]
-    end = time.monotonic() + 90
-    while True:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 255 or time.monotonic() > end:
-            break
-        time.sleep(2)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"ssh {HOST} {command!r} -> {proc.returncode}\n{proc.stderr[-2000:]}")
     return proc

@@ -30,11 +30,11 @@ from conformance_support import (
     RPC_TIMEOUT,
     Container,
     Spec,
+    fleet_problem,
     main_config,
     remove_all,
     scratch,
     single_config,
-    skip_reason,
     stage_testdata,
     start_all,
 )
@@ -129,9 +129,9 @@ def label_version(container: Container) -> None:
 @pytest.fixture(scope="session")
 def servers(scratch: pathlib.Path) -> Iterator[dict[str, Container]]:
     """All containers, ready or exited."""
-    reason = skip_reason()
-    if reason:
-        pytest.skip(reason)
+    problem = fleet_problem()
+    if problem:
+        pytest.fail(f"the conformance tier cannot run: {problem}", pytrace=False)
     stage_testdata(scratch)
     export_tf2_models(scratch)
     export_styles.export_all(scratch / "exports")

@@ -309,7 +309,7 @@ def gpu_reservation(host: str, used_mib: int) -> Iterator[str]:
 class Partition:
     """Cut ``host`` off from one deploy process, silently (DROP, no RST), like a network
     failure: its established SSH connection(s) to the host, new SSH connections to the host,
-    and the model's own ports there. Always undone on exit.
+    and the model's own ports there from the network. Always undone on exit.
 
     Only the hosts' second sshd port (ALT_SSH_PORT) is cut: the module's inventory reaches the
     hosts there (``fleet_fixture(..., ssh_port=ALT_SSH_PORT)``), so every other run sharing
@@ -344,8 +344,12 @@ class Partition:
         # starts tracking a namespace's connections only once a rule there needs it)
         self.rules.append(["INPUT", "-p", "tcp", "--dport", ssh_port, "--syn", *base])
         if self.ports:
+            # from the network only: a cut network leaves the host's loopback, over which its
+            # own proxy health-checks the model's servers (a check cut too would mark the old
+            # slot down and the host would answer 503 after the cut)
             low, high = self.ports
-            self.rules.append(["INPUT", "-p", "tcp", "--dport", f"{low}:{high}", *base])
+            self.rules.append(["INPUT", "!", "-i", "lo", "-p", "tcp", "--dport", f"{low}:{high}",
+                               *base])
         for rule in self.rules:
             subprocess.run(netns(self.host, "iptables", "-I", *rule), check=True,
                            capture_output=True)

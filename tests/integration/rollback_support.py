@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from testbed_support import (
@@ -94,9 +94,6 @@ class Fleet(ModelFleet):
     """One test module's model on the fleet: its inventory, ports and helpers."""
 
     fast_playbook: Path
-
-    # another session may cycle the shared fleet under a set-up deploy
-    retry_fleet_trouble: ClassVar[bool] = True
 
     def slot_grpc(self, slot: str) -> int:
         return {"blue": 8510, "green": 8520}[slot] + self.offset

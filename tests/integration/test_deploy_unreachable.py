@@ -59,7 +59,10 @@ def test_host_unreachable_during_batch_2_stops_the_roll_others_keep_serving(
         with Partition("tb2", roll.proc.pid, (OFFSET + 8500, OFFSET + 8599)) as cut:
             assert len(cut.rules) >= 3, "the deploy's own SSH connection to tb2 was found"
             during = {h: served(fleet, h) for h in ("tb1", "tb3")}
-            # bounded: a silent host must become an error, not a hang (bug B1)
+            # bounded: a silent host must become an error, not a hang (bug B1). Measured: the
+            # deploy ended 63 s after the cut (tb2's gate gave up on the lost connection after
+            # 41 s, its restore after 10 s) on 2 cores beside the other fleet modules; 240 s
+            # is that with a margin of almost 4
             run = roll.finish(timeout=240)
             gave_up_after = time.monotonic() - cut_at
     finally:
@@ -67,16 +70,16 @@ def test_host_unreachable_during_batch_2_stops_the_roll_others_keep_serving(
     print(f"\nunreachable: deploy ended {gave_up_after:.1f} s after tb2 was cut off, "
           f"exit {run.code}")
     print(run.describe())
-    assert run.code in (2, 3), run.describe()
-    assert "unreachable" in run.out.lower() or "connection lost" in run.out.lower() or \
-        "gave no answer" in run.out, run.describe()
+    # tb2 cannot be restored while it is cut off: the fleet is not known to be consistent,
+    # exit 3 (docs/runbook.md); the reachable hosts are reverted to v1 (on_failure: revert)
+    assert run.code == 3, run.describe()
+    assert "SSH connection lost" in run.out, run.describe()
+    results = dict(re.findall(r"^│ (tb\d) +│ (\w+) ", run.out, re.M))
+    assert results == {"tb1": "reverted", "tb2": "unknown", "tb3": "reverted"}, run.describe()
     assert set(during.values()) <= {1, 2}, during
-    # the reachable hosts serve one whole release each, with no error
-    after = {h: served(fleet, h) for h in ("tb1", "tb3")}
-    if run.code == 2:  # "every host back on its previous release"
-        assert after == {"tb1": 1, "tb3": 1}, run.describe()
-    # tb2 is back on the network: its old slot was never stopped, so it still answers
-    assert served(fleet, "tb2") in (1, 2)
+    assert {h: served(fleet, h) for h in ("tb1", "tb3")} == {"tb1": 1, "tb3": 1}
+    # tb2 is back on the network: its traffic never moved off its old slot, which still serves
+    assert served(fleet, "tb2") == 1
     # the fleet converges with the next deploy
     fleet.deploy(2)
     fleet.assert_serving(2)
@@ -87,7 +90,7 @@ def test_host_unreachable_during_batch_2_stops_the_roll_others_keep_serving(
 def test_no_second_deploy_while_the_lock_host_is_unreachable_from_it(fleet: Fleet) -> None:
     """Deploy A holds the lock (on tb1). For deploy B, started elsewhere, tb1 does not answer
     (new SSH connections to tb1 are dropped; A's established connection keeps working).
-    B must not run beside A: exit 4 (or 1), never a second lock on another host."""
+    B must not run beside A: exit 4, never a second lock on another host."""
     fleet.deploy(1)
     slow = fleet.inventory_variant("slow_health_15", min_healthy_s=15.0)
     first = fleet.background("deploy", "--version", "2", inventory=slow)
@@ -100,9 +103,12 @@ def test_no_second_deploy_while_the_lock_host_is_unreachable_from_it(fleet: Flee
         first.kill()
     print(second.describe())
     assert done.code == 0, done.describe()
-    assert second.code in (1, 4), (
+    # B reaches tb2 and tb3, where A's lock is: exit 4, never a second lock
+    assert second.code == 4, (
         "a second deploy ran while the first held the lock (split lock):\n"
         + second.describe())
+    assert re.search(r"another deploy of itunreach holds the lock on tb[23]\b", second.out), \
+        second.describe()
     # B never started a roll: no "== deploy ... lock on ..." line of its own
     assert not re.search(r"== deploy itunreach version 1 .* lock on", second.out), \
         second.describe()

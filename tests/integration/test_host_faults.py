@@ -44,6 +44,7 @@ from testbed_support import (
     _testbed,
     api,
     expected_y,
+    forget_connection,
     outputs_y,
     predict_request,
     ssh,
@@ -146,7 +147,7 @@ def proxy_servers() -> list[tuple[int, str, str]]:
     """(instance, slot, status) of each gRPC server of the model's proxy on the host, [] when
     its admin socket does not answer."""
     out = ssh(HOST, f"echo 'show stat' | socat -t 2 - UNIX-CONNECT:{ADMIN}", check=False,
-              timeout=30, connect_retry_s=0).stdout
+              timeout=30).stdout
     return [(s.instance, s.slot, s.status) for s in parse_stat(out) if s.backend == "grpc"]
 
 
@@ -189,6 +190,7 @@ def running_instances(fleet: Fleet) -> dict[int, str]:
 def reboot(*options: str) -> None:
     proc = _testbed("reboot", HOST, *options, timeout=300)
     assert proc.returncode == 0, f"scripts/testbed reboot failed:\n{proc.stdout}\n{proc.stderr}"
+    forget_connection(HOST)  # the reboot cut the tests' shared SSH connection to the host
 
 
 def mount_volume() -> None:

@@ -7,6 +7,7 @@ back, the next deploy clears it (the canary is finished on every host) and runs,
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,7 +90,12 @@ def test_a_paused_canary_s_part_left_on_a_host_down_at_abort_is_cleared(
         assert paused.code == 6, paused.describe()
         with ssh_blocked("tb3", MODEL):
             aborted = fleet.fab("abort", timeout=400)
-        assert aborted.code in (0, 3), aborted.describe()  # tb1, the canary host, is back
+        # tb1, the canary host, is back on v2; tb3 could not be reached: exit 3 (the
+        # runbook's exit codes: a host could not be reached)
+        assert aborted.code == 3, aborted.describe()
+        assert re.search(r"tb1 +abort +record_attempt +ok .* recorded as reverted", aborted.out
+                         ), aborted.describe()
+        assert re.search(r"tb3 +│ unreachable", aborted.out), aborted.describe()
         shown = fleet.fab("lock")
         assert "tb3: the paused canary of release" in shown.out, shown.describe()
         run = fleet.fab("deploy", "--version", "3", timeout=400)

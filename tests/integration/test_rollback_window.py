@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 from rollback_support import (
@@ -21,7 +24,7 @@ from rollback_support import (
     release_of,
     step_seconds,
 )
-from testbed_support import HOSTS
+from testbed_support import HOSTS, Run
 
 pytestmark = pytest.mark.testbed
 
@@ -40,27 +43,53 @@ def v1_then_v2(fleet: Fleet) -> dict[str, str]:
     return {f"v{version}": release_of(fleet, version) for version in (1, 2)}
 
 
-def test_instant_rollback_within_the_window(fleet: Fleet, v1_then_v2: dict[str, str]) -> None:
-    v1, v2 = v1_then_v2["v1"], v1_then_v2["v2"]
+@dataclass(frozen=True)
+class InWindowRollback:
+    """The rollback the module's tests look at, run once under a prober, with what the
+    hosts held before and after it and its unattended outputs (``out``)."""
+
+    run: Run
+    out: Path
+    before: dict[str, list[dict[str, Any]]]
+    after: dict[str, list[dict[str, Any]]]
+    proxies_before: dict[str, dict[str, Any] | None]
+    proxies_after: dict[str, dict[str, Any] | None]
+    audit: dict[str, list[dict[str, Any]]]  # each host's audit lines the rollback wrote
+    prober: Prober
+
+
+@pytest.fixture(scope="module")
+def rolled_back(fleet: Fleet, v1_then_v2: dict[str, str]) -> InWindowRollback:
+    """`fab rollback` within the window, with the unattended outputs, under live probes."""
     before = {h: fleet.containers(h) for h in HOSTS}
     proxies = {h: fleet.proxy(h) for h in HOSTS}
     audit_before = {h: len(fleet.audit(h)) for h in HOSTS}
-    for host, containers in before.items():
-        assert {c["release"]: c["status"] for c in containers} == {v1: "running",
-                                                                   v2: "running"}, (
-            f"{host}: within the window both releases run: {containers}")
-
     out = fleet.tmp / "unattended"
     with Prober(fleet) as prober:
         run = fleet.fab("rollback", "--log-file", str(out / "rollback.log"),
                         "--json-file", str(out / "rollback.json"),
                         "--metrics-file", str(out / "tfsdeploy.prom"))
+    return InWindowRollback(
+        run=run, out=out, before=before, after={h: fleet.containers(h) for h in HOSTS},
+        proxies_before=proxies, proxies_after={h: fleet.proxy(h) for h in HOSTS},
+        audit={h: fleet.audit(h)[audit_before[h]:] for h in HOSTS}, prober=prober)
+
+
+def test_instant_rollback_within_the_window(v1_then_v2: dict[str, str],
+                                            rolled_back: InWindowRollback, fleet: Fleet) -> None:
+    v1, v2 = v1_then_v2["v1"], v1_then_v2["v2"]
+    for host, containers in rolled_back.before.items():
+        assert {c["release"]: c["status"] for c in containers} == {v1: "running",
+                                                                   v2: "running"}, (
+            f"{host}: within the window both releases run: {containers}")
+    run, prober = rolled_back.run, rolled_back.prober
     assert run.code == 0, run.describe()
-    # within the window: a gated switch back in seconds (3 hosts, serial 1, plus gates)
-    result = json.loads((out / "rollback.json").read_text())
-    gates = step_seconds(result)
-    assert result["seconds"] - gates < 15, (
-        f"rollback took {result['seconds']:.1f} s ({gates:.1f} s in gates)\n{run.describe()}")
+    # within the window a rollback is a gated switch back: what proves it is below (no
+    # container created or started, the same proxy, only the switch's steps); its speed is
+    # benchmarks/bench_rollback.py's figure
+    result = json.loads((rolled_back.out / "rollback.json").read_text())
+    print(f"in-window rollback: {result['seconds']:.1f} s, "
+          f"{step_seconds(result):.1f} s of it in gates")
     assert result["release"] == v1 and result["exit_code"] == 0
 
     fleet.assert_serving(1)
@@ -70,13 +99,15 @@ def test_instant_rollback_within_the_window(fleet: Fleet, v1_then_v2: dict[str, 
         assert seen and seen[-1] == 1 and set(seen) <= {1, 2}, f"{host}: {seen[-20:]}"
 
     # no container was created, started or restarted: the very same ones, same start times
-    after = {h: fleet.containers(h) for h in HOSTS}
     for host in HOSTS:
-        assert [(c["id"], c["started"], c["status"], c["restarts"]) for c in after[host]] == \
-               [(c["id"], c["started"], c["status"], c["restarts"]) for c in before[host]], (
+        assert [(c["id"], c["started"], c["status"], c["restarts"])
+                for c in rolled_back.after[host]] == \
+               [(c["id"], c["started"], c["status"], c["restarts"])
+                for c in rolled_back.before[host]], (
             f"{host}: containers changed during an in-window rollback")
-        assert fleet.proxy(host) == proxies[host], f"{host}: the proxy was restarted"
-        audit = fleet.audit(host)[audit_before[host]:]
+        assert rolled_back.proxies_after[host] == rolled_back.proxies_before[host], (
+            f"{host}: the proxy was restarted")
+        audit = rolled_back.audit[host]
         steps = [e["event"] for e in audit]  # one line per change: the steps, in order
         steps = [s for i, s in enumerate(steps) if i == 0 or steps[i - 1] != s]
         assert steps == ["switch_traffic", "drain_old", "record_release"], (
@@ -92,6 +123,7 @@ def test_instant_rollback_within_the_window(fleet: Fleet, v1_then_v2: dict[str, 
         assert releases[v1]["status"] == "serving", releases[v1]
 
 
+@pytest.mark.usefixtures("rolled_back")  # the state the rollback left
 def test_status_shows_traffic_on_the_old_slot(fleet: Fleet, v1_then_v2: dict[str, str]
                                               ) -> None:
     v1 = v1_then_v2["v1"]
@@ -113,6 +145,7 @@ def test_status_shows_traffic_on_the_old_slot(fleet: Fleet, v1_then_v2: dict[str
     assert v1 in table.stdout
 
 
+@pytest.mark.usefixtures("rolled_back")  # the state the rollback left
 def test_history_shows_the_rollback(fleet: Fleet, v1_then_v2: dict[str, str]) -> None:
     v1, v2 = v1_then_v2["v1"], v1_then_v2["v2"]
     run = fleet.fab("history", "--json")
@@ -129,11 +162,9 @@ def test_history_shows_the_rollback(fleet: Fleet, v1_then_v2: dict[str, str]) ->
     assert table.code == 0 and "rolled_back" in table.stdout, table.describe()
 
 
-def test_unattended_outputs_of_the_rollback(fleet: Fleet, v1_then_v2: dict[str, str]) -> None:
-    """The files the first test's rollback wrote for cron: log lines, JSON, textfile."""
-    out = fleet.tmp / "unattended"
-    if not (out / "rollback.json").exists():
-        pytest.skip("needs test_instant_rollback_within_the_window's rollback")
+def test_unattended_outputs_of_the_rollback(rolled_back: InWindowRollback) -> None:
+    """The files the in-window rollback wrote for cron: log lines, JSON, textfile."""
+    out = rolled_back.out
     result = json.loads((out / "rollback.json").read_text())
     assert result["command"] == "rollback" and result["exit_code"] == 0
     assert result["result"] == "ok" and set(result["hosts"]) == set(HOSTS)
@@ -145,6 +176,7 @@ def test_unattended_outputs_of_the_rollback(fleet: Fleet, v1_then_v2: dict[str, 
     check_textfile((out / "tfsdeploy.prom").read_text(), MODEL, "rollback", 0)
 
 
+@pytest.mark.usefixtures("rolled_back")  # the state the rollback left
 def test_failing_rollback_is_never_exit_0(fleet: Fleet, v1_then_v2: dict[str, str]) -> None:
     out = fleet.tmp / "unattended"
     before = {h: fleet.current(h)["id"] for h in HOSTS}
@@ -165,12 +197,16 @@ def test_failing_rollback_is_never_exit_0(fleet: Fleet, v1_then_v2: dict[str, st
     assert json.loads((out / "bad.json").read_text())["exit_code"] == 1
 
 
+@pytest.mark.usefixtures("rolled_back")  # the state the rollback left
 def test_rollback_json_on_stdout(fleet: Fleet, v1_then_v2: dict[str, str]) -> None:
-    """`--json`: the result as JSON on stdout; nothing to do is still a valid run."""
+    """`--json`: the result as JSON on stdout; nothing to do (v1 serves already) is still a
+    valid run, exit 0, every host unchanged."""
     run = fleet.fab("rollback", "--to", v1_then_v2["v1"], "--json")
     data = json_from(run.stdout)
     assert data["exit_code"] == run.code and data["command"] == "rollback", run.describe()
-    assert run.code in (0, 1), run.describe()
+    assert run.code == 0, run.describe()
+    assert {h: r["status"] for h, r in data["hosts"].items()} == dict.fromkeys(HOSTS,
+                                                                            "unchanged"), data
     fleet.assert_serving(1)
 
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -71,11 +71,6 @@ SUITE_FLEET = ("--hosts", "4", "--reserve", GPU_HOST, "--gpus", f"{GPU_HOST}=2",
 ALT_SSH_PORT = 2222
 # the images every inventory of the tests names, as the registry must hold them
 IMAGES = (("tfserving-emulator", "2.21.0"), ("tfsdeploy-proxy", "2.6"))
-
-# symptoms of the shared fleet being restarted by another session (not of the toolkit)
-FLEET_TROUBLE = ("Cannot connect to the Docker daemon", "HostUnreachable", "Connection refused",
-                 "connection lost", "Socket is closed", "Connection reset",
-                 "unreachable")
 
 
 def expected_y(version: int, x: float = 2.0) -> float:
@@ -115,24 +110,21 @@ def _someone_cycles_the_fleet() -> bool:
     return bool(found.stdout.strip())
 
 
-def ensure_fleet(attempts: int = 6) -> None:
-    """Bring the fleet up (idempotent). Other sessions may be cycling it: wait for them
-    first, then retry."""
+def ensure_fleet(cycle_wait_s: float = 600) -> None:
+    """A healthy fleet: brought up when it is not (idempotent). Another session's `scripts/
+    testbed up` or `down` in progress is waited out first (up to ``cycle_wait_s``): the one
+    testbed fault waited for here; a fleet that `up` leaves unhealthy is an error."""
     if os.geteuid() != 0:
-        pytest.skip("the local fleet needs root (namespaces, bridges, dockerd)")
-    last = ""
-    for attempt in range(attempts):
-        end = time.monotonic() + 600
-        while _someone_cycles_the_fleet() and time.monotonic() < end:
-            time.sleep(3)
-        if fleet_healthy():
-            return
-        proc = _testbed("up", *SUITE_FLEET)
-        if proc.returncode == 0 and fleet_healthy():
-            return
-        last = proc.stdout[-2000:] + proc.stderr[-2000:]
-        time.sleep(5 * (attempt + 1))
-    raise RuntimeError(f"the testbed does not come up:\n{last}")
+        pytest.fail("the local fleet needs root (namespaces, bridges, dockerd)", pytrace=False)
+    end = time.monotonic() + cycle_wait_s
+    while _someone_cycles_the_fleet() and time.monotonic() < end:
+        time.sleep(3)
+    if fleet_healthy():
+        return
+    proc = _testbed("up", *SUITE_FLEET)
+    if proc.returncode != 0 or not fleet_healthy():
+        raise RuntimeError(f"the testbed does not come up (scripts/testbed up exit "
+                           f"{proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
 
 
 def netns(host: str, *argv: str) -> list[str]:
@@ -156,26 +148,31 @@ def ssh_argv(address: str, command: str, connect_timeout: int = 10,
             "-o", f"ConnectTimeout={connect_timeout}", *mux, f"root@{address}", command]
 
 
-def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120,
-        connect_retry_s: float = 90) -> subprocess.CompletedProcess[str]:
-    """A shell command on a testbed host, as root.
+def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120
+        ) -> subprocess.CompletedProcess[str]:
+    """A shell command on a testbed host, as root, once.
 
-    ssh's own failures (exit 255: connection refused or reset) are retried for up to
-    ``connect_retry_s``: other sessions sharing the fleet block new SSH connections to a host
-    for a while to simulate an unreachable host.
+    Nothing cuts the tests' own connections (port 22: the modules that cut a host off cut
+    its second sshd port, ALT_SSH_PORT, which their inventories use), so ssh's own failure
+    (exit 255) is a failure like any other; a test that reboots a host says so
+    (``forget_connection``).
     """
-    end = time.monotonic() + connect_retry_s
-    while True:
-        MUX_DIR.mkdir(mode=0o700, exist_ok=True)
-        proc = subprocess.run(ssh_argv(ADDRESSES[host], command, shared=True),
-                              capture_output=True, text=True, timeout=timeout)
-        if proc.returncode != 255 or time.monotonic() > end:
-            break
-        time.sleep(2)
+    MUX_DIR.mkdir(mode=0o700, exist_ok=True)
+    proc = subprocess.run(ssh_argv(ADDRESSES[host], command, shared=True),
+                          capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"ssh {host} {command!r} -> {proc.returncode}\n"
                              f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}")
     return proc
+
+
+def forget_connection(host: str) -> None:
+    """Close the shared master connection to ``host`` (ssh_argv's ``shared``): a test that
+    rebooted the host or restarted its sshd calls this, so that the next command connects anew
+    instead of waiting on a connection the reboot cut (ServerAlive would give it up only
+    after 10 s, and the command would fail)."""
+    subprocess.run(["ssh", "-o", f"ControlPath={MUX_DIR}/%C", "-O", "exit",
+                    f"root@{ADDRESSES[host]}"], capture_output=True, timeout=30)
 
 
 def clean_model(model: str, hosts: dict[str, str] = HOSTS) -> None:
@@ -556,9 +553,6 @@ class ModelFleet:
     hosts: dict[str, str] = field(default_factory=lambda: dict(HOSTS))
     log: list[str] = field(default_factory=list)
 
-    # set-up deploys that fail with a symptom of FLEET_TROUBLE are run once more
-    retry_fleet_trouble: ClassVar[bool] = False
-
     @property
     def grpc_port(self) -> int:
         return 8500 + self.offset
@@ -602,16 +596,10 @@ class ModelFleet:
 
     def deploy(self, version: int, *args: str, inventory: Path | None = None,
                playbook: Path | None = None) -> Run:
-        """A deploy that must succeed (set-up)."""
-        def once() -> Run:
-            return self.fab("deploy", "--version", str(version), *args, inventory=inventory,
-                            playbook=playbook)
-
-        run = once()
-        if (self.retry_fleet_trouble and run.code != 0
-                and any(s in run.out for s in FLEET_TROUBLE)):
-            ensure_fleet()  # another session cycled the shared fleet under us: once more
-            run = once()
+        """A deploy that must succeed (set-up), once: a failure here, a lost connection
+        included, is the toolkit's."""
+        run = self.fab("deploy", "--version", str(version), *args, inventory=inventory,
+                       playbook=playbook)
         assert run.code == 0, run.describe()
         return run
 

@@ -244,13 +244,12 @@ def test_plan_capacity_with_tiny_factors_exits_1_naming_them(
     assert code == 1 and DEFECT not in output, output
 
 
-OUTCOMES: Counter[str] = Counter()
-
-
 @examples(400)
 @given(case=cli_cases(COMMANDS))
-def test_every_command_with_generated_options_exits_with_a_documented_code(
-        no_network: tuple[Attempts, Path], case: CliCase) -> None:
+def generated_commands(no_network: tuple[Attempts, Path], outcomes: Counter[str],
+                       case: CliCase) -> None:
+    """One generated command line (the battery: hypothesis runs it over its cases); what it
+    ended in is counted in ``outcomes``."""
     attempts, tmp = no_network
     attempts.seen.clear()
     tensorflow_before = "tensorflow" in sys.modules
@@ -260,13 +259,13 @@ def test_every_command_with_generated_options_exits_with_a_documented_code(
     bad = {name: value for name, value in placed.items()
            if name not in FLAGS and certainly_invalid(name, value)}
     code, output = run(case, tmp)
-    OUTCOMES[f"exit {code}"] += 1
+    outcomes[f"exit {code}"] += 1
     assert code in {int(c) for c in ExitCode}, (code, output)
     assert "Traceback" not in output and DEFECT not in output, output
     if "invalid input" in output:
         assert attempts.seen == [], ("input found invalid after connecting", attempts.seen)
     if bad:
-        OUTCOMES["certainly invalid"] += 1
+        outcomes["certainly invalid"] += 1
         assert code == 1 and attempts.seen == [], (bad, code, attempts.seen, output)
         # the refusal may be another option's: every bad one is named only when it is
         # typed by options(); the others are found one check after another
@@ -276,9 +275,11 @@ def test_every_command_with_generated_options_exits_with_a_documented_code(
     assert tensorflow_before or "tensorflow" not in sys.modules
 
 
-def test_the_cli_battery_reaches_hosts_and_refusals() -> None:
-    # runs after the battery (file order): generated arguments that were all refused would
-    # test the first check and nothing after it
-    if OUTCOMES.total():
-        assert OUTCOMES["certainly invalid"] and OUTCOMES["exit 3"], OUTCOMES
+def test_every_command_with_generated_options_exits_with_a_documented_code(
+        no_network: tuple[Attempts, Path]) -> None:
+    outcomes: Counter[str] = Counter()
+    generated_commands(no_network, outcomes)
+    # generated arguments that were all refused would test the first check and nothing after
+    # it: the battery reaches the hosts (exit 3: none answers) and certain refusals
+    assert outcomes["certainly invalid"] and outcomes["exit 3"], outcomes
 

@@ -117,52 +117,56 @@ def referenced(case: PlaybookCase) -> bool:
     return case.duplicated is not None
 
 
-OUTCOMES: Counter[str] = Counter()
-
-
 @examples(250)
-@given(playbook_cases())
-def test_generated_playbooks_load_usable_or_are_refused_with_located_problems(
-        case: PlaybookCase) -> None:
+@given(case=playbook_cases())
+def generated_playbooks(outcomes: Counter[str], case: PlaybookCase) -> None:
+    """One generated playbook (the battery: hypothesis runs it over its cases), counted in
+    ``outcomes``."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         path = write_case(root, case)
         try:
             playbook = load_playbook(path)
         except ConfigError as error:
-            OUTCOMES["refused"] += 1
+            outcomes["refused"] += 1
             assert_located(error.problems, root)
         else:
-            OUTCOMES["loaded"] += 1
+            outcomes["loaded"] += 1
             assert not referenced(case), f"the duplicate key in {case.duplicated} was taken"
             assert_usable(playbook)
 
 
+def test_generated_playbooks_load_usable_or_are_refused_with_located_problems() -> None:
+    outcomes: Counter[str] = Counter()
+    generated_playbooks(outcomes)
+    # a generator whose playbooks were all refused would test the first check of the loader
+    # and nothing after it
+    assert outcomes["loaded"] and outcomes["refused"], outcomes
+
+
 @examples(200)
-@given(mutated_task_lists())
-def test_task_lists_changed_in_one_parameter_load_usable_or_are_refused(entries: Any) -> None:
-    # task lists alone, valid but for one parameter of one step (custom local/remote steps'
-    # argv, shell, timeouts; the gates' and checks' numbers): no playbook around them is
-    # refused first
+@given(entries=mutated_task_lists())
+def mutated_task_list(outcomes: Counter[str], entries: Any) -> None:
+    """One task list valid but for one parameter of one step (custom local/remote steps'
+    argv, shell, timeouts; the gates' and checks' numbers), alone: no playbook around it is
+    refused first. Counted in ``outcomes``."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "tasks.yml"
         path.write_text(yaml.safe_dump(entries, allow_unicode=True))
         try:
             tasks = load_tasks(path)
         except ConfigError as error:
-            OUTCOMES["task lists refused"] += 1
+            outcomes["refused"] += 1
             assert_located(error.problems, Path(tmp))
         else:
-            OUTCOMES["task lists loaded"] += 1
+            outcomes["loaded"] += 1
             assert_usable_tasks(tasks)
 
 
-def test_the_playbook_battery_reaches_both_outcomes() -> None:
-    # runs after the battery (file order): a generator whose playbooks were all refused
-    # would test the first check of the loader and nothing after it
-    if OUTCOMES.total():
-        assert all(OUTCOMES[k] for k in ("loaded", "refused", "task lists loaded",
-                                          "task lists refused")), OUTCOMES
+def test_task_lists_changed_in_one_parameter_load_usable_or_are_refused() -> None:
+    outcomes: Counter[str] = Counter()
+    mutated_task_list(outcomes)
+    assert outcomes["loaded"] and outcomes["refused"], outcomes
 
 
 # -- deploy --check --playbook FILE, through the dispatcher, on the unit tier's fake hosts ---
@@ -213,13 +217,12 @@ def host_files(world: dict[str, Any]) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for p in world["tmp"].glob("h*/r/**/*") if p.is_file()}
 
 
-CHECKED: Counter[str] = Counter()
-
-
 @examples(40)
 @given(case=playbook_cases())
-def test_deploy_check_with_a_generated_playbook_plans_or_refuses_before_any_host(
-        fake_world: dict[str, Any], case: PlaybookCase) -> None:
+def checked_playbook(fake_world: dict[str, Any], outcomes: Counter[str],
+                     case: PlaybookCase) -> None:
+    """`fab deploy --check` with one generated playbook (the battery: hypothesis runs it over
+    its cases), counted in ``outcomes``."""
     from tfsdeploy.cli.main import main
 
     fleet = fake_world["fleet"]
@@ -243,11 +246,11 @@ def test_deploy_check_with_a_generated_playbook_plans_or_refuses_before_any_host
     printed = out.getvalue() + err.getvalue()
     assert "Traceback" not in printed and DEFECT not in printed, printed
     if valid:
-        CHECKED["planned"] += 1
+        outcomes["planned"] += 1
         assert code == 0, printed
         assert "nothing was changed" in printed
     else:
-        CHECKED["refused"] += 1
+        outcomes["refused"] += 1
         assert code == 1 and "invalid input" in printed, printed
         assert fake_world["connections"] == []  # refused before any host was contacted
     assert host_files(fake_world) == before
@@ -257,6 +260,8 @@ def test_deploy_check_with_a_generated_playbook_plans_or_refuses_before_any_host
     assert changed == []
 
 
-def test_the_check_battery_reaches_both_outcomes() -> None:
-    if CHECKED.total():
-        assert CHECKED["planned"] and CHECKED["refused"], CHECKED
+def test_deploy_check_with_a_generated_playbook_plans_or_refuses_before_any_host(
+        fake_world: dict[str, Any]) -> None:
+    outcomes: Counter[str] = Counter()
+    checked_playbook(fake_world, outcomes)
+    assert outcomes["planned"] and outcomes["refused"], outcomes

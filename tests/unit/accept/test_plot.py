@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
+from tests.accept.plotcheck import expected_columns, shaded_columns
 from tfsdeploy.accept import plot
-
-from .plotcheck import expected_columns, shaded_columns
 
 
 def series(seconds: int, *, spike_at: int = 30) -> list[dict[str, Any]]:
