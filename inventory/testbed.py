@@ -3,7 +3,8 @@
 Hosts come from the testbed's hosts.json when it exists (so `up --hosts 5` gives 5 hosts, and
 `up --gpus 2` two GPUs per host), except the hosts `up --reserve` keeps for the test suite's own
 models; otherwise the default three hosts tb1..tb3 with one GPU each are declared, which is
-enough to render files.
+enough to render files. Hosts started behind the bastion (`up --bastion --hosts N`) are
+reached through it (`ssh_proxy_jump`): their sshd answers the bastion alone.
 
 The testbed's engines hand out GPUs as a host with the NVIDIA Container Toolkit does: only to a
 container that asks (docs/testbed.md), so the servers ask for every GPU of their host
@@ -43,7 +44,8 @@ def _hosts() -> list[Host]:
                    for i in (1, 2, 3)]
     return [Host(e["name"], e["address"],
                  gpus=[Gpu(g["index"], g["memory_mib"], g.get("name", "GPU"),
-                           reserved_mib=g.get("reserved_mib", 0)) for g in e["gpus"]])
+                           reserved_mib=g.get("reserved_mib", 0)) for g in e["gpus"]],
+                 vars={"ssh_proxy_jump": e["via"]} if e.get("via") else {})
             for e in entries]
 
 

@@ -17,11 +17,18 @@ BRIDGE = "tfsbr0"
 GATEWAY = "10.87.0.1"
 PREFIX_LEN = 24
 REGISTRY = f"{GATEWAY}:5000"
-MAX_HOSTS = 10
-# the gateway host (`up --gateway`): a host like tbN in every way but its name and address,
-# outside tb1..tb10 (10.87.0.30, host index 20), in the inventory's gateway group
-GATEWAY_INDEX = 20
+# tb1..tb10 are 10.87.0.11-20 (the contract's first ten), tb11..tb30 10.87.0.111-130
+MAX_HOSTS = 30
+# the gateway host (`up --gateway`): a host like tbN in every way but its name and address
+# (10.87.0.30), in the inventory's gateway group
+GATEWAY_INDEX = 100
 GATEWAY_HOST = "tbgw"
+GATEWAY_ADDRESS = "10.87.0.30"
+# the bastion (`up --bastion`): only an sshd with OpenSSH's default MaxStartups and
+# MaxSessions, the jump host of the hosts started behind it (their sshd answers it alone)
+BASTION_INDEX = 101
+BASTION_HOST = "tbjump"
+BASTION_ADDRESS = "10.87.0.31"
 DEFAULT_HOSTS = 3
 DEFAULT_GPU_MIB = 16384
 DEFAULT_GPUS = 1
@@ -108,11 +115,14 @@ class Places:
 
 
 def host_name(index: int) -> str:
-    return GATEWAY_HOST if index == GATEWAY_INDEX else f"tb{index}"
+    return {GATEWAY_INDEX: GATEWAY_HOST, BASTION_INDEX: BASTION_HOST}.get(index, f"tb{index}")
 
 
 def host_address(index: int) -> str:
-    return f"10.87.0.{10 + index}"
+    special = {GATEWAY_INDEX: GATEWAY_ADDRESS, BASTION_INDEX: BASTION_ADDRESS}
+    if index in special:
+        return special[index]
+    return f"10.87.0.{10 + index}" if index <= 10 else f"10.87.0.{100 + index}"
 
 
 def veth_name(index: int) -> str:

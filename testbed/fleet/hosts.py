@@ -17,11 +17,14 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common import (
+    BASTION_ADDRESS,
+    BASTION_INDEX,
     BRIDGE,
     GATEWAY,
     PREFIX_LEN,
@@ -91,6 +94,16 @@ class Host:
 
     def log_path(self, what: str) -> Path:
         return self.places.logs / f"{self.name}-{what}.log"
+
+    @property
+    def is_bastion(self) -> bool:
+        return self.index == BASTION_INDEX
+
+    @property
+    def behind_bastion(self) -> bool:
+        """Started by `up --bastion`: its sshd answers the bastion alone (a mark in its
+        directory, kept across restarts and reboots)."""
+        return (self.dir / BEHIND_MARK).exists()
 
 
 # ---------------------------------------------------------------- processes of a host
@@ -302,6 +315,8 @@ def _host_key(host: Host) -> Path:
 
 FORWARDING_FILE = "ssh-forwarding"
 ALT_SSH_PORT = 2222
+BEHIND_MARK = "behind-bastion"
+FIREWALL_COMMENT = "tfsdeploy-testbed-bastion-only"
 
 
 def ssh_forwarding(places: Places) -> bool:
@@ -311,43 +326,74 @@ def ssh_forwarding(places: Places) -> bool:
     return path.exists() and path.read_text().strip() == "yes"
 
 
-def _write_sshd_config(host: Host) -> bool:
-    """Write the host's sshd_config; True if it changed."""
+def _sshd_lines(host: Host) -> list[str]:
+    """The host's sshd_config. The suite's hosts allow many startups and sessions (several
+    test runs share each host); the bastion and the hosts behind it keep OpenSSH's defaults
+    (MaxStartups 10:30:100, MaxSessions 10: sshd_config(5)), as a real fleet's, and log at
+    VERBOSE: each MaxStartups drop ("drop connection #N ... past MaxStartups", sshd.c
+    drop_connection) and each session ("Starting session", "Close session", session.c)."""
     authorized = host.places.ssh / "authorized_keys"
     forwarding = "yes" if ssh_forwarding(host.places) else "no"
+    common = [
+        f"HostKey {_host_key(host)}",
+        "PidFile /run/sshd.pid",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        f"AuthorizedKeysFile {authorized}",
+        "PrintMotd no",
+    ]
+    if host.is_bastion:
+        return ["# written by scripts/testbed: sshd of the bastion " + host.name,
+                f"ListenAddress {host.address}", "Port 22", *common,
+                "# MaxStartups and MaxSessions: OpenSSH's defaults (10:30:100, 10)",
+                "AllowTcpForwarding yes", "AllowStreamLocalForwarding no", "X11Forwarding no",
+                "PermitTunnel no", "LogLevel VERBOSE", ""]
+    limits = (["# MaxStartups and MaxSessions: OpenSSH's defaults (10:30:100, 10)",
+               "LogLevel VERBOSE"] if host.behind_bastion
+              else ["MaxSessions 100", "MaxStartups 100:30:200"])
+    return [
+        "# written by scripts/testbed: sshd of testbed host " + host.name,
+        f"ListenAddress {host.address}",
+        "Port 22",
+        # the same daemon on a second port: a test that cuts one run's SSH off drops
+        # only this port, and every other run on the fleet keeps port 22
+        f"Port {ALT_SSH_PORT}",
+        *common,
+        "AcceptEnv LANG LC_*",
+        "Subsystem sftp internal-sftp",
+        *limits,
+        f"AllowTcpForwarding {forwarding}",
+        f"AllowStreamLocalForwarding {forwarding}",
+        "X11Forwarding no",
+        "PermitTunnel no",
+        "",
+    ]
+
+
+def _write_sshd_config(host: Host) -> bool:
+    """Write the host's sshd_config; True if it changed."""
     config = host.dir / "sshd_config"
     old = config.read_text() if config.exists() else None
-    config.write_text(
-        "\n".join(
-            [
-                "# written by scripts/testbed: sshd of testbed host " + host.name,
-                f"ListenAddress {host.address}",
-                "Port 22",
-                # the same daemon on a second port: a test that cuts one run's SSH off drops
-                # only this port, and every other run on the fleet keeps port 22
-                f"Port {ALT_SSH_PORT}",
-                f"HostKey {_host_key(host)}",
-                "PidFile /run/sshd.pid",
-                "PermitRootLogin prohibit-password",
-                "PubkeyAuthentication yes",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "UsePAM no",
-                f"AuthorizedKeysFile {authorized}",
-                "PrintMotd no",
-                "AcceptEnv LANG LC_*",
-                "Subsystem sftp internal-sftp",
-                "MaxSessions 100",
-                "MaxStartups 100:30:200",
-                f"AllowTcpForwarding {forwarding}",
-                f"AllowStreamLocalForwarding {forwarding}",
-                "X11Forwarding no",
-                "PermitTunnel no",
-                "",
-            ]
-        )
-    )
+    config.write_text("\n".join(_sshd_lines(host)))
     return old != config.read_text()
+
+
+def guard_ssh(host: Host) -> None:
+    """A host behind the bastion answers SSH (22, 2222) from the bastion alone (and itself,
+    for `status`), as a fleet whose security group lets SSH in only from its bastion;
+    everything else (its serving ports, the registry) stays reachable. Others get a reset:
+    refused at once."""
+    ports = ["-p", "tcp", "-m", "multiport", "--dports", f"22,{ALT_SSH_PORT}",
+             "-m", "comment", "--comment", FIREWALL_COMMENT]
+    iptables = ["nsenter", f"--net={host.netns_path}", "iptables"]
+    for rule in (["INPUT", "-s", BASTION_ADDRESS, *ports, "-j", "ACCEPT"],
+                 ["INPUT", "-s", host.address, *ports, "-j", "ACCEPT"],
+                 ["INPUT", *ports, "-j", "REJECT", "--reject-with", "tcp-reset"]):
+        if run([*iptables, "-C", *rule], check=False).returncode != 0:
+            run([*iptables, "-A", *rule])
 
 
 def _prepare_dirs(host: Host) -> None:
@@ -496,16 +542,31 @@ def restart_dockerd(host: Host, *, runtime: Path, timeout: float = 60) -> None:
                what=f"{host.name}: dockerd on /run/docker.sock (log: {host.log_path('dockerd')})")
 
 
-def start(host: Host, *, runtime: Path, gpus: dict[str, Any] | None) -> None:
-    """Start host from nothing: network, holder, simulated GPU file, dockerd, sshd."""
+def start(host: Host, *, runtime: Path, gpus: dict[str, Any] | None,
+          seed: Callable[[Host], object] | None = None) -> None:
+    """Start host from nothing: network, holder, simulated GPU file, dockerd, sshd.
+    ``seed`` fills the engine's data root first (the shared image store)."""
     stop_processes(host)
     create_network(host)
+    if host.behind_bastion:
+        guard_ssh(host)
     _prepare_dirs(host)
+    if seed is not None:
+        seed(host)
     _write_sshd_config(host)
     holder = _start_holder(host)
     write_gpus(host, gpus)
     _start_dockerd(host, holder, runtime)
     _start_sshd(host, holder)
+
+
+def start_bastion(host: Host) -> None:
+    """Start the bastion from nothing: network, holder, sshd (no engine, no GPU)."""
+    stop_processes(host)
+    create_network(host)
+    _prepare_dirs(host)
+    _write_sshd_config(host)
+    _start_sshd(host, _start_holder(host))
 
 
 def _start_sshd(host: Host, holder: int) -> None:
@@ -532,7 +593,7 @@ def refresh_sshd(host: Host) -> bool:
     wait_until(lambda: not pid_alive(sshd), timeout=10, what=f"{host.name}: old sshd to exit")
     _start_sshd(host, holder)
     wait_until(
-        lambda: tcp_open(host.address, 22),
+        lambda: ssh_answers(host),
         timeout=30,
         what=f"{host.name}: sshd on {host.address}:22 (log: {host.log_path('sshd')})",
     )
@@ -621,9 +682,26 @@ def inspect(host: Host) -> HostState:
         sshd=daemon_pid(host, "sshd.pid", "sshd"),
         dockerd=daemon_pid(host, "docker.pid", "dockerd"),
         docker_ok=docker_ping(host.docker_socket),
-        ssh_ok=network_ok and tcp_open(host.address, 22),
+        ssh_ok=network_ok and ssh_answers(host),
         network_ok=network_ok,
     )
+
+
+def bastion_healthy(host: Host) -> bool:
+    """The bastion's holder and sshd run and its sshd answers."""
+    state = inspect(host)
+    return bool(state.holder and state.sshd and state.ssh_ok and state.network_ok)
+
+
+def ssh_answers(host: Host) -> bool:
+    """The host's sshd answers on :22: from the machine, or for a host behind the bastion
+    (which answers the bastion alone) from inside its own network namespace."""
+    if not host.behind_bastion:
+        return tcp_open(host.address, 22)
+    probe = ("import socket,sys\ntry:\n s=socket.create_connection((sys.argv[1],22),1)\n"
+             " sys.exit(0 if s.recv(4)==b'SSH-' else 1)\nexcept OSError:\n sys.exit(1)")
+    return run(["nsenter", f"--net={host.netns_path}", "python3", "-c", probe, host.address],
+               check=False, timeout=10).returncode == 0
 
 
 def wait_ready(host: Host, *, timeout: float = 60) -> None:
@@ -633,7 +711,7 @@ def wait_ready(host: Host, *, timeout: float = 60) -> None:
         what=f"{host.name}: dockerd on /run/docker.sock (log: {host.log_path('dockerd')})",
     )
     wait_until(
-        lambda: tcp_open(host.address, 22),
+        lambda: ssh_answers(host),
         timeout=timeout,
         what=f"{host.name}: sshd on {host.address}:22 (log: {host.log_path('sshd')})",
     )

@@ -469,3 +469,93 @@ def ensure(places: Places, hosts: list[hostlib.Host], timer: Timer) -> dict[str,
     pulls = pull_everywhere(hosts, wanted)
     timer.phase(f"pulls ({pulls})", t)
     return wanted
+
+
+# ---------------------------------------------------------------- the hosts' shared image store
+# A new host would pull every image (the TensorFlow-based server image is 1.7 GB unpacked) and
+# keep its own copy: 13 hosts, 22 GB of disk, minutes of layer extraction on two cores, and a
+# private copy of every shared library in the page cache per host. Instead a store is filled
+# once by a dockerd of its own (pulling from the testbed registry), and a host whose engine
+# has no data yet starts with the store's image layers hard-linked into its data root: one
+# copy on disk and in the page cache for every host. Layer directories are never written
+# once extracted (overlay2 mounts them as read-only lower layers; a container writes to its
+# own upper directory, and removing an image unlinks only that host's links), so sharing
+# them is safe; the small metadata (image/) is copied, never linked.
+
+
+def store_dir(places: Places) -> Path:
+    """The shared store (in the state dir: hard links need the hosts' file system)."""
+    return places.state / "host-image-store"
+
+
+def store_stamp(places: Places) -> Path:
+    return store_dir(places) / "images.json"
+
+
+def _store_current(places: Places, wanted: dict[str, str]) -> bool:
+    try:
+        return bool(json.loads(store_stamp(places).read_text()) == wanted)
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_store(places: Places) -> dict[str, str] | None:
+    """The store holding the registry's current images (ref -> id), filled by a dockerd of
+    its own when it does not; None when the registry lacks an image (a fresh machine: new
+    hosts then pull as usual)."""
+    wanted = {img.ref: registry_image_id(img) for img in IMAGES}
+    if any(v is None for v in wanted.values()):
+        return None
+    current = {k: str(v) for k, v in wanted.items()}
+    if _store_current(places, current):
+        return current
+    root = store_dir(places)
+    work = places.state / "store-dockerd"
+    (work / "exec").mkdir(parents=True, exist_ok=True)
+    (root / "data").mkdir(parents=True, exist_ok=True)
+    (work / "daemon.json").write_text(
+        json.dumps({"deprecated-key-path": str(work / "engine-key.json")}) + "\n")
+    sock = work / "docker.sock"
+    argv = ["unshare", "--mount", "--propagation", "private", "--",
+            *isolated_dockerd_argv(socket=str(sock), data_root=str(root / "data"),
+                                   exec_root=str(work / "exec"),
+                                   pidfile=str(work / "dockerd.pid"),
+                                   config_file=work / "daemon.json")]
+    t = time.monotonic()
+    with open(places.logs / "store-dockerd.log", "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_until(lambda: hostlib.docker_ping(sock), timeout=60,
+                   what=f"the image store's dockerd (log: {places.logs / 'store-dockerd.log'})")
+        cli = ["docker", "-H", f"unix://{sock}"]
+        for ref in current:
+            run([*cli, "pull", "--quiet", ref], timeout=3600)
+        run([*cli, "image", "prune", "--force"], check=False)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    tmp = store_stamp(places).with_suffix(".tmp")
+    tmp.write_text(json.dumps(current, indent=2) + "\n")
+    tmp.rename(store_stamp(places))
+    log(f"image store filled in {time.monotonic() - t:.0f}s ({store_dir(places)})")
+    return current
+
+
+def seed_host(places: Places, host: hostlib.Host) -> bool:
+    """Give a host whose engine has no data yet the store's images (layers hard-linked,
+    metadata copied); False when it has data already or there is no store."""
+    data = host.dir / "docker"
+    source = store_dir(places) / "data"
+    if (data / "image").exists() or not (source / "image").exists():
+        return False
+    data.mkdir(parents=True, exist_ok=True)
+    for name in ("overlay2", "image"):
+        shutil.rmtree(data / name, ignore_errors=True)
+    run(["cp", "-a", "--link", str(source / "overlay2"), str(data / "overlay2")], timeout=600)
+    run(["cp", "-a", str(source / "image"), str(data / "image")], timeout=600)
+    return True

@@ -23,6 +23,9 @@ import images
 import prometheus
 import registry
 from common import (
+    BASTION_ADDRESS,
+    BASTION_HOST,
+    BASTION_INDEX,
     BRIDGE,
     CARDS,
     DEFAULT_CARD,
@@ -43,9 +46,12 @@ from common import (
     log,
     make_ssh_key,
     run,
+    wait_until,
 )
 
 USER_MARK = "tfsdeploy-testbed"
+# hosts started at once: each start is a dockerd and a containerd on two cores
+START_AT_ONCE = 10
 REQUIRED_TOOLS = [
     "ip",
     "iptables",
@@ -245,9 +251,13 @@ def ssh_config_text(places: Places) -> str:
     lines = [f"# {USER_MARK}: written by scripts/testbed; ssh -F {places.ssh_config} tb1"]
     for i in range(1, MAX_HOSTS + 1):
         lines += [f"Host {host_name(i)}", f"    HostName {host_address(i)}"]
+        if hostlib.Host(i, places).behind_bastion:  # its sshd answers the bastion alone
+            lines.append(f"    ProxyJump root@{BASTION_ADDRESS}")
+    lines += [f"Host {BASTION_HOST}", f"    HostName {BASTION_ADDRESS}"]
     patterns = " ".join(
         [f"tb{i}" for i in range(1, MAX_HOSTS + 1)]
         + [host_address(i) for i in range(1, MAX_HOSTS + 1)]
+        + [BASTION_HOST, BASTION_ADDRESS]
     )
     lines += [
         f"Host {patterns}",
@@ -264,13 +274,27 @@ def ssh_config_text(places: Places) -> str:
 
 
 def known_hosts_lines(places: Places, count: int) -> list[str]:
+    """tb1..tbN's pinned keys, and the bastion's while it is up (the inventory checks a
+    jump host's key in the same file as its hosts')."""
     lines = []
     for i in range(1, count + 1):
         host = hostlib.Host(i, places)
         keytype, key = Path(f"{host.dir}/ssh_host_ed25519_key.pub").read_text().split()[:2]
         lines.append(f"{host.address},{host.name} {keytype} {key}")
         lines.append(f"[{host.address}]:{hostlib.ALT_SSH_PORT} {keytype} {key}")
+    bastion = hostlib.Host(BASTION_INDEX, places)
+    if bastion_json(places).exists():
+        keytype, key = Path(f"{bastion.dir}/ssh_host_ed25519_key.pub").read_text().split()[:2]
+        lines.append(f"{bastion.address},{bastion.name} {keytype} {key}")
     return lines
+
+
+def write_known_hosts(places: Places, count: int) -> None:
+    """known_hosts for tb1..tbN (and the bastion), replaced whole: runs reading it meanwhile
+    see the old file or the new one."""
+    tmp = places.known_hosts.with_name(".known_hosts.tmp")
+    tmp.write_text("\n".join(known_hosts_lines(places, count)) + "\n")
+    tmp.rename(places.known_hosts)
 
 
 def user_ssh_dir() -> Path:
@@ -353,6 +377,7 @@ def write_hosts_json(places: Places, gpus: dict[str, list[int]],
     for name, mibs in gpus.items():
         card = (cards or {}).get(name, DEFAULT_CARD)
         doc = gpu_document(name, mibs, card) or {"gpus": []}
+        behind = hostlib.Host(int(name[2:]), places).behind_bastion
         hosts.append(
             {
                 "name": name,
@@ -360,6 +385,8 @@ def write_hosts_json(places: Places, gpus: dict[str, list[int]],
                 # left out of inventory/testbed.py: hosts the test suite keeps to itself
                 "reserved": name in (reserved or set()),
                 "card": card,
+                # reached through the bastion alone (its ssh_proxy_jump in the inventory)
+                **({"via": f"root@{BASTION_ADDRESS}"} if behind else {}),
                 "gpus": [
                     {
                         "index": g["index"],
@@ -409,9 +436,23 @@ def existing_hosts(places: Places) -> list[int]:
     return found
 
 
+def needs_images(host: hostlib.Host) -> bool:
+    """A host whose engine has no data yet (a new host)."""
+    return not (host.dir / "docker" / "image").exists()
+
+
+def seeder(places: Places, hosts: list[hostlib.Host]) -> Callable[[hostlib.Host], object] | None:
+    """What fills a new host's engine from the shared image store (None: no host is new, or
+    the registry has no images yet)."""
+    if not any(needs_images(h) for h in hosts) or images.ensure_store(places) is None:
+        return None
+    return functools.partial(images.seed_host, places)
+
+
 def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path,
                    cards: dict[str, str] | None = None) -> dict[str, str]:
     """Start every host that is not fully healthy; returns what happened per host."""
+    seed = seeder(places, [hostlib.Host(i, places) for i in range(1, len(gpus) + 1)])
 
     def one(index: int) -> str:
         host = hostlib.Host(index, places)
@@ -427,17 +468,19 @@ def bring_up_hosts(places: Places, gpus: dict[str, list[int]], runtime: Path,
                 hostlib.refresh_sshd(host)
                 return "dockerd-restarted"
             return "running" if not hostlib.refresh_sshd(host) else "sshd-reconfigured"
-        hostlib.start(host, runtime=runtime, gpus=gpu_doc)
+        hostlib.start(host, runtime=runtime, gpus=gpu_doc, seed=seed)
         hostlib.wait_ready(host)
         return "started" if not (state.holder or state.sshd or state.dockerd) else "restarted"
 
-    with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
+    with ThreadPoolExecutor(max_workers=START_AT_ONCE) as pool:
         results = list(pool.map(one, range(1, len(gpus) + 1)))
     return {host_name(i + 1): r for i, r in enumerate(results)}
 
 
-def check_ssh(places: Places, count: int) -> None:
-    """One real login per host with strict host-key checking, as the toolkit will do."""
+def check_ssh(places: Places, indexes: list[int]) -> None:
+    """One real login per host with strict host-key checking, as the toolkit will do; at
+    most 4 at once through the bastion (its OpenSSH default MaxStartups drops new
+    connections at random once 10 are unauthenticated)."""
 
     def one(index: int) -> None:
         out = run(
@@ -451,8 +494,11 @@ def check_ssh(places: Places, count: int) -> None:
                 f"(sshd log: {places.logs / (host_name(index) + '-sshd.log')})"
             )
 
-    with ThreadPoolExecutor(max_workers=MAX_HOSTS) as pool:
-        list(pool.map(one, range(1, count + 1)))
+    behind = [i for i in indexes if hostlib.Host(i, places).behind_bastion]
+    for group, at_once in (([i for i in indexes if i not in behind], 10), (behind, 4)):
+        if group:
+            with ThreadPoolExecutor(max_workers=at_once) as pool:
+                list(pool.map(one, group))
 
 
 GATEWAY_IMAGE = f"{REGISTRY}/tfsdeploy-proxy:2.6"
@@ -510,6 +556,142 @@ def gateway_up(places: Places) -> str:
     return what
 
 
+def stop_hosts(places: Places, indexes: list[int], why: str) -> None:
+    """Stop these hosts (their disks kept); one started behind the bastion is no longer so."""
+    if not indexes:
+        return
+    log(f"stopping {', '.join(map(host_name, indexes))} ({why})")
+    with ThreadPoolExecutor(max_workers=len(indexes)) as pool:
+        list(pool.map(lambda i: hostlib.stop(hostlib.Host(i, places)), indexes))
+    for i in indexes:
+        (hostlib.Host(i, places).dir / hostlib.BEHIND_MARK).unlink(missing_ok=True)
+
+
+def write_ssh_files(places: Places, count: int, *, user: bool) -> None:
+    """known_hosts, the ssh config and (``user``) the invoking user's marked entries."""
+    write_known_hosts(places, count)
+    tmp = places.ssh_config.with_name(".config.tmp")
+    tmp.write_text(ssh_config_text(places))
+    tmp.rename(places.ssh_config)
+    if user:
+        install_user_ssh(places, count)
+
+
+def bastion_json(places: Places) -> Path:
+    """What `up --bastion` writes: the bastion, for inventory/testbed.py and the tests."""
+    return places.state / "bastion.json"
+
+
+def ensure_bastion(places: Places) -> str:
+    """Start (or repair) the bastion tbjump: an sshd alone, OpenSSH's default MaxStartups
+    and MaxSessions, TCP forwarding allowed; its key joins known_hosts."""
+    ensure_client_key(places)
+    hostlib.ensure_bridge()
+    host = hostlib.Host(BASTION_INDEX, places)
+    if hostlib.bastion_healthy(host):
+        what = "sshd-reconfigured" if hostlib.refresh_sshd(host) else "running"
+    else:
+        hostlib.start_bastion(host)
+        wait_until(lambda: hostlib.tcp_open(host.address, 22), timeout=30,
+                   what=f"{host.name}: sshd on {host.address}:22 (log: {host.log_path('sshd')})")
+        what = "started"
+    keytype, key = Path(f"{host.dir}/ssh_host_ed25519_key.pub").read_text().split()[:2]
+    pinned = places.ssh / "known_hosts.bastion"  # its key alone, beside known_hosts' copy
+    pinned.with_suffix(".tmp").write_text(f"{host.address},{host.name} {keytype} {key}\n")
+    pinned.with_suffix(".tmp").rename(pinned)
+    data = {"name": host.name, "address": host.address, "jump": f"root@{host.address}",
+            "known_hosts": str(pinned), "sshd_log": str(host.log_path("sshd"))}
+    tmp = bastion_json(places).with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.rename(bastion_json(places))
+    shape, _ = current_shape(places)
+    write_known_hosts(places, len(shape))
+    return what
+
+
+def bastion_up(places: Places, args: argparse.Namespace) -> int:
+    """`up --bastion [--hosts N]`: the bastion, and hosts tbK+1..tbN behind it (K: the hosts
+    up now). tb1..tbK are left exactly as they are (not looked at, restarted or
+    reconfigured: other runs use them); only hosts behind the bastion beyond N are stopped."""
+    if not registry.answers():
+        raise TestbedError("the registry does not answer: bring the fleet up first "
+                           "(scripts/testbed up)")
+    timer = Timer()
+    shape, reserved = current_shape(places)
+    count = len(shape) if args.hosts is None else args.hosts
+    if not 1 <= count <= MAX_HOSTS:
+        raise TestbedError(f"--hosts {count}: choose 1..{MAX_HOSTS}")
+    behind = {n for n in shape if hostlib.Host(int(n[2:]), places).behind_bastion}
+    direct_beyond = [n for n in shape if int(n[2:]) > count and n not in behind]
+    if direct_beyond:
+        raise TestbedError(f"--hosts {count} --bastion: {', '.join(direct_beyond)} are not "
+                           "behind the bastion; stop them with scripts/testbed up --hosts "
+                           f"{count} (without --bastion)")
+    runtime = install_gpu_tools(places)
+    t = time.monotonic()
+    bastion = ensure_bastion(places)
+    stop_hosts(places, [int(n[2:]) for n in shape if int(n[2:]) > count], f"beyond --hosts {count}")
+    layout = parse_gpu_specs(args.gpu_mib, count, args.gpus, current=shape)
+    gpus = {n: (shape[n] if n in shape else layout[n]) for n in layout}
+    far = [i for i in range(1, count + 1) if host_name(i) not in shape or host_name(i) in behind]
+    for i in far:
+        (hostlib.Host(i, places).dir).mkdir(parents=True, exist_ok=True)
+        (hostlib.Host(i, places).dir / hostlib.BEHIND_MARK).write_text(BASTION_HOST + "\n")
+    timer.phase("bastion", t)
+    t = time.monotonic()
+    far_hosts = [hostlib.Host(i, places) for i in far]
+    seed = seeder(places, far_hosts)
+    timer.phase("image store", t)
+    t = time.monotonic()
+
+    def one(host: hostlib.Host) -> str:
+        if hostlib.inspect(host).healthy:
+            return "running"
+        hostlib.start(host, runtime=runtime, gpus=gpu_document(host.name, gpus[host.name]),
+                      seed=seed)
+        hostlib.wait_ready(host)
+        return "started"
+
+    with ThreadPoolExecutor(max_workers=START_AT_ONCE) as pool:
+        states = dict(zip([h.name for h in far_hosts], pool.map(one, far_hosts), strict=True))
+    write_ssh_files(places, count, user=not args.no_user_ssh)
+    write_hosts_json(places, gpus, reserved & set(gpus), current_cards(places))
+    check_ssh(places, [h.index for h in far_hosts if states[h.name] == "started"])
+    timer.phase("hosts", t)
+    if not args.no_images:
+        t = time.monotonic()
+        wanted = {img.ref: images.registry_image_id(img) for img in images.IMAGES}
+        pulls = images.pull_everywhere(far_hosts, {k: str(v) for k, v in wanted.items() if v})
+        timer.phase(f"pulls ({pulls})", t)
+    print(f"testbed up --bastion: {BASTION_HOST} {BASTION_ADDRESS} {bastion}; "
+          f"{len(far_hosts)} hosts behind it; the others untouched")
+    for name, what in states.items():
+        print(f"  {name}  {host_address(int(name[2:])):<12} {what:<9} {gpu_label(gpus[name])}"
+              f"   ssh -F {places.ssh_config} {name}")
+    figures = ", ".join(f"{name} {secs:.1f}s" for name, secs in timer.phases)
+    print(f"  timing: total {timer.total():.1f}s ({figures})")
+    return 0
+
+
+def bastion_down(places: Places) -> int:
+    """`down --bastion`: stop the bastion and every host behind it; nothing else."""
+    t = time.monotonic()
+    shape, reserved = current_shape(places)
+    behind = [i for i in existing_hosts(places) if hostlib.Host(i, places).behind_bastion]
+    stop_hosts(places, behind, "behind the bastion")
+    bastion = hostlib.Host(BASTION_INDEX, places)
+    hostlib.stop(bastion)
+    bastion_json(places).unlink(missing_ok=True)
+    kept = {n: g for n, g in shape.items() if int(n[2:]) not in behind}
+    write_hosts_json(places, kept, reserved & set(kept), current_cards(places))
+    config = user_ssh_dir() / "config"
+    installed = config.exists() and f"# BEGIN {USER_MARK}" in config.read_text()
+    write_ssh_files(places, len(kept), user=installed)
+    print(f"testbed down --bastion: stopped {BASTION_HOST} and {len(behind)} hosts behind it "
+          f"({time.monotonic() - t:.1f}s); the others untouched")
+    return 0
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     preflight()
     places = Places.from_env()
@@ -520,6 +702,8 @@ def cmd_up(args: argparse.Namespace) -> int:
               f"({time.monotonic() - t:.1f}s); {gateway_json(places)}; the other hosts "
               "untouched")
         return 0
+    if args.bastion:
+        return bastion_up(places, args)
     timer = Timer()
     shape, reserved_now = current_shape(places)
     if args.hosts is None:  # as many as there are, at least the default
@@ -538,22 +722,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     t = time.monotonic()
     ensure_client_key(places)
     runtime = install_gpu_tools(places)
-    extras = [i for i in existing_hosts(places) if i > args.hosts]
-    if extras:
-        log(f"stopping {', '.join(map(host_name, extras))} (beyond --hosts {args.hosts})")
-        with ThreadPoolExecutor(max_workers=len(extras)) as pool:
-            list(pool.map(lambda i: hostlib.stop(hostlib.Host(i, places)), extras))
+    stop_hosts(places, [i for i in existing_hosts(places) if i > args.hosts],
+               f"beyond --hosts {args.hosts}")
     hostlib.ensure_bridge()
     reg = registry.ensure(places)
     timer.phase("bridge+registry", t)
     t = time.monotonic()
+    if any(hostlib.Host(i, places).behind_bastion for i in range(1, args.hosts + 1)):
+        ensure_bastion(places)
     states = bring_up_hosts(places, gpus, runtime, cards)
-    (places.ssh / "known_hosts").write_text("\n".join(known_hosts_lines(places, args.hosts)) + "\n")
-    places.ssh_config.write_text(ssh_config_text(places))
+    write_ssh_files(places, args.hosts, user=not args.no_user_ssh)
     write_hosts_json(places, gpus, reserved, cards)
-    if not args.no_user_ssh:
-        install_user_ssh(places, args.hosts)
-    check_ssh(places, args.hosts)
+    check_ssh(places, list(range(1, args.hosts + 1)))
     timer.phase("hosts", t)
     if not args.no_images:
         images.ensure(places, [hostlib.Host(i, places) for i in range(1, args.hosts + 1)], timer)
@@ -586,10 +766,12 @@ def cmd_reboot(args: argparse.Namespace) -> int:
         hostlib.stop_processes(host, grace=0.0)
     hostlib.stop(host)
     down_s = time.monotonic() - t
+    card = current_cards(places).get(host.name, DEFAULT_CARD)
     hostlib.start(host, runtime=install_gpu_tools(places),
-                  gpus=gpu_document(host.name, layout[host.name]))
+                  gpus=gpu_document(host.name, layout[host.name], card))
     hostlib.wait_ready(host)
-    write_hosts_json(places, {**shape, host.name: layout[host.name]}, reserved)
+    write_hosts_json(places, {**shape, host.name: layout[host.name]}, reserved,
+                     current_cards(places))
     print(f"testbed reboot: {host.name} down in {down_s:.1f}s, up again in "
           f"{time.monotonic() - t - down_s:.1f}s with {gpu_label(layout[host.name])}")
     return 0
@@ -658,6 +840,8 @@ def print_summary(
 def cmd_down(args: argparse.Namespace) -> int:
     preflight()
     places = Places.from_env()
+    if args.bastion:
+        return bastion_down(places)
     t = time.monotonic()
     indexes = existing_hosts(places)
 
@@ -671,6 +855,10 @@ def cmd_down(args: argparse.Namespace) -> int:
     if gateway.netns_path.exists() or (gateway.dir / "holder.json").exists():
         jobs.append(functools.partial(hostlib.stop, gateway))
         gateway_json(places).unlink(missing_ok=True)
+    bastion = hostlib.Host(BASTION_INDEX, places)
+    if bastion.netns_path.exists() or (bastion.dir / "holder.json").exists():
+        jobs.append(functools.partial(hostlib.stop, bastion))
+        bastion_json(places).unlink(missing_ok=True)
     with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
         for future in [pool.submit(job) for job in jobs]:
             future.result()
@@ -716,6 +904,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         states = list(pool.map(lambda i: hostlib.inspect(hostlib.Host(i, places)), indexes))
     gw_host = hostlib.Host(GATEWAY_INDEX, places)
     gw_state = hostlib.inspect(gw_host) if gateway_json(places).exists() else None
+    jump = hostlib.Host(BASTION_INDEX, places)
+    jump_state = hostlib.inspect(jump) if bastion_json(places).exists() else None
+    behind = {s.name for s in states
+              if hostlib.Host(int(s.name[2:]), places).behind_bastion}
     reg_pid = registry.pid(places)
     reg_ok = registry.answers()
     runtime = places.bin / "simgpu-runtime"
@@ -738,6 +930,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "docker_answers": s.docker_ok,
                 "ssh_answers": s.ssh_ok,
                 "network": s.network_ok,
+                # reached through the bastion alone (`up --bastion`)
+                "behind_bastion": s.name in behind,
             }
             for s in states
         ],
@@ -749,6 +943,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         "gateway": None if gw_state is None else {
             "name": gw_state.name, "address": gw_state.address, "healthy": gw_state.healthy,
             "sshd": gw_state.sshd, "dockerd": gw_state.dockerd},
+        # `up --bastion`'s jump host; not counted in the exit code, as the gateway
+        "bastion": None if jump_state is None else {
+            "name": jump_state.name, "address": jump_state.address,
+            "healthy": bool(jump_state.sshd and jump_state.ssh_ok), "sshd": jump_state.sshd},
     }
     if args.json:
         print(json.dumps(report, indent=2))
@@ -768,11 +966,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         for s in states:
             images = docker_images(hostlib.Host(int(s.name[2:]), places)) if s.docker_ok else "-"
             stale = "" if current[s.name] or not s.dockerd else "  (dockerd outdated: run up)"
+            via = f"  (behind {BASTION_HOST})" if s.name in behind else ""
             print(
                 f"  {s.name} {s.address:<11} sshd {mark(s.ssh_ok and s.sshd, s.sshd):<12} "
                 f"dockerd {mark(s.docker_ok and s.dockerd, s.dockerd):<12} images: {images}"
-                f"{stale}"
+                f"{stale}{via}"
             )
+        if jump_state is not None:
+            print(f"  {jump_state.name} {jump_state.address:<11} bastion: "
+                  f"{'up' if jump_state.sshd and jump_state.ssh_ok else 'DOWN'} "
+                  "(scripts/testbed up --bastion)")
         if gw_state is not None:
             print(f"  {gw_state.name} {gw_state.address:<11} gateway host: "
                   f"{'healthy' if gw_state.healthy else 'DOWN (scripts/testbed up --gateway)'}")
@@ -802,7 +1005,7 @@ def main(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start (or repair) the local fleet; idempotent")
     up.add_argument("--hosts", type=int, default=None,
-                    help=f"number of hosts, 1..10 (default: as many as now, at least "
+                    help=f"number of hosts, 1..{MAX_HOSTS} (default: as many as now, at least "
                     f"{DEFAULT_HOSTS})")
     up.add_argument("--reserve", default=None, metavar="tbN[,tbN]",
                     help="hosts left out of inventory/testbed.py, kept for the test suite's own "
@@ -833,6 +1036,11 @@ def main(argv: list[str]) -> int:
         "memory and what a process holds beside its pool",
     )
     up.add_argument("--no-images", action="store_true", help="skip building/pushing/pulling images")
+    up.add_argument("--bastion", action="store_true",
+                    help=f"start (or repair) the bastion {BASTION_HOST} ({BASTION_ADDRESS}: "
+                    "sshd alone, OpenSSH's default MaxStartups and MaxSessions) and, with "
+                    "--hosts N, hosts beyond the current ones up to tbN behind it (their sshd "
+                    "answers the bastion alone); the hosts up now are left exactly as they are")
     up.add_argument("--gateway", action="store_true",
                     help="start (or repair) only the gateway host tbgw (10.87.0.30, the "
                     "inventory's gateway group); tb1..tbN are left exactly as they are")
@@ -863,6 +1071,8 @@ def main(argv: list[str]) -> int:
     engine.add_argument("host", metavar="tbN")
     down = sub.add_parser("down", help="stop everything; keeps docker data unless --purge")
     down.add_argument("--purge", action="store_true", help="also delete all testbed state")
+    down.add_argument("--bastion", action="store_true",
+                      help="stop only the bastion and the hosts behind it")
     status = sub.add_parser(
         "status", help="show hosts, daemons and registry (exit 3 if not healthy)"
     )

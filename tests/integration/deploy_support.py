@@ -89,14 +89,16 @@ def write_inventory(path: Path, *, model: str, source: Path, golden: Path, offse
                     warmup_samples: int = 10, warmup_p99_ms: float = 1000.0,
                     keep_releases: int = 3, gpu_mib: int = GPU_MIB,
                     gpus: int | dict[str, int] = 1,
-                    hosts: dict[str, str] = HOSTS, ssh_port: int = 22) -> Path:
+                    hosts: dict[str, str] = HOSTS, ssh_port: int = 22,
+                    extra_vars: dict[str, Any] | None = None) -> Path:
     """A test inventory: ``hosts`` (groups canary [the first], main [the others]), the
-    assembled model, short gates."""
+    assembled model, short gates; ``extra_vars`` more defaults (``ssh_proxy_jump``, ...)."""
     first, *others = hosts
     path.write_text(inventory_text(
         title="the deploy integration tests", model=model, source=source, golden=golden,
         offset=offset, groups=f'{{"canary": Group([{first!r}]), "main": Group({others!r})}}',
         memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus, hosts=hosts, ssh_port=ssh_port,
+        extra_vars=extra_vars,
         warmup=f"Warmup(samples={warmup_samples!r}, p99_ms={warmup_p99_ms!r}, timeout_s=60)",
         rollout=f"Rollout(serial={serial!r}, min_healthy_s={min_healthy_s!r}, "
                 f"load_timeout_s={load_timeout_s!r}, drain_timeout_s=30, "

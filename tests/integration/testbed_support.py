@@ -53,8 +53,11 @@ KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
 # the master connections of ssh(): a private directory (a socket path must stay short)
 MUX_DIR = Path(tempfile.gettempdir()) / f"tfsdeploy-tests-ssh-{os.getuid()}"
 REGISTRY = "10.87.0.1:5000"
-# the testbed contract: tbN is 10.87.0.(10+N), a simulated 16 GiB GPU each
-ADDRESSES = {f"tb{n}": f"10.87.0.{10 + n}" for n in range(1, 11)}
+# the testbed contract: tbN is 10.87.0.(10+N) up to tb10, then 10.87.0.(100+N) up to tb30,
+# a simulated 16 GiB GPU each
+ADDRESSES = {f"tb{n}": f"10.87.0.{10 + n if n <= 10 else 100 + n}" for n in range(1, 31)}
+# the bastion (`scripts/testbed up --bastion`): OpenSSH's default MaxStartups and MaxSessions
+BASTION_HOST, BASTION_ADDRESS = "tbjump", "10.87.0.31"
 # the hosts of a test module's model unless it names others
 HOSTS = {name: ADDRESSES[name] for name in ("tb1", "tb2", "tb3")}
 # the fleet of a module whose cases are per host and need only a first and a second batch

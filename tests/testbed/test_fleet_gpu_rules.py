@@ -70,7 +70,7 @@ def test_reservations_stay_until_changed_and_name_existing_hosts() -> None:
     (["tb1=16384,8192,8192"], ["2"], "tb1: --gpu-mib lists 3 GPU sizes but --gpus asks for 2"),
     ([], ["17"], "--gpus '17': give a number of GPUs per host, 0..16"),
     ([], ["two"], "--gpus 'two'"),
-    ([], ["tb12=1"], "unknown host 'tb12'"),
+    ([], ["tb31=1"], "unknown host 'tb31'"),
     (["tb1=-1"], [], "sizes must be positive integers in MiB, or 0 alone"),
     (["16384,0"], [], "sizes must be positive integers in MiB, or 0 alone"),
 ])

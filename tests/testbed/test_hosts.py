@@ -22,7 +22,7 @@ def test_hosts_json_follows_the_contract(testbed: Testbed) -> None:
     assert len(data["hosts"]) >= 2, "the host tests need at least 2 hosts (scripts/testbed up)"
     for i, host in enumerate(data["hosts"], start=1):
         assert host["name"] == f"tb{i}"
-        assert host["address"] == f"10.87.0.{10 + i}"
+        assert host["address"] == f"10.87.0.{10 + i if i <= 10 else 100 + i}"
         for gpu in host["gpus"]:
             assert {"index", "name", "memory_mib"} <= set(gpu)
     assert testbed.ssh_key.exists() and testbed.known_hosts.exists()

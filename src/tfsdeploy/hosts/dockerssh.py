@@ -226,9 +226,12 @@ class DialStdioAdapter(requests.adapters.HTTPAdapter):
     channel of ``transport``; failures to reach the engine become EngineUnreachable."""
 
     def __init__(self, transport: paramiko.Transport, *, host: str, timeout: float,
-                 pool_size: int) -> None:
+                 pool_size: int,
+                 open_session: Callable[[], paramiko.Channel] | None = None) -> None:
         super().__init__(max_retries=0)  # a retried POST could run twice on the engine
         self.transport = transport
+        self.open_session = open_session or (
+            lambda: transport.open_session(timeout=OPEN_TIMEOUT_S))
         self.host = host
         self.timeout = timeout
         self.channels_opened = 0
@@ -238,7 +241,7 @@ class DialStdioAdapter(requests.adapters.HTTPAdapter):
         if not self.transport.is_active():
             raise EngineUnreachable(f"{self.host}: the SSH connection is closed")
         try:
-            channel = self.transport.open_session(timeout=OPEN_TIMEOUT_S)
+            channel = self.open_session()
             channel.exec_command(DIAL_STDIO)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise EngineUnreachable(f"{self.host}: cannot start `{DIAL_STDIO}` over SSH: "
@@ -319,7 +322,8 @@ def _api_version(adapter: DialStdioAdapter, timeout: float) -> str:
 
 
 def docker_client(transport: paramiko.Transport, *, host: str | None = None,
-                  timeout: float = API_TIMEOUT_S, pool_size: int = POOL_SIZE
+                  timeout: float = API_TIMEOUT_S, pool_size: int = POOL_SIZE,
+                  open_session: Callable[[], paramiko.Channel] | None = None
                   ) -> docker.DockerClient:
     """A DockerClient for the engine of the host at the other end of ``transport``.
 
@@ -329,11 +333,13 @@ def docker_client(transport: paramiko.Transport, *, host: str | None = None,
     bounded). ``host`` names the host in errors (default: the peer address). One call to the
     engine (/_ping) picks the API version. Closing the client closes its channels, never
     ``transport``. Sets TCP_NODELAY on the transport's socket (see ``_no_delay``). Raises
-    EngineUnreachable when the engine cannot be reached.
+    EngineUnreachable when the engine cannot be reached. ``open_session`` opens each channel
+    (default: ``transport.open_session``; the host's connection bounds its sessions).
     """
     name = host or _peer(transport)
     _no_delay(transport)
-    adapter = DialStdioAdapter(transport, host=name, timeout=timeout, pool_size=pool_size)
+    adapter = DialStdioAdapter(transport, host=name, timeout=timeout, pool_size=pool_size,
+                               open_session=open_session)
     version = _api_version(adapter, timeout)
     # The SDK's ssh:// set-up gives the base URL and the stream handling of an engine behind
     # SSH; with use_ssh_client=True it makes no connection of its own (it would start the ssh

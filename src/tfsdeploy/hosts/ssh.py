@@ -8,6 +8,11 @@ accepted, and an unknown, changed or ``@revoked`` key refuses the connection. Co
 argument lists quoted here, once. Files are written atomically and durably (a temporary name,
 fsynced, then a rename, the directory fsynced). Docker Engine calls ride the same connection
 (``dockerssh``): no second login, no port forwarding.
+
+Through a jump host (``ssh_proxy_jump``, or ``ProxyJump`` in ~/.ssh/config), the process holds
+one connection to the jump host for every host behind it. Handshakes are bounded per hop
+(``ssh_max_startups``) and a refused or reset one is tried again after a pause; session
+channels are bounded per connection (``ssh_max_sessions``): hops.py says why and how.
 """
 
 from __future__ import annotations
@@ -17,20 +22,34 @@ import logging
 import posixpath
 import select
 import shlex
-import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import paramiko
 from fabric import Connection as FabricConnection
 
 from tfsdeploy.core.errors import HostUnreachable, TfsDeployError
 from tfsdeploy.core.inventory.fleet import ResolvedHost
+from tfsdeploy.core.ssh.jump import parse_jump
 from tfsdeploy.hosts.commands.files import write_file
 from tfsdeploy.hosts.dockerapi import Docker, SdkDocker
-from tfsdeploy.hosts.dockerssh import docker_client
+from tfsdeploy.hosts.dockerssh import OPEN_TIMEOUT_S, POOL_SIZE, docker_client
+from tfsdeploy.hosts.hops import (
+    LINKS,
+    HandshakesRefused,
+    Hop,
+    HopConnection,
+    Links,
+    Sessions,
+    chain,
+    first_endpoint,
+    session_refused,
+    tune,
+)
 from tfsdeploy.hosts.hostkeys import USER_KNOWN_HOSTS, check_host_keys, read_known_hosts
 from tfsdeploy.hosts.logins import PullLogins
 
@@ -56,8 +75,6 @@ class Result:
 
 
 COMMAND_TIMEOUT_S = 120.0
-KEEPALIVE_S = 5
-USER_TIMEOUT_MS = 30_000
 
 
 class Connection(Protocol):
@@ -88,14 +105,6 @@ def quiet_paramiko() -> None:
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 
-def _hops(conn: FabricConnection) -> list[FabricConnection]:
-    """The connection and every ProxyJump hop it goes through."""
-    chain = [conn]
-    while isinstance(chain[-1].gateway, FabricConnection):
-        chain.append(chain[-1].gateway)
-    return chain
-
-
 class UploadFailed(TfsDeployError):
     """The host refused a file the toolkit uploaded (its volume full, a path it cannot
     write); the connection itself is fine."""
@@ -107,19 +116,26 @@ ConnectionFactory = Callable[[ResolvedHost], Connection]
 
 class SshConnection:
     """A host's connection: one Fabric/paramiko transport, opened lazily, reused for every
-    command, file and Docker call of the run."""
+    command, file and Docker call of the run; through the process's shared jump host when
+    the host has one."""
 
-    def __init__(self, host: ResolvedHost, *, connect_timeout: float = 10.0) -> None:
+    def __init__(self, host: ResolvedHost, *, connect_timeout: float = 10.0,
+                 links: Links = LINKS) -> None:
         quiet_paramiko()
         self.host = host
+        self._links = links
         v = host.vars
         kwargs: dict[str, Any] = {"allow_agent": v.ssh_key is None,
                                   "look_for_keys": v.ssh_key is None}
         if v.ssh_key:
             kwargs["key_filename"] = [v.ssh_key]
-        self._conn = FabricConnection(host.address, user=v.ssh_user, port=v.ssh_port,
-                                      connect_timeout=int(connect_timeout),
-                                      connect_kwargs=kwargs)
+        self._conn = HopConnection(host.address, user=v.ssh_user, port=v.ssh_port,
+                                   connect_timeout=int(connect_timeout),
+                                   connect_kwargs=dict(kwargs))
+        self._sessions = Sessions(v.ssh_max_sessions, host=host.name)
+        self._hop: Hop | None = None
+        self._joined = False
+        self._opening = threading.Lock()
         # a known_hosts file that is missing or unreadable makes the host unreachable (as an
         # unknown key would), reported when the run first needs the host
         self._refused: HostUnreachable | None = None
@@ -132,11 +148,41 @@ class SshConnection:
                 f"({type(exc).__name__}: {exc}); fix: point ssh_known_hosts at a readable file "
                 "holding the host's key or its CA")
         else:
-            for hop in _hops(self._conn):  # every ProxyJump hop, strictly too
-                check_host_keys(hop.client, hop.connect_kwargs, entries, address=hop.host,
-                                port=hop.port, source=source)
+            def trust(conn: FabricConnection) -> None:  # every hop is checked strictly too
+                for hop in chain(conn):
+                    check_host_keys(hop.client, hop.connect_kwargs, entries, address=hop.host,
+                                    port=hop.port, source=source)
+
+            self._hop = self._shared_hop(kwargs, connect_timeout, source, trust)
+            check_host_keys(self._conn.client, self._conn.connect_kwargs, entries,
+                            address=self._conn.host, port=self._conn.port, source=source)
         self._sftp: Any = None
         self._docker: Docker | None = None
+
+    def _shared_hop(self, kwargs: dict[str, Any], connect_timeout: float, source: str,
+                    trust: Callable[[FabricConnection], None]) -> Hop | None:
+        """The process's connection to the host's jump host: the inventory's
+        ``ssh_proxy_jump`` (logging in with the host's key), else ~/.ssh/config's ProxyJump
+        (as Fabric read it), else none."""
+        jump = self.host.vars.ssh_proxy_jump
+        if jump is not None:
+            spec = parse_jump(jump)
+            gateway = FabricConnection(spec.address, user=spec.user, port=spec.port,
+                                       connect_timeout=int(connect_timeout),
+                                       connect_kwargs=dict(kwargs))
+        elif isinstance(self._conn.gateway, FabricConnection):
+            gateway = self._conn.gateway
+        else:
+            return None
+        hop = self._links.hop(gateway, source=source, prepare=trust)
+        self._conn.gateway = hop.conn
+        self._conn.hop = hop
+        return hop
+
+    @property
+    def sessions(self) -> Sessions:
+        """The bound on this connection's session channels (``peak``: the most held)."""
+        return self._sessions
 
     def transport(self) -> Any:
         """The open paramiko Transport (connecting first if needed)."""
@@ -146,32 +192,56 @@ class SshConnection:
         if self._refused is not None:
             raise self._refused
         if not self._conn.is_connected:
-            try:
-                self._conn.open()
-            except Exception as exc:  # paramiko/socket errors all mean: this host is unreachable
-                # a refused key leaves paramiko's transport thread and socket running
-                # (SSHClient.connect raises without closing, and Fabric's close() does nothing
-                # before open() succeeded): close every hop's client
-                for hop in _hops(self._conn):
-                    hop.client.close()
-                raise HostUnreachable(f"{self.host.name} ({self.host.address}): "
-                                      f"{type(exc).__name__}: {exc}") from exc
-            # A host that vanishes without a reset (network down, machine off) must become an
-            # error within seconds, not a read that blocks forever: SSH keepalives, and a TCP
-            # user timeout on unacknowledged data.
-            transport = self._conn.client.get_transport()
-            if transport is not None:
-                transport.set_keepalive(KEEPALIVE_S)
-                with contextlib.suppress(OSError, AttributeError):
-                    transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
-                                              USER_TIMEOUT_MS)
-                # small requests must not wait for the host's delayed ACK (~40 ms each)
-                with contextlib.suppress(OSError, AttributeError):
-                    transport.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._opening:  # threads sharing the connection open it once
+                if not self._conn.is_connected:
+                    self._open()
         transport = self._conn.client.get_transport()
         if transport is None or not transport.is_active():
             raise HostUnreachable(f"{self.host.name}: the SSH connection is closed")
         return transport
+
+    def _open(self) -> None:
+        """Connect: the jump host first (once per process), then the host through it, the
+        handshakes bounded per hop and a refused or reset one tried again."""
+        hop, limit = self._hop, self.host.vars.ssh_max_startups
+        if hop is not None and not self._joined:
+            hop.join()
+            self._joined = True
+        where = f"{self.host.name} ({self.host.address})"
+        try:
+            self._links.handshake(first_endpoint(self._conn), limit, self._connect, what=where,
+                                  before=None if hop is None else lambda: hop.open(limit))
+        except HandshakesRefused:
+            self._leave_hop()
+            raise
+        except Exception as exc:  # paramiko/socket errors all mean: this host is unreachable
+            self._leave_hop()
+            raise HostUnreachable(f"{where}: {type(exc).__name__}: {exc}") from exc
+        tune(self._conn.client.get_transport())
+
+    def _connect(self) -> None:
+        try:
+            self._conn.open()
+        except Exception:
+            # a refused key leaves paramiko's transport thread and socket running
+            # (SSHClient.connect raises without closing, and Fabric's close() does nothing
+            # before open() succeeded); a shared hop stays for the other hosts
+            self._conn.client.close()
+            raise
+
+    def _leave_hop(self) -> None:
+        if self._hop is not None and self._joined:
+            self._joined = False
+            self._hop.leave()
+
+    def _open_session(self, transport: Any) -> paramiko.Channel:
+        """A session channel, once fewer than ``ssh_max_sessions`` are open. At the limit,
+        the round trip that frees closed channels' places is OpenSSH's own keepalive
+        (``keepalive@openssh.com`` with a reply, as ssh's ServerAliveInterval sends it:
+        every server answers it, a failure reply included)."""
+        return self._sessions.open(
+            lambda: transport.open_session(timeout=OPEN_TIMEOUT_S),
+            confirm=lambda: transport.global_request("keepalive@openssh.com", wait=True))
 
     def run(self, argv: list[str], *, timeout: float | None = None,
             stdin: bytes | None = None) -> Result:
@@ -183,7 +253,7 @@ class SshConnection:
         limit = timeout or COMMAND_TIMEOUT_S
         transport = self._transport()
         try:
-            channel = transport.open_session(timeout=10)
+            channel = self._open_session(transport)
             channel.exec_command(shlex.join(argv))
             if stdin is not None:
                 _send_input(channel, stdin)
@@ -198,6 +268,10 @@ class SshConnection:
         except (OSError, EOFError, Exception) as exc:
             if isinstance(exc, HostUnreachable):
                 raise
+            if session_refused(exc) and transport.is_active():  # the host said no
+                raise HostUnreachable(
+                    f"{self.host.name}: the host refused a session for `{argv[0]}` ({exc}); "
+                    "fix: set ssh_max_sessions at most its sshd's MaxSessions") from exc
             self.close()
             raise HostUnreachable(f"{self.host.name}: connection lost during `{argv[0]}`: "
                                   f"{type(exc).__name__}: {exc}") from exc
@@ -210,7 +284,9 @@ class SshConnection:
     def _sftp_client(self) -> Any:
         if self._sftp is None:
             try:
-                self._sftp = self._transport().open_sftp_client()
+                channel = self._open_session(self._transport())
+                channel.invoke_subsystem("sftp")
+                self._sftp = paramiko.SFTPClient(channel)
             except HostUnreachable:
                 raise
             except Exception as exc:
@@ -259,7 +335,13 @@ class SshConnection:
         if self._docker is None:
             logins = PullLogins(self.host.name, self.host.vars.pull_logins,
                                 lambda argv, stdin: self.run(argv, stdin=stdin, timeout=30))
-            self._docker = SdkDocker(docker_client(self._transport()), self.host.name, logins)
+            transport = self._transport()
+            # idle channels kept for reuse hold sessions too: leave room for a command and
+            # an upload beside them
+            client = docker_client(
+                transport, pool_size=max(1, min(POOL_SIZE, self._sessions.limit - 2)),
+                open_session=lambda: self._open_session(transport))
+            self._docker = SdkDocker(client, self.host.name, logins)
         return self._docker
 
     def close(self) -> None:
@@ -270,6 +352,7 @@ class SshConnection:
         self._sftp = None
         self._docker = None
         self._conn.close()
+        self._leave_hop()
 
 
 def _send_input(channel: Any, data: bytes) -> None:

@@ -28,6 +28,7 @@ from tfsdeploy.core.inventory.schema import (
     pattern_rule,
     rule,
 )
+from tfsdeploy.core.ssh.jump import jump_problem
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,13 @@ LoginReference = Annotated[str, Strict(), rule(
     "(env:NAME or file:/absolute/path); it is not shown, in case it is the credential itself",
     "name where the pull-only USER:PASSWORD is: env:NAME (an environment variable of the "
     "deploy machine) or file:/path (a file only its owner reads); never the credential")]
+ProxyJump = Annotated[str, Strict(), Field(max_length=300), rule(
+    jump_problem, "write the jump host as OpenSSH's ProxyJump does: [user@]host[:port], "
+    "e.g. 'root@bastion.example:22'")]
+# OpenSSH's defaults (sshd_config(5)): MaxStartups 10:30:100 drops new connections at random
+# once 10 are unauthenticated; MaxSessions 10 refuses an 11th session channel on a connection
+OPENSSH_MAX_STARTUPS = 10
+OPENSSH_MAX_SESSIONS = 10
 GpuMargin = Annotated[float, Strict(), Field(le=10.0, allow_inf_nan=False), rule(
     lambda v: "is below 1: the reservation would be smaller than the model's footprint"
     if v < 1.0 else None, "set gpu_safety_margin between 1.2 and 1.5 (the measured need "
@@ -127,6 +135,17 @@ class HostVars:
     ssh_port: Port = 22
     ssh_key: Text | None = None
     ssh_known_hosts: Text | None = None
+    # the jump host every connection to the host goes through (OpenSSH's ProxyJump): one
+    # connection to it per deploy machine process, shared by every host behind it
+    ssh_proxy_jump: ProxyJump | None = None
+    # SSH handshakes (connection to login) in flight at once per hop: through the jump host
+    # (its own and those it carries), or to the host without one; at most the sshd's
+    # MaxStartups start, so that its random early drop never begins
+    ssh_max_startups: Annotated[int, Strict(), Field(ge=1, le=1000)] = OPENSSH_MAX_STARTUPS
+    # session channels (commands, Docker Engine calls, SFTP) open at once on the host's
+    # connection: at most its sshd's MaxSessions. Three at least: a command beside a Docker
+    # call beside an upload
+    ssh_max_sessions: Annotated[int, Strict(), Field(ge=3, le=1000)] = OPENSSH_MAX_SESSIONS
     data_root: AbsoluteDir = "/srv/tfsdeploy"
     image: ImageReference = "tensorflow/serving:2.21.0-gpu"
     tfserving_version: TfsVersion = "2.21.0"
