@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -13,7 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -1000,6 +1002,16 @@ def docker_images(host: hostlib.Host) -> str:
     return ", ".join(names) or "none"
 
 
+@contextlib.contextmanager
+def fleet_lock(places: Places, *, shared: bool) -> Iterator[None]:
+    """The testbed's own lock (``$STATE/testbed.lock``): exclusive for the commands that
+    change hosts, shared for those that read them; waited for, however long the holder runs."""
+    places.state.mkdir(parents=True, exist_ok=True)
+    with open(places.state / "testbed.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        yield
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="scripts/testbed", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1083,11 +1095,16 @@ def main(argv: list[str]) -> int:
     prom.add_argument("--no-targets", action="store_true",
                       help="do not read the hosts for the models' current targets")
     args = parser.parse_args(argv)
+    # One command changes the fleet at a time, and `status` answers between them, never in
+    # the middle of one (a host being rebooted is not a fleet to repair: a test's
+    # "is the fleet up?" that ran `up` then would give the host back what the reboot took)
+    shared = args.command in ("status", "prometheus")
     handler = {"up": cmd_up, "down": cmd_down, "status": cmd_status,
                "prometheus": cmd_prometheus, "reboot": cmd_reboot,
                "restart-engine": cmd_restart_engine}[args.command]
     try:
-        return handler(args)
+        with fleet_lock(Places.from_env(), shared=shared):
+            return handler(args)
     except TestbedError as exc:
         print(f"testbed {args.command}: FAILED: {exc}", file=sys.stderr)
         return 1

@@ -103,25 +103,18 @@ def _images_in_registry() -> bool:
 def fleet_healthy() -> bool:
     """Every host's sshd and dockerd answer, the registry too (scripts/testbed status), with
     the images in it."""
-    return (_testbed("status", "--json", timeout=60).returncode == 0
+    # status waits while a fleet command (a test's reboot of its host) runs: up to 5 minutes
+    return (_testbed("status", "--json", timeout=300).returncode == 0
             and _images_in_registry())
 
 
-def _someone_cycles_the_fleet() -> bool:
-    found = subprocess.run(["pgrep", "-f", "testbed.py (up|down)"], capture_output=True,
-                           text=True)
-    return bool(found.stdout.strip())
-
-
-def ensure_fleet(cycle_wait_s: float = 600) -> None:
-    """A healthy fleet: brought up when it is not (idempotent). Another session's `scripts/
-    testbed up` or `down` in progress is waited out first (up to ``cycle_wait_s``): the one
-    testbed fault waited for here; a fleet that `up` leaves unhealthy is an error."""
+def ensure_fleet() -> None:
+    """A healthy fleet: brought up when it is not (idempotent). A fleet command in progress
+    (another session's `up` or `down`, a test's reboot of its host) is waited out by
+    `scripts/testbed status`, which answers between such commands, never during one; a fleet
+    that `up` leaves unhealthy is an error."""
     if os.geteuid() != 0:
         pytest.fail("the local fleet needs root (namespaces, bridges, dockerd)", pytrace=False)
-    end = time.monotonic() + cycle_wait_s
-    while _someone_cycles_the_fleet() and time.monotonic() < end:
-        time.sleep(3)
     if fleet_healthy():
         return
     proc = _testbed("up", *SUITE_FLEET)

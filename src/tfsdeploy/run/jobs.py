@@ -175,6 +175,7 @@ class HostJob:
     retiring: dict[int, str | None] = field(default_factory=dict)
     port_move: PortMove = field(default_factory=PortMove)  # old ports the proxy keeps
     gateway_drained: bool = False  # the gateway hosts route none of the model's requests here
+    gpu_reserved: bool = False  # this run took a window reservation on the host's GPUs
     # (instance, slot) of every server the proxy has in rotation while its health check fails
     # (planned instances and retiring ones): out of rotation before any traffic moves
     down_slots: frozenset[tuple[int, str]] = frozenset()

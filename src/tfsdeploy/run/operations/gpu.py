@@ -103,6 +103,11 @@ def release_gpu(job: HostJob) -> Ops:
     token = job.run.lock_token or "-"
     records = [(job.paths.overhead_file(r.gpu), r.model_dump_json())
                for i in job.instances for r in i.overhead]
+    held = job.gpu_reserved or any(  # by this run, or by the run it finishes (canary)
+        r.model == job.model.name and r.lock_token == job.run.lock_token
+        for r in job.facts.gpu_truth.reservations)
+    if not held:  # no window opened here: nothing to give back, no new process measured
+        return "nothing reserved under this lock here"
     yield Command.of(release_reservation(job.paths.gpu_dir, job.model.name, token, records),
                      "give back the window's GPU reservation and record what its processes "
                      "held beside their pools (host-wide)", timeout=60)

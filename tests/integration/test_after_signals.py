@@ -1,0 +1,98 @@
+"""A signal after the roll never rewrites or erases what the run recorded: `fab deploy
+--json-file F --metrics-file P`, sent SIGTERM (and, in another run, Ctrl-C) once every host has
+finished its roll while its after-passes still run (the model's Prometheus targets go to a
+monitoring host whose SSH port does not answer), leaves F and P with the roll's own exit code,
+says the signal, and ends at once.
+
+Model ``itaftersig`` on tb1 (port offset 5300). The monitoring host is an address of the
+testbed's network where no host answers: SSH connections to it hang until they time out, as
+to a Prometheus host behind a firewall that drops them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from deploy_support import CORRUPT, GOOD, Fleet, fleet_fixture
+from testbed_support import ADDRESSES, Watched
+
+pytestmark = pytest.mark.testbed
+
+MODEL, OFFSET = "itaftersig", 5300
+HOSTS = {"tb1": ADDRESSES["tb1"]}
+SILENT = "10.87.0.99"  # no testbed host has it: SSH to it gets no answer
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    for made in fleet_fixture(tmp_path_factory, MODEL, OFFSET, {1: GOOD[1], 2: GOOD[2],
+                                                                3: CORRUPT},
+                              serial=(1,), hosts=HOSTS):
+        text = made.inventory.read_text()
+        text = text.replace("        port_offset=", '        hosts="canary",\n'
+                            "        port_offset=", 1)
+        text += ("\nfrom tfsdeploy.core.inventory.monitoring import Monitoring\n"
+                 f"hosts.append(Host('prom', {SILENT!r}))\n"
+                 "monitoring = Monitoring(hosts='prom', targets_dir='/srv/prometheus-targets')\n")
+        made.inventory.write_text(text)
+        run = made.fab("deploy", "--version", "1")
+        assert run.code == 0, run.describe()
+        yield made
+
+
+def signalled_deploy(fleet: Fleet, tmp: Path, version: int, sig: int
+                     ) -> tuple[int, dict[str, object], str, float, str]:
+    """Deploy ``version`` and send ``sig`` once its result is recorded (the JSON file written:
+    the after-passes run from then on); returns (exit code, JSON result, textfile, seconds
+    from the signal to the exit, output)."""
+    result, metrics = tmp / f"result-{version}.json", tmp / f"tfsdeploy-{version}.prom"
+    watched = Watched(fleet.argv("deploy", "--version", str(version), "--json-file",
+                                 str(result), "--metrics-file", str(metrics)), fleet.log)
+    end = time.monotonic() + 300
+    while not result.exists():
+        assert watched.proc.poll() is None, watched.text()
+        assert time.monotonic() < end, watched.text()
+        time.sleep(0.05)
+    time.sleep(0.5)  # the targets' after-pass is under way, its SSH connection hanging
+    assert watched.proc.poll() is None, "the run ended before its after-passes were cut"
+    sent = time.monotonic()
+    watched.send(sig)
+    run = watched.finish(timeout=60)
+    return (run.code, json.loads(result.read_text()), metrics.read_text(),
+            time.monotonic() - sent, run.out)
+
+
+def exit_sample(textfile: str) -> int:
+    found = re.search(r'^tfsdeploy_last_run_exit_code\{[^}]*command="deploy"[^}]*\} (\d+)$',
+                      textfile, re.M)
+    assert found, textfile
+    return int(found[1])
+
+
+def test_sigterm_during_the_after_passes_leaves_the_roll_s_result(fleet: Fleet,
+                                                                  tmp_path: Path) -> None:
+    code, result, textfile, seconds, out = signalled_deploy(fleet, tmp_path, 2,
+                                                            signal.SIGTERM)
+    assert code == 0, out
+    assert result["exit_code"] == 0 and exit_sample(textfile) == 0
+    assert "SIGTERM after the roll: its result stands as recorded" in out, out
+    assert seconds < 10, f"{seconds:.1f} s from SIGTERM to the exit"
+    fleet.assert_serving(2)
+
+
+def test_ctrl_c_during_the_after_passes_of_a_failed_roll_leaves_exit_2(fleet: Fleet,
+                                                                      tmp_path: Path) -> None:
+    code, result, textfile, seconds, out = signalled_deploy(fleet, tmp_path, 3,
+                                                            signal.SIGINT)
+    assert code == 2, out
+    assert result["exit_code"] == 2 and exit_sample(textfile) == 2
+    assert "SIGINT after the roll: its result stands as recorded" in out, out
+    assert "interrupted before any host was changed" not in out
+    assert seconds < 10, f"{seconds:.1f} s from Ctrl-C to the exit"
+    fleet.assert_serving(2)
