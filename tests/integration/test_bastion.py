@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,26 +24,16 @@ from testbed_support import (
     BASTION_HOST,
     HOSTS,
     KNOWN_HOSTS,
-    REPO,
     STATE,
     expected_y,
+    fleet_daemons,
+    testbed_command,
 )
 
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itbastion", 4800
 LOGS = STATE / "logs"
-
-
-def _testbed(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(REPO / "scripts" / "testbed"), *args],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-
-
-def _daemons() -> dict[str, tuple[int, int]]:
-    """Each serving host's sshd and dockerd pids (scripts/testbed status)."""
-    report = json.loads(_testbed("status", "--json").stdout)
-    return {h["name"]: (h["sshd"], h["dockerd"]) for h in report["hosts"]}
 
 
 class Logs:
@@ -76,10 +65,10 @@ UP: dict[str, Any] = {}
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     if not Path("/run/netns").exists():
         pytest.skip("the local fleet is not up")
-    before = _daemons()
-    proc = _testbed("up", "--bastion")
+    before = fleet_daemons()
+    proc = testbed_command("up", "--bastion")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    UP.update(before=before, after=_daemons(), out=proc.stdout)
+    UP.update(before=before, after=fleet_daemons(), out=proc.stdout)
     # the hosts' keys and the bastion's in one file, as a fleet's known_hosts holds them (a
     # copy: another session's `up` may rewrite the testbed's own meanwhile)
     known = tmp_path_factory.mktemp("bastion-keys") / "known_hosts"

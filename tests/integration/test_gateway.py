@@ -51,8 +51,10 @@ from testbed_support import (
     Watched,
     clean_model,
     fab_env,
+    fleet_daemons,
     netns,
     ssh,
+    testbed_command,
 )
 
 pytestmark = pytest.mark.testbed
@@ -127,27 +129,16 @@ def fab_gateway(fleet: Fleet, inventory: Path, *args: str) -> Run:
     return run
 
 
-def _testbed(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(REPO / "scripts" / "testbed"), *args],
-                          capture_output=True, text=True, timeout=300, cwd=REPO)
-
-
-def _daemons() -> dict[str, tuple[int, int]]:
-    """Each serving host's sshd and dockerd pids (scripts/testbed status)."""
-    report = json.loads(_testbed("status", "--json").stdout)
-    return {h["name"]: (h["sshd"], h["dockerd"]) for h in report["hosts"]}
-
-
 UP: dict[str, Any] = {}  # what the fixture's `up --gateway` did
 
 
 def _gateway_up() -> None:
     if os.geteuid() != 0:
         pytest.skip("the local fleet needs root")
-    before = _daemons()
-    proc = _testbed("up", "--gateway")
+    before = fleet_daemons()
+    proc = testbed_command("up", "--gateway")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    UP.update(before=before, after=_daemons(), out=proc.stdout)
+    UP.update(before=before, after=fleet_daemons(), out=proc.stdout)
 
 
 def _gateway_clean() -> None:

@@ -25,12 +25,12 @@ from rollback_support import GOLDEN, SOURCE_MODEL, Fleet, write_fast_playbook
 from testbed_support import (
     HOSTS,
     REGISTRY,
-    REPO,
     copy_version,
     fleet_lifetime,
     inventory_text,
     netns,
     ssh,
+    testbed_command,
 )
 from transfer_support import pad_version
 
@@ -68,13 +68,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
                               keep_env="TFSDEPLOY_PULL_TESTS_KEEP")
 
 
-def _testbed(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(REPO / "scripts" / "testbed"), *args], capture_output=True,
-                          text=True, timeout=900)
-
-
 def _dockerd_pid() -> int:
-    status = json.loads(_testbed("status", "--json").stdout)
+    status = json.loads(testbed_command("status", "--json").stdout)
     return int(next(h["dockerd"] for h in status["hosts"] if h["name"] == HOST))
 
 
@@ -104,7 +99,7 @@ def test_an_engine_killed_mid_pull_leaves_nothing_loadable_and_a_rerun_completes
         # the version directory appears whole (verified, one rename) or not at all
         assert set(_names()) <= {".pull-1"}, _names()
     finally:
-        repaired = _testbed(*SUITE_UP)
+        repaired = testbed_command(*SUITE_UP)
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     again = fleet.fab("stage", "--version", "1", "--json")
     assert again.code == 0, again.describe()
