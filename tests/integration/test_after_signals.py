@@ -69,7 +69,7 @@ def signalled_deploy(fleet: Fleet, tmp: Path, version: int, sig: int
 
 
 def exit_sample(textfile: str) -> int:
-    found = re.search(r'^tfsdeploy_last_run_exit_code\{[^}]*command="deploy"[^}]*\} (\d+)$',
+    found = re.search(r'^tfsdeploy_last_run_exit_code\{[^}]*command="deploy"[^}]*\} (\d+)(?:\.0)?$',
                       textfile, re.M)
     assert found, textfile
     return int(found[1])

@@ -138,7 +138,6 @@ def reserve_gpu(job: HostJob, change: ReserveGpu, step: str) -> str:
                          f"{taken.refusal.text()}; fix: deploy again once that window has "
                          "ended (its run finishes or fails), or roll this model with "
                          "strategy 'recreate'")
-    job.gpu_reserved = True
     others = len(taken.earlier)
     return (f"reserved as {taken.name}" + (f" beside {others} earlier window(s)"
                                            if others else ""))

@@ -89,6 +89,7 @@ def reserve_gpu(job: HostJob) -> Ops:
         model=job.model.name, instance=job.instance.index, release=job.run.release_id,
         lock_token=job.run.lock_token, who=job.run.who, started=now_iso(),
         need_mib=window_need(job, job.instance), containers=(job.container,))
+    job.gpu_reserved = True  # planned (--check) or taken: the window ends with its release
     yield ReserveGpu(record, reclaimed(job))
     return ""  # the reservation says where it stands
 
