@@ -27,7 +27,7 @@ from testbed_support import (
     STATE,
     expected_y,
     fleet_daemons,
-    testbed_command,
+    run_testbed,
 )
 
 pytestmark = pytest.mark.testbed
@@ -66,7 +66,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     if not Path("/run/netns").exists():
         pytest.skip("the local fleet is not up")
     before = fleet_daemons()
-    proc = testbed_command("up", "--bastion")
+    proc = run_testbed("up", "--bastion")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     UP.update(before=before, after=fleet_daemons(), out=proc.stdout)
     # the hosts' keys and the bastion's in one file, as a fleet's known_hosts holds them (a

@@ -53,8 +53,8 @@ from testbed_support import (
     fab_env,
     fleet_daemons,
     netns,
+    run_testbed,
     ssh,
-    testbed_command,
 )
 
 pytestmark = pytest.mark.testbed
@@ -136,7 +136,7 @@ def _gateway_up() -> None:
     if os.geteuid() != 0:
         pytest.skip("the local fleet needs root")
     before = fleet_daemons()
-    proc = testbed_command("up", "--gateway")
+    proc = run_testbed("up", "--gateway")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     UP.update(before=before, after=fleet_daemons(), out=proc.stdout)
 

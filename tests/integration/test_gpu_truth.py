@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
 from rollback_support import json_from
-from testbed_support import ADDRESSES, GPU_HOST, REPO, STATE, SUITE_FLEET, ssh, testbed_command
+from testbed_support import ADDRESSES, GPU_HOST, REPO, STATE, SUITE_FLEET, run_testbed, ssh
 
 pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
 
@@ -49,7 +49,7 @@ def ensure_wide_host() -> None:
     """The suite's fleet shape (a fleet brought up by hand may lack tb4 or its GPUs)."""
     hosts = json.loads((STATE / "hosts.json").read_text())["hosts"]
     if {h["name"]: len(h["gpus"]) for h in hosts}.get(HOST) != 2:
-        proc = testbed_command("up", *SUITE_FLEET)
+        proc = run_testbed("up", *SUITE_FLEET)
         assert proc.returncode == 0, f"scripts/testbed up failed:\n{proc.stdout}\n{proc.stderr}"
 
 

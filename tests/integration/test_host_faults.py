@@ -46,8 +46,8 @@ from testbed_support import (
     forget_connection,
     outputs_y,
     predict_request,
+    run_testbed,
     ssh,
-    testbed_command,
 )
 
 from tfsdeploy.core.render.host_proxy import parse_stat
@@ -188,7 +188,7 @@ def running_instances(fleet: Fleet) -> dict[int, str]:
 
 
 def reboot(*options: str) -> None:
-    proc = testbed_command("reboot", HOST, *options, timeout=300)
+    proc = run_testbed("reboot", HOST, *options, timeout=300)
     assert proc.returncode == 0, f"scripts/testbed reboot failed:\n{proc.stdout}\n{proc.stderr}"
     forget_connection(HOST)  # the reboot cut the tests' shared SSH connection to the host
 
@@ -254,7 +254,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         finally:
             unmount_volume()
             if len(running_gpus()) != 2:  # leave tb4 as the suite's fleet has it
-                proc = testbed_command("up", *SUITE_FLEET)
+                proc = run_testbed("up", *SUITE_FLEET)
                 assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -286,7 +286,7 @@ def test_the_docker_engine_restarted_costs_no_request(fleet: Fleet) -> None:
     with Client(fleet) as client:
         client.wait(2)
         started = time.monotonic()
-        proc = testbed_command("restart-engine", HOST, timeout=300)
+        proc = run_testbed("restart-engine", HOST, timeout=300)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         back = full_service_after(started, instances=2)
         client.wait(2)

@@ -29,8 +29,8 @@ from testbed_support import (
     fleet_lifetime,
     inventory_text,
     netns,
+    run_testbed,
     ssh,
-    testbed_command,
 )
 from transfer_support import pad_version
 
@@ -69,7 +69,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def _dockerd_pid() -> int:
-    status = json.loads(testbed_command("status", "--json").stdout)
+    status = json.loads(run_testbed("status", "--json").stdout)
     return int(next(h["dockerd"] for h in status["hosts"] if h["name"] == HOST))
 
 
@@ -99,7 +99,7 @@ def test_an_engine_killed_mid_pull_leaves_nothing_loadable_and_a_rerun_completes
         # the version directory appears whole (verified, one rename) or not at all
         assert set(_names()) <= {".pull-1"}, _names()
     finally:
-        repaired = testbed_command(*SUITE_UP)
+        repaired = run_testbed(*SUITE_UP)
     assert repaired.returncode == 0, repaired.stdout + repaired.stderr
     again = fleet.fab("stage", "--version", "1", "--json")
     assert again.code == 0, again.describe()

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
 from rollback_support import json_from
-from testbed_support import ADDRESSES, GPU_HOST, STATE, SUITE_FLEET, ssh, ssh_argv, testbed_command
+from testbed_support import ADDRESSES, GPU_HOST, STATE, SUITE_FLEET, run_testbed, ssh, ssh_argv
 
 pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
 
@@ -41,7 +41,7 @@ def _gpu_counts() -> dict[str, int]:
 def ensure_wide_host() -> None:
     """The suite's fleet shape (a fleet brought up by hand may lack tb4 or its GPUs)."""
     if _gpu_counts().get(WIDE) != 2:
-        proc = testbed_command("up", *SUITE_FLEET)
+        proc = run_testbed("up", *SUITE_FLEET)
         assert proc.returncode == 0, f"scripts/testbed up failed:\n{proc.stdout}\n{proc.stderr}"
 
 

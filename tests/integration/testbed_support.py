@@ -83,7 +83,7 @@ def expected_y(version: int, x: float = 2.0) -> float:
 
 # -- the fleet ------------------------------------------------------------------------------
 
-def testbed_command(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+def run_testbed(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     """`scripts/testbed ARGS` (its output captured)."""
     return subprocess.run(["bash", str(REPO / "scripts" / "testbed"), *args],
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
@@ -91,7 +91,7 @@ def testbed_command(*args: str, timeout: float = 900) -> subprocess.CompletedPro
 
 def fleet_daemons() -> dict[str, tuple[int, int]]:
     """Each serving host's sshd and dockerd pids (scripts/testbed status)."""
-    report = json.loads(testbed_command("status", "--json", timeout=300).stdout)
+    report = json.loads(run_testbed("status", "--json", timeout=300).stdout)
     return {h["name"]: (h["sshd"], h["dockerd"]) for h in report["hosts"]}
 
 
@@ -111,7 +111,7 @@ def fleet_healthy() -> bool:
     """Every host's sshd and dockerd answer, the registry too (scripts/testbed status), with
     the images in it."""
     # status waits while a fleet command (a test's reboot of its host) runs: up to 5 minutes
-    return (testbed_command("status", "--json", timeout=300).returncode == 0
+    return (run_testbed("status", "--json", timeout=300).returncode == 0
             and _images_in_registry())
 
 
@@ -124,7 +124,7 @@ def ensure_fleet() -> None:
         pytest.fail("the local fleet needs root (namespaces, bridges, dockerd)", pytrace=False)
     if fleet_healthy():
         return
-    proc = testbed_command("up", *SUITE_FLEET)
+    proc = run_testbed("up", *SUITE_FLEET)
     if proc.returncode != 0 or not fleet_healthy():
         raise RuntimeError(f"the testbed does not come up (scripts/testbed up exit "
                            f"{proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
