@@ -210,23 +210,42 @@ def clean(model: str, names: list[str]) -> None:
         subprocess.run(["rm", "-rf", str(srv / model), str(srv / "models" / model)])
 
 
-def fab(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float, Any]:
-    """A `fab` run: its outcome, wall seconds and rusage (os.wait4: this process alone)."""
+# Runs ARGV as a grandchild of this process and writes its rusage (JSON) to a file: a process
+# forked from this one (grpc and the load's threads: hundreds of MB) starts with this one's
+# resident set as its high-water mark, and Linux keeps that mark across exec (the rusage's
+# ru_maxrss of a child is at least its parent's RSS at the fork), so `fab` is forked from this
+# small interpreter instead, whose own RSS is a few MB.
+_MEASURE = """
+import json, os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as out:
+    json.dump({"ru_utime": usage.ru_utime, "ru_stime": usage.ru_stime,
+               "ru_maxrss": usage.ru_maxrss}, out)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The rusage figures of one `fab` run."""
+
+    ru_utime: float
+    ru_stime: float
+    ru_maxrss: int  # KiB
+
+
+def fab(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float, Usage]:
+    """A `fab` run: its outcome, wall seconds and rusage (its own: see _MEASURE)."""
     started = time.monotonic()
-    proc = subprocess.Popen([str(VENV_BIN / "fab"), *args], cwd=ROOT, env=fab_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out: list[str] = []
-    err: list[str] = []
-    readers = [threading.Thread(target=lambda s=s, b=b: b.append(s.read()), daemon=True)
-               for s, b in ((proc.stdout, out), (proc.stderr, err))]
-    for reader in readers:
-        reader.start()
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.monotonic() - started
-    for reader in readers:
-        reader.join()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, "".join(out), "".join(err))
+    with tempfile.NamedTemporaryFile(suffix=".json") as measured:
+        done = subprocess.run(["/usr/bin/python3", "-S", "-c", _MEASURE, measured.name,
+                               str(VENV_BIN / "fab"), *args], cwd=ROOT, env=fab_env(),
+                              capture_output=True, text=True, check=False)
+        wall = time.monotonic() - started
+        usage = Usage(**json.loads(Path(measured.name).read_text() or "{}"))
     return done, wall, usage
 
 
