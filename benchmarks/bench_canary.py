@@ -19,7 +19,7 @@ score and latency effect [98 % interval] p-value, then per release the share tha
 and whether the expectation holds (v2: 10/10 pass, v3: 10/10 fail in the first step, v4:
 pass). The failed-request count of the clients is printed too (must be 0).
 
-    flock -x /work/fleet.lock python benchmarks/bench_canary.py [--same 10] [--slower 10]
+    python benchmarks/bench_canary.py [--same 10] [--slower 10]
         [--five 5] [--step-s 20] [--hog 2] [--keep]
 
 Exit 0 when every expectation held, 1 otherwise (the rates are the figures to read).

@@ -3,8 +3,7 @@ machine's cost per host, what the SSH servers saw.
 
     python benchmarks/bench_fleet.py --instances 3,26 [--bastion] [--rate 4] [--keep]
 
-Run it as root, alone on the testbed (it reshapes the fleet): under
-``flock -x /work/fleet.lock`` where others share the machine. It brings up hosts beyond the
+Run it as root, alone on the testbed (it reshapes the fleet). It brings up hosts beyond the
 suite's fleet (tb5 with one simulated GPU, tb6.. with two: one instance per GPU) and leaves
 tb1..tb4 exactly as they are:
 
