@@ -29,6 +29,7 @@ from tfsdeploy.core.observe.prometheus import (
     latency_limits,
     le_text,
     slo_bucket,
+    target_alerts,
     target_groups,
 )
 from tfsdeploy.core.target import Target
@@ -90,6 +91,17 @@ def test_each_model_has_its_target_alerts(rendered: Path) -> None:
     assert alerts["TFServingTargetDown"]["expr"] == 'up{job="tfserving-m"} == 0'
     assert alerts["TFServingTargetsAbsent"]["expr"] == 'absent(up{job="tfserving-m"})'
     assert alerts["TFServingTargetDown"]["for"] == "300s"  # monitoring.alert_for_s
+
+
+def test_a_short_alert_for_still_outlasts_a_retired_process_leaving_the_scrape() -> None:
+    """A roll stops the old release's processes before the targets drop them: with a short
+    ``alert_for_s`` the target alerts wait as long as that takes (5 s + 3 scrapes)."""
+    short = Monitoring(scrape_interval_s=6, rate_window_s=12, alert_for_s=6)
+    alerts = {a["alert"]: a for a in target_alerts(model(name="m"), short)}
+    assert alerts["TFServingTargetDown"]["for"] == "23s"
+    assert alerts["TFServingTargetsAbsent"]["for"] == "23s"
+    slow = Monitoring(scrape_interval_s=60, rate_window_s=240, alert_for_s=120)
+    assert {a["for"] for a in target_alerts(model(name="m"), slow)} == {"185s"}
 
 
 def test_targets_carry_model_host_instance_slot_release_and_version() -> None:

@@ -308,15 +308,29 @@ def model_alerts(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]:
     return alerts
 
 
+# Prometheus' discovery manager hands changed targets to the scrapers at most every 5 s
+# (discovery/manager.go, updatert)
+DISCOVERY_UPDATE_S = 5
+
+
+def retired_target_s(monitoring: Monitoring) -> int:
+    """How long a stopped process can answer ``up == 0``: the toolkit rewrites the targets
+    once the step that stopped it ends (about a scrape interval with every host read), the
+    discovery manager passes the change on within 5 s, and the dropped target's last
+    scrape is marked stale up to two intervals later (scrape/scrape.go, endOfRunStaleness)."""
+    return DISCOVERY_UPDATE_S + 3 * int(monitoring.scrape_interval_s)
+
+
 def target_alerts(model: Model, monitoring: Monitoring) -> list[dict[str, Any]]:
     """A serving process that does not answer its scrape (``up == 0``: its host lost, its
     server dead; a host a run could not read keeps its targets, so it is alerted on here
     rather than dropped), and a model with no target at all (its targets file empty, missing
-    or not read: nothing of the model is watched). Both hold for ``alert_for_s``: a process
-    a roll retires leaves the targets within a step."""
+    or not read: nothing of the model is watched). Both hold for ``alert_for_s``, and at least
+    as long as a process a roll retires can stay a target after it stopped
+    (``retired_target_s``)."""
     m = model.name
     sel = f'job="{job_name(m)}"'
-    hold = seconds(monitoring.alert_for_s)
+    hold = seconds(max(monitoring.alert_for_s, retired_target_s(monitoring)))
     return [
         _alert("TFServingTargetDown", f"up{{{sel}}} == 0", hold, "page",
                f"{m}: the serving process on {{{{ $labels.host }}}} (instance "
