@@ -25,6 +25,7 @@ from testbed_support import (
     HOSTS,
     KNOWN_HOSTS,
     STATE,
+    ensure_fleet,
     expected_y,
     fleet_daemons,
     run_testbed,
@@ -63,8 +64,7 @@ UP: dict[str, Any] = {}
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    if not Path("/run/netns").exists():
-        pytest.skip("the local fleet is not up")
+    ensure_fleet()  # a fleet that is not up is brought up; one that cannot be is a failure
     before = fleet_daemons()
     proc = run_testbed("up", "--bastion")
     assert proc.returncode == 0, proc.stdout + proc.stderr

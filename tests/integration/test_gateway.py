@@ -50,6 +50,7 @@ from testbed_support import (
     Run,
     Watched,
     clean_model,
+    ensure_fleet,
     fab_env,
     fleet_daemons,
     netns,
@@ -133,8 +134,7 @@ UP: dict[str, Any] = {}  # what the fixture's `up --gateway` did
 
 
 def _gateway_up() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("the local fleet needs root")
+    ensure_fleet()  # a fleet that is not up is brought up; not root is a failure
     before = fleet_daemons()
     proc = run_testbed("up", "--gateway")
     assert proc.returncode == 0, proc.stdout + proc.stderr
