@@ -610,7 +610,7 @@ def _add_notes(result: RunResult, epilogue: Epilogue, session: Session,
             result.message += "; " + "; ".join(lines)
 
 
-LOOK_DEADLINE_S = 300.0  # a look at the fleet (status, history, lock, exec) ends by then
+LOOK_DEADLINE_S = 300.0  # a look at the fleet (status, history, lock, exec, logs) ends by then
 
 Looked = TypeVar("Looked")
 
@@ -620,6 +620,10 @@ class LookStopped(TfsDeployError):
     nothing was changed by it."""
 
     exit_code = ExitCode.INCONSISTENT
+
+    def __init__(self, message: str, signal_name: str | None = None) -> None:
+        super().__init__(message)
+        self.signal_name = signal_name  # the signal that stopped it; None: the deadline
 
 
 def look(target: Target, body: Callable[[Session], Looked], *,
@@ -658,7 +662,8 @@ def look(target: Target, body: Callable[[Session], Looked], *,
     if worker.is_alive() or not outcome:
         why = stopped[-1] if stopped else f"its {deadline_s:g} s deadline"
         raise LookStopped(f"the look at {target.model.name}'s hosts ended at {why} before "
-                          "every host answered; nothing was changed")
+                          "every host answered; nothing was changed",
+                          stopped[-1] if stopped else None)
     kind, value = outcome[0]
     if kind == "error":
         raise value

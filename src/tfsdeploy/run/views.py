@@ -380,23 +380,31 @@ def logs(target: Target, *, lines: int, since: str | None, follow: bool,
                                      since=after, follow=follow, put=found.put,
                                      stopping=stopping)}
 
-    def read(host: ResolvedHost) -> None:
-        row = survey.visit(target, host, look, connect=connect)
-        errors = row["errors"] if row["reachable"] else [(host.name, row["error"])]
-        if not stopping.is_set():  # after Ctrl-C, a closed stream is no failure
-            for label, problem in errors:
-                failed.append(label)
-                found.put((f"~ unreachable: {problem}", label))
-        found.put(None)
+    def read(session: Session) -> list[tuple[str, str]]:
+        def one(host: ResolvedHost) -> None:
+            row = survey.visit(target, host, look, connect=session.connection, keep=True)
+            errors = row["errors"] if row["reachable"] else [(host.name, row["error"])]
+            if not stopping.is_set():  # after Ctrl-C, a closed stream is no failure
+                for label, problem in errors:
+                    failed.append(label)
+                    found.put((f"~ unreachable: {problem}", label))
+            found.put(None)
 
-    # daemon threads: a followed stream never ends, and Ctrl-C must not wait for it
-    for host in target.hosts:
-        threading.Thread(target=read, args=(host,), daemon=True).start()
+        # daemon threads: a followed stream never ends; the look's end closes its connection
+        for host in target.hosts:
+            threading.Thread(target=one, args=(host,), daemon=True).start()
+        return _drain(found, len(target.hosts), out if follow else None)
+
+    # the engine's look: its connections, its signals; a followed read has no deadline and
+    # ends at Ctrl-C, its normal end
     try:
-        collected = _drain(found, len(target.hosts), out if follow else None)
-    except KeyboardInterrupt:
+        collected = engine.look(target, read, connect=connect,
+                                deadline_s=None if follow else engine.LOOK_DEADLINE_S)
+    except engine.LookStopped as stop:
         stopping.set()
-        return 3 if failed else 0
+        if follow and stop.signal_name == "SIGINT":
+            return 3 if failed else 0
+        raise
     for item in sorted(collected):  # RFC 3339 time stamps sort as text
         out(_log_line(*item))
     return 3 if failed else 0
