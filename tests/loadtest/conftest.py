@@ -117,10 +117,12 @@ def fake_server() -> Iterator[Callable[..., Server]]:
 
 @pytest.fixture(scope="module")
 def emulator() -> Iterator[Server]:
-    """The TFServing-compatible server with half_plus_two (skipped if not available)."""
+    """The TFServing-compatible server with half_plus_two; a checkout without them is a
+    failure (a missing prerequisite, never a skip)."""
     package = REPO / "testbed" / "emulator" / "tfserving_emulator"
     if not package.is_dir() or not (HALF_PLUS_TWO / "1").is_dir():
-        pytest.skip("emulator or half_plus_two model not available (scripts/make-models)")
+        pytest.fail(f"the emulator ({package}) or half_plus_two ({HALF_PLUS_TWO}/1) is "
+                    "missing: run scripts/make-models in a complete checkout")
     grpc_port, rest_port = free_port(), free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO / "testbed" / "emulator"))
     proc = subprocess.Popen(

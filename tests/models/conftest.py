@@ -31,13 +31,15 @@ def models_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def resnet_out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model root with current resnet50 versions: the default cache if it has them, else
-    one made here when TFSDEPLOY_MAKE_RESNET=1, else the test is skipped."""
+    one made here when TFSDEPLOY_MAKE_RESNET=1, else the test fails (a missing prerequisite,
+    never a skip)."""
     specs = [s for s in generate.all_specs() if s.model == "resnet50"]
     cache = default_out_dir()
     if all(generate.is_current(cache, s) for s in specs):
         return cache
     if os.environ.get("TFSDEPLOY_MAKE_RESNET") != "1":
-        pytest.skip("resnet50 not in the model cache (run scripts/make-models)")
+        pytest.fail(f"resnet50 is not in the model cache {cache}: run scripts/make-models, "
+                    "or set TFSDEPLOY_MAKE_RESNET=1 to make it here")
     out = tmp_path_factory.mktemp("resnet")
     generate.generate(out, ["resnet50"], log=lambda _line: None)
     return out

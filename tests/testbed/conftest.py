@@ -21,7 +21,8 @@ from fleet_helpers import Testbed, ensure_up, load_testbed, run_testbed_cli, tes
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[Testbed]:
     if os.geteuid() != 0:
-        pytest.skip("the local fleet needs root (namespaces, bridges, dockerd)")
+        pytest.fail("the local fleet needs root (namespaces, bridges, dockerd): run the "
+                    "fleet tiers as root")
     started_here = not testbed_healthy()
     if started_here:
         ensure_up()
