@@ -4,6 +4,7 @@ whose Engine also answers log and exec calls."""
 
 from __future__ import annotations
 
+import signal
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -252,15 +253,21 @@ def test_follow_reads_every_container_at_once_and_ctrl_c_ends_it(
     def out(line: str) -> None:
         shown.append(line)
         if len(shown) == 8:  # two lines of each of the four containers: the person's Ctrl-C
-            raise KeyboardInterrupt
+            signal.raise_signal(signal.SIGINT)
 
-    reader = threading.Thread(target=lambda: result.append(fleet.logs(
-        chosen, lines=5, since=None, follow=True, out=out, connect=fleet_.connect)),
-        daemon=True)
-    reader.start()
-    reader.join(timeout=20)
-    assert not reader.is_alive(), f"a followed stream blocked the others: {shown}"
-    assert result == [0]
+    # in the main thread, as `fab logs` runs: the look's own SIGINT handler ends the read
+    # (without it, the signal is a KeyboardInterrupt here and the test fails)
+    # a stream that blocked the others would never bring the 8th line: a Ctrl-C after 20 s
+    # ends the read then, with fewer lines
+    late = threading.Timer(20, signal.raise_signal, (signal.SIGINT,))
+    late.start()
+    try:
+        result.append(fleet.logs(chosen, lines=5, since=None, follow=True, out=out,
+                                 connect=fleet_.connect))
+    finally:
+        late.cancel()
+    assert len(shown) >= 8, f"a followed stream blocked the others: {shown}"
+    assert result == [0], shown
     assert sorted({line.split()[1] for line in shown}) == ["h1/i0", "h1/i1", "h2/i0",
                                                           "h2/i1"]
 

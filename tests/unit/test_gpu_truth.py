@@ -61,6 +61,18 @@ def test_the_legacy_query_without_header_or_units() -> None:
     assert card.cuda_mib == 143771  # nothing says what is reserved: the whole total
 
 
+def test_what_is_no_finite_number_is_no_card_or_figure() -> None:
+    """A host's nvidia-smi output is not trusted: ``inf`` (found by
+    tests/property/test_host_records.py), ``nan`` or ``1e999`` where a number stands is no
+    figure, never an OverflowError that stops the run."""
+    assert parse_gpus("INF") == ()
+    assert parse_gpus("0, nan, 0") == ()
+    assert parse_gpus("0, 1e999, 0") == ()
+    (card,) = parse_gpus("0, 16384, inf")
+    assert (card.total_mib, card.used_mib) == (16384, 0)
+    assert parse_apps("inf, 10\n7, -inf") == (GpuApp(pid=7, used_mib=None, gpu_uuid=""),)
+
+
 def test_compute_apps_name_the_host_pid_and_its_holding() -> None:
     apps = parse_apps(fixture("compute-apps-one-torch-process.csv"))
     assert apps == (GpuApp(pid=462, used_mib=930, gpu_uuid=""),)

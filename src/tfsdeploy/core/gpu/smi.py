@@ -70,13 +70,14 @@ class GpuApp:
 
 
 def _number(cell: str) -> int | None:
-    """``143771``, ``143771 MiB``, ``930`` -> MiB; ``[N/A]``, ``[Not Supported]`` -> None."""
+    """``143771``, ``143771 MiB``, ``930`` -> MiB; ``[N/A]``, ``[Not Supported]``, and what
+    is no finite number (``inf``, ``nan``, ``1e999``: a host's output is not trusted) -> None."""
     value = cell.strip()
     if value.endswith(" MiB"):
         value = value[:-4].strip()
     try:
         return int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):
         return None
 
 
