@@ -154,6 +154,10 @@ def test_the_rendered_directory_passes_haproxy_check(tmp_path: Path) -> None:
     # h2c to every host's stable gRPC port, checked over HTTP/1 on its REST port
     assert "server s1 10.0.0.1:8500 proto h2 check port 8501 check-proto h1 inter 1000ms" in config
     assert "http-check send meth GET uri /v1/models/m1 ver HTTP/1.1" in config
+    # out after 2 failed checks (one late answer of a busy host is no outage), at once on a
+    # failed connection of live traffic; back after 2 good ones (2 models x 2 hosts: each REST
+    # server tracks its gRPC twin)
+    assert config.count("fall 2 rise 2 observe layer4 error-limit 1 on-error mark-down") == 4
     assert "AVAILABLE" in config and "http-reuse always" in config
     # idle connections are purged every pool-purge-delay (default 5 s), and a connection
     # between two requests is idle: the gateway keeps them an hour

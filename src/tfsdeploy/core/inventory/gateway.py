@@ -56,9 +56,12 @@ class Gateway:
     """The gateway hosts' setting. Timeouts in milliseconds.
 
     ``check_interval_ms``: how often each backend's model status is read (REST
-    ``GET /v1/models/<model>``, AVAILABLE expected); a host that stops answering leaves the
-    rotation at its next check (a refused connection fails at once; a host that hangs fails
-    after ``check_timeout_ms``). ``request_timeout_ms``: the longest a request may wait for
+    ``GET /v1/models/<model>``, AVAILABLE expected); a host leaves the rotation after ``fall``
+    failed checks in a row (a refused connection fails at once; a host that hangs fails after
+    ``check_timeout_ms``), and at once at the first failed connection of live traffic; it
+    comes back after ``rise`` good ones. ``fall`` is 2: one status answer later than
+    ``check_timeout_ms`` from a busy host is no outage (with fall 1 and the model's one other
+    host drained, a single late answer turned into 503s for every client). ``request_timeout_ms``: the longest a request may wait for
     its backend's answer; ``client_idle_timeout_ms``: how long an idle client connection is
     kept (gRPC clients hold theirs for hours: keep it long); ``backend_idle_ms``: how long
     the gateway keeps its connections to the serving hosts when they carry no request."""
@@ -80,6 +83,7 @@ class Gateway:
     check_interval_ms: Milliseconds = 1000
     check_timeout_ms: Milliseconds = 500
     rise: Annotated[int, Strict(), Field(ge=1, le=100)] = 2
+    fall: Annotated[int, Strict(), Field(ge=1, le=100)] = 2
     image: ImageReference | None = None  # None: each gateway host's proxy_image
 
     def __post_init__(self) -> None:
