@@ -61,10 +61,11 @@ class Gateway:
     ``check_timeout_ms``), and at once at the first failed connection of live traffic; it
     comes back after ``rise`` good ones. ``fall`` is 2: one status answer later than
     ``check_timeout_ms`` from a busy host is no outage (with fall 1 and the model's one other
-    host drained, a single late answer turned into 503s for every client). ``request_timeout_ms``: the longest a request may wait for
-    its backend's answer; ``client_idle_timeout_ms``: how long an idle client connection is
-    kept (gRPC clients hold theirs for hours: keep it long); ``backend_idle_ms``: how long
-    the gateway keeps its connections to the serving hosts when they carry no request."""
+    host drained, a single late answer turned into 503s for every client).
+    ``request_timeout_ms``: the longest a request may wait for its backend's answer;
+    ``client_idle_timeout_ms``: how long an idle client connection is kept (gRPC clients hold
+    theirs for hours: keep it long); ``backend_idle_ms``: how long the gateway keeps its
+    connections to the serving hosts when they carry no request."""
 
     __pydantic_config__: ClassVar[ConfigDict] = CHECKED
     routes: Annotated[Sequence[Route], Field(min_length=1, max_length=1000)]
