@@ -43,6 +43,7 @@ from deploy_load import Sample, SteadyLoad, Target
 from deploy_support import GOOD, GPU_MIB, Fleet, assert_ports_free, fleet_fixture
 from testbed_support import (
     ADDRESSES,
+    GPU_HOST,
     REPO,
     STATE,
     VENV_BIN,
@@ -233,8 +234,11 @@ def test_up_gateway_leaves_the_serving_hosts_alone(fleet: Fleet) -> None:
     """`scripts/testbed up --gateway` adds tbgw; tb1..tbN keep their daemons (other runs use
     them at the same time)."""
     assert "tbgw 10.87.0.30" in str(UP["out"]) and "the other hosts untouched" in str(UP["out"])
-    assert UP["after"] == UP["before"], UP
-    assert all(sshd and dockerd for sshd, dockerd in UP["before"].values())
+    # GPU_HOST is left out: the gpu-host group's modules restart its engine and reboot it while
+    # this module runs (a full run saw its dockerd's pid change under this test)
+    mine = {h: pids for h, pids in UP["before"].items() if h != GPU_HOST}
+    assert {h: UP["after"][h] for h in mine} == mine, UP
+    assert all(sshd and dockerd for sshd, dockerd in mine.values())
 
 
 def test_the_gateway_keeps_its_connections_to_each_host_under_steady_load(fleet: Fleet) -> None:
