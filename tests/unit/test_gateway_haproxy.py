@@ -39,7 +39,7 @@ def _free_port() -> int:
 def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
     haproxy = shutil.which("haproxy") or "/usr/sbin/haproxy"
     if not Path(haproxy).exists():
-        pytest.skip("haproxy is not installed (scripts/setup installs it)")
+        pytest.fail("haproxy is not installed: run scripts/setup (it installs it)")
     ports = {"grpc": _free_port(), "rest": _free_port()}
     hosts = [Host("s1", "127.0.0.2", vars={"grpc_port": 1, "rest_port": 2}),
              Host("gw", "127.0.0.9")]

@@ -174,7 +174,8 @@ def test_a_certificate_falls_back_to_the_plain_key_when_it_is_listed() -> None:
 def test_a_sha1_rsa_ca_signature_is_refused(tmp_path: Path) -> None:
     keygen = shutil.which("ssh-keygen")
     if keygen is None:
-        pytest.skip("OpenSSH's ssh-keygen is not installed")
+        pytest.fail("OpenSSH's ssh-keygen is not installed: run scripts/setup (it installs "
+                    "openssh-client)")
     ca_file, pub = tmp_path / "ca", tmp_path / "host.pub"
     ca_file.write_bytes(RSA_CA.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH,
                                              NoEncryption()))

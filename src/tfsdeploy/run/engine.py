@@ -660,10 +660,10 @@ def look(target: Target, body: Callable[[Session], Looked], *,
     finally:
         close_session(session)  # a read still blocked on a host is freed by its close
     if worker.is_alive() or not outcome:
-        why = stopped[-1] if stopped else f"its {deadline_s:g} s deadline"
+        signal_name = stopped[-1] if stopped else None
+        why = signal_name or f"its {deadline_s:g} s deadline"
         raise LookStopped(f"the look at {target.model.name}'s hosts ended at {why} before "
-                          "every host answered; nothing was changed",
-                          stopped[-1] if stopped else None)
+                          "every host answered; nothing was changed", signal_name)
     kind, value = outcome[0]
     if kind == "error":
         raise value
