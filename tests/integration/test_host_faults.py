@@ -58,6 +58,7 @@ MODEL, OFFSET = "itfault", 5000
 HOST = GPU_HOST
 HOSTS = {HOST: ADDRESSES[HOST]}
 VOLUME_MIB = 8  # the model's versions live on a volume of their own this small
+SLOW_HEALTH_S = 90  # the health gate of deploy-slow.yml: a reboot lands inside it
 MODELS_DIR = f"/srv/tfsdeploy/models/{MODEL}"
 ADMIN = f"/srv/tfsdeploy/{MODEL}/proxy-admin/admin.sock"
 
@@ -230,10 +231,17 @@ def write_playbooks(tmp: Path) -> None:
     (tasks / "preflight-fill.yml").write_text(
         (tasks / "preflight.yml").read_text().replace(
             "  with: {reserve_mib: 1}\n", "  with: {reserve_mib: 1}\n" + fill, 1))
+    roll = (REPO / "tasks" / "roll_host.yml").read_text()
+    assert "  action: gate_health\n" in roll
+    (tasks / "roll_host-slow.yml").write_text(roll.replace(
+        "  action: gate_health\n",
+        f"  action: gate_health\n  with: {{min_healthy_s: {SLOW_HEALTH_S}}}\n", 1))
     deploy = (REPO / "playbooks" / "deploy.yml").read_text()
     (playbooks / "deploy.yml").write_text(deploy)
     (playbooks / "deploy-fill.yml").write_text(
         deploy.replace("tasks: preflight.yml", "tasks: preflight-fill.yml"))
+    (playbooks / "deploy-slow.yml").write_text(
+        deploy.replace("tasks: roll_host.yml", "tasks: roll_host-slow.yml"))
 
 
 def deploy(fleet: Fleet, version: int, *, fill: bool = False) -> Run:
@@ -359,9 +367,13 @@ def test_a_host_that_got_its_gpu_back_is_reshaped_by_a_deploy_run_right_after_th
 
 def test_a_host_rebooted_in_the_middle_of_a_deploy_converges_when_it_is_rerun(
         fleet: Fleet) -> None:
+    # The health gate holds the roll SLOW_HEALTH_S on instance 0, so the reboot lands inside
+    # the deploy however slow the reboot is on a busy machine (a 1 s gate let a deploy finish
+    # before a reboot that took 10 s).
     watched = Watched(fleet.argv("deploy", "--version", "3",
-                                 playbook=fleet.tmp / "playbooks" / "deploy.yml"), fleet.log)
-    watched.wait_for(r"roll\s+start_slot\s+ok", timeout=300)
+                                 playbook=fleet.tmp / "playbooks" / "deploy-slow.yml"),
+                      fleet.log)
+    watched.wait_for(r"roll\s+gate_warmup\s+ok", timeout=300)
     reboot("--hard")
     interrupted = watched.finish(timeout=300)
     assert interrupted.code != 0, interrupted.describe()

@@ -12,6 +12,7 @@ import pytest
 from tfsdeploy.core.errors import Problem
 from tfsdeploy.core.inventory.catalog import Batching, Model, Threads
 from tfsdeploy.core.inventory.gpu import plan_instances
+from tfsdeploy.core.inventory.layout import assigned_ports, model_ports
 from tfsdeploy.core.tuning.search import (
     Config,
     Dimension,
@@ -280,6 +281,16 @@ def test_scratch_ports_are_the_first_free_pair_above_14000() -> None:
     assert scratch_ports(frozenset()) == (14000, 14001)
     assert scratch_ports(frozenset({14001, 14002})) == (14003, 14004)
     assert scratch_ports(frozenset({14000}), ceiling=14001) is None
+
+
+def test_the_ports_an_inventory_gives_a_model_count_whether_or_not_anything_listens() -> None:
+    # a model at port_offset 5500 has its stable ports on 14000/14001: a scratch instance
+    # started while its proxy is down must not take them
+    m = model(port_offset=5500)
+    host = inventory(models=[m]).select("h1")[0]
+    ports = assigned_ports(model_ports(host, m), 2)
+    assert ports == {14000, 14001, 14010, 14011, 14020, 14021, 14030, 14031, 14040, 14041}
+    assert scratch_ports(ports) == (14002, 14003)
 
 
 def test_a_gpu_without_room_for_one_more_instance_is_refused_with_the_arithmetic() -> None:

@@ -3,10 +3,11 @@
 One SSH connection to the host; its facts (what serves, the ports in use, the GPUs); then
 ``core.tune.search`` with a ``measure`` that, for one configuration at a time, renders the
 release's files with it (the deploy's own templates and checks), starts a scratch instance of
-the live release's image and version on free ports above 14000, outside the proxy and not
-labelled as one of the model's servers, waits for the version to be AVAILABLE, finds its QPS
-at the SLO with the toolkit's open-loop load generator (``core.tune.Ramp``), reads the
-server's own metrics and CPU time around the step that met the SLO, and removes the instance.
+the live release's image and version on free ports above 14000 (neither listening nor given
+by the inventory to a model of the host), outside the proxy and not labelled as one of the
+model's servers, waits for the version to be AVAILABLE, finds its QPS at the SLO with the
+toolkit's open-loop load generator (``core.tune.Ramp``), reads the server's own metrics and
+CPU time around the step that met the SLO, and removes the instance.
 The live release is never touched. Every scratch instance of the model is removed on every
 ending: the search's end, an error, Ctrl-C, SIGTERM or SIGHUP (a second signal does not cut
 the clean-up short).
@@ -35,7 +36,13 @@ from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
 from tfsdeploy.core.inventory.catalog import Model
 from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.gpu import plan_instances
-from tfsdeploy.core.inventory.layout import HostPaths, host_paths, host_port
+from tfsdeploy.core.inventory.layout import (
+    HostPaths,
+    assigned_ports,
+    host_paths,
+    host_port,
+    model_ports,
+)
 from tfsdeploy.core.render.files import FLAGS, HostRender, placements, render_host
 from tfsdeploy.core.rollout.gates import GateFailed, SystemClock, Verdict, poll
 from tfsdeploy.core.target import Target
@@ -195,7 +202,12 @@ def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: Host
             raise ConfigError(Problem(problem, fix="tune on a host whose GPU has room for "
                                       "one more instance (--host), or while no deploy window "
                                       "holds a second release", host=host.name))
-    ports = scratch_ports(facts.listening)
+    # ports the inventory gives the host's models count as taken even while nothing listens
+    # there (a proxy or slot a deploy is about to start): a scratch instance must not take them
+    taken = facts.listening.union(*(
+        assigned_ports(model_ports(host, m), len(plan_instances(host, m, co_located)))
+        for m in co_located))
+    ports = scratch_ports(taken)
     if ports is None:
         raise ConfigError(Problem(f"no two free ports above 14000 on {host.name}",
                                   fix="free a port pair", host=host.name))

@@ -69,6 +69,15 @@ def model_ports(host: ResolvedHost, model: Model) -> Ports:
                  slots={s: (g + shift, r + shift) for s, (g, r) in v.slot_ports.items()})
 
 
+def assigned_ports(ports: Ports, instances: int) -> frozenset[int]:
+    """Every port the inventory gives a model on a host: its stable pair and each slot's pair
+    of each of its ``instances``, whether or not something listens there now."""
+    pairs = {(ports.grpc, ports.rest)} | {
+        (ports.slot_grpc(slot, k), ports.slot_rest(slot, k))
+        for slot in ports.slots for k in range(instances)}
+    return frozenset(port for pair in pairs for port in pair)
+
+
 @dataclass(frozen=True)
 class HostPaths:
     """Paths of one model on one host."""

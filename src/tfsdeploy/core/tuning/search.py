@@ -367,7 +367,8 @@ def recommend(trials: Sequence[Trial], min_gain: float = DEFAULT_MIN_GAIN) -> in
 
 # -- where a scratch instance runs --------------------------------------------------------------
 
-SCRATCH_PORT_FLOOR = 14000  # above every port an inventory's slots use (8500.. + offsets)
+SCRATCH_PORT_FLOOR = 14000  # above the default ports (8500..) and most port_offsets; the
+# caller counts the ports its inventory gives the host's models as taken (a large offset)
 
 
 def scratch_ports(listening: frozenset[int], *, floor: int = SCRATCH_PORT_FLOOR,
