@@ -115,7 +115,8 @@ def test_logs_and_exec_across_the_hosts(fleet: Fleet) -> None:
     stamps = [line.split()[0] for line in logs.stdout.splitlines() if line.strip()]
     assert stamps == sorted(stamps) and len(stamps) >= 3
     hosts = {line.split()[1] for line in logs.stdout.splitlines() if line.strip()}
-    assert hosts == set(fleet.hosts), hosts
+    assert {h for h in hosts if not h.endswith("/proxy")} == set(fleet.hosts), hosts
+    assert hosts <= set(fleet.hosts) | {f"{h}/proxy" for h in fleet.hosts}, hosts
     run = fab_exec(fleet, "sh", "-c", "id -u; echo $HOSTNAME")
     assert run.code == 0, run.describe()
     assert "exit codes: tb1 0, tb2 0" in run.stdout

@@ -239,7 +239,8 @@ def test_logs_read_every_instance_and_pass_since_as_a_unix_time(
     assert {(h, since) for h, _, since in streams.opened} == {("h1", NOW - 600),
                                                               ("h2", NOW - 600)}
     labels = sorted({line.split()[1] for line in shown})
-    assert labels == ["h1/i0", "h1/i1", "h2/i0", "h2/i1"]
+    # each serving instance, and each host's proxy (its failed requests, servers down or up)
+    assert labels == ["h1/i0", "h1/i1", "h1/proxy", "h2/i0", "h2/i1", "h2/proxy"]
     assert [line.split()[0] for line in shown] == sorted(line.split()[0] for line in shown)
 
 
@@ -252,12 +253,12 @@ def test_follow_reads_every_container_at_once_and_ctrl_c_ends_it(
 
     def out(line: str) -> None:
         shown.append(line)
-        if len(shown) == 8:  # two lines of each of the four containers: the person's Ctrl-C
+        if len(shown) == 12:  # two lines of each of the six containers: the person's Ctrl-C
             signal.raise_signal(signal.SIGINT)
 
     # in the main thread, as `fab logs` runs: the look's own SIGINT handler ends the read
     # (without it, the signal is a KeyboardInterrupt here and the test fails)
-    # a stream that blocked the others would never bring the 8th line: a Ctrl-C after 20 s
+    # a stream that blocked the others would never bring the 12th line: a Ctrl-C after 20 s
     # ends the read then, with fewer lines
     late = threading.Timer(20, signal.raise_signal, (signal.SIGINT,))
     late.start()
@@ -266,10 +267,10 @@ def test_follow_reads_every_container_at_once_and_ctrl_c_ends_it(
                                  connect=fleet_.connect))
     finally:
         late.cancel()
-    assert len(shown) >= 8, f"a followed stream blocked the others: {shown}"
+    assert len(shown) >= 12, f"a followed stream blocked the others: {shown}"
     assert result == [0], shown
-    assert sorted({line.split()[1] for line in shown}) == ["h1/i0", "h1/i1", "h2/i0",
-                                                          "h2/i1"]
+    assert sorted({line.split()[1] for line in shown}) == ["h1/i0", "h1/i1", "h1/proxy",
+                                                          "h2/i0", "h2/i1", "h2/proxy"]
 
 
 def _canary_on(host: FakeHost, weight: int) -> None:

@@ -366,7 +366,8 @@ def logs(target: Target, *, lines: int, since: str | None, follow: bool,
          out: Callable[[str], None], connect: ConnectionFactory = SshConnection,
          now: Callable[[], float] = time.time) -> int:
     """`fab logs`: the log lines of every selected host's serving containers (both slots of
-    a canary, every instance), each prefixed host[/instance][/slot], merged in time order; with
+    a canary, every instance) and of its proxy (servers going down or up, each failed
+    request), each prefixed host[/instance][/slot] or host/proxy, merged in time order; with
     ``follow``, every container at once, lines printed as they come, until Ctrl-C.
     ``since`` is checked before any host is contacted."""
     after = since_timestamp(since, now()) if since is not None else None
@@ -376,7 +377,7 @@ def logs(target: Target, *, lines: int, since: str | None, follow: bool,
 
     def look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
              ) -> dict[str, Any]:
-        return {"errors": _read_each(conn, serving_containers(facts), lines=lines,
+        return {"errors": _read_each(conn, logged_containers(facts), lines=lines,
                                      since=after, follow=follow, put=found.put,
                                      stopping=stopping)}
 
@@ -410,23 +411,32 @@ def logs(target: Target, *, lines: int, since: str | None, follow: bool,
     return 3 if failed else 0
 
 
-def _read_each(conn: Connection, chosen: list[Served], *, lines: int, since: float | None,
-               follow: bool, put: Callable[[tuple[str, str]], None],
+def logged_containers(facts: HostFacts) -> list[tuple[str, str]]:
+    """(label, container) of each container `fab logs` reads on the host: the serving ones,
+    then the proxy (host/proxy) when there is one."""
+    chosen = [(s.label, s.container) for s in serving_containers(facts)]
+    proxy = facts.proxy_container
+    return chosen + ([(f"{facts.host}/proxy", proxy.name)] if proxy is not None else [])
+
+
+def _read_each(conn: Connection, chosen: list[tuple[str, str]], *, lines: int,
+               since: float | None, follow: bool, put: Callable[[tuple[str, str]], None],
                stopping: threading.Event) -> list[tuple[str, str]]:
-    """Read every chosen container's log at once, one thread each; the errors by label."""
+    """Read every chosen (label, container)'s log at once, one thread each; the errors by
+    label."""
     errors: list[tuple[str, str]] = []
 
-    def one(served: Served) -> None:
+    def one(label: str, container: str) -> None:
         try:
-            for line in conn.docker.log_lines(served.container, lines=lines, since=since,
+            for line in conn.docker.log_lines(container, lines=lines, since=since,
                                               follow=follow):
                 if stopping.is_set():
                     return
-                put((line, served.label))
+                put((line, label))
         except Exception as error:
-            errors.append((served.label, f"{type(error).__name__}: {error}"))
+            errors.append((label, f"{type(error).__name__}: {error}"))
 
-    threads = [threading.Thread(target=one, args=(s,), daemon=True) for s in chosen]
+    threads = [threading.Thread(target=one, args=pair, daemon=True) for pair in chosen]
     for thread in threads:
         thread.start()
     for thread in threads:
