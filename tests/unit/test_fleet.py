@@ -22,7 +22,7 @@ from tfsdeploy.hosts.facts import HostFacts, ProxyFact
 from tfsdeploy.run import views as fleet
 
 from . import runs
-from .fakes import READY, FakeDocker, FakeFleet, FakeHost
+from .fakes import READY, FakeDocker, FakeFleet, FakeHost, LocalConnection
 
 OLD, NEW = "r20260101-000000000-v1", "r20260102-000000000-v2"
 NOW = datetime(2026, 11, 30, 23, 30, tzinfo=UTC).timestamp()
@@ -195,12 +195,18 @@ class Streams:
     def __init__(self) -> None:
         self.opened: list[tuple[str, str, Any]] = []  # (host, container, since)
         self.end = threading.Event()
+        # set: a followed stream fails once this is set, as a real stream fails when its SSH
+        # connection is closed under it
+        self.cut: threading.Event | None = None
 
     def log_lines(self, docker: FakeDocker, name: str, *, lines: int, since: float | None,
                   follow: bool) -> Iterator[str]:
         self.opened.append((docker.host.name, name, since))
         for second in (1, 2):
             yield f"2026-11-30T23:0{second}:00.000000000Z {name} line {second}"
+        if follow and self.cut is not None:
+            self.cut.wait(30)
+            raise ConnectionError("SSH connection lost during a Docker Engine call")
         if follow:
             self.end.wait(30)
 
@@ -271,6 +277,39 @@ def test_follow_reads_every_container_at_once_and_ctrl_c_ends_it(
     assert result == [0], shown
     assert sorted({line.split()[1] for line in shown}) == ["h1/i0", "h1/i1", "h1/proxy",
                                                           "h2/i0", "h2/i1", "h2/proxy"]
+
+
+def test_streams_cut_by_the_close_that_follows_ctrl_c_are_no_failure(
+        world: dict[str, Any], streams: Streams, monkeypatch: pytest.MonkeyPatch) -> None:
+    chosen = _deployed_per_gpu(world)
+    fleet_: FakeFleet = world["fleet"]
+    streams.cut = threading.Event()
+    close = LocalConnection.close
+
+    def closing(self: LocalConnection) -> None:
+        # the streams fail at once and have time to say so before the close returns
+        assert streams.cut is not None
+        streams.cut.set()
+        threading.Event().wait(0.3)
+        close(self)
+
+    monkeypatch.setattr(LocalConnection, "close", closing)
+    shown: list[str] = []
+
+    def out(line: str) -> None:
+        shown.append(line)
+        if len(shown) == 12:  # two lines of each of the six containers: the person's Ctrl-C
+            signal.raise_signal(signal.SIGINT)
+
+    late = threading.Timer(20, signal.raise_signal, (signal.SIGINT,))
+    late.start()
+    try:
+        code = fleet.logs(chosen, lines=5, since=None, follow=True, out=out,
+                          connect=fleet_.connect)
+    finally:
+        late.cancel()
+    assert code == 0, shown  # exit 3 would say a host failed; only Ctrl-C ended the streams
+    assert not any("unreachable" in line for line in shown), shown
 
 
 def _canary_on(host: FakeHost, weight: int) -> None:

@@ -635,7 +635,7 @@ def look(target: Target, body: Callable[[Session], Looked], *,
     LookStopped saying which (exit 3: what was read is not whole)."""
     cancel = threading.Event()
     session = Session(connections={}, clock=CancellableClock(SystemClock(), cancel),
-                      connect=connect)
+                      connect=connect, ended=cancel)
     stopped: list[str] = []
     outcome: list[Any] = []
 
@@ -658,6 +658,7 @@ def look(target: Target, body: Callable[[Session], Looked], *,
                     end is None or time.monotonic() < end):
                 worker.join(timeout=0.1)
     finally:
+        cancel.set()  # the look is over: what fails from here failed because of the close
         close_session(session)  # a read still blocked on a host is freed by its close
     if worker.is_alive() or not outcome:
         signal_name = stopped[-1] if stopped else None

@@ -333,6 +333,9 @@ class Session:
     connect: ConnectionFactory | None = None
     opened: dict[str, Connection] = field(default_factory=dict)
     opening: threading.Lock = field(default_factory=threading.Lock)
+    # set once the run or look is over or stopped (a signal, its deadline), before its
+    # connections close: a read that fails after it failed because of that close
+    ended: threading.Event = field(default_factory=threading.Event)
 
     def connection(self, host: ResolvedHost) -> Connection:
         """The run's connection to ``host``: the run's own, or one opened on first use."""

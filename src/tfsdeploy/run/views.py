@@ -385,7 +385,8 @@ def logs(target: Target, *, lines: int, since: str | None, follow: bool,
         def one(host: ResolvedHost) -> None:
             row = survey.visit(target, host, look, connect=session.connection, keep=True)
             errors = row["errors"] if row["reachable"] else [(host.name, row["error"])]
-            if not stopping.is_set():  # after Ctrl-C, a closed stream is no failure
+            # after Ctrl-C (or the look's end), a stream its close cut is no failure
+            if not (stopping.is_set() or session.ended.is_set()):
                 for label, problem in errors:
                     failed.append(label)
                     found.put((f"~ unreachable: {problem}", label))
