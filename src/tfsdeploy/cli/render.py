@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tfsdeploy.core.inventory.gpu import InstancePlan
 from tfsdeploy.core.inventory.layout import SLOTS, model_ports
-from tfsdeploy.core.localfiles import write_durable
+from tfsdeploy.core.localfiles import write_atomic
 from tfsdeploy.core.render.files import HostRender
 from tfsdeploy.core.render.host_proxy import render_proxy_config
 
@@ -27,7 +27,7 @@ def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
             {i.index: SLOTS[0] for i in render.instances})
         for name, text in texts.items():
             path = folder / name
-            write_durable(path, text, mode=0o644)
+            write_atomic(path, text, mode=0o644)  # output to read, made again at will
             written.append(path)
     return written
 

@@ -66,6 +66,25 @@ def write_durable(path: str | Path, data: str | bytes, *, mode: int = 0o600) -> 
     _sync_directory(target.parent)
 
 
+def write_atomic(path: str | Path, data: str | bytes, *, mode: int = 0o600) -> None:
+    """Replace ``path`` with ``data`` in one rename, not fsynced: a reader sees the old file or
+    the new one, never half of one, but a power loss may lose either. For files a person or
+    a later step reads now and can make again (``fab render``'s output): 5,000 files with an
+    fsync each took 5.3 s of a 7 s render on this machine's disk."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            os.fchmod(handle.fileno(), mode)
+            handle.write(data.encode() if isinstance(data, str) else data)
+        os.replace(temp, target)
+    except BaseException:
+        with suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
 def append_durable(path: str | Path, line: str, *, mode: int = 0o600) -> None:
     """Append ``line`` (a newline added) to ``path``, created when missing, and fsync it (and
     its directory when it was created) before returning."""
