@@ -16,6 +16,7 @@ import pytest
 
 from tfsdeploy.cli import observe, unattended
 from tfsdeploy.cli.render import write_renders
+from tfsdeploy.core import localfiles
 from tfsdeploy.core.inventory.monitoring import Monitoring
 from tfsdeploy.core.observe.prometheus import ServingProcess
 from tfsdeploy.core.target import Target, load_target, render_release
@@ -77,11 +78,35 @@ def test_fab_observe_s_files_and_the_targets_a_run_rewrites(
     assert_durable(calls, [tmp_path / "targets" / "m.json"])
 
 
-def test_fab_render_s_files(tmp_path: Path, calls: list[tuple[str, str]]) -> None:
+def test_fab_render_s_files(tmp_path: Path, calls: list[tuple[str, str]],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many files, two commits of the file system: every file whole under its temporary
+    name at the first, every rename between the two, nothing renamed after the second."""
+    whole_at_first: list[bool] = []
+    real_sync = localfiles.sync_filesystem
+
+    def sync_filesystem(path: str | Path) -> None:
+        if not any(kind == "syncfs" for kind, _ in calls):  # the first: every temp written
+            temps = list((tmp_path / "out").rglob(".*.*"))
+            named = {t.parent / t.name[1:].rsplit(".", 1)[0]: t for t in temps}
+            whole_at_first.append(len(temps) == expected and all(
+                named[path].read_text() == text for path, text in texts.items()))
+        calls.append(("syncfs", str(path)))
+        real_sync(path)
+
+    monkeypatch.setattr(localfiles, "sync_filesystem", sync_filesystem)
     target = load_target("half_plus_two", inventory=str(REPO / "inventory" / "testbed.py"))
-    written = write_renders(render_release(target, 1), tmp_path / "out")
-    assert len(written) > 3
-    assert_durable(calls, written)
+    renders = render_release(target, 1)
+    texts = {tmp_path / "out" / r.host.name / r.model.name / f.name: f.text
+             for r in renders for f in r.files}
+    expected = len(texts) + len(renders)  # each host's files and its proxy config
+    written = write_renders(renders, tmp_path / "out")
+    assert len(written) == expected > 3
+    out = str(tmp_path / "out")
+    assert calls == [("syncfs", out), *(("replace", str(p)) for p in written),
+                     ("syncfs", out)], calls
+    assert whole_at_first == [True]
+    assert not list((tmp_path / "out").rglob(".*.*"))  # no temporary left
 
 
 def test_runs_ending_together_keep_each_other_s_samples(tmp_path: Path,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tfsdeploy.core.inventory.gpu import InstancePlan
 from tfsdeploy.core.inventory.layout import SLOTS, model_ports
-from tfsdeploy.core.localfiles import write_atomic
+from tfsdeploy.core.localfiles import write_durable_many
 from tfsdeploy.core.render.files import HostRender
 from tfsdeploy.core.render.host_proxy import render_proxy_config
 
@@ -18,18 +18,17 @@ def write_renders(renders: list[HostRender], out: Path) -> list[Path]:
     """Write ``out/<host>/<model>/<file>`` for every render, and the host's proxy config as
     ``proxy/haproxy.cfg`` (as a first deploy writes it: slot blue active; each switch rewrites
     which slot is enabled); returns the paths written."""
-    written = []
+    files: dict[Path, str] = {}
     for render in renders:
         folder = out / render.host.name / render.model.name
         texts = {f.name: f.text for f in render.files}
         texts[PROXY_CONFIG] = render_proxy_config(
             render.host, render.model, model_ports(render.host, render.model),
             {i.index: SLOTS[0] for i in render.instances})
-        for name, text in texts.items():
-            path = folder / name
-            write_atomic(path, text, mode=0o644)  # output to read, made again at will
-            written.append(path)
-    return written
+        files.update({folder / name: text for name, text in texts.items()})
+    out.mkdir(parents=True, exist_ok=True)
+    write_durable_many(files, out, mode=0o644)
+    return list(files)
 
 
 def _instance_gpu(instance: InstancePlan, *, several: bool) -> str:

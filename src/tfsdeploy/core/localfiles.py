@@ -17,10 +17,11 @@ before the caller goes on.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -66,23 +67,50 @@ def write_durable(path: str | Path, data: str | bytes, *, mode: int = 0o600) -> 
     _sync_directory(target.parent)
 
 
-def write_atomic(path: str | Path, data: str | bytes, *, mode: int = 0o600) -> None:
-    """Replace ``path`` with ``data`` in one rename, not fsynced: a reader sees the old file or
-    the new one, never half of one, but a power loss may lose either. For files a person or
-    a later step reads now and can make again (``fab render``'s output): 5,000 files with an
-    fsync each took 5.3 s of a 7 s render on this machine's disk."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+def sync_filesystem(path: str | Path) -> None:
+    """Commit every written file and directory entry of the file system holding ``path``
+    (Linux syncfs(2); sync(2) where the C library has no syncfs)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    syncfs = getattr(libc, "syncfs", None)
+    if syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "wb") as handle:
-            os.fchmod(handle.fileno(), mode)
-            handle.write(data.encode() if isinstance(data, str) else data)
-        os.replace(temp, target)
-    except BaseException:
-        with suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
+        if syncfs(fd) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, os.strerror(error), str(path))
+    finally:
+        os.close(fd)
+
+
+def write_durable_many(files: Mapping[Path, str | bytes], root: Path, *,
+                       mode: int = 0o600) -> None:
+    """Replace each of many files under ``root`` durably with two commits of the file
+    system instead of two fsyncs per file: every file written to a temporary name beside it,
+    then one syncfs (the data is on disk), every rename, then one syncfs (the names are).
+    A reader or a power loss finds each file old or whole, never half, as with
+    ``write_durable``. ``fab render`` writes thousands: with an fsync of each file and its
+    directory, 5,000 files took 5.3 s of a 7.3 s render on this machine's disk."""
+    temps: list[tuple[str, Path]] = []
+    try:
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+            temps.append((temp, path))
+            with os.fdopen(fd, "wb") as handle:
+                os.fchmod(handle.fileno(), mode)
+                handle.write(data.encode() if isinstance(data, str) else data)
+        sync_filesystem(root)
+        while temps:
+            temp, path = temps[0]
+            os.replace(temp, path)
+            temps.pop(0)
+    finally:
+        for temp, _ in temps:
+            with suppress(FileNotFoundError):
+                os.unlink(temp)
+    sync_filesystem(root)
 
 
 def append_durable(path: str | Path, line: str, *, mode: int = 0o600) -> None:
