@@ -250,39 +250,42 @@ def test_logs_read_every_instance_and_pass_since_as_a_unix_time(
     assert [line.split()[0] for line in shown] == sorted(line.split()[0] for line in shown)
 
 
-def test_follow_reads_every_container_at_once_and_ctrl_c_ends_it(
-        world: dict[str, Any], streams: Streams) -> None:
-    chosen = _deployed_per_gpu(world)
-    fleet_: FakeFleet = world["fleet"]
+def _follow_until_ctrl_c(chosen: Any, fleet_: FakeFleet) -> tuple[int, list[str]]:
+    """`fab logs --follow` over the per-GPU fleet (``_deployed_per_gpu``), ended by the
+    person's Ctrl-C once two lines of each of the six containers came; its exit code and
+    lines. In the main thread,
+    as `fab logs` runs: the look's own SIGINT handler ends the read (without it, the signal
+    is a KeyboardInterrupt here and the test fails). A stream that blocked the others would
+    never bring the 12th line: a Ctrl-C after 20 s ends the read then, with fewer lines."""
     shown: list[str] = []
-    result: list[int] = []
 
     def out(line: str) -> None:
         shown.append(line)
-        if len(shown) == 12:  # two lines of each of the six containers: the person's Ctrl-C
+        if len(shown) == 12:
             signal.raise_signal(signal.SIGINT)
 
-    # in the main thread, as `fab logs` runs: the look's own SIGINT handler ends the read
-    # (without it, the signal is a KeyboardInterrupt here and the test fails)
-    # a stream that blocked the others would never bring the 12th line: a Ctrl-C after 20 s
-    # ends the read then, with fewer lines
     late = threading.Timer(20, signal.raise_signal, (signal.SIGINT,))
     late.start()
     try:
-        result.append(fleet.logs(chosen, lines=5, since=None, follow=True, out=out,
-                                 connect=fleet_.connect))
+        code = fleet.logs(chosen, lines=5, since=None, follow=True, out=out,
+                          connect=fleet_.connect)
     finally:
         late.cancel()
+    return code, shown
+
+
+def test_follow_reads_every_container_at_once_and_ctrl_c_ends_it(
+        world: dict[str, Any], streams: Streams) -> None:
+    code, shown = _follow_until_ctrl_c(_deployed_per_gpu(world), world["fleet"])
     assert len(shown) >= 12, f"a followed stream blocked the others: {shown}"
-    assert result == [0], shown
+    assert code == 0, shown
     assert sorted({line.split()[1] for line in shown}) == ["h1/i0", "h1/i1", "h1/proxy",
                                                           "h2/i0", "h2/i1", "h2/proxy"]
 
 
 def test_streams_cut_by_the_close_that_follows_ctrl_c_are_no_failure(
         world: dict[str, Any], streams: Streams, monkeypatch: pytest.MonkeyPatch) -> None:
-    chosen = _deployed_per_gpu(world)
-    fleet_: FakeFleet = world["fleet"]
+    chosen = _deployed_per_gpu(world)  # before the streams are cut by every close
     streams.cut = threading.Event()
     close = LocalConnection.close
 
@@ -294,20 +297,7 @@ def test_streams_cut_by_the_close_that_follows_ctrl_c_are_no_failure(
         close(self)
 
     monkeypatch.setattr(LocalConnection, "close", closing)
-    shown: list[str] = []
-
-    def out(line: str) -> None:
-        shown.append(line)
-        if len(shown) == 12:  # two lines of each of the six containers: the person's Ctrl-C
-            signal.raise_signal(signal.SIGINT)
-
-    late = threading.Timer(20, signal.raise_signal, (signal.SIGINT,))
-    late.start()
-    try:
-        code = fleet.logs(chosen, lines=5, since=None, follow=True, out=out,
-                          connect=fleet_.connect)
-    finally:
-        late.cancel()
+    code, shown = _follow_until_ctrl_c(chosen, world["fleet"])
     assert code == 0, shown  # exit 3 would say a host failed; only Ctrl-C ended the streams
     assert not any("unreachable" in line for line in shown), shown
 
