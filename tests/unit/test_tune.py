@@ -121,6 +121,16 @@ def test_the_budget_stops_the_search_before_a_trial_it_cannot_hold() -> None:
     assert course.ended == "budget: 90 s of 100 s spent, a trial takes about 30 s"
 
 
+def test_max_trials_stops_the_search_however_much_budget_is_left() -> None:
+    made: list[Config] = []
+    course = search(Config.of(model()), [_batch_dim()],
+                    measure=_measure(lambda c: float(c.batching.max_batch_size), made),
+                    problems=_no_problems, budget_s=1e9, estimate_s=1.0, max_trials=2)
+    # the curve rises with the batch size: without the cap the walk would go on up
+    assert len(made) == 2 and len(course.trials) == 2
+    assert course.ended == "trials: 2 of at most 2 run"
+
+
 def test_the_budget_expects_what_the_trials_took_not_the_first_estimate() -> None:
     made: list[Config] = []
     search(Config.of(model()), [_batch_dim()],

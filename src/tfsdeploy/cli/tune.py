@@ -45,8 +45,9 @@ def run_tune(target: Target, args: TuneArgs) -> int:
     host = chosen_host(target, args.host)
     out = Path(args.out or f"tune-{target.model.name}")
     options = TuneOptions(budget_s=duration_seconds(args.budget),
-                          step_s=duration_seconds(args.step))
-    print(f"tuning {target.model.name} on {host.name}: budget {options.budget_s:g} s, "
+                          step_s=duration_seconds(args.step), max_trials=args.trials)
+    cap = f", at most {args.trials} trial(s)" if args.trials else ""
+    print(f"tuning {target.model.name} on {host.name}: budget {options.budget_s:g} s{cap}, "
           f"{options.step_s:g} s per rate step; the inventory is not changed", flush=True)
     result = tune(target, host, options, note=lambda line: print(line, flush=True))
     out.mkdir(parents=True, exist_ok=True)

@@ -372,6 +372,9 @@ class TuneArgs(Args):
                          check="duration")
     step: str = option("each rate step's measured window, e.g. 5s (default 5s)",
                        value="DURATION", default="5s", check="duration")
+    trials: int | None = option("at most this many trials, the catalog's included (default: as "
+                                "many as the budget holds)", value="N",
+                                bound=Bound(1, 10_000, whole=True))
     out: str | None = option("directory for tune.json and tune.png (default: tune-MODEL/)",
                              value="DIR", check="output_dir")
     write: str | None = option("write the recommended Batching(...)/Threads(...) as Python to "

@@ -91,6 +91,7 @@ class TuneOptions:
     probe that sets the first rate, and the QPS gain a change must bring."""
 
     budget_s: float = 600.0
+    max_trials: int | None = None  # None: as many as the budget holds
     step_s: float = 5.0
     probe_s: float = 2.0
     min_gain: float = DEFAULT_MIN_GAIN
@@ -222,7 +223,7 @@ def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: Host
     bench.deadline = time.monotonic() + options.budget_s
     course = search(Config.of(model), dims, measure=bench.trial, problems=bench.problems,
                     budget_s=options.budget_s, estimate_s=bench.estimate_s(),
-                    min_gain=options.min_gain)
+                    min_gain=options.min_gain, max_trials=options.max_trials)
     note(f"search ended: {course.ended}")
     return TuneResult(model=model, host=host.name, version=live.version, release=live.release,
                       image=live.image, host_cpus=cpus, course=course,

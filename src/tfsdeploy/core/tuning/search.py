@@ -8,8 +8,9 @@ steps a dimension up through its values while each step beats the one before by 
 gets worse from there on a unimodal curve); it tries down only when up brought nothing. A
 candidate the toolkit's own rules refuse (``config_problems``: the catalog rules and the
 rendered files' checks, batch_timeout_micros <= SLO/3 among them) ends its direction too:
-further steps the same way break the same rule. No trial starts once the budget cannot hold it,
-and a trial's ramp takes no step that would end beyond it (``step_fits``).
+further steps the same way break the same rule. No trial starts once the budget cannot hold it
+or ``max_trials`` have run, and a trial's ramp takes no step that would end beyond the budget
+(``step_fits``).
 
 A trial's figure is its QPS *at the SLO*: the open-loop rate ramp (``next_rate``) raises the
 offered rate until P99 exceeds the SLO or errors appear, and the trial keeps the highest
@@ -302,10 +303,11 @@ def better(candidate: Trial, incumbent: Trial, min_gain: float) -> bool:
 
 def search(current: Config, dims: Sequence[Dimension], *, measure: Callable[[Config], Trial],
            problems: Callable[[Config], list[Problem]], budget_s: float, estimate_s: float,
-           min_gain: float = DEFAULT_MIN_GAIN) -> Search:
+           min_gain: float = DEFAULT_MIN_GAIN, max_trials: int | None = None) -> Search:
     """Coordinate search from ``current`` (see the module docstring). ``measure`` runs one
     trial; a trial is expected to cost what the trials so far took on average
-    (``estimate_s`` while they took no time)."""
+    (``estimate_s`` while they took no time). ``max_trials``: no trial beyond that many, the
+    first included."""
     course = Search()
     course.trials.append(measure(current))  # always: the figure everything is judged against
     best = course.trials[0]
@@ -313,6 +315,8 @@ def search(current: Config, dims: Sequence[Dimension], *, measure: Callable[[Con
 
     def trial(config: Config) -> Trial:
         # what the trials took so far (the first always ran), else the caller's estimate
+        if max_trials is not None and len(course.trials) >= max_trials:
+            raise BudgetSpent(f"trials: {len(course.trials)} of at most {max_trials} run")
         expected = course.spent_s / len(course.trials) or estimate_s
         if course.spent_s + expected > budget_s:
             raise BudgetSpent(f"budget: {course.spent_s:.0f} s of {budget_s:.0f} s spent, a "
