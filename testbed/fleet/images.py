@@ -49,6 +49,7 @@ DEFAULT_PINS = {
     "grpcio": "1.85.3",
     "numpy": "2.4.6",
     "protobuf": "7.36.2",
+    "ml_dtypes": "0.6.0",  # pyproject.toml's testbed extra says why
 }
 LAUNCHERS = ("tf_serving_entrypoint.sh", "tensorflow_model_server")
 
@@ -245,7 +246,7 @@ def venv_pins(places: Places) -> dict[str, str]:
 
 def requirements(pins: dict[str, str]) -> tuple[str, str]:
     main = [f"tensorflow-cpu=={pins['tensorflow']}"] + [
-        f"{name}=={pins[name]}" for name in ("grpcio", "numpy", "protobuf")
+        f"{name}=={pins[name]}" for name in ("grpcio", "numpy", "protobuf", "ml_dtypes")
     ]
     nodeps = [f"tensorflow-serving-api=={pins['tensorflow-serving-api']}"]
     return "\n".join(main) + "\n", "\n".join(nodeps) + "\n"

@@ -11,9 +11,10 @@ Loading and running follow TFServing's SavedModelBundle path, not TF2's object A
   Nothing checks the fed tensors against the signature's static shape or dtype: the graph and
   its kernels decide, so ``[2.0, 3.0]`` fed to a ``[-1, 1]`` placeholder of half_plus_two runs.
 
-Here the graph is imported with ``tf.compat.v1.saved_model.loader.load`` and run through
-``TF_SessionRun_wrapper``, the C++ ``Session::Run`` (RunOptions included, e.g.
-``timeout_in_ms``), without the Python client's feed-shape checks.
+Here the bundle is loaded as tensorflow/cc/saved_model/loader.cc does, over TensorFlow's C API
+(``tfruntime.load_bundle``), and run through ``TF_SessionRun_wrapper``, the C++
+``Session::Run`` (RunOptions included, e.g. ``timeout_in_ms``), without the Python client's
+feed-shape checks.
 """
 
 from __future__ import annotations
@@ -118,36 +119,26 @@ class LoadedModel:
         self._refused = cpp_runtime.unrunnable_fetches(self.meta_graph)
         self.signature_defs = dict(self.meta_graph.signature_def)
         self.indexes = {key: SignatureIndex.of(s) for key, s in self.signature_defs.items()}
-        self._graph = tfruntime.graph()
         config = config_pb2.ConfigProto()
         if session_config is not None:
             config.CopyFrom(session_config)
         config.device_count["GPU"] = 0  # TensorFlow runs on CPU; the GPU is simulated
         config.allow_soft_placement = True
-        self._session = tfruntime.session(self._graph, config)
+        names = sorted({t.name for s in self.signature_defs.values()
+                        for t in (*s.inputs.values(), *s.outputs.values())})
         try:
-            with self._graph.as_default():
-                tfruntime.load_saved_model(self._session, list(tags), export_dir)
+            self._bundle = tfruntime.load_bundle(export_dir, self.meta_graph, config, names)
         except Exception as exc:
-            self._session.close()
             raise from_tf_exception(exc) from exc
-        self._outputs: dict[str, Any] = {}
-        self._lock = threading.Lock()
 
     def _output(self, name: str) -> Any:
-        """The C API TF_Output of graph tensor ``name`` (cached)."""
-        output = self._outputs.get(name)
+        """The C API TF_Output of graph tensor ``name``."""
+        output = self._bundle.outputs.get(name)
         if output is None:
-            with self._lock:
-                try:
-                    tensor = self._graph.get_tensor_by_name(name)
-                except (KeyError, ValueError) as exc:
-                    raise ServingError(
-                        Code.NOT_FOUND,
-                        f"Tensor {name}, specified in either feed_devices or fetch_devices was "
-                        "not found in the Graph") from exc
-                output = tensor._as_tf_output()
-                self._outputs[name] = output
+            raise ServingError(
+                Code.NOT_FOUND,
+                f"Tensor {name}, specified in either feed_devices or fetch_devices was not "
+                "found in the Graph")
         return output
 
     def run(self, feeds: Sequence[tuple[str, np.ndarray]], fetches: Sequence[str],
@@ -163,7 +154,7 @@ class LoadedModel:
         fetch_list = [self._output(name) for name in fetches]
         try:
             results = tf_session.TF_SessionRun_wrapper(
-                self._session._session, _RUN_OPTIONS.get(timeout_ms), feed_dict, fetch_list,
+                self._bundle.session, _RUN_OPTIONS.get(timeout_ms), feed_dict, fetch_list,
                 [], None)
         except Exception as exc:
             raise from_tf_exception(exc) from exc
@@ -172,4 +163,4 @@ class LoadedModel:
     def close(self) -> None:
         """Release the session (on unload)."""
         with contextlib.suppress(Exception):
-            self._session.close()
+            self._bundle.close()
