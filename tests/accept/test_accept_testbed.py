@@ -6,8 +6,9 @@ Model ``acceptit``, port offset 2000 (stable gRPC 10500). Versions: 1 and 2 are 
 batch (tests/accept/slowmodel.py): slow at serving time. The inventory's warmup gate is loose
 (P99 5 s) so that the deploy lets it through: the acceptance table must catch it.
 
-Tests run in file order: v1 is deployed by the fixture, the passing run releases v2, the lost
-and the stalled generator runs change nothing, the slow run releases v3. Each asserts the one
+Tests run in file order: v1 is deployed by the fixture, the passing run releases v2 (alone,
+after the parallel tiers: marker quiet, with its own fixture), the lost and the stalled
+generator runs change nothing, the slow run releases v3. Each asserts the one
 verdict its scenario must give: pass (0), inconclusive (5: a generator lost, a generator
 that stalled), fail (2: the slow release).
 """
@@ -126,15 +127,17 @@ def run_id_of(run: Run) -> str:
     return found.group(1)
 
 
+@pytest.mark.quiet
 def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) -> None:
     out = fleet.tmp / "pass"
-    # an SLO of 1 s for this run: on 2 cores the three servers, the two generators and the
-    # release's model load share the cores, and one second during the load has reached a P99
-    # of 446 ms (the catalog's 250 ms stays for the slow version's run below). A 90 s window,
-    # the release from 15 % of it: with the other test modules running beside this one, the
-    # three-host release has taken 55 s, and a release that outlasts the window fails the
-    # run (rows.release_row); 13.5 s of load before it still give the plot its columns
-    run = fleet.fab("accept", "--target-qps", "200", "--duration", "90s", "--release", "2",
+    # A pass is a verdict on latency: it runs alone (marker quiet), as the other latency
+    # judges do. Beside the parallel tiers, a machine 99.6 % busy gave one second a P99 over
+    # 1 s though the fleet and the toolkit were sound (the generators' own lag, 213 ms, taken
+    # off). An SLO of 1 s for this run still: the three servers, the two generators and the
+    # release's model loads share the 2 cores. A 60 s window, the release from 15 % of it: a
+    # release that outlasts the window fails the run (rows.release_row); 9 s of load before
+    # it give the plot its columns
+    run = fleet.fab("accept", "--target-qps", "200", "--duration", "60s", "--release", "2",
                     "--release-at", "15%", "--loadgens", "loadgens", "--slo-p99-ms", "1000",
                     "--out", str(out), timeout=600)
     data = accept_json(out)
@@ -144,12 +147,12 @@ def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) 
     # every request of every generator counted once in the merge
     gens = {g["name"]: g for g in accept["generators"]}
     assert set(gens) == set(LOADGENS) and all(g["status"] == "ok" for g in gens.values())
-    assert all(g["count"] == 9000 for g in gens.values()), gens  # 100 QPS x 90 s each
+    assert all(g["count"] == 6000 for g in gens.values()), gens  # 100 QPS x 60 s each
     assert data["count"] == accept["merge"]["count"] == sum(g["count"] for g in gens.values())
     assert sum(r["count"] for r in accept["series"]) == data["count"]
     # the release ran inside the window, and the plot shows it there
     release = accept["release"]
-    assert release["exitCode"] == 0 and 13 <= release["startS"] < release["endS"] <= 90
+    assert release["exitCode"] == 0 and 9 <= release["startS"] < release["endS"] <= 60
     png = out / "accept.png"
     found = shaded_columns(png)
     want = expected_columns(accept["series"], **plot_arguments(data))
