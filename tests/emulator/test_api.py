@@ -78,7 +78,12 @@ def api(tmp_path_factory: pytest.TempPathFactory, sources: dict[str, pathlib.Pat
         "--allow_version_labels_for_unavailable_models", "--enable_batching",
         f"--batching_parameters_file={batching}", f"--monitoring_config_file={monitoring}",
         "--file_system_poll_wait_seconds=1", "--bogus_flag=1",
-        "--enable_grpc_healthcheck_service"], root / "server.log")
+        "--enable_grpc_healthcheck_service",
+        # the toolkit's rendered value: the default (4 x the CPUs: 7 RPCs at once on 2 cores)
+        # is a second limit that 32 callers reach on a busy machine, answered RESOURCE_EXHAUSTED
+        # "Server Threadpool Exhausted" (grpc_service.ThreadQuota), which is not what
+        # test_full_batch_queue_is_unavailable is about
+        "--grpc_max_threads=256"], root / "server.log")
     try:
         server.wait_port(rest_port)
         yield Api(server, grpc_port, rest_port, root)
