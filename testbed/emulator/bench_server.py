@@ -5,7 +5,8 @@ Starts the emulator (batching on) on free loopback ports with a freshly written 
 half_plus_two SavedModel, drives it with an asyncio gRPC client (tensorflow_serving.apis
 stubs, one channel, --concurrency requests in flight) for --seconds, and prints requests/s,
 latency percentiles and the server process's CPU time per request (user + system, from
-/proc/<pid>/stat: less sensitive than requests/s to other work on the machine).
+/proc/<pid>/stat: less sensitive than requests/s to other work on the machine), after the CPU
+its start took (until the gRPC port answered, the model loaded).
 Use --target HOST:PORT --model NAME to measure an already running server instead, and
 --emulator-dir DIR to start the package found in DIR (e.g. an older checkout) instead of this one.
 
@@ -151,6 +152,9 @@ def main() -> int:
             proc, port = _start_server(pathlib.Path(tmp), args)
             target = f"127.0.0.1:{port}"
         cpu_before = _cpu_seconds(proc.pid) if proc is not None else 0.0
+        if proc is not None:  # the port opens once the model is loaded (server.cc's order)
+            print(f"server start: {cpu_before:.2f} CPU-s until its gRPC port answered "
+                  "(imports, the SavedModel load, warmup)")
         try:
             ok, errors, latencies = asyncio.run(
                 _drive(target, args.model, args.concurrency, args.seconds))
