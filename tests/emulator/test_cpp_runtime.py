@@ -109,3 +109,26 @@ def test_without_warmup_a_py_function_loads_and_every_run_of_it_fails(
                               timeout=10)
     assert list(doubled.outputs["y"].float_val) == [3.0]
     channel.close()
+
+
+def test_a_graph_that_names_a_missing_input_fails_its_load_invalid_argument(
+        emulator: Any, tmp_path: pathlib.Path) -> None:
+    """The graph is built as the C++ server's Session::Create builds it (GraphConstructor):
+    an input no node provides is INVALID_ARGUMENT. Python's importer would have turned that
+    status into a ValueError (importer.py), an UNKNOWN error."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    version = tmp_path / "broken" / "1"
+    save_tf2(version, 2.0)
+    saved = saved_model_pb2.SavedModel()
+    saved.ParseFromString((version / "saved_model.pb").read_bytes())
+    node = saved.meta_graphs[0].graph_def.node.add()
+    node.name, node.op = "broken", "Identity"
+    node.input.append("does_not_exist:0")
+    (version / "saved_model.pb").write_bytes(saved.SerializeToString())
+    config = write(tmp_path / "models.config", _config({"broken": version.parent}, ("broken",)))
+    server = emulator([f"--port={free_port()}", f"--model_config_file={config}",
+                       "--max_num_load_retries=0"])
+    assert server.wait_exit(120) == 255
+    assert ("{name: broken version: 1} due to error: INVALID_ARGUMENT: Node 'broken': Unknown "
+            "input node 'does_not_exist:0'") in server.output()
