@@ -56,11 +56,14 @@ class Bundle:
         self.outputs = outputs
 
     def close(self) -> None:
-        """TF_CloseSession and TF_DeleteSession (tf.compat.v1.Session.close and __del__)."""
+        """TF_CloseSession and TF_DeleteSession (tf.compat.v1.Session.close and __del__),
+        once: a second call does nothing."""
         from tensorflow.python.client import pywrap_tf_session as c_api
 
-        c_api.TF_CloseSession(self.session)
-        c_api.TF_DeleteSession(self.session)
+        session, self.session = self.session, None
+        if session is not None:
+            c_api.TF_CloseSession(session)
+            c_api.TF_DeleteSession(session)
 
 
 def load_bundle(export_dir: str, meta_graph: Any, config: Any,
@@ -87,8 +90,9 @@ def load_bundle(export_dir: str, meta_graph: Any, config: Any,
         wanted.append(saver.filename_tensor_name)
     targets = [init_op] + ([saver.restore_op_name] if restore else [])
     missing = [name for name in targets if name and name not in nodes]
-    if missing:  # Session::Run's own words for a target the graph lacks
-        raise errors_impl.NotFoundError(None, None, f"Node '{missing[0]}' is not found")
+    if missing:  # the runtime's words (core/graph/subgraph.cc PruneForTargets)
+        raise errors_impl.NotFoundError(
+            None, None, f"PruneForTargets: Some target nodes not found: {' '.join(missing)} ")
     op_names = sorted(({_op_name(name) for name in wanted} | set(targets)) & nodes)
     graph = c_api.PyGraph()
     options = c_api.TF_NewImportGraphDefOptions()
@@ -118,10 +122,10 @@ def load_bundle(export_dir: str, meta_graph: Any, config: Any,
         if restore:
             path = os.path.join(export_dir, VARIABLES_DIR, VARIABLES_FILE)
             filename = outputs.get(saver.filename_tensor_name)
-            if filename is None:
+            if filename is None:  # the runtime's words (core/graph/subgraph.cc FeedInputs)
                 raise errors_impl.NotFoundError(
-                    None, None, f"Tensor {saver.filename_tensor_name}, specified in either "
-                    "feed_devices or fetch_devices was not found in the Graph")
+                    None, None,
+                    f"FeedInputs: unable to find feed output {saver.filename_tensor_name}")
             _run_targets(c_api, session, {filename: _string(path), **feeds},
                          [operations[saver.restore_op_name]])
         if init_op:
