@@ -136,15 +136,22 @@ def load_bundle(export_dir: str, meta_graph: Any, config: Any,
     return bundle
 
 
+def _tensor_id(tensor_name: str) -> tuple[str, str]:
+    """``x:1`` -> (``x``, ``1``); a name without an index is the op's output 0 (TF's
+    ParseTensorName)."""
+    op, _, index = tensor_name.rpartition(":")
+    return (op, index) if op else (tensor_name, "0")
+
+
 def _op_name(tensor_name: str) -> str:
-    """``x:0`` -> ``x`` (a name without an index is the op's own, output 0)."""
-    return tensor_name.rsplit(":", 1)[0] if ":" in tensor_name else tensor_name
+    """``x:0`` -> ``x``."""
+    return _tensor_id(tensor_name)[0]
 
 
 def _output(c_api: Any, operations: dict[str, Any], tensor_name: str) -> Any:
     """The TF_Output of ``tensor_name`` (None: no such op, or no such output of it)."""
-    op = operations.get(_op_name(tensor_name))
-    index_text = tensor_name.rsplit(":", 1)[1] if ":" in tensor_name else "0"
+    op_name, index_text = _tensor_id(tensor_name)
+    op = operations.get(op_name)
     if op is None or not index_text.isdigit():
         return None
     index = int(index_text)
