@@ -392,6 +392,13 @@ def test_a_host_that_got_its_gpu_back_is_reshaped_by_a_deploy_run_right_after_th
 
 def test_a_host_rebooted_in_the_middle_of_a_deploy_converges_when_it_is_rerun(
         fleet: Fleet) -> None:
+    # Two instances to begin with, whichever tests ran before (run after the lost-GPU test
+    # alone, tb4 still had one GPU): what the GPU-back test leaves when the module runs whole
+    if len(running_gpus()) != 2:
+        reboot("--gpus", "2")
+        reshaped = deploy(fleet, 2)
+        assert reshaped.code == 0, reshaped.describe()
+    assert sorted(running_instances(fleet)) == [0, 1]
     # The health gate holds the roll SLOW_HEALTH_S on instance 0, so the reboot lands inside
     # the deploy however slow the reboot is on a busy machine (a 1 s gate let a deploy finish
     # before a reboot that took 10 s).
