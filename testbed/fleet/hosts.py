@@ -279,24 +279,20 @@ def remove_network(host: Host) -> None:
         run(["ip", "netns", "del", host.name])
 
 
+def mac_address(index: int) -> str:
+    """The host's eth0 address, the same at every start as a real NIC's burned-in address
+    (locally administered, 02:...). A new random address at each start left the machine's
+    ARP entry for the host pointing at the old one after a reboot: nothing reached the host
+    until that entry expired (up to about 50 s: base_reachable_time 30 s, randomised to
+    15-45 s, then delay_first_probe_time 5 s and the probes)."""
+    return f"02:87:00:00:{index >> 8:02x}:{index & 0xFF:02x}"
+
+
 def create_network(host: Host) -> None:
     remove_network(host)
     run(["ip", "netns", "add", host.name])
-    run(
-        [
-            "ip",
-            "link",
-            "add",
-            veth_name(host.index),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "eth0",
-            "netns",
-            host.name,
-        ]
-    )
+    run(["ip", "link", "add", veth_name(host.index), "type", "veth", "peer", "name", "eth0",
+         "address", mac_address(host.index), "netns", host.name])
     run(["ip", "link", "set", veth_name(host.index), "master", BRIDGE, "up"])
     ns = ["ip", "-n", host.name]
     run([*ns, "addr", "add", f"{host.address}/{PREFIX_LEN}", "dev", "eth0"])

@@ -7,15 +7,18 @@ from collections.abc import Iterator
 
 import pytest
 from rollback_support import Fleet, deploy_v1_then_v2
-from testbed_support import ModelFleet
+from testbed_support import ModelFleet, Watched
 
 
 @pytest.fixture(autouse=True)
 def _dump_on_failure(request: pytest.FixtureRequest, fleet: ModelFleet) -> Iterator[None]:
     """When the test failed, print the fleet's fab runs, containers, their logs and audit tails
-    (the call's report is logged before teardown, so ``testsfailed`` already counts it)."""
+    (the call's report is logged before teardown, so ``testsfailed`` already counts it). A fab
+    command the test started in the background and left running is killed first: a test that
+    failed mid-way must not leave a deploy holding the lock for the next one."""
     before = request.session.testsfailed
     yield
+    Watched.stop_left_running()  # before the dump, which then shows what they printed
     if request.session.testsfailed > before:
         print(fleet.dump())
 

@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterator
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 
@@ -355,7 +355,13 @@ class Watched:
     With ``own_session`` it leads a process group of its own (its ssh children with it), which
     ``kill_when`` kills with SIGKILL on cue."""
 
+    # every one started and not yet seen to exit: ``stop_left_running`` ends them after each
+    # test, so that a test failing mid-way leaves no deploy holding the model's lock for the
+    # next test (a failed reboot once left one, and the next test got exit 4, lock held)
+    started_ones: ClassVar[list[Watched]] = []
+
     def __init__(self, argv: list[str], log: list[str], *, own_session: bool = False) -> None:
+        Watched.started_ones.append(self)
         self.argv = argv
         self.lines: list[str] = []
         self.killed_on: str | None = None  # the line on which kill_when killed it
@@ -501,6 +507,18 @@ class Watched:
 
     def text(self) -> str:
         return NOISE.sub("", "\n".join(self.lines) + "\n")
+
+    @classmethod
+    def stop_left_running(cls) -> list[Watched]:
+        """kill -9 every command started by a test that is still running when the test has
+        ended (a test that failed before it waited for one); returns those killed."""
+        left = [w for w in cls.started_ones if w.proc.poll() is None]
+        cls.started_ones.clear()
+        for watched in left:
+            watched.kill()
+            watched._reader.join(timeout=10)
+            watched._log.append(watched.describe("killed: still running when its test ended"))
+        return left
 
     def describe(self, why: str | None = None) -> str:
         if why is None:

@@ -75,6 +75,7 @@ def fresh_fleet() -> Iterator[None]:
     ensure_fleet()
     clean_model(MODEL)
     yield
+    Watched.stop_left_running()  # a demo left running by a failed test would hold the lock
     if os.environ.get("TFSDEPLOY_MAIN_JOB_KEEP") != "1":
         clean_model(MODEL)
 
