@@ -141,12 +141,20 @@ def _saved_mntns(host: Host) -> str | None:
 
 
 def host_pids(host: Host) -> set[int]:
-    """Every process that belongs to the host: in its netns or mount namespace, and descendants."""
+    """Every process that belongs to the host: in its netns or mount namespace, and descendants.
+
+    A namespace is known by its inode number, which the kernel gives again to the next new
+    namespace as soon as the last process of the old one has gone (the lowest free number):
+    the saved mount namespace counts only while the host's holder, still alive, is in it (a
+    stop that ran after the holder died matched a container being created on another host,
+    and killed it). The network namespace stays pinned by its file until ``remove_network``.
+    """
     wanted: set[str] = set()
     if host.netns_path.exists():
         wanted.add(f"net:[{os.stat(host.netns_path).st_ino}]")
     mntns = _saved_mntns(host)
-    if mntns:
+    holder = holder_pid(host)
+    if mntns and holder is not None and _ns_link(holder, "mnt") == mntns:
         wanted.add(mntns)
     own = {_ns_link(1, "net"), _ns_link(1, "mnt"), _ns_link(os.getpid(), "mnt")}
     wanted -= own  # never match the machine's own namespaces
