@@ -75,3 +75,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     expected = {group: sum(map(module_s, mods)) for group, mods in modules.items()}
     items.sort(key=lambda item: (-expected[xdist_group(item)], first_seen[xdist_group(item)]))
+
+
+# -- reports that a worker can send ------------------------------------------------------------
+#
+# pytest-xdist sends each report to the controller as UTF-8; a lone surrogate in it (the
+# hostile-input batteries print host text that holds them on purpose) ends the worker with an
+# internal error, and the rest of its tests never run. Each text of a report is made UTF-8
+# safe first, its surrogates shown as \udcff escapes.
+
+
+def _utf8_safe(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    report.sections = [(_utf8_safe(title), _utf8_safe(body)) for title, body in report.sections]
+    if report.longrepr is not None:
+        rendered = str(report.longrepr)
+        if _utf8_safe(rendered) != rendered:
+            report.longrepr = _utf8_safe(rendered)
