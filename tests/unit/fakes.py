@@ -657,9 +657,9 @@ class FakeSlot:
 
     A slot port reaches the container listening on it; the stable port reaches the container
     behind the proxy's serving server. ``behaviour[address]``: ok (default), slow (never
-    loads), broken (load fails with ``load_error``), renamed (its serving_default takes z and
-    returns w), vanish (the host drops off the network at the first Predict), refuse (the
-    stable port refuses connections).
+    loads), broken (load fails with ``load_error``), laggy (each Predict takes 200 ms),
+    renamed (its serving_default takes z and returns w), vanish (the host drops off the
+    network at the first Predict), refuse (the stable port refuses connections).
     """
 
     behaviour: ClassVar[dict[str, str]] = {}
@@ -716,7 +716,8 @@ class FakeSlot:
                 raise RuntimeError(f"Servable not found for request: Specific({self.model}, "
                                    f"{version})")
         x = inputs["x"]
-        return {"y": tensor([v * 0.5 + 2 + served - 1 for v in x.values], x.dtype, x.shape)}, 0.002
+        took = 0.2 if mode == "laggy" else 0.002
+        return {"y": tensor([v * 0.5 + 2 + served - 1 for v in x.values], x.dtype, x.shape)}, took
 
     def _behind_proxy(self) -> int:
         """The version of the container the host's proxy sends new requests to."""

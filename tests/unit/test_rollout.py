@@ -90,6 +90,18 @@ def test_slow_version_hits_its_deadline(world: dict[str, Any]) -> None:
     assert "after 30 s (deadline)" in result.hosts["h1"].error
 
 
+def test_a_warmup_that_never_gets_under_its_bound_says_what_ended_it(
+        world: dict[str, Any]) -> None:
+    run_deploy(world, 1)
+    FakeSlot.behaviour = {"10.9.0.1": "laggy"}  # every request 200 ms, the bound the SLO's 60
+    result = run_deploy(world, 2)
+    assert result.exit_code == ExitCode.ROLLED_BACK
+    error = result.hosts["h1"].error
+    # the gate's 20 rounds ended it, long before its 120 s: said so, not "after 120 s"
+    assert "P99 200.0 ms in the last of 20 round(s)" in error, error
+    assert "at most 20 rounds" in error and "after 120 s" not in error, error
+
+
 def test_host_lost_during_a_gate_stops_the_roll_and_exits_3(world: dict[str, Any]) -> None:
     run_deploy(world, 1)
     FakeSlot.behaviour = {"10.9.0.1": "vanish"}
