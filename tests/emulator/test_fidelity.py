@@ -343,3 +343,26 @@ def test_grpc_max_threads_zero_aborts(tmp_path, sources) -> None:
     finally:
         process.stop()
 
+
+
+# ------------------------------------------------------------------ clients that go away
+# TFServing's REST server is libevent's evhttp (util/net_http/server/internal/
+# evhttp_server.cc): a connection its client resets is freed without a word. HAProxy ends
+# each health check's connection with a reset.
+
+def test_a_client_that_resets_its_connection_leaves_no_trace_in_the_log(server: Server) -> None:
+    import socket
+    import struct
+
+    port = int(server.rest.rsplit(":", 1)[1])
+    before = server.process.output()
+    for _ in range(3):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.sendall(b"GET /v1/models/hpt HTTP/1.1\r\n")  # the request line, then a reset
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+    status, body = http("GET", server.rest + "/v1/models/hpt")  # still answering
+    assert status == 200 and '"AVAILABLE"' in body, (status, body)
+    time.sleep(0.5)
+    after = server.process.output()[len(before):]
+    assert "Traceback" not in after and "ConnectionResetError" not in after, after

@@ -13,6 +13,7 @@ Model ``itintra`` (port offset 4800) on tb1.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -56,12 +57,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelFleet]:
 
 
 def test_diagnose_names_an_intra_op_pool_of_one(fleet: ModelFleet) -> None:
+    # the load lasts until the diagnosis has read its 8 s, then Ctrl-C ends it (a bench of a
+    # fixed length can end before a slow-starting diagnosis reads anything)
     load = Watched(fleet.argv("bench", "--hosts", HOST, "--concurrency", "1", "--duration",
-                              "14s"), fleet.log)
+                              "180s"), fleet.log)
     try:
         load.wait_for(r"request data", timeout=120)
         run = fleet.fab("diagnose", "--for", "8s", "--json", timeout=120)
     finally:
+        load.send(signal.SIGINT)
         load.finish(timeout=180)
     assert run.code == 0, run.describe()
     (row,) = json.loads(run.stdout)

@@ -139,12 +139,16 @@ def test_diagnose_names_a_grpc_quota_too_small_for_the_load(fleet: Fleet) -> Non
     small.write_text(text.replace("grpc_max_threads=256),", "grpc_max_threads=4),")
                      .replace("port_offset=", "expected_concurrency=2, port_offset="))
     fleet.deploy(1, inventory=small)
-    load = Watched(fleet.argv("bench", "--concurrency", "16", "--duration", "12s",
+    # the load lasts until the diagnosis has read its 5 s, then Ctrl-C ends it: a 12 s bench
+    # once ended before a diagnosis that took 25 s to start reading on a busy machine, which
+    # then saw no load and rightly named no stage
+    load = Watched(fleet.argv("bench", "--concurrency", "16", "--duration", "180s",
                               inventory=small), [])
     try:
         load.wait_for(r"request data", timeout=60)
         run = fleet.fab("diagnose", "--for", "5s", "--json", inventory=small, timeout=120)
     finally:
+        load.send(signal.SIGINT)
         load.finish(timeout=120)
     assert run.code == 0, run.describe()
     found = json.loads(run.stdout)[0]["diagnosis"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import sys
 import threading
 import time
 import urllib.parse
@@ -245,13 +246,27 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_DELETE = do_OPTIONS = do_HEAD = do_PATCH = _dispatch
 
 
+class _QuietHTTPServer(ThreadingHTTPServer):
+    """A client that went away (a reset or a closed connection) ends its connection in
+    silence, as in TFServing's libevent server (util/net_http/server/internal/
+    evhttp_server.cc: evhttp frees the connection and logs nothing): socketserver printed a
+    traceback for each one, and HAProxy's health checks end theirs with a reset (about one
+    a second per server behind a gateway, 20 lines each, into the container's log)."""
+
+    allow_reuse_address = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 class RestServer:
     """A threaded HTTP server on 0.0.0.0:port, started in the background."""
 
     def __init__(self, port: int, api: RestApi, metrics_path: str | None) -> None:
         handler = type("Handler", (_Handler,), {"api": api, "metrics_path": metrics_path})
-        ThreadingHTTPServer.allow_reuse_address = True
-        self.httpd = ThreadingHTTPServer(("0.0.0.0", port), handler)
+        self.httpd = _QuietHTTPServer(("0.0.0.0", port), handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="http",
                                        daemon=True)
