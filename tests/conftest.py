@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -73,7 +74,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = module.split("/")[1] if module.count("/") >= 2 else ""
         return recorded.get(module, FIRST_GUESS_S.get(tier, 5.0))
 
-    expected = {group: sum(map(module_s, mods)) for group, mods in modules.items()}
+    # math.fsum: exact whatever the order of the set, which differs per process (string hash
+    # seeds): a plain sum differed in its last bit between workers, two groups tied
+    # differently, and xdist refused the run ("Different tests were collected")
+    expected = {group: math.fsum(map(module_s, mods)) for group, mods in modules.items()}
     items.sort(key=lambda item: (-expected[xdist_group(item)], first_seen[xdist_group(item)]))
 
 
