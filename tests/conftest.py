@@ -98,5 +98,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     report.sections = [(_utf8_safe(title), _utf8_safe(body)) for title, body in report.sections]
     if report.longrepr is not None:
         rendered = str(report.longrepr)
-        if _utf8_safe(rendered) != rendered:
-            report.longrepr = _utf8_safe(rendered)
+        safe = _utf8_safe(rendered)
+        if safe != rendered:
+            report.longrepr = safe
