@@ -219,3 +219,45 @@ def test_the_proxy_admin_is_reached_through_socat_on_its_unix_socket_only(
         (paths(fleet["h1"]).proxy_dir, "/usr/local/etc/haproxy", True),
         (paths(fleet["h1"]).admin_dir, PROXY_ADMIN_MOUNT, False)]
     assert not hasattr(SshConnection, "tunnel")  # no port forwarding to reach it
+
+
+# A Ctrl-C that comes while the progress printer holds its lock (the main thread inside a
+# line's write): before, the engine's handler printed from Python's signal handler, in that
+# same thread, and waited for the lock forever (a deploy hung after "already stopping").
+_SIGNAL_IN_A_WRITE = """
+import io, os, signal, sys, threading
+from tfsdeploy.cli.output import LineReporter
+from tfsdeploy.run import engine
+
+class Stream(io.StringIO):
+    sent = 0
+    def write(self, text):
+        if self.sent < 2:  # the first press, then a second one, each inside a write
+            self.sent += 1
+            os.kill(os.getpid(), signal.SIGINT)
+        return super().write(text)
+
+stream = Stream()
+reporter = LineReporter(stream)
+cancel = threading.Event()
+with engine.interrupts_cancel(cancel, reporter):
+    reporter.note("a progress line")
+    cancel.wait(10)
+    reporter.note("another progress line")
+sys.__stdout__.write(stream.getvalue())
+"""
+
+
+def test_a_signal_that_comes_while_a_line_is_printed_is_said_without_a_hang() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_IN_A_WRITE], capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    said = [line.split("== ", 1)[1] for line in done.stdout.splitlines()]
+    assert said[0] == "a progress line"
+    assert "SIGINT: finishing the current steps, then restoring; the lock is released at " \
+           "the end" in said
+    assert "already stopping: restoring, then releasing the lock" in said
+    assert "another progress line" in said

@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tfsdeploy.run.signals import handled
@@ -111,7 +110,7 @@ def late_signals(reporter: Noting) -> Iterator[LateSignals]:
     own handlers take over inside it while it rolls)."""
     seen = LateSignals()
 
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int) -> None:
         name = signal.Signals(signum).name
         seen.names.append(name)
         then = ("the after-passes go on (the terminal is gone)" if signum == signal.SIGHUP

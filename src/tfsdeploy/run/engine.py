@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tfsdeploy.core.errors import ExitCode, HostUnreachable, TfsDeployError
@@ -502,7 +501,7 @@ def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[N
     """Ctrl-C, SIGTERM (cron, systemd) and SIGHUP (the operator's SSH session dropped) ask the
     run to stop: the current steps finish, the hosts are restored, the lock is released. The
     handler never raises, so a second signal cannot cut a restore or the release short."""
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int) -> None:
         if cancel.is_set():
             reporter.note("already stopping: restoring, then releasing the lock")
             return
@@ -639,7 +638,7 @@ def look(target: Target, body: Callable[[Session], Looked], *,
     stopped: list[str] = []
     outcome: list[Any] = []
 
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int) -> None:
         stopped.append(signal.Signals(signum).name)
         cancel.set()
 

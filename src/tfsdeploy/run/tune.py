@@ -29,7 +29,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from tfsdeploy.core.errors import ConfigError, ExitCode, Problem, TfsDeployError
@@ -500,7 +499,7 @@ def _stops_noted(stop: _Stop, note: Note) -> Iterator[None]:
     """Ctrl-C, SIGTERM and SIGHUP end the search at its next safe point (the clean-up runs
     in ``finally``). During a load step the load generator takes Ctrl-C itself: it ends the
     step, whose report says so."""
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int) -> None:
         if not stop.event.is_set():
             stop.signal = signal.Signals(signum).name
             note(f"{stop.signal}: stopping after the current step")
@@ -513,7 +512,7 @@ def _stops_noted(stop: _Stop, note: Note) -> Iterator[None]:
 @contextmanager
 def _signals_noted(note: Note) -> Iterator[None]:
     """During the clean-up a signal is only noted: it must not cut the removal short."""
-    def handler(signum: int, frame: FrameType | None) -> None:
+    def handler(signum: int) -> None:
         note(f"{signal.Signals(signum).name}: removing the scratch instances first")
 
     with handled(handler):
