@@ -6,7 +6,7 @@ Both run as subprocesses on 127.0.0.1 with free ports, and are killed at teardow
 from __future__ import annotations
 
 import os
-import select
+import queue
 import signal
 import socket
 import subprocess
@@ -41,21 +41,39 @@ def free_port() -> int:
 
 
 def _read_line_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:
-    """Read the process's stdout until a line contains ``marker``."""
+    """Read the process's stdout until a line contains ``marker``.
+
+    The lines are read by a thread, one ``readline`` after another: a ``select`` on the pipe
+    would miss a line that an earlier read already took into the file object's buffer (two
+    lines written together, as on a busy machine, left the second unseen until the deadline).
+    """
     assert proc.stdout is not None
+    stream = proc.stdout
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in iter(stream.readline, ""):
+            lines.put(line)
+            if marker in line:
+                return
+        lines.put("")  # end of output
+
+    threading.Thread(target=read, daemon=True).start()
     deadline = time.monotonic() + timeout_s
     seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            line = proc.stdout.readline()
-            seen.append(line)
-            if marker in line:
-                return line
-        if proc.poll() is not None:
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=min(left, 0.5))
+        except queue.Empty:
+            continue
+        if not line:
             break
+        seen.append(line)
+        if marker in line:
+            return line
     proc.kill()
-    raise RuntimeError(f"server did not print {marker!r}: {''.join(seen)[-2000:]}")
+    raise RuntimeError(f"server did not print {marker!r} in {timeout_s:g} s "
+                       f"(exit {proc.poll()}): {''.join(seen)[-2000:]}")
 
 
 def _drain(proc: subprocess.Popen[str]) -> None:
