@@ -6,7 +6,9 @@ The testbed's models (docs/models.md) are all fast at serving time; the slow one
 so it costs no CPU on the shared machine): with batching, every batch waits about twice
 ``sleep_ms`` (the sleep applies to each element fetch, and the end-of-data check is one).
 ``times_two`` (y = 2 x) is fast, as in half_plus_two, whose golden requests use both. Its
-warmup records are copied from a good version, so it loads and warms up like one.
+warmup file holds the first of a good version's warmup records: the server replays each record
+at load, through the slow signature (about 2 x ``sleep_ms`` each), so one record keeps the load
+short while still warming up the way a good version does.
 
 Run with the project's venv: ``python tests/accept/slowmodel.py OUT_DIR B SLEEP_MS WARMUP_FROM``.
 """
@@ -42,6 +44,10 @@ def save(out: Path, b: float, sleep_ms: int, warmup_from: Path) -> None:
         "serving_default": tf.function(serve, input_signature=spec),
         "times_two": tf.function(times_two, input_signature=spec)})
     shutil.copytree(warmup_from / "assets.extra", out / "assets.extra")
+    records = out / "assets.extra" / "tf_serving_warmup_requests"
+    first = next(iter(tf.data.TFRecordDataset(str(records)).take(1))).numpy()
+    with tf.io.TFRecordWriter(str(records)) as writer:
+        writer.write(first)
 
 
 if __name__ == "__main__":

@@ -234,8 +234,11 @@ def test_a_generator_that_stalls_makes_the_run_inconclusive(fleet: ModelFleet) -
 def test_a_release_that_breaks_the_slo_fails_the_release_row(fleet: ModelFleet) -> None:
     out = fleet.tmp / "slow"
     # 60 QPS: 20 per host, which the slow version's two batch threads (a batch of up to 32
-    # every 2 x SLOW_SLEEP_MS) serve without filling its queue, so that its gates pass
-    run = fleet.fab("accept", "--target-qps", "60", "--duration", "40s", "--release",
+    # every 2 x SLOW_SLEEP_MS) serve without filling its queue, so that its gates pass. 60 s:
+    # the release (two serial steps, each a load and five gates) must end inside the window;
+    # on a busy 2-core machine it took 62 s with ten warmup records per load, about
+    # 20 s of them replaying the records through the slow signature (now one record)
+    run = fleet.fab("accept", "--target-qps", "60", "--duration", "60s", "--release",
                     str(SLOW_VERSION), "--release-at", "5s", "--loadgens", "loadgens",
                     "--start-margin", "8s", "--out", str(out), timeout=600)
     accept = accept_json(out)["tfsdeploy"]["accept"]
