@@ -150,3 +150,21 @@ def test_a_finished_layer_stays_finished(events: list[dict[str, Any]]) -> None:
     done = [p.layers_done for p in seen]
     assert done == sorted(done)
     assert all(p.layers_done <= p.layers_total <= 3 for p in seen)
+
+
+def test_the_progress_lines_say_a_finished_pull_once() -> None:
+    import io
+
+    from tfsdeploy.cli.output import LineReporter
+
+    stream = io.StringIO()
+    reporter = LineReporter(stream)
+    for update in fold(FRESH_PULL)[1]:  # every event at once: only the end passes the 1 s bound
+        reporter.progress("tb1", update)
+    for update in fold(UP_TO_DATE)[1]:  # a later pull of it, as the engine streams it
+        reporter.progress("tb1", update)
+    lines = stream.getvalue().splitlines()
+    assert sum("2/2 layers" in line for line in lines) == 1, lines
+    assert [e["layers_done"] for e in reporter.events].count(2) == 1
+    reporter.progress("tb2", fold(FRESH_PULL)[1][-1])  # another host's end is its own
+    assert "tb2: pull" in stream.getvalue().splitlines()[-1]

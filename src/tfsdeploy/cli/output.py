@@ -75,6 +75,7 @@ class LineReporter:
         self._start = time.monotonic()
         self._lock = threading.Lock()
         self._pulls: dict[tuple[str, str], float] = {}
+        self._pulled: set[tuple[str, str]] = set()  # said finished: said once
         self.events: list[dict[str, Any]] = []  # for --json: pull progress, as printed
 
     def _print(self, text: str) -> None:
@@ -111,13 +112,16 @@ class LineReporter:
                       flush=True)
 
     def progress(self, host: str, update: PullProgress) -> None:
-        """An image pull's progress, at most once a second per host and image."""
+        """An image pull's progress, at most once a second per host and image, and its end
+        once."""
         key = (host, update.image)
         now = time.monotonic()
-        done = update.layers_total and update.layers_done == update.layers_total
-        if now - self._pulls.get(key, 0.0) < 1.0 and not done:
-            return
+        done = bool(update.layers_total) and update.layers_done == update.layers_total
+        if key in self._pulled or (now - self._pulls.get(key, 0.0) < 1.0 and not done):
+            return  # the engine's last events (digest, status) repeat a finished pull
         self._pulls[key] = now
+        if done:
+            self._pulled.add(key)
         self.events.append({**update.as_event(), "host": host,
                             "at_s": round(now - self._start, 3)})
         mib = update.bytes_done / (1 << 20)
