@@ -47,6 +47,20 @@ def record_request(metrics: Metrics, model: str, api: str, entrypoint: str,
                                         entrypoint)
 
 
+def record_cut_at_deadline(metrics: Metrics, context: grpc.aio.ServicerContext, model: str,
+                           api: str, started: float) -> None:
+    """A handler that grpc.aio cancelled: counted DEADLINE_EXCEEDED when the call's deadline
+    has passed. TFServing's handler is synchronous and runs on after the deadline: its run,
+    whose timeout is that deadline, ends DEADLINE_EXCEEDED, and RecordModelRequestCount counts
+    it (prediction_service_impl.cc, Predict, Classify and Regress). A call the client
+    cancelled before its deadline is not counted here: the real run would go on to its own
+    end, which the emulator no longer runs."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= 0:
+        record_request(metrics, model, api, "GRPC",
+                       ServingError(Code.DEADLINE_EXCEEDED, "Deadline Exceeded"), started)
+
+
 def model_metadata(servable: Servable) -> get_model_metadata_pb2.GetModelMetadataResponse:
     """GetModelMetadataResponse with every SignatureDef of the version's MetaGraphDef."""
     response = get_model_metadata_pb2.GetModelMetadataResponse()
@@ -182,6 +196,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
                 servable.release()
         except ServingError as exc:
             error = exc
+        except asyncio.CancelledError:
+            record_cut_at_deadline(self.metrics, context, request.model_spec.name, "Predict",
+                                   started)
+            raise
         record_request(self.metrics, request.model_spec.name, "Predict", "GRPC", error,
                        started)
         if error is not None:
@@ -204,6 +222,10 @@ class PredictionService(prediction_service_pb2_grpc.PredictionServiceServicer): 
                 self.executor, self.core.with_servable, spec, lambda s: run(s, deadline))
         except ServingError as exc:
             error = exc
+        except asyncio.CancelledError:
+            if record:
+                record_cut_at_deadline(self.metrics, context, spec.name, api, started)
+            raise
         if record:
             record_request(self.metrics, spec.name, api, "GRPC", error, started)
         if error is not None:
