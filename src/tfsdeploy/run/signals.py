@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import signal
 import sys
@@ -44,8 +45,9 @@ def handled(handler: Handler, wanted: Sequence[signal.Signals] = STOP_SIGNALS
             try:
                 handler(signum)
             except Exception as error:  # a handler's fault must not end the run
-                print(f"tfsdeploy: handling {signal.Signals(signum).name} failed: {error}",
-                      file=sys.stderr)
+                with contextlib.suppress(Exception):  # nor this thread: later signals count
+                    print(f"tfsdeploy: handling {signal.Signals(signum).name} failed: "
+                          f"{error}", file=sys.stderr)
 
     worker = threading.Thread(target=deliver, name="signals", daemon=True)
     worker.start()

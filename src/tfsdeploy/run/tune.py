@@ -500,10 +500,11 @@ def _stops_noted(stop: _Stop, note: Note) -> Iterator[None]:
     in ``finally``). During a load step the load generator takes Ctrl-C itself: it ends the
     step, whose report says so."""
     def handler(signum: int) -> None:
-        if not stop.event.is_set():
-            stop.signal = signal.Signals(signum).name
-            note(f"{stop.signal}: stopping after the current step")
-        stop.event.set()
+        if stop.event.is_set():
+            return
+        stop.signal = signal.Signals(signum).name
+        stop.event.set()  # before the note: a note that fails must not keep the search going
+        note(f"{stop.signal}: stopping after the current step")
 
     with handled(handler):
         yield
