@@ -63,9 +63,9 @@ def _read_line_until(proc: subprocess.Popen[str], marker: str, timeout_s: float)
     seen = []
     while (left := deadline - time.monotonic()) > 0:
         try:
-            line = lines.get(timeout=min(left, 0.5))
+            line = lines.get(timeout=left)
         except queue.Empty:
-            continue
+            break
         if not line:
             break
         seen.append(line)
