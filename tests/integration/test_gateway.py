@@ -174,6 +174,15 @@ def admin(command: str) -> str:
                           text=True, timeout=10, check=True).stdout
 
 
+def gateway_log(lines: int = 40) -> str:
+    """The last lines of tbgw's gateway output: servers going down or up with the reason,
+    failed requests with HAProxy's termination state."""
+    docker = ["docker", "-H", f"unix://{STATE}/hosts/{GATEWAY_HOST}/run/docker.sock"]
+    done = subprocess.run([*docker, "logs", "--tail", str(lines), "tfs-gateway"],
+                          capture_output=True, text=True, check=False, timeout=30)
+    return done.stdout + done.stderr
+
+
 def server_status(host: str) -> str:
     for line in admin("show stat").splitlines():
         fields = line.split(",")
@@ -255,7 +264,7 @@ def test_the_gateway_keeps_its_connections_to_each_host_under_steady_load(fleet:
     for host in HOSTS:
         assert first[host], f"no connection from the gateway to {host}'s gRPC port"
         assert last[host] == first[host], f"{host}: connections changed under steady load"
-    assert not failed(steady.samples), failed(steady.samples)[:3]
+    assert not failed(steady.samples), (failed(steady.samples)[:3], gateway_log())
     assert {s.y for s in steady.samples} == {V1_Y}
     assert len(steady.samples) >= 0.8 * 100 * (2 + STEADY_S)
 
@@ -274,7 +283,7 @@ def test_a_deploy_through_the_gateway_fails_no_request(fleet: Fleet) -> None:
     bad = failed(steady.samples)
     print(f"\ndeploy v1 -> v2 through the gateway: {len(steady.samples)} requests, "
           f"{len(bad)} failed, answers {sorted({s.y for s in steady.samples if s.ok})}")
-    assert not bad, [f"{s.target} {s.error}" for s in bad[:5]]
+    assert not bad, ([f"{s.target} {s.error}" for s in bad[:5]], gateway_log())
     assert {s.y for s in steady.samples} == {V1_Y, V2_Y}
     assert steady.samples[-1].y == V2_Y
 
@@ -340,7 +349,7 @@ def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
           f"interval {CHECK_INTERVAL_MS} ms); {len(bad)} failed requests, {in_flight} in "
           f"flight at the kill; {len(steady.samples)} requests in all")
     assert out_after <= CHECK_INTERVAL_MS / 1000 + 0.2  # + one read of the stat over socat
-    assert len(bad) <= in_flight, [f"{s.error}" for s in bad[:5]]
+    assert len(bad) <= in_flight, ([f"{s.error}" for s in bad[:5]], gateway_log())
     after = [s for s in steady.samples if s.sent > killed + out_after]
     assert after and all(s.ok for s in after)
     assert re.search(r"DOWN", server_status("tb2")), json.dumps(server_status("tb2"))
@@ -401,7 +410,7 @@ def test_a_host_removed_from_the_models_hosts_is_drained_by_the_next_deploy(
     late = [s for s in steady.samples if s.sent > deployed]
     print(f"\ntb2 out of the model's hosts, deploy v1 on tb1 through the gateway: "
           f"{len(steady.samples)} requests, {len(bad)} failed")
-    assert not bad, [s.error for s in bad[:5]]
+    assert not bad, ([s.error for s in bad[:5]], gateway_log())
     assert late and {s.y for s in late} == {V1_Y}, {s.y for s in late}  # tb2 serves v2
 
 
@@ -456,7 +465,7 @@ def test_fab_gateway_killed_at_each_step_converges_when_run_again(fleet: Fleet) 
     bad = failed(steady.samples)
     print(f"\nfab gateway killed at {len(GATEWAY_STEPS)} steps and run again: "
           f"{len(steady.samples)} requests through the gateway, {len(bad)} failed")
-    assert not bad, [f"{s.target} {s.error}" for s in bad[:5]]
+    assert not bad, ([f"{s.target} {s.error}" for s in bad[:5]], gateway_log())
     assert len(steady.samples) > 200
 
 
@@ -481,7 +490,7 @@ def test_a_host_put_back_among_the_models_hosts_is_back_in_rotation(fleet: Fleet
     assert server_status("tb2") == "UP", server_status("tb2")
     assert drain_record("tb2") is None
     bad = failed(steady.samples)
-    assert not bad, [s.error for s in bad[:5]]
+    assert not bad, ([s.error for s in bad[:5]], gateway_log())
     checked = fleet.fab("deploy", "--version", "1", "--check",
                         inventory=narrowed_inventory(fleet))
     assert checked.code == 0, checked.describe()
@@ -509,5 +518,5 @@ def test_retire_drains_the_host_at_the_gateway_before_its_proxy(fleet: Fleet) ->
     bad = failed(steady.samples)
     late = [s for s in steady.samples if s.sent > retired]
     print(f"\nretire tb2 through the gateway: {len(steady.samples)} requests, {len(bad)} failed")
-    assert not bad, [s.error for s in bad[:5]]
+    assert not bad, ([s.error for s in bad[:5]], gateway_log())
     assert late and all(s.ok for s in late)

@@ -145,8 +145,10 @@ def test_the_rendered_directory_passes_haproxy_check(tmp_path: Path) -> None:
         Route("m1", rate_limit_rps=1000), Route("m2", grpc_port=9500, rest_port=9501)]))
     plan = plan_gateway(inv)
     files = render_gateway_files(plan, plan.hosts[0], files_dir=str(tmp_path / "gw"),
-                                 admin_socket=str(tmp_path / "admin.sock"))
+                                 admin_socket=str(tmp_path / "admin.sock"),
+                                 server_state=str(tmp_path / "servers.state"))
     _write(files, tmp_path / "gw")
+    (tmp_path / "servers.state").write_text("1\n")  # what a start writes
     checked = _check(tmp_path / "gw")
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "[WARNING]" not in checked.stdout + checked.stderr

@@ -52,9 +52,11 @@ def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]
     plan = plan_gateway(inv)
     directory = tmp_path_factory.mktemp("gateway")
     files = render_gateway_files(plan, plan.hosts[0], files_dir=str(directory),
-                                 admin_socket=str(directory / "admin.sock"))
+                                 admin_socket=str(directory / "admin.sock"),
+                                 server_state=str(directory / "servers.state"))
     for name, text in files.items():
         (directory / name).write_text(text)
+    (directory / "servers.state").write_text("1\n")  # what a start writes
     process = subprocess.Popen([haproxy, "-db", "-f", str(directory / GATEWAY_FILE)],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

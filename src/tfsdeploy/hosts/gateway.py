@@ -12,6 +12,7 @@ from tfsdeploy.core.render.gateway_proxy import (
     GATEWAY_FILE,
     GatewayPaths,
     GatewayServer,
+    kept_server_state,
     parse_gateway_stat,
 )
 from tfsdeploy.core.rollout.gates import Clock, Verdict, poll
@@ -157,20 +158,29 @@ def running(conn: Connection) -> bool:
     return state is not None and state.status == "running"
 
 
-def start_or_reload(conn: Connection, paths: GatewayPaths, image: str, *, clock: Clock,
-                    deadline_s: float = 30.0) -> str:
-    """Start the gateway on the live configuration, or reload it seamlessly: SIGUSR2 to the
+def start_or_reload(conn: Connection, paths: GatewayPaths, image: str, config: str, *,
+                    clock: Clock, deadline_s: float = 30.0) -> str:
+    """Start the gateway on the live configuration (``config``, its haproxy.cfg), or reload
+    it seamlessly: the running worker's server states kept for ``config``
+    (``kept_server_state``) written where the new worker reads them, then SIGUSR2 to the
     master (see proxyadmin's RELOAD_SIGNAL): the new worker takes the listening sockets over,
-    the old one finishes its requests. Done when a new worker answers the admin socket."""
+    the old one finishes its requests. A start carries no state. Done when a new worker
+    answers the admin socket."""
     state = conn.docker.state(GATEWAY_CONTAINER)
     old_pid = None
     if state is not None and state.status == "running":
         old_pid = worker_pid(conn, paths.admin_socket)
+        servers = kept_server_state(send(conn, paths.admin_socket, ["show servers state"]),
+                                    config)
+        _must(conn, write_file(paths.server_state, mode=0o600), "write the servers' states",
+              stdin=servers.encode())
         conn.docker.kill(GATEWAY_CONTAINER, RELOAD_SIGNAL)
         action = "reloaded"
     else:
         if state is not None:
             conn.docker.remove(GATEWAY_CONTAINER)
+        _must(conn, write_file(paths.server_state, mode=0o600), "write the servers' states",
+              stdin=kept_server_state("", config).encode())
         conn.docker.run(gateway_spec(image, paths))
         action = "started"
 

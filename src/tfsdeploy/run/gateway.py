@@ -27,6 +27,7 @@ from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.inventory.load import Inventory
 from tfsdeploy.core.render.gateway_proxy import (
+    GATEWAY_FILE,
     GatewayPlan,
     GatewayServer,
     carried_state,
@@ -188,7 +189,7 @@ def _roll_host(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
         if files != live:
             gw.install(conn, paths, files)
             say(f"{host.name}: files written ({', '.join(sorted(files))})")
-        done = gw.start_or_reload(conn, paths, image, clock=clock)
+        done = gw.start_or_reload(conn, paths, image, files[GATEWAY_FILE], clock=clock)
         gw.mark_loaded(conn, paths, digest)
         say(f"{host.name}: {done}")
         _carry(conn, host, before, recorded, configured(plan), say)
@@ -261,7 +262,8 @@ def _restore(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
     try:
         paths = gateway_paths(host)
         gw.install(conn, paths, live)
-        gw.start_or_reload(conn, paths, gateway_image(plan, host), clock=clock)
+        gw.start_or_reload(conn, paths, gateway_image(plan, host), live[GATEWAY_FILE],
+                            clock=clock)
         gw.mark_loaded(conn, paths, files_digest(live))
         present = {(s.backend, s.host) for s in gw.stat(conn, paths)}
         carried = carried_state(before, present, recorded)

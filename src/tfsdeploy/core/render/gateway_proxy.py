@@ -19,10 +19,19 @@ proxy image, Debian 12's haproxy 2.6.12):
   status answers 200 before a version is ready, and its gRPC health service
   (``--enable_grpc_healthcheck_service``) SERVING from start-up with no model check: the model
   state is the only proof of service.
-- ``fall 1`` with ``inter``/``fastinter``/``downinter`` of one interval: one failed check
-  takes the host out; ``observe layer4 error-limit 1 on-error mark-down`` takes it out at the
-  first failed connection of live traffic, before its next check (section 5.2 ``observe``,
-  ``on-error``).
+- ``fall`` (2 by default) with ``inter``/``fastinter``/``downinter`` of one interval: that
+  many failed checks in a row take the host out; ``observe layer4 error-limit 1 on-error
+  mark-down`` takes it out at the first failed connection of live traffic, before its next
+  check (section 5.2 ``observe``, ``on-error``).
+- A server's health starts at ``rise`` when a worker starts (src/server.c, ``health = rise``),
+  and a failed check below ``rise + fall - 1`` ... ``rise`` drops it to 0, DOWN (src/check.c,
+  ``check_notify_failure``): without the previous worker's states every reload would leave
+  each host one failed check from DOWN. ``server-state-file`` + ``load-server-state-from-file
+  global`` give the new worker the states of ``show servers state`` (version 1; its fields in
+  include/haproxy/server-t.h ``SRV_STATE_FILE_FIELD_NAMES``) before it takes traffic; a line
+  also sets the server's port and check port (src/server_state.c ``srv_state_srv_update``), so
+  only the lines of servers whose address and ports the new file keeps are written
+  (``kept_server_state``).
 - A gRPC error from the gateway itself must be gRPC's Trailers-Only response (grpc
   doc/PROTOCOL-HTTP2.md: ``:status 200``, ``content-type: application/grpc``, ``grpc-status``
   and ``grpc-message`` in one HEADERS frame that ends the stream). ``http-request return``
@@ -42,6 +51,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -63,6 +73,7 @@ GATEWAY_FILE = "haproxy.cfg"
 # where the gateway container sees its configuration directory (the proxy image's)
 CONTAINER_FILES_DIR = "/usr/local/etc/haproxy"
 NO_ROUTE_FILE = "no-route.grpc.http"
+SERVER_STATE_NAME = "servers.state"  # in the admin directory: root-only, the worker reads it
 # gRPC status codes (grpc doc/statuscodes.md)
 GRPC_NOT_FOUND = 5
 GRPC_RESOURCE_EXHAUSTED = 8
@@ -148,14 +159,17 @@ def _route_plan(inventory: Inventory, gateway: Gateway, route: Route) -> RoutePl
 
 def render_gateway_files(plan: GatewayPlan, host: ResolvedHost, *,
                          files_dir: str = CONTAINER_FILES_DIR,
-                         admin_socket: str = f"{PROXY_ADMIN_MOUNT}/{ADMIN_SOCKET_NAME}"
+                         admin_socket: str = f"{PROXY_ADMIN_MOUNT}/{ADMIN_SOCKET_NAME}",
+                         server_state: str = f"{PROXY_ADMIN_MOUNT}/{SERVER_STATE_NAME}"
                          ) -> dict[str, str]:
     """Every file of one gateway host's configuration directory, by name: haproxy.cfg and the
-    gRPC answers it returns itself. ``files_dir``: where HAProxy finds that directory."""
+    gRPC answers it returns itself. ``files_dir``: where HAProxy finds that directory;
+    ``admin_socket``, ``server_state``: where it finds its runtime socket and state file."""
     env = _environment(str(templates_dir()))
     config = env.get_template("gateway.cfg.j2").render(
         host=host, gw=plan.gateway, routes=plan.routes, inventory=plan.inventory_path,
-        admin_socket=admin_socket, files_dir=files_dir, no_route_file=NO_ROUTE_FILE)
+        admin_socket=admin_socket, server_state=server_state, files_dir=files_dir,
+        no_route_file=NO_ROUTE_FILE)
     files = {GATEWAY_FILE: config,
              NO_ROUTE_FILE: grpc_answer(GRPC_NOT_FOUND, "no model at this authority")}
     for route in plan.routes:
@@ -202,6 +216,11 @@ class GatewayPaths:
     def admin_socket(self) -> str:
         """The runtime API's socket as the host sees it."""
         return f"{self.admin_dir}/{ADMIN_SOCKET_NAME}"
+
+    @property
+    def server_state(self) -> str:
+        """The servers' states a reloading worker starts from (``kept_server_state``)."""
+        return f"{self.admin_dir}/{SERVER_STATE_NAME}"
 
     @property
     def drains_dir(self) -> str:
@@ -353,3 +372,70 @@ def stale_drains(plan: GatewayPlan, recorded: Iterable[GatewayDrain]) -> list[Ga
     model's hosts and `fab gateway` took it out): nothing left to drain."""
     kept = configured(plan)
     return [d for d in recorded if (model_backends(d.model)[0], d.host) not in kept]
+
+
+SERVER_STATE_VERSION = "1"  # the only version HAProxy 2.6 writes and reads
+_BE_NAME, _SRV_NAME, _SRV_ADDR, _SRV_FQDN, _SRV_PORT, _SRV_CHECK_PORT = 1, 3, 4, 17, 18, 21
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where one server of a configuration sends requests and checks."""
+
+    address: str  # an IP address or a DNS name, as the file writes it
+    port: int
+    check_port: int  # 0: no `check port` (checks on ``port``, or a tracking server)
+
+
+def server_endpoints(config: str) -> dict[tuple[str, str], Endpoint]:
+    """(backend, server) -> Endpoint of every ``server`` line of a rendered HAProxy file."""
+    found: dict[tuple[str, str], Endpoint] = {}
+    backend = ""
+    for line in config.splitlines():
+        words = line.split()
+        if not words:
+            continue
+        if words[0] in ("backend", "frontend", "defaults", "global", "listen"):
+            backend = words[1] if words[0] == "backend" and len(words) > 1 else ""
+        elif words[0] == "server" and backend and len(words) > 2:
+            address, _, port = words[2].rpartition(":")
+            check = next((int(words[i + 2]) for i in range(len(words) - 2)
+                          if words[i] == "check" and words[i + 1] == "port"), 0)
+            found[(backend, words[1])] = Endpoint(address.strip("[]"), int(port), check)
+    return found
+
+
+def kept_server_state(state: str, config: str) -> str:
+    """The lines of ``show servers state`` (``state``, from the running worker) that a worker
+    loading ``config`` may start from: the header, and each server that ``config`` has in
+    the same backend at the same address, port and check port (a line sets them), without
+    its check address and agent fields. An unknown
+    version keeps nothing but a version line (the worker starts every server afresh)."""
+    lines = state.splitlines()
+    if not lines or lines[0].strip() != SERVER_STATE_VERSION:
+        return SERVER_STATE_VERSION + "\n"
+    wanted = server_endpoints(config)
+    kept = [SERVER_STATE_VERSION]
+    for line in lines[1:]:
+        fields = line.split()
+        if line.startswith("#"):
+            kept.append(line)
+        elif len(fields) > _SRV_CHECK_PORT and _same_endpoint(
+                fields, wanted.get((fields[_BE_NAME], fields[_SRV_NAME]))):
+            # up to the check port, the check address "-": the check follows the server's
+            # address as the file resolves it; no agent fields (no agent is configured:
+            # HAProxy warns "partially applied" on every line that has them)
+            kept.append(" ".join([*fields[:_SRV_CHECK_PORT + 1], "-"]))
+    return "\n".join(kept) + "\n"
+
+
+def _same_endpoint(fields: list[str], endpoint: Endpoint | None) -> bool:
+    if endpoint is None:
+        return False
+    try:
+        same_address = ipaddress.ip_address(endpoint.address) == \
+            ipaddress.ip_address(fields[_SRV_ADDR])
+    except ValueError:  # a DNS name: the state names it in srv_fqdn
+        same_address = endpoint.address == fields[_SRV_FQDN]
+    return same_address and fields[_SRV_PORT] == str(endpoint.port) \
+        and fields[_SRV_CHECK_PORT] == str(endpoint.check_port)
