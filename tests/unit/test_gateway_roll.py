@@ -14,7 +14,7 @@ from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.fleet import Group, Host, ResolvedHost
 from tfsdeploy.core.inventory.gateway import Gateway, Route
 from tfsdeploy.core.inventory.load import build_inventory
-from tfsdeploy.core.render.gateway_proxy import GATEWAY_FILE, plan_gateway
+from tfsdeploy.core.render.gateway_proxy import GATEWAY_FILE, plan_gateway, server_endpoints
 from tfsdeploy.core.rollout.records import GatewayDrain
 from tfsdeploy.hosts.dockerapi import ContainerState
 from tfsdeploy.hosts.ssh import Result
@@ -62,6 +62,18 @@ class FakeGatewayHost:
     pid: int = 100
     states: dict[str, str] = field(default_factory=dict)  # "backend/server" -> status
     events: list[str] = field(default_factory=list)
+    server_state: str = ""  # the servers' states written for the next worker
+
+    def show_servers_state(self) -> str:
+        """`show servers state` (version 1) of the running worker's servers."""
+        endpoints = server_endpoints(self.loaded.get(GATEWAY_FILE, ""))
+        lines = ["1", "# be_id be_name srv_id srv_name srv_addr srv_op_state ..."]
+        for key, status in sorted(self.states.items()):
+            at = endpoints[(key.split("/")[0], key.split("/")[1])]
+            op = 0 if status.startswith("DOWN") else 2
+            lines.append(f"3 {key.replace('/', ' 1 ')} {at.address} {op} 0 100 100 9 15 3 3 6 0 "
+                         f"0 0 - {at.port} - 0 {at.check_port} - - 0")
+        return "\n".join(lines) + "\n"
 
     def reload(self) -> None:
         self.running, self.pid, self.loaded = True, self.pid + 1, dict(self.live)
@@ -88,6 +100,8 @@ class FakeConnection:
                 fake.events.append(command)
                 if command == "show info":
                     out += f"Pid: {fake.pid}\n"
+                elif command == "show servers state":
+                    out += fake.show_servers_state()
                 elif command == "show stat":
                     out += "# pxname,svname,scur,status\n" + "".join(
                         f"{k.split('/')[0]},{k.split('/')[1]},0,{v}\n"
@@ -123,6 +137,9 @@ class FakeConnection:
             fake.events.append(f"write {name}")
         elif path.endswith("/gateway/loaded"):
             fake.marker = text
+        elif path.endswith("/gateway/admin/servers.state"):
+            fake.server_state = text
+            fake.events.append("states written")
         else:
             raise AssertionError(f"a write the fake gateway host does not expect: {path}")
 
@@ -167,6 +184,10 @@ def test_the_roll_goes_host_by_host_and_carries_the_drains_over() -> None:
     assert first.exit_code == ExitCode.OK, first.hosts
     assert all(f.running and f.live[GATEWAY_FILE] for f in fakes.values())
     assert fakes["gw1"].events.index("haproxy -c") < fakes["gw1"].events.index("run tfs-gateway")
+    # a start carries no server state: the file holds its version line only
+    assert fakes["gw1"].events.index("states written") < \
+        fakes["gw1"].events.index("run tfs-gateway")
+    assert fakes["gw1"].server_state == "1\n"
     # checked on both hosts before the first one changes
     assert fakes["gw2"].events.index("haproxy -c") < fakes["gw2"].events.index("run tfs-gateway")
     again, _ = _roll(_plan(), fakes)
@@ -178,6 +199,12 @@ def test_the_roll_goes_host_by_host_and_carries_the_drains_over() -> None:
     assert "m1.rate-limited.grpc.http" in fakes["gw1"].live
     events = fakes["gw1"].events[seen:]
     assert events.index("write m1.rate-limited.grpc.http") < events.index("write haproxy.cfg")
+    # the old worker's states, written for the new one before the reload: every server kept
+    assert events.index("show servers state") < events.index("states written") < \
+        events.index("kill SIGUSR2")
+    carried = [line.split()[1:4:2] for line in fakes["gw1"].server_state.splitlines()[2:]]
+    assert carried == [["m1-grpc", "s1"], ["m1-grpc", "s2"], ["m1-rest", "s1"],
+                       ["m1-rest", "s2"]], fakes["gw1"].server_state
     assert events[events.index("kill SIGUSR2"):].count("set server m1-grpc/s2 state drain") == 1
     assert fakes["gw1"].states["m1-grpc/s2"] == "DRAIN"
     assert "reloaded: worker" in changed.hosts["gw1"]
