@@ -10,7 +10,7 @@ import pytest
 
 from tfsdeploy.core.inventory.catalog import Batching, Threads
 from tfsdeploy.core.tuning.bottleneck import Evidence, diagnose
-from tfsdeploy.core.tuning.stages import StageWindow
+from tfsdeploy.core.tuning.stages import StageWindow, busy_share, parse_proc_stat
 
 BATCHING = Batching(max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=16,
                     num_batch_threads=2, allowed_batch_sizes=(8, 16, 32))
@@ -153,3 +153,42 @@ def test_the_live_releases_own_files_give_its_settings() -> None:
     off = dict(files, **{FLAGS: files[FLAGS].replace("--enable_batching=true", "")})
     assert release_config(off)[0].enabled is False
     assert release_config({FLAGS: files[FLAGS], BATCHING_CONFIG: "{json"})[0].enabled is False
+
+
+def test_a_pool_of_one_starved_by_other_processes_is_not_judged() -> None:
+    # the measured case above with a CPU hog beside it: the instance got 0.60 cores, the
+    # host's CPUs were 98% busy; its pool of one cannot be told from the hog's share
+    starved = dict(window_s=8.1, host_cpus=2, threads=Threads(intra_op=1, inter_op=4),
+                   stages=_stages(requests_ok=101, request_ms=74.4, runtime_ms=70.0,
+                                  queue_ms=1.37, mean_batch=1.0, batches=101,
+                                  statuses={"OK": 101}),
+                   cpu_user_s=4.6, cpu_system_s=0.26, max_in_flight=1)
+    found = diagnose(_evidence(**starved, host_busy=0.98))
+    assert found.stage == "host_cpu", found
+    assert "the host's CPUs were 98% busy, 1.36 of its 2 cores used by other processes " \
+           "and 0.60 by this instance" in found.summary
+    assert "host CPUs 98% busy: other processes 1.36 cores" in found.figures
+    # the same on a host with room: nothing limits it, and the host's share is said
+    quiet = diagnose(_evidence(**starved, host_busy=0.31))
+    assert quiet.stage == "none"
+    assert quiet.summary.endswith("has CPU to spare (the host's CPUs 31% busy)")
+    # not measured: as before
+    assert diagnose(_evidence(**starved)).stage == "none"
+
+
+def test_a_full_pool_is_named_on_a_busy_host_too() -> None:
+    # 0.80 cores for a pool of one while the other core ran other work: the pool is the limit
+    found = diagnose(_evidence(window_s=8.04, host_cpus=2, threads=Threads(
+        intra_op=1, inter_op=4), stages=_stages(requests_ok=70, request_ms=109.81,
+        runtime_ms=109.21, queue_ms=1.28, mean_batch=1.0, batches=70, statuses={"OK": 70}),
+        cpu_user_s=6.2, cpu_system_s=0.2, max_in_flight=1, host_busy=0.97))
+    assert found.stage == "intra_op", found
+
+
+def test_proc_stat_gives_the_busy_share() -> None:
+    before = parse_proc_stat("cpu  100 20 30 800 50 0 5 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 0\n")
+    after = parse_proc_stat("cpu  250 20 80 850 50 0 5 0 0 0\n")
+    assert before == (155, 1005) and after == (355, 1255)
+    assert busy_share(before, after) == 0.8
+    assert parse_proc_stat("intr 1 2 3\n") is None
+    assert busy_share(after, before) is None and busy_share(None, after) is None

@@ -1,7 +1,8 @@
 """`fab diagnose`: read each selected host's live instance over a window and name the stage
 that limits it (core/tuning/bottleneck.py). Read-only: one connection per host (run/survey.py), the
-serving container's metrics page (its slot's REST port) and CPU time at the window's ends,
-and its proxy's requests in flight every second in between."""
+serving container's metrics page (its slot's REST port), its CPU time and the host's
+(``/proc/stat``) at the window's ends, and its proxy's requests in flight every second in
+between."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tfsdeploy.core.inventory.layout import host_paths, model_ports
 from tfsdeploy.core.render.host_proxy import parse_stat
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.tuning.bottleneck import Evidence, diagnose, release_config
-from tfsdeploy.core.tuning.stages import parse_totals, stage_window
+from tfsdeploy.core.tuning.stages import busy_share, parse_proc_stat, parse_totals, stage_window
 from tfsdeploy.hosts import probes, proxyadmin
 from tfsdeploy.hosts.facts import HostFacts, read_release_files
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
@@ -51,6 +52,7 @@ def _read_window(target: Target, host: ResolvedHost, conn: Connection, facts: Ho
     path = host.vars.monitoring_path
     cpus = _host_cpus(conn)
     before = parse_totals(probes.metrics(host.address, rest, path), model.name)
+    host_before = _host_ticks(conn)
     cpu_before, started = conn.docker.cpu_seconds(name), clock()
     in_flight = _in_flight(conn, paths.admin_socket, slot)
     while clock() - started < window_s:
@@ -60,13 +62,14 @@ def _read_window(target: Target, host: ResolvedHost, conn: Connection, facts: Ho
             (now if in_flight is None else in_flight)
     after = parse_totals(probes.metrics(host.address, rest, path), model.name)
     cpu_after, elapsed = conn.docker.cpu_seconds(name), clock() - started
+    host_busy = busy_share(host_before, _host_ticks(conn))
     user = system = None
     if cpu_before is not None and cpu_after is not None:
         user, system = cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1]
     return Evidence(host=host.name, window_s=elapsed, stages=stage_window(before, after),
                     batching=batching, threads=threads, slo_ms=model.latency_slo_ms,
                     host_cpus=cpus, cpu_user_s=user, cpu_system_s=system,
-                    max_in_flight=in_flight)
+                    max_in_flight=in_flight, host_busy=host_busy)
 
 
 def _in_flight(conn: Connection, socket: str, slot: str) -> int | None:
@@ -78,6 +81,12 @@ def _in_flight(conn: Connection, socket: str, slot: str) -> int | None:
     found = [s.sessions for s in servers if s.backend == "grpc" and s.slot == slot
              and s.instance == 0]
     return found[0] if found else None
+
+
+def _host_ticks(conn: Connection) -> tuple[int, int] | None:
+    """The host's busy and total CPU ticks so far (None: unreadable)."""
+    result = conn.run(["head", "-n", "1", "/proc/stat"], timeout=30)
+    return parse_proc_stat(result.stdout) if result.ok else None
 
 
 def _host_cpus(conn: Connection) -> int:

@@ -8,8 +8,10 @@ batch scheduler's queue and its ``num_batch_threads``, then Session::Run on the 
 that run at once, across concurrent batches: ``--tensorflow_inter_op_parallelism``). The
 evidence is what the server and its proxy report over a window (``core/tuning/stages.py``): request
 latency against queueing and run latency, batch fill against max_batch_size, the queue's
-refusals, requests in flight against the gRPC quota, and the serving process's CPU time.
-The first rule that holds names the limit; each limit has its own rule and fix.
+refusals, requests in flight against the gRPC quota, the serving process's CPU time, and the
+host's CPU time (``/proc/stat``): a pool cannot be judged by the cores its process used when
+other processes held the host's CPUs. The first rule that holds names the limit; each limit
+has its own rule and fix.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ RUN_BOUND = 0.6  # Session::Run above 60% of the latency: the pools inside Tenso
 # whose other core ran other work
 POOL_FULL = 0.75
 CPU_FULL = 0.85  # the process uses 85% of the host's CPUs: the host is the limit
+OTHERS_MIN = 0.25  # other processes using a quarter of the host's CPUs or more
 LOW_FILL = 0.5  # batches below half of max_batch_size close on the timeout
 
 
@@ -50,6 +53,14 @@ class Evidence:
     cpu_user_s: float | None = None  # the serving process's CPU time in the window
     cpu_system_s: float | None = None
     max_in_flight: int | None = None  # requests in flight at the instance (its proxy's view)
+    host_busy: float | None = None  # share of all the host's CPU time that was busy
+
+    @property
+    def others_cores(self) -> float | None:
+        """Cores the host's other processes used on average (this one's taken off)."""
+        if self.host_busy is None or self.cores is None:
+            return None
+        return max(0.0, self.host_busy * self.host_cpus - self.cores)
 
     @property
     def cores(self) -> float | None:
@@ -68,8 +79,8 @@ class Evidence:
 class Finding:
     """The limiting stage, the figures that show it, and the fix."""
 
-    stage: str  # grpc_threads | batch_queue | batch_timeout | batch_threads | intra_op |
-    # inter_op | instances | none | no_traffic
+    stage: str  # grpc_threads | batch_queue | batch_timeout | batch_threads | host_cpu |
+    # intra_op | inter_op | instances | none | no_traffic
     summary: str
     figures: tuple[str, ...] = ()
     fix: str = ""
@@ -103,6 +114,9 @@ def figures(e: Evidence) -> tuple[str, ...]:
     if e.cores is not None and e.cpu_user_s is not None and e.cpu_system_s is not None:
         shown.append(f"CPU {e.cores:.2f} of {e.host_cpus} cores (user {e.cpu_user_s:.1f} s, "
                      f"sys {e.cpu_system_s:.1f} s)")
+    if e.host_busy is not None and e.others_cores is not None:
+        shown.append(f"host CPUs {e.host_busy:.0%} busy: other processes "
+                     f"{e.others_cores:.2f} cores")
     return tuple(shown)
 
 
@@ -111,13 +125,15 @@ def diagnose(e: Evidence) -> Finding:
     shown = figures(e)
     notes = _notes(e)
     for rule in (_no_traffic, _grpc_threads, _queue_full, _batch_timeout, _batch_threads,
-                 _intra_op, _inter_op, _instances):
+                 _intra_op, _inter_op, _others_busy, _instances):
         found = rule(e)
         if found is not None:
             return Finding(found[0], found[1], shown, found[2], notes)
-    return Finding("none", "no stage limits this instance: it answers within its pools and "
-                   "has CPU to spare", shown, "nothing to change; `fab tune` measures what "
-                   "more it could take", notes)
+    spare = "has CPU to spare" if e.host_busy is None else \
+        f"has CPU to spare (the host's CPUs {e.host_busy:.0%} busy)"
+    return Finding("none", f"no stage limits this instance: it answers within its pools and "
+                   f"{spare}", shown, "nothing to change; `fab tune` measures what more it "
+                   "could take", notes)
 
 
 Rule = tuple[str, str, str]
@@ -192,6 +208,23 @@ def _run_bound(e: Evidence) -> bool:
     s = e.stages
     return s.runtime_ms is not None and bool(s.request_ms) and \
         s.runtime_ms >= RUN_BOUND * (s.request_ms or 0)
+
+
+def _others_busy(e: Evidence) -> Rule | None:
+    """The host's CPUs full while other processes held a quarter of them or more, and no pool
+    showed full: the instance's own use says nothing of its pools (it got what was left). A
+    pool that did show full (``_intra_op``, ``_inter_op``) is named first: it is a limit
+    whatever else runs."""
+    others, cores = e.others_cores, e.cores
+    if others is None or cores is None or e.host_busy is None or e.host_busy < CPU_FULL \
+            or others < OTHERS_MIN * e.host_cpus or not _run_bound(e):
+        return None
+    return ("host_cpu",
+            f"other processes: the host's CPUs were {e.host_busy:.0%} busy, {others:.2f} of "
+            f"its {e.host_cpus} cores used by other processes and {cores:.2f} by this "
+            "instance; its pools cannot be judged while they run",
+            "move the other work off the host (or another instance's pools down), then "
+            "diagnose again")
 
 
 def _intra_op(e: Evidence) -> Rule | None:
