@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import pathlib
 import re
@@ -286,18 +285,21 @@ def test_batching_pads_to_allowed_sizes(api: Api) -> None:
 
 
 def test_full_batch_queue_is_unavailable(api: Api) -> None:
-    # one batch thread, one enqueued batch, tasks of 3 that never share a batch of 4
+    # one batch thread, one enqueued batch, tasks of 3 that never share a batch of 4; all
+    # 200 calls started at once from this thread (gRPC futures), not one per client thread:
+    # on a starved machine, 32 client threads each waiting for its answer sent them one at
+    # a time, and the queue never filled
     request = predict_request("hpt", [[1.0]] * 3)
+    calls = [api.predict.Predict.future(request, timeout=30) for _ in range(200)]
 
-    def call(_: int) -> Any:
+    def outcome(call: Any) -> Any:
         try:
-            api.predict.Predict(request, timeout=30)
+            call.result()
             return "OK"
         except grpc.RpcError as exc:
             return exc.code(), exc.details()
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=32) as pool:
-        results = list(pool.map(call, range(200)))
+    results = [outcome(call) for call in calls]
     rejected = [r for r in results if r != "OK"]
     assert "OK" in results
     assert rejected, "expected some requests to find the queue full"
