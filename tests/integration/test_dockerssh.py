@@ -472,12 +472,32 @@ def test_failing_dial_stdio_is_named_with_its_error() -> None:
     channel.exec_command(f"DOCKER_HOST=unix:///run/{PREFIX}none.sock {DIAL_STDIO}")
     sock = DialStdioSocket(channel, "tb3")
     sock.settimeout(10)
-    sock.sendall(b"GET /version HTTP/1.1\r\nHost: docker\r\n\r\n")
-    with pytest.raises(EngineUnreachable) as failed:
-        sock.recv(4096)
-    assert str(failed.value).startswith(f"tb3: `{DIAL_STDIO}` failed: ")
+    with pytest.raises(EngineUnreachable) as failed:  # at the send or at the first read:
+        sock.sendall(b"GET /version HTTP/1.1\r\nHost: docker\r\n\r\n")  # whichever
+        sock.recv(4096)  # comes after dial-stdio exited
+    assert str(failed.value).startswith(f"tb3: `{DIAL_STDIO}` failed: "), failed.value
     assert "no such file or directory" in str(failed.value)
     sock.close()
+    runner.close()
+
+
+def test_a_request_sent_after_dial_stdio_failed_gets_its_error() -> None:
+    """The same failure when the request is written only after dial-stdio has exited and
+    its channel closed (a busy deploy machine): the send names dial-stdio's error, not a
+    lost channel."""
+    runner = connect("tb3")
+    channel = transport_of(runner).open_session()
+    channel.exec_command(f"DOCKER_HOST=unix:///run/{PREFIX}none.sock {DIAL_STDIO}")
+    sock = DialStdioSocket(channel, "tb3")
+    sock.settimeout(10)
+    deadline = time.monotonic() + 30
+    while not channel.closed and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert channel.closed, "dial-stdio against a missing socket did not end within 30 s"
+    with pytest.raises(EngineUnreachable) as failed:
+        sock.sendall(b"GET /version HTTP/1.1\r\nHost: docker\r\n\r\n")
+    assert str(failed.value).startswith(f"tb3: `{DIAL_STDIO}` failed: "), failed.value
+    assert "no such file or directory" in str(failed.value)
     runner.close()
 
 

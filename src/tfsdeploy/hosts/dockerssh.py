@@ -112,13 +112,17 @@ class DialStdioSocket:
         return f"{self.host}: SSH connection lost during a Docker Engine call"
 
     def sendall(self, data: bytes) -> None:
-        """Send all of ``data``; a closed channel raises EngineUnreachable."""
+        """Send all of ``data``; a closed channel raises EngineUnreachable: with dial-stdio's
+        own error when it ended first (an engine socket that is not there makes it exit at
+        once, often before the first request is written), else as a lost channel."""
         try:
             self.channel.sendall(data)
         except TimeoutError as exc:  # the engine stopped reading (SSH window full)
             raise EngineUnreachable(f"{self.host}: the Docker engine took no data for "
                                     f"{self.gettimeout()} s") from exc
         except OSError as exc:
+            if self.channel.eof_received:  # dial-stdio ended before the request: its words
+                self._raise_unless_clean_end()
             raise EngineUnreachable(self._lost()) from exc
 
     def send(self, data: bytes) -> int:
