@@ -61,6 +61,16 @@ class TestbedError(Exception):
     """A step failed; the message names what failed and how to fix it."""
 
 
+def private_mount_over(path: Path) -> str | None:
+    """The host-private directory (``PRIVATE_DIRS``: each host mounts its own over it) that
+    holds ``path``, if any: a host's mounts hide whatever the testbed keeps there."""
+    absolute = path.absolute()
+    for target in PRIVATE_DIRS.values():
+        if absolute == Path(target) or Path(target) in absolute.parents:
+            return target
+    return None
+
+
 @dataclass(frozen=True)
 class Places:
     """Where the testbed keeps everything (all outside the repository)."""
@@ -72,6 +82,13 @@ class Places:
     def from_env(cls) -> Places:
         state = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
         cache = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy"))
+        hidden = private_mount_over(state)
+        if hidden is not None:
+            raise TestbedError(
+                f"TFSDEPLOY_TESTBED_DIR {state} is inside {hidden}, which every testbed host "
+                f"mounts its own directory over: a host could not find its files there; "
+                "choose a directory outside " + ", ".join(sorted(PRIVATE_DIRS.values())) +
+                " (the default is /var/lib/tfsdeploy-testbed)")
         return cls(state=state, cache=cache)
 
     @property

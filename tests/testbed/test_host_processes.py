@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 from fleet_helpers import fleet_module
 
 hosts = fleet_module("hosts")
@@ -64,3 +65,19 @@ def test_the_live_holders_mount_namespace_is_the_hosts(tmp_path: Path) -> None:
     with in_own_mount_namespace(f"tfsdeploy-testbed-{name}") as holder:
         host = _host(tmp_path, holder, os.readlink(f"/proc/{holder}/ns/mnt"))
         assert holder in hosts.host_pids(host)
+
+
+def test_a_state_directory_inside_a_hosts_private_mounts_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each host mounts its own /tmp, /run, /root ... over the machine's: a state directory
+    under one of them cannot be found from inside the host (its holder failed with "special
+    device .../home does not exist" for TFSDEPLOY_TESTBED_DIR=/tmp/...)."""
+    for inside in ("/tmp/tb-state", "/root/x/y", "/run/tfsdeploy"):
+        monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", inside)
+        with pytest.raises(common.TestbedError) as refused:
+            common.Places.from_env()
+        assert f"TFSDEPLOY_TESTBED_DIR {inside} is inside " in str(refused.value)
+        assert "(the default is /var/lib/tfsdeploy-testbed)" in str(refused.value)
+    for outside in ("/var/lib/tfsdeploy-testbed", "/srv/other", "/tmpfoo/state"):
+        monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", outside)
+        assert common.Places.from_env().state == Path(outside)
