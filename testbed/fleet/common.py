@@ -57,6 +57,9 @@ NVIDIA_SMI_PATH = Path("/usr/local/bin/nvidia-smi")
 FLEET_DIR = Path(__file__).resolve().parent
 
 
+DEFAULT_STATE_DIR = "/var/lib/tfsdeploy-testbed"
+
+
 class TestbedError(Exception):
     """A step failed; the message names what failed and how to fix it."""
 
@@ -80,16 +83,29 @@ class Places:
 
     @classmethod
     def from_env(cls) -> Places:
-        state = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
+        state = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", DEFAULT_STATE_DIR))
         cache = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy"))
+        return cls(state=state, cache=cache)
+
+    def check_state_dir(self) -> None:
+        """Refuse a state directory the hosts could not use (before `up` changes anything):
+        one inside a directory every host mounts its own over, or under a directory that
+        others may write (sshd's StrictModes then refuses the keys kept there)."""
+        state = self.state.absolute()
         hidden = private_mount_over(state)
         if hidden is not None:
             raise TestbedError(
                 f"TFSDEPLOY_TESTBED_DIR {state} is inside {hidden}, which every testbed host "
                 f"mounts its own directory over: a host could not find its files there; "
                 "choose a directory outside " + ", ".join(sorted(PRIVATE_DIRS.values())) +
-                " (the default is /var/lib/tfsdeploy-testbed)")
-        return cls(state=state, cache=cache)
+                f" ({DEFAULT_STATE_DIR} by default)")
+        for directory in (state, *state.parents):
+            if directory.exists() and directory.stat().st_mode & 0o022:
+                raise TestbedError(
+                    f"TFSDEPLOY_TESTBED_DIR {state} is under {directory}, which others may "
+                    "write: sshd (StrictModes) refuses the keys the testbed keeps there; "
+                    f"choose a directory whose parents only root writes ({DEFAULT_STATE_DIR} "
+                    "by default)")
 
     @property
     def ssh(self) -> Path:

@@ -697,6 +697,7 @@ def bastion_down(places: Places) -> int:
 def cmd_up(args: argparse.Namespace) -> int:
     preflight()
     places = Places.from_env()
+    places.check_state_dir()
     if args.gateway:
         t = time.monotonic()
         what = gateway_up(places)

@@ -67,17 +67,28 @@ def test_the_live_holders_mount_namespace_is_the_hosts(tmp_path: Path) -> None:
         assert holder in hosts.host_pids(host)
 
 
-def test_a_state_directory_inside_a_hosts_private_mounts_is_refused(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_state_directory_the_hosts_cannot_use_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each host mounts its own /tmp, /run, /root ... over the machine's: a state directory
     under one of them cannot be found from inside the host (its holder failed with "special
-    device .../home does not exist" for TFSDEPLOY_TESTBED_DIR=/tmp/...)."""
+    device .../home does not exist" for TFSDEPLOY_TESTBED_DIR=/tmp/...); under a directory
+    others may write (/var/tmp), sshd refused the testbed's keys ("bad ownership or modes")."""
     for inside in ("/tmp/tb-state", "/root/x/y", "/run/tfsdeploy"):
         monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", inside)
         with pytest.raises(common.TestbedError) as refused:
-            common.Places.from_env()
+            common.Places.from_env().check_state_dir()
         assert f"TFSDEPLOY_TESTBED_DIR {inside} is inside " in str(refused.value)
-        assert "(the default is /var/lib/tfsdeploy-testbed)" in str(refused.value)
-    for outside in ("/var/lib/tfsdeploy-testbed", "/srv/other", "/tmpfoo/state"):
-        monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", outside)
-        assert common.Places.from_env().state == Path(outside)
+        assert "(/var/lib/tfsdeploy-testbed by default)" in str(refused.value)
+    writable = Path("/var/lib") / f"tfsdeploy-test-{os.getpid()}"
+    writable.mkdir(mode=0o777)
+    try:
+        writable.chmod(0o1777)
+        monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", str(writable / "state"))
+        with pytest.raises(common.TestbedError) as refused:
+            common.Places.from_env().check_state_dir()
+        assert f"is under {writable}, which others may write" in str(refused.value)
+    finally:
+        writable.rmdir()
+    for fine in ("/var/lib/tfsdeploy-testbed", "/srv/other"):
+        monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", fine)
+        common.Places.from_env().check_state_dir()
