@@ -10,7 +10,8 @@ import pytest
 
 from tfsdeploy.core.inventory.catalog import Batching, Threads
 from tfsdeploy.core.tuning.bottleneck import Evidence, diagnose
-from tfsdeploy.core.tuning.stages import StageWindow, busy_share, parse_proc_stat
+from tfsdeploy.core.tuning.stages import StageWindow
+from tfsdeploy.loadtest.hostcpu import CpuTicks, busy_share, parse_proc_stat
 
 BATCHING = Batching(max_batch_size=32, batch_timeout_micros=2000, max_enqueued_batches=16,
                     num_batch_threads=2, allowed_batch_sizes=(8, 16, 32))
@@ -186,9 +187,10 @@ def test_a_full_pool_is_named_on_a_busy_host_too() -> None:
 
 
 def test_proc_stat_gives_the_busy_share() -> None:
+    # the reader `fab diagnose` shares with the load generator (loadtest/hostcpu.py)
     before = parse_proc_stat("cpu  100 20 30 800 50 0 5 0 0 0\ncpu0 1 2 3 4 5 6 7 8 9 0\n")
     after = parse_proc_stat("cpu  250 20 80 850 50 0 5 0 0 0\n")
-    assert before == (155, 1005) and after == (355, 1255)
+    assert before == CpuTicks(busy=155, total=1005) and after == CpuTicks(busy=355, total=1255)
     assert busy_share(before, after) == 0.8
     assert parse_proc_stat("intr 1 2 3\n") is None
-    assert busy_share(after, before) is None and busy_share(None, after) is None
+    assert busy_share(after, before) is None

@@ -167,20 +167,17 @@ def start_or_reload(conn: Connection, paths: GatewayPaths, image: str, config: s
     the old one finishes its requests. A start carries no state. Done when a new worker
     answers the admin socket."""
     state = conn.docker.state(GATEWAY_CONTAINER)
-    old_pid = None
-    if state is not None and state.status == "running":
-        old_pid = worker_pid(conn, paths.admin_socket)
-        servers = kept_server_state(send(conn, paths.admin_socket, ["show servers state"]),
-                                    config)
-        _must(conn, write_file(paths.server_state, mode=0o600), "write the servers' states",
-              stdin=servers.encode())
+    running = state is not None and state.status == "running"
+    old_pid = worker_pid(conn, paths.admin_socket) if running else None
+    held = send(conn, paths.admin_socket, ["show servers state"]) if running else ""
+    _must(conn, write_file(paths.server_state, mode=0o600), "write the servers' states",
+          stdin=kept_server_state(held, config).encode())
+    if running:
         conn.docker.kill(GATEWAY_CONTAINER, RELOAD_SIGNAL)
         action = "reloaded"
     else:
         if state is not None:
             conn.docker.remove(GATEWAY_CONTAINER)
-        _must(conn, write_file(paths.server_state, mode=0o600), "write the servers' states",
-              stdin=kept_server_state("", config).encode())
         conn.docker.run(gateway_spec(image, paths))
         action = "started"
 

@@ -15,10 +15,11 @@ from tfsdeploy.core.inventory.layout import host_paths, model_ports
 from tfsdeploy.core.render.host_proxy import parse_stat
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.tuning.bottleneck import Evidence, diagnose, release_config
-from tfsdeploy.core.tuning.stages import busy_share, parse_proc_stat, parse_totals, stage_window
+from tfsdeploy.core.tuning.stages import parse_totals, stage_window
 from tfsdeploy.hosts import probes, proxyadmin
 from tfsdeploy.hosts.facts import HostFacts, read_release_files
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.loadtest.hostcpu import CpuTicks, busy_share, parse_proc_stat
 from tfsdeploy.run import survey
 
 SAMPLE_S = 1.0
@@ -62,7 +63,9 @@ def _read_window(target: Target, host: ResolvedHost, conn: Connection, facts: Ho
             (now if in_flight is None else in_flight)
     after = parse_totals(probes.metrics(host.address, rest, path), model.name)
     cpu_after, elapsed = conn.docker.cpu_seconds(name), clock() - started
-    host_busy = busy_share(host_before, _host_ticks(conn))
+    host_after = _host_ticks(conn)
+    host_busy = busy_share(host_before, host_after) \
+        if host_before is not None and host_after is not None else None
     user = system = None
     if cpu_before is not None and cpu_after is not None:
         user, system = cpu_after[0] - cpu_before[0], cpu_after[1] - cpu_before[1]
@@ -83,7 +86,7 @@ def _in_flight(conn: Connection, socket: str, slot: str) -> int | None:
     return found[0] if found else None
 
 
-def _host_ticks(conn: Connection) -> tuple[int, int] | None:
+def _host_ticks(conn: Connection) -> CpuTicks | None:
     """The host's busy and total CPU ticks so far (None: unreadable)."""
     result = conn.run(["head", "-n", "1", "/proc/stat"], timeout=30)
     return parse_proc_stat(result.stdout) if result.ok else None

@@ -388,7 +388,8 @@ class Endpoint:
 
 
 def server_endpoints(config: str) -> dict[tuple[str, str], Endpoint]:
-    """(backend, server) -> Endpoint of every ``server`` line of a rendered HAProxy file."""
+    """(backend, server) -> Endpoint of every ``server`` line of a rendered HAProxy file
+    (lines it cannot read are skipped, as ``host_proxy.config_ports`` does)."""
     found: dict[tuple[str, str], Endpoint] = {}
     backend = ""
     for line in config.splitlines():
@@ -399,9 +400,11 @@ def server_endpoints(config: str) -> dict[tuple[str, str], Endpoint]:
             backend = words[1] if words[0] == "backend" and len(words) > 1 else ""
         elif words[0] == "server" and backend and len(words) > 2:
             address, _, port = words[2].rpartition(":")
-            check = next((int(words[i + 2]) for i in range(len(words) - 2)
-                          if words[i] == "check" and words[i + 1] == "port"), 0)
-            found[(backend, words[1])] = Endpoint(address.strip("[]"), int(port), check)
+            check = next((words[i + 2] for i in range(len(words) - 2)
+                          if words[i] == "check" and words[i + 1] == "port"), "0")
+            if all(p.isascii() and p.isdigit() for p in (port, check)):
+                found[(backend, words[1])] = Endpoint(address.strip("[]"), int(port),
+                                                      int(check))
     return found
 
 
@@ -409,8 +412,8 @@ def kept_server_state(state: str, config: str) -> str:
     """The lines of ``show servers state`` (``state``, from the running worker) that a worker
     loading ``config`` may start from: the header, and each server that ``config`` has in
     the same backend at the same address, port and check port (a line sets them), without
-    its check address and agent fields. An unknown
-    version keeps nothing but a version line (the worker starts every server afresh)."""
+    its check address and agent fields. An unknown version keeps nothing but a version line
+    (the worker starts every server afresh)."""
     lines = state.splitlines()
     if not lines or lines[0].strip() != SERVER_STATE_VERSION:
         return SERVER_STATE_VERSION + "\n"

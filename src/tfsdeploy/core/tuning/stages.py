@@ -126,22 +126,3 @@ def stage_window(before: Totals, after: Totals) -> StageWindow:
                        batches=_increase(before.counts, after.counts, PROCESSED_BATCH),
                        statuses=statuses)
 
-
-def parse_proc_stat(text: str) -> tuple[int, int] | None:
-    """(busy, total) clock ticks of all CPUs from ``/proc/stat``'s first line (proc(5):
-    ``cpu user nice system idle iowait irq softirq steal ...``; idle and iowait are not busy;
-    guest time is already inside user and nice). None: no such line."""
-    for line in text.splitlines():
-        words = line.split()
-        if words[:1] == ["cpu"] and len(words) >= 5 and all(w.isdigit() for w in words[1:]):
-            ticks = [int(w) for w in words[1:9]]
-            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-            return sum(ticks) - idle, sum(ticks)
-    return None
-
-
-def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
-    """The share of the host's CPU time that was busy between two ``parse_proc_stat`` reads."""
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    return min(1.0, max(0.0, (after[0] - before[0]) / (after[1] - before[1])))
