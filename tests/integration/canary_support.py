@@ -53,8 +53,10 @@ def canary_fleet(tmp_path_factory: pytest.TempPathFactory, model: str, offset: i
 
 
 def Client(fleet: Fleet, host: str = "tb1") -> Traffic:
-    """An independent client of a host's stable gRPC port (tb1: the canary host)."""
-    return Traffic(fleet, host)
+    """An independent client of a host's stable gRPC port (tb1: the canary host), unpaced:
+    the shares count answers (1,000 a share), and a step's judge needs ``min_requests`` of
+    them in each slot within the step."""
+    return Traffic(fleet, host, per_second=None)
 
 
 def serving(fleet: Fleet, version: int) -> None:

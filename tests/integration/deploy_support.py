@@ -223,11 +223,22 @@ def rest_status(address: str, port: int, model: str) -> list[dict[str, Any]]:
 class Traffic:
     """Predict on one host's stable ports until stopped: gRPC over one long-lived channel
     (the proxy balances each request, HTTP/2 stream by stream), and REST in turn when
-    ``rest`` is set. Keeps (time, answering version) of each gRPC answer and every failure."""
+    ``rest`` is set. Keeps (time, answering version) of each gRPC answer and every failure.
+
+    ``per_second``: rounds a second (one gRPC request, and one REST request with ``rest``); a
+    round late on its schedule starts at once, and the rounds it missed are not made up.
+    40 by default, twice the fault tests' clients (test_host_faults.py): an outage longer
+    than 25 ms is always sampled. Unpaced (one round after another, 5 ms apart), on an idle
+    machine, a client made 65 rounds a second and the server it loaded spent 0.14 of a core
+    on them; with REST 145 requests a second, 0.23 of a core in the server and 0.11 in the
+    client (10 s of each, the server's /proc/PID/stat and the client's getrusage): a load the
+    three other modules of the parallel tier shared the 2 cores with. ``None``: unpaced, for
+    a test that counts answers (a canary's shares, its judge's ``min_requests`` in a step)."""
 
     fleet: ModelFleet
     host: str
     rest: bool = False
+    per_second: float | None = 40.0
     answers: list[tuple[float, int]] = field(default_factory=list)
     rest_answers: int = 0
     failures: list[str] = field(default_factory=list)
@@ -251,8 +262,10 @@ class Traffic:
         grpc = api()["grpc"]
         address, model = ADDRESSES[self.host], self.fleet.model
         request = predict_request(model, [2.0])
+        period = 0.005 if self.per_second is None else 1.0 / self.per_second
         with grpc.insecure_channel(f"{address}:{self.fleet.grpc_port}") as channel:
             stub = api()["service"].PredictionServiceStub(channel)
+            due = time.monotonic()
             while not self._stop.is_set():
                 try:
                     reply = stub.Predict(request, timeout=10)
@@ -265,7 +278,9 @@ class Traffic:
                         self.rest_answers += 1
                     except OSError as error:
                         self.failures.append(f"REST {error}")
-                self._stop.wait(0.005)
+                now = time.monotonic()
+                due = now + period if self.per_second is None else max(due + period, now)
+                self._stop.wait(due - now)
 
     def share_since(self, since: float, version: int, count: int = 1000) -> tuple[float, int]:
         """(share of ``version`` among the next ``count`` gRPC answers after ``since``,
