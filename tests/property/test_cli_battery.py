@@ -44,7 +44,12 @@ from .strategies import FLAGS, TMP, CliCase, cli_cases
 # how cli.output.print_error reports an exception nobody planned for
 DEFECT = "a defect of tfsdeploy"
 ROOT = Path(__file__).resolve().parents[2]
-TESTBED = load_inventory(str(ROOT / "inventory" / "testbed.py"))
+# the testbed inventory as shipped (tb1..tb3), never the live fleet's hosts.json: the alone
+# phase of scripts/test reshapes that fleet beside the fleet-free tiers
+NO_TESTBED = "/nonexistent/no-testbed"
+with pytest.MonkeyPatch.context() as shipped:
+    shipped.setenv("TFSDEPLOY_TESTBED_DIR", NO_TESTBED)
+    TESTBED = load_inventory(str(ROOT / "inventory" / "testbed.py"))
 HOSTS = tuple(h.name for h in TESTBED.hosts)
 GROUPS = tuple(TESTBED.groups)
 CATALOG = tuple(TESTBED.models)
@@ -118,6 +123,7 @@ def no_network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Attem
         patch.setattr(loadtest_cli, "execute", load)
         patch.setattr(accept_run, "prepare_all", generators)
         patch.setenv("TFSDEPLOY_INVENTORY", str(ROOT / "inventory" / "testbed.py"))
+        patch.setenv("TFSDEPLOY_TESTBED_DIR", NO_TESTBED)
         patch.delenv("TFSDEPLOY_DEBUG", raising=False)
         patch.chdir(tmp)
         yield attempts, tmp

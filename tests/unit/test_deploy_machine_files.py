@@ -95,6 +95,9 @@ def test_fab_render_s_files(tmp_path: Path, calls: list[tuple[str, str]],
         real_sync(path)
 
     monkeypatch.setattr(localfiles, "sync_filesystem", sync_filesystem)
+    # the testbed inventory as shipped (tb1..tb3, one 16 GiB GPU each), not the live fleet's
+    # hosts.json: the alone phase of scripts/test reshapes that fleet beside this tier
+    monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", str(tmp_path / "no-testbed"))
     target = load_target("half_plus_two", inventory=str(REPO / "inventory" / "testbed.py"))
     renders = render_release(target, 1)
     texts = {tmp_path / "out" / r.host.name / r.model.name / f.name: f.text

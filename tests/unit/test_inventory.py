@@ -135,7 +135,8 @@ def test_unknown_model_lists_known() -> None:
         inv.model("b")
 
 
-def test_shipped_inventories_load() -> None:
+def test_shipped_inventories_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TFSDEPLOY_TESTBED_DIR", "/nonexistent/no-testbed")  # as shipped
     prod = load_inventory("inventory/example_production.py")
     assert len(prod.hosts) == 25 and set(prod.models) == {"resnet50", "ranker"}
     assert [h.name for h in prod.hosts if not h.gpus] == ["prom-01"]  # the Prometheus host
