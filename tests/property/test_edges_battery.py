@@ -22,7 +22,7 @@ import json
 import math
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tfsdeploy.cli import output
@@ -104,10 +104,15 @@ def _lock_json(who: str, machine: str, command: str) -> str:
 
 @examples(150)
 @given(HOST_TEXT, HOST_TEXT, HOST_TEXT, HOST_TEXT, HOST_TEXT)
+@example("\ud800\udcff", "", "", "", "")  # a surrogate pair: one character once stored
 def test_host_records_with_markup_and_controls_are_printed_escaped(
         who: str, machine: str, label: str, detail: str, stat: str) -> None:
     lock = parse_lock(_lock_json(who, machine, "deploy m"))
-    assert lock is not None and lock.who == who  # the record keeps the exact text
+    # the record keeps the exact text JSON stores: a high and a low surrogate side by side
+    # ("\ud800\udcff") are one escaped pair in JSON and read back as the one character they
+    # encode (U+100FF, RFC 8259 section 7); lone surrogates stay as they are
+    stored = who.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    assert lock is not None and lock.who == stored
     audit = parse_audit(json.dumps({"time": "t", "who": who, "host": "h1", "model": "m",
                                     "release": label, "event": detail, "details": {}}) +
                         "\n" + detail)
