@@ -216,6 +216,26 @@ def test_status_grpc_and_rest(api: Api) -> None:
     assert json.loads(body) == {"error": "Could not find any versions of model nope"}
 
 
+def test_rest_reply_leaves_in_one_write_on_a_kept_alive_connection(api: Api) -> None:
+    """Status line, headers and body in one write, as TFServing's libevent server sends them
+    (rest.py _Handler): each reply on a kept-alive connection arrives whole in one read. Sent
+    as two writes, the body of every reply after the first waited 40 ms for the client's
+    delayed ACK."""
+    import socket
+
+    port = int(api.rest.rsplit(":", 1)[1])
+    request = b"GET /v1/models/hpt HTTP/1.1\r\nHost: localhost\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        for _ in range(5):
+            conn.sendall(request)
+            first = conn.recv(1 << 16)
+            head, _, body = first.partition(b"\r\n\r\n")
+            length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+            assert head.startswith(b"HTTP/1.1 200"), first
+            assert len(body) == length, f"the first read held {len(body)} of {length} bytes"
+            assert json.loads(body)["model_version_status"][0]["state"] == "AVAILABLE"
+
+
 # ------------------------------------------------------------------ REST predict
 
 def post(api: Api, path: str, document: Any) -> tuple[int, Any]:

@@ -206,6 +206,17 @@ class RestApi:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # A reply leaves in one write, as TFServing's does: EvHTTPRequest::EvSendReply
+    # (tensorflow_serving/util/net_http/server/internal/evhttp_request.cc) hands its body to
+    # libevent's evhttp_send_reply, which puts the status line, the headers and the body in
+    # the connection's one output buffer. Written unbuffered (socketserver's default), the
+    # headers and the body went out as two writes, and on a kept-alive connection the body
+    # waited for the client's delayed ACK of the headers (Nagle): 40 ms on every request after
+    # a connection's first (measured: 44 ms per model status GET on one connection, 0.8 ms on
+    # a new one). The buffered writer is flushed once per request (BaseHTTPRequestHandler's
+    # handle_one_request); a reply larger than its buffer goes out at once too (TCP_NODELAY).
+    wbufsize = -1
+    disable_nagle_algorithm = True
     api: RestApi
     metrics_path: str | None
 
