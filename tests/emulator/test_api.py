@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import socket
 import time
 from typing import Any
 
@@ -221,8 +222,6 @@ def test_rest_reply_leaves_in_one_write_on_a_kept_alive_connection(api: Api) -> 
     (rest.py _Handler): each reply on a kept-alive connection arrives whole in one read. Sent
     as two writes, the body of every reply after the first waited 40 ms for the client's
     delayed ACK."""
-    import socket
-
     port = int(api.rest.rsplit(":", 1)[1])
     request = b"GET /v1/models/hpt HTTP/1.1\r\nHost: localhost\r\n\r\n"
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
