@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -S
 """The testbed's stand-in for nvidia-container-runtime-hook: gives a container its simulated GPUs.
 
 Installed as `$STATE/bin/nvidia-container-runtime-hook`, on the PATH of every testbed dockerd.

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -S
 """nvidia-smi for the testbed's simulated GPUs: answers from /run/simgpu (private to each host).
 
 Supports what the toolkit asks a real nvidia-smi:

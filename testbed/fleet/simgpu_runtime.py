@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -S
 """OCI runtime wrapper of the testbed's simulated GPUs (each host dockerd's default runtime).
 
 It does what nvidia-container-runtime does in its "legacy" mode (nvidia-container-toolkit,

@@ -236,7 +236,8 @@ def install_gpu_tools(places: Places) -> Path:
     install_file(FLEET_DIR / "simgpu_devices.py", places.bin / "simgpu_devices.py")
     install_file(FLEET_DIR / "nvidia_container_hook.py",
                  places.bin / "nvidia-container-runtime-hook")
-    install_file(FLEET_DIR / "simgpu_runtime.py", places.bin / "simgpu-runtime")
+    install_file(FLEET_DIR / "simgpu_runtime.py", places.bin / "simgpu_runtime.py")
+    install_file(FLEET_DIR / "simgpu_runtime.sh", places.bin / "simgpu-runtime")
     install_file(FLEET_DIR / "nvidia_smi.py", NVIDIA_SMI_PATH)
     return places.bin / "simgpu-runtime"
 
