@@ -659,7 +659,9 @@ class FakeSlot:
     behind the proxy's serving server. ``behaviour[address]``: ok (default), slow (never
     loads), broken (load fails with ``load_error``), laggy (each Predict takes 200 ms),
     renamed (its serving_default takes z and returns w), vanish (the host drops off the
-    network at the first Predict), refuse (the stable port refuses connections).
+    network at the first Predict), cut (the host drops off the network at the signature
+    gate: its gRPC call times out, as a real one does when the network drops its packets),
+    refuse (the stable port refuses connections).
     """
 
     behaviour: ClassVar[dict[str, str]] = {}
@@ -694,6 +696,9 @@ class FakeSlot:
 
     def signatures(self, version: int, *, timeout: float = 10.0) -> dict[str, Any]:
         self._container()
+        if self.behaviour.get(self.address) == "cut":
+            self._host().unreachable = True
+            raise TimeoutError("Deadline Exceeded")
         if self.behaviour.get(self.address) == "renamed":
             return {"serving_default": {"inputs": {"z": ("DT_FLOAT", (-1, 1))},
                                         "outputs": {"w": ("DT_FLOAT", (-1, 1))}}}

@@ -113,6 +113,21 @@ def test_host_lost_during_a_gate_stops_the_roll_and_exits_3(world: dict[str, Any
     assert {result.hosts[h].status for h in ("h2", "h3", "h4")} == {"skipped"}
 
 
+def test_a_host_cut_off_during_a_gate_is_unreachable_not_a_failed_gate(
+        world: dict[str, Any]) -> None:
+    """The signature gate's gRPC call times out because the host's network is cut (SSH too):
+    the host is reported unreachable, as when the cut lands in any other gate, never a gate
+    the release failed (a full run saw `gate_signature failed _InactiveRpcError ...
+    DEADLINE_EXCEEDED` for a host cut off, tests/integration/test_deploy_unreachable.py)."""
+    run_deploy(world, 1)
+    FakeSlot.behaviour = {"10.9.0.1": "cut"}
+    result = run_deploy(world, 2)
+    assert result.hosts["h1"].status == "unknown", result.hosts["h1"]
+    assert "NoValidConnectionsError" in result.hosts["h1"].error, result.hosts["h1"].error
+    assert "Deadline" not in result.hosts["h1"].error
+    assert result.exit_code == ExitCode.INCONSISTENT
+
+
 def test_failure_in_second_batch_reverts_rolled_hosts(world: dict[str, Any]) -> None:
     first = run_deploy(world, 1, serial="(1, 1)")
     FakeSlot.behaviour = {"10.9.0.2": "broken"}

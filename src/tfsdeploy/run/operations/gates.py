@@ -22,6 +22,7 @@ from tfsdeploy.core.rollout.gates import GateFailed, Verdict, percentile, poll
 from tfsdeploy.core.rollout.records import GateRecord
 from tfsdeploy.core.tfserving.golden import GoldenExample, mismatch
 from tfsdeploy.hosts import probes
+from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.run.changes import Check
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import Ops, operation
@@ -119,8 +120,18 @@ def gate_errors(job: HostJob, gate: str, started: float, *, step: str, expected:
         raise failure(job, error.step, error.expected, error.seen, logs=logs,
                       diagnosis=error.diagnosis, tail=error.log_tail) from None
     except Exception as exc:
+        reachable(job)
         record_gate(job, gate, started, False, str(exc))
         raise failure(job, step, expected, f"{type(exc).__name__}: {exc}", logs=logs) from None
+
+
+def reachable(job: HostJob) -> None:
+    """Raise HostUnreachable when the host's SSH connection no longer answers: a probe that
+    timed out or was refused on such a host (its network cut, the host gone) says nothing of
+    the release, and the run must report the host unreachable, not a failed gate. A probe
+    that failed on a host that still answers is the gate's failure, as before."""
+    with contextlib.suppress(DockerFailed):
+        container_problem(job)
 
 
 T = TypeVar("T")
@@ -209,8 +220,10 @@ def gate_signature(job: HostJob) -> Ops:
 
     def run() -> str:
         started = time.monotonic()
-        every = _with_client(job, job.ports.slot_grpc(job.new_slot, job.instance.index),
-                             lambda c: c.signatures(job.run.version))
+        with gate_errors(job, "signature", started, step="gate_signature",
+                         expected=f"signature {contract.name!r} served"):
+            every = _with_client(job, job.ports.slot_grpc(job.new_slot, job.instance.index),
+                                 lambda c: c.signatures(job.run.version))
         differences = signature_differences(contract, every.get(contract.name, {}))
         record_gate(job, "signature", started, not differences,
                     "; ".join(differences) or "matches")
