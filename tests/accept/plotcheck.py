@@ -25,12 +25,30 @@ def shade_rgb() -> np.ndarray[Any, Any]:
     return 1.0 - plot.RELEASE_ALPHA * (1.0 - colour)
 
 
+def shade_under_grid_rgb() -> np.ndarray[Any, Any]:
+    """The release colour where a grid line is drawn over it (0-1 floats)."""
+    from matplotlib import rcParams
+    from matplotlib.colors import to_rgb
+
+    grid = np.array(to_rgb(rcParams["grid.color"]))
+    return (1.0 - plot.GRID_ALPHA) * shade_rgb() + plot.GRID_ALPHA * grid
+
+
 def shaded_columns(png: Path) -> tuple[int, int] | None:
-    """First and last pixel column that is shaded top to bottom (None when none is)."""
+    """First and last pixel column that is shaded top to bottom (None when none is).
+
+    A pixel is shaded when its colour is the shade's, or the shade's under a grid line
+    (anti-aliased: anywhere between the two): a vertical grid line over the window's last
+    columns (a release that ended 0.05 s after a 5 s tick) is still the window, and counting
+    only the shade's own colour ended the window 2.4 columns early."""
     from matplotlib.image import imread
 
     image = imread(str(png))[:, :, :3]
-    close = np.all(np.abs(image - shade_rgb()) < 0.02, axis=2)
+    shade, under = shade_rgb(), shade_under_grid_rgb()
+    along = np.clip(((image - shade) @ (under - shade)) / float((under - shade) @ (under - shade)),
+                    0.0, 1.0)
+    nearest = shade + along[:, :, None] * (under - shade)
+    close = np.all(np.abs(image - nearest) < 0.02, axis=2)
     columns = np.flatnonzero(close.sum(axis=0) >= MIN_SHADED_PIXELS)
     if columns.size == 0:
         return None

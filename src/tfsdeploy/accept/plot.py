@@ -13,6 +13,7 @@ from tfsdeploy.loadtest import plotting
 
 RELEASE_COLOR = "#f5a623"  # the shaded release window (a colour no line uses)
 RELEASE_ALPHA = 0.3
+GRID_ALPHA = 0.3  # the grid lines, drawn over the release window
 LOST_COLOR = "#d0021b"
 PERCENTILE_LINES = (("p50", "P50", "tab:green"), ("p95", "P95", "tab:olive"),
                     ("p99", "P99", "tab:red"), ("p999", "P99.9", "tab:purple"))
@@ -53,7 +54,7 @@ def build_figure(series: Sequence[dict[str, Any]], *, title: str, target_qps: fl
     for ax in (ax_qps, ax_lat, ax_err):
         _marks(ax, release, lost, label=ax is ax_qps)
         ax.axvline(duration_s, color="grey", linewidth=0.8)
-        ax.grid(True, alpha=0.3)
+        ax.grid(True, alpha=GRID_ALPHA)
     ax_qps.legend(loc="lower left", fontsize=8, ncol=3)
     ax_lat.legend(loc="upper left", fontsize=8, ncol=5)
     ax_qps.set_title(title)

@@ -5,9 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from tests.accept.plotcheck import expected_columns, shaded_columns
+from tests.accept.plotcheck import (
+    expected_columns,
+    shade_rgb,
+    shade_under_grid_rgb,
+    shaded_columns,
+)
 from tfsdeploy.accept import plot
 
 
@@ -15,6 +21,10 @@ def series(seconds: int, *, spike_at: int = 30) -> list[dict[str, Any]]:
     return [{"second": s, "qps": 300.0 - (40 if s == spike_at else 0), "errors": s % 7 == 0,
              "p50": 4.0, "p95": 9.0, "p99": 20.0 + (60 if s == spike_at else 0),
              "p999": 30.0 + (90 if s == spike_at else 0)} for s in range(seconds)]
+
+
+# a grid line over white, as 1 - its colour's share: the line's grey at the grid's alpha
+GRID_OVER_WHITE = plot.GRID_ALPHA * (1.0 - np.array([0.69, 0.69, 0.69]))
 
 
 def arguments(release: plot.Mark | None) -> dict[str, Any]:
@@ -33,6 +43,24 @@ def test_the_release_window_is_shaded_where_it_happened(tmp_path: Path, start: f
     want = expected_columns(series(61), **arguments(mark))
     assert found[0] == pytest.approx(want[0], abs=2)
     assert found[1] == pytest.approx(want[1], abs=2)
+
+
+def test_a_window_whose_last_columns_lie_under_a_grid_line_is_found_to_its_end(
+        tmp_path: Path) -> None:
+    """A full run's 40 s window whose release ended at 15.05 s, 0.05 s after a tick: the
+    tick's grid line lay over the window's last columns, and a check that knew only the
+    shade's own colour found the window 2.4 columns short (432 for 434.4). Here an image
+    shaded in columns 10..30 whose columns 29 and 30 are under a grid line (30 only half)."""
+    from matplotlib.image import imsave
+
+    image = np.ones((300, 60, 3))
+    image[:, 10:31] = shade_rgb()
+    image[:, 29] = shade_under_grid_rgb()
+    image[:, 30] = (shade_rgb() + shade_under_grid_rgb()) / 2  # anti-aliased edge of the line
+    image[:, 31] = 1.0 - GRID_OVER_WHITE  # the line's other half falls outside the window
+    png = tmp_path / "accept.png"
+    imsave(png, image)
+    assert shaded_columns(png) == (10, 30)
 
 
 def test_no_release_no_shade_and_a_lost_generator_is_a_line(tmp_path: Path) -> None:
