@@ -23,10 +23,6 @@ def series(seconds: int, *, spike_at: int = 30) -> list[dict[str, Any]]:
              "p999": 30.0 + (90 if s == spike_at else 0)} for s in range(seconds)]
 
 
-# a grid line over white, as 1 - its colour's share: the line's grey at the grid's alpha
-GRID_OVER_WHITE = plot.GRID_ALPHA * (1.0 - np.array([0.69, 0.69, 0.69]))
-
-
 def arguments(release: plot.Mark | None) -> dict[str, Any]:
     return {"title": "t", "target_qps": 300.0, "slo_ms": 50.0, "duration_s": 60.0,
             "release": release}
@@ -51,13 +47,17 @@ def test_a_window_whose_last_columns_lie_under_a_grid_line_is_found_to_its_end(
     tick's grid line lay over the window's last columns, and a check that knew only the
     shade's own colour found the window 2.4 columns short (432 for 434.4). Here an image
     shaded in columns 10..30 whose columns 29 and 30 are under a grid line (30 only half)."""
+    from matplotlib import rcParams
+    from matplotlib.colors import to_rgb
     from matplotlib.image import imsave
 
     image = np.ones((300, 60, 3))
     image[:, 10:31] = shade_rgb()
     image[:, 29] = shade_under_grid_rgb()
     image[:, 30] = (shade_rgb() + shade_under_grid_rgb()) / 2  # anti-aliased edge of the line
-    image[:, 31] = 1.0 - GRID_OVER_WHITE  # the line's other half falls outside the window
+    # the line's other half falls outside the window: the grid's colour over white
+    grid = np.array(to_rgb(rcParams["grid.color"]))
+    image[:, 31] = (1.0 - plot.GRID_ALPHA) + plot.GRID_ALPHA * grid
     png = tmp_path / "accept.png"
     imsave(png, image)
     assert shaded_columns(png) == (10, 30)
