@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from rollback_support import Fleet, deploy_v1_then_v2
-from testbed_support import ModelFleet, Watched
+from testbed_support import ModelFleet, Watched, forget_connections
 
 
 @pytest.fixture(autouse=True)
@@ -21,6 +21,13 @@ def _dump_on_failure(request: pytest.FixtureRequest, fleet: ModelFleet) -> Itera
     Watched.stop_left_running()  # before the dump, which then shows what they printed
     if request.session.testsfailed > before:
         print(fleet.dump())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_shared_connections() -> Iterator[None]:
+    """The module's shared ssh masters (testbed_support.ssh) close with it."""
+    yield
+    forget_connections()
 
 
 @pytest.fixture(scope="module")

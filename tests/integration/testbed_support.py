@@ -151,6 +151,9 @@ def ssh_argv(address: str, command: str, connect_timeout: int = 10,
             "-o", f"ConnectTimeout={connect_timeout}", *mux, f"root@{address}", command]
 
 
+_SHARED: set[str] = set()  # the hosts whose shared master this process may have started
+
+
 def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120
         ) -> subprocess.CompletedProcess[str]:
     """A shell command on a testbed host, as root, once.
@@ -161,6 +164,7 @@ def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120
     (``forget_connection``).
     """
     MUX_DIR.mkdir(mode=0o700, exist_ok=True)
+    _SHARED.add(host)
     proc = subprocess.run(ssh_argv(ADDRESSES[host], command, shared=True),
                           capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
@@ -176,6 +180,14 @@ def forget_connection(host: str) -> None:
     after 10 s, and the command would fail)."""
     subprocess.run(["ssh", "-o", f"ControlPath={MUX_DIR}/%C", "-O", "exit",
                     f"root@{ADDRESSES[host]}"], capture_output=True, timeout=30)
+
+
+def forget_connections() -> None:
+    """Close every shared master connection (``ssh``'s): a module's masters end with it
+    instead of persisting 30 s into the next module, which may stop the whole fleet and then
+    count the processes left behind (tests/testbed/test_fleet_lifecycle.py)."""
+    while _SHARED:
+        forget_connection(_SHARED.pop())
 
 
 def clean_model(model: str, hosts: dict[str, str] = HOSTS) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 from tfsdeploy.core.errors import HostUnreachable
@@ -17,7 +16,7 @@ from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
 from tfsdeploy.run import engine, plans
 from tfsdeploy.run.after import NO_EPILOGUE, Epilogue
 from tfsdeploy.run.engine import PlannedStep, Reporter, RunResult
-from tfsdeploy.run.jobs import ClientFactory, HostJob, Session, Verb
+from tfsdeploy.run.jobs import ClientFactory, HostJob, Verb
 from tfsdeploy.run.operations.preflight import moved_ports
 from tfsdeploy.run.plans import RunPlan
 from tfsdeploy.run.views import orphans
@@ -35,16 +34,8 @@ def deploy(target: Target, *, version: int | str | None = None, playbook: str | 
     any connection (a pre-hook may stop the run there)."""
     plan = plans.deploy_plan(target, version=version, playbook=playbook, lock_wait=lock_wait,
                              canary=canary, max_pulls=max_pulls)
-    # a deploy never leaves a host that still holds the model outside its hosts unsaid
-    notes = (lambda session: orphan_notes(target, session), *epilogue.notes)
     return engine.run(plan, reporter=reporter, connect=connect, clock=clock,
-                      client_factory=client_factory, before=before,
-                      epilogue=replace(epilogue, notes=notes))
-
-
-def orphan_notes(target: Target, session: Session) -> list[str]:
-    """One line per inventory host outside the model's that still holds it."""
-    return [f"{row['host']}: {row['note']}" for row in orphans(target, session=session)]
+                      client_factory=client_factory, before=before, epilogue=epilogue)
 
 
 def check(target: Target, *, version: int | str | None = None, playbook: str | None = None,

@@ -33,11 +33,12 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import HostFacts, gather
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
-from tfsdeploy.run import executor, plans
+from tfsdeploy.run import executor, plans, survey
 from tfsdeploy.run.after import (
     NO_EPILOGUE,
     Epilogue,
     Listener,
+    NotePass,
     StepEvent,
     late_signals,
     run_after_passes,
@@ -583,7 +584,7 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
                 result = _locked(plan, session, reporter, cancel, epilogue.listeners)
                 if epilogue.summarize is not None:
                     result = epilogue.summarize(result)
-                _add_notes(result, epilogue, session, reporter)
+                _add_notes(result, _notes(plan, epilogue), session, reporter)
             result.seconds = time.monotonic() - started
             if epilogue.record is not None:
                 epilogue.record(result)
@@ -594,11 +595,20 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
     return result
 
 
-def _add_notes(result: RunResult, epilogue: Epilogue, session: Session,
+def _notes(plan: RunPlan, epilogue: Epilogue) -> Sequence[NotePass]:
+    """The reads of the fleet whose lines join the result: the plan's own (a deploy's
+    orphans), then the epilogue's (gateway drift)."""
+    orphans: tuple[NotePass, ...] = (
+        (lambda session: survey.orphan_notes(plan.target, session)),) if plan.note_orphans \
+        else ()
+    return (*orphans, *epilogue.notes)
+
+
+def _add_notes(result: RunResult, notes: Sequence[NotePass], session: Session,
                reporter: Reporter) -> None:
-    """The epilogue's reads of the fleet (orphans, gateway drift), said and added to the
-    result's message before it is recorded; a read that fails is one note."""
-    for read in epilogue.notes:
+    """The reads of the fleet (orphans, gateway drift), said and added to the result's
+    message before it is recorded; a read that fails is one note."""
+    for read in notes:
         try:
             lines = read(session)
         except Exception as error:

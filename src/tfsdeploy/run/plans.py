@@ -61,6 +61,9 @@ class RunPlan:
     version: int | None = None  # known before the run (a deploy); a rollback's is chosen later
     release: str = ""
     take_over: bool = False  # promote/abort: take the lock a paused canary holds
+    # a deploy: the inventory's hosts outside the model's that still hold it are said (and
+    # joined to the result) before it is recorded
+    note_orphans: bool = False
     # sees the run's context once the planner chose the release (under the lock, before any
     # host is changed); raising stops the run there (hooks: a pre-hook's refusal)
     on_planned: Callable[[RunContext], None] | None = None
@@ -255,7 +258,8 @@ def deploy_plan(target: Target, *, version: int | str | None = None,
                     | {r.host.vars.proxy_image for r in renders})
     return RunPlan(verb=Verb.DEPLOY, target=target,
                    playbook=strategy_playbook(target, "deploy", playbook), planner=plan,
-                   images=images, lock_wait=lock_wait, version=chosen, release=release_id)
+                   images=images, lock_wait=lock_wait, version=chosen, release=release_id,
+                   note_orphans=True)
 
 
 # -- rollback ----------------------------------------------------------------------------------

@@ -49,3 +49,38 @@ def each_host(target: Target, look: Look, *, hosts: tuple[ResolvedHost, ...] | N
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_AT_ONCE, len(chosen)))) as pool:
         return list(pool.map(lambda h: visit(target, h, look, connect=opener,
                                              keep=session is not None), chosen))
+
+
+# -- hosts outside the model's that still hold it ----------------------------------------------
+
+def orphan_note(model: str, host: str) -> str:
+    """What status, deploy and deploy --check say of a host that holds a model its inventory
+    no longer places there."""
+    return (f"no longer in the inventory for {model}: fab retire --model {model} "
+            f"--hosts {host}")
+
+
+def outside_hosts(target: Target) -> tuple[ResolvedHost, ...]:
+    """The inventory's hosts that are neither the model's (its ``hosts`` pattern) nor
+    selected: where an orphaned server of the model may still run."""
+    known = {h.name for h in target.model_hosts} | {h.name for h in target.hosts}
+    return tuple(h for h in target.inventory.hosts if h.name not in known)
+
+
+def is_orphan(target: Target, host: ResolvedHost, facts: HostFacts) -> bool:
+    """The host holds the model, which the inventory no longer places on it."""
+    return facts.holds_model and host.name not in {h.name for h in target.model_hosts}
+
+
+def _orphan_look(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
+                 ) -> dict[str, Any]:
+    return {"orphan": is_orphan(target, host, facts)}
+
+
+def orphan_notes(target: Target, session: Session) -> list[str]:
+    """A deploy's note, over its session: one line per inventory host outside the model's
+    that still holds it (an unreachable one is not the model's host: left out)."""
+    outside = outside_hosts(target)
+    rows = each_host(target, _orphan_look, hosts=outside, session=session) if outside else []
+    return [f"{r['host']}: {orphan_note(target.model.name, r['host'])}" for r in rows
+            if r["reachable"] and r["orphan"]]

@@ -120,30 +120,11 @@ def canary_on(facts: HostFacts) -> dict[str, str] | None:
     return {"release": release, "state": state}
 
 
-def orphan_note(model: str, host: str) -> str:
-    """What status and deploy --check say of a host that holds a model its inventory no
-    longer places there."""
-    return (f"no longer in the inventory for {model}: fab retire --model {model} "
-            f"--hosts {host}")
-
-
-def outside_hosts(target: Target) -> tuple[ResolvedHost, ...]:
-    """The inventory's hosts that are neither the model's (its ``hosts`` pattern) nor
-    selected: where an orphaned server of the model may still run."""
-    known = {h.name for h in target.model_hosts} | {h.name for h in target.hosts}
-    return tuple(h for h in target.inventory.hosts if h.name not in known)
-
-
-def is_orphan(target: Target, host: ResolvedHost, facts: HostFacts) -> bool:
-    """The host holds the model, which the inventory no longer places on it."""
-    return facts.holds_model and host.name not in {h.name for h in target.model_hosts}
-
-
 def orphans(target: Target, *, connect: ConnectionFactory = SshConnection,
             session: Session | None = None) -> list[dict[str, Any]]:
     """Status rows of the hosts outside the model's that still hold it (unreachable ones are
     not the model's hosts: left out); over a run's ``session`` when given."""
-    outside = outside_hosts(target)
+    outside = survey.outside_hosts(target)
     if not outside:
         return []
     rows = survey.each_host(target, host_status, hosts=outside, connect=connect,
@@ -176,11 +157,11 @@ def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: Hos
                  for k in indexes]
     first = next((i for i in instances if i["instance"] == 0), instances[0])
     holder = facts.lock
-    orphan = is_orphan(target, host, facts)
+    orphan = survey.is_orphan(target, host, facts)
     render = live_render(target, host, facts)
     shape, down = instance_drift(render, facts, target.model.name)
     row = {"orphan": orphan,
-           "note": orphan_note(target.model.name, host.name) if orphan else "",
+           "note": survey.orphan_note(target.model.name, host.name) if orphan else "",
            "current": serving or facts.current, "recorded_current": facts.current,
            "version": record.version if record else None,
            "image": record.image if record else None,
