@@ -83,6 +83,30 @@ class FlagLine:
     value: str
 
 
+@dataclass(frozen=True)
+class FlagsFile:
+    """A flags file read for one target release: its flags, its syntax errors, the release's
+    version (None: ``tfserving_version`` is no release number) and the flags that release
+    does not know (TFServing prints them and starts anyway: the setting is silently lost)."""
+
+    flags: list[FlagLine]
+    syntax: list[tuple[int, str]]
+    version: tuple[int, ...] | None
+    unknown: frozenset[FlagLine]
+
+
+def read_flags_file(text: str, tfserving_version: str) -> FlagsFile:
+    """Parse a flags file and name the flags that TFServing ``tfserving_version`` does not
+    know, in one pass."""
+    flags, syntax = parse_flags_file(text)
+    try:
+        version = parse_version(tfserving_version)
+    except ValueError:
+        return FlagsFile(flags, syntax, None, frozenset())
+    return FlagsFile(flags, syntax, version,
+                     frozenset(f for f in flags if not known_in(f.name, version)))
+
+
 def parse_flags_file(text: str) -> tuple[list[FlagLine], list[tuple[int, str]]]:
     """Split a flags file into flags and (line, reason) syntax errors.
 

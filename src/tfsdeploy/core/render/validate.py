@@ -29,9 +29,8 @@ from tfsdeploy.core.render.files import (
 from tfsdeploy.core.render.flags import (
     PARALLELISM_FLAGS,
     FlagLine,
-    known_in,
-    parse_flags_file,
-    parse_version,
+    FlagsFile,
+    read_flags_file,
 )
 from tfsdeploy.core.tfserving import configs as tfproto
 
@@ -73,16 +72,17 @@ def validate_render(render: HostRender, inventory_file: str) -> list[Problem]:
             problems.append(problem)
         else:
             parsed[name] = message
-    flags, syntax = parse_flags_file(render.file(FLAGS).text)
+    read = read_flags_file(render.file(FLAGS).text, render.host.vars.tfserving_version)
+    flags = read.flags
     problems += [Problem(reason, "write one --name=value per line", host=host,
-                         file=f"{FLAGS}:{line}") for line, reason in syntax]
+                         file=f"{FLAGS}:{line}") for line, reason in read.syntax]
     if MODEL_CONFIG in parsed:
         problems += check_model_config(parsed[MODEL_CONFIG], host, flags)
     if BATCHING_CONFIG in parsed:
         problems += check_batching(parsed[BATCHING_CONFIG], host, render.model.latency_slo_ms)
     if MONITORING_CONFIG in parsed:
         problems += check_monitoring(parsed[MONITORING_CONFIG], host)
-    problems += check_flags(flags, render)
+    problems += check_flags(read, render)
     for instance in render.instances:
         if instance.plan:
             problems += check_gpu_plan(instance.plan, inventory_file)
@@ -282,24 +282,23 @@ def _flag_value(flags: Sequence[FlagLine], name: str) -> str | None:
     return values[-1] if values else None  # TFServing: the last one wins
 
 
-def check_flags(flags: Sequence[FlagLine], render: HostRender) -> list[Problem]:
+def check_flags(read: FlagsFile, render: HostRender) -> list[Problem]:
     """Flags TFServing would ignore, reject, or not know in the target release."""
     host = render.host.name
     version_text = render.host.vars.tfserving_version
+    flags = read.flags
 
     def problem(message: str, fix: str, line: int | None = None) -> Problem:
         return Problem(message, fix, host=host, file=f"{FLAGS}:{line}" if line else FLAGS)
 
-    try:
-        version = parse_version(version_text)
-    except ValueError:
+    if read.version is None:
         return [Problem(f"tfserving_version {version_text!r} is not a release number",
                         "set tfserving_version like '2.21.0'", host=host,
                         field="tfserving_version")]
     problems: list[Problem] = []
     seen: dict[str, int] = {}
     for flag in flags:
-        if not known_in(flag.name, version):
+        if flag in read.unknown:
             problems.append(problem(
                 f"--{flag.name} is unknown to TFServing {version_text}, which prints it and "
                 "starts anyway (the setting is silently lost)",
