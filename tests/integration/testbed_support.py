@@ -23,6 +23,7 @@ Traffic goes only to 10.87.0.x (the testbed hosts) and 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -50,8 +51,10 @@ MODELS = CACHE / "models"
 VENV_BIN = CACHE / "venv" / "bin"
 SSH_KEY = STATE / "ssh" / "id_ed25519"
 KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
-# the master connections of ssh(): a private directory (a socket path must stay short)
-MUX_DIR = Path(tempfile.gettempdir()) / f"tfsdeploy-tests-ssh-{os.getuid()}"
+# the master connections of ssh(): a private directory (a socket path must stay short), this
+# process's own: a module's end closes its masters (forget_connections), never those of the
+# test worker beside it
+MUX_DIR = Path(tempfile.gettempdir()) / f"tfsdeploy-tests-ssh-{os.getuid()}-{os.getpid()}"
 REGISTRY = "10.87.0.1:5000"
 # the testbed contract: tbN is 10.87.0.(10+N) up to tb10, then 10.87.0.(100+N) up to tb30,
 # a simulated 16 GiB GPU each
@@ -188,6 +191,8 @@ def forget_connections() -> None:
     count the processes left behind (tests/testbed/test_fleet_lifecycle.py)."""
     while _SHARED:
         forget_connection(_SHARED.pop())
+    with contextlib.suppress(OSError):  # gone, or a master still removing its socket
+        MUX_DIR.rmdir()
 
 
 def clean_model(model: str, hosts: dict[str, str] = HOSTS) -> None:
