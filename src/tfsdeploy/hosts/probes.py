@@ -49,17 +49,18 @@ def http_url(address: str, port: int, path: str = "") -> str:
 # ``grpc.enable_http_proxy`` (GRPC_ARG_ENABLE_HTTP_PROXY) is 0. A proxy in cron's
 # environment would otherwise answer for the fleet (an error page, or a 200 without metrics).
 TRUST_ENV = False
+GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.enable_http_proxy", 0)]
 
 
 @functools.cache
 def tls() -> ssl.SSLContext:
-    """httpx's own default TLS context (verifying, with certifi's CAs), made once per process:
-    httpx builds one for every client it makes unless given one, 19-36 ms of CPU each here
-    (`httpx.Client()`; 0.1-0.2 ms when given this one). The probes' URLs are plain HTTP
-    (``http_url``): the context is never used on them, only no longer rebuilt per probe."""
-    return httpx.create_ssl_context()
-GRPC_OPTIONS = [("grpc.max_receive_message_length", 64 * 1024 * 1024),
-                ("grpc.enable_http_proxy", 0)]
+    """The TLS context httpx would build for the probes' clients (verifying, certifi's CAs,
+    ``trust_env`` as theirs), made once per process: httpx builds one for every client it
+    makes unless given one, 19-36 ms of CPU each here (`httpx.Client()`; 0.1-0.2 ms when
+    given this one). The probes' URLs are plain HTTP (``http_url``): the context is never
+    used on them, only no longer rebuilt per probe."""
+    return httpx.create_ssl_context(trust_env=TRUST_ENV)
 
 
 def _method(channel: grpc.Channel, path: str, response: str) -> Any:

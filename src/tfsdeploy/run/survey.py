@@ -77,10 +77,20 @@ def _orphan_look(target: Target, host: ResolvedHost, conn: Connection, facts: Ho
     return {"orphan": is_orphan(target, host, facts)}
 
 
+def orphans(target: Target, look: Look, *, connect: ConnectionFactory = SshConnection,
+            session: Session | None = None) -> list[dict[str, Any]]:
+    """``look``'s rows of the inventory's hosts outside the model's that still hold it (its
+    row says ``orphan``; an unreachable host is not the model's host: left out); over a
+    run's ``session`` when given."""
+    outside = outside_hosts(target)
+    if not outside:
+        return []
+    rows = each_host(target, look, hosts=outside, connect=connect, session=session)
+    return [r for r in rows if r["reachable"] and r["orphan"]]
+
+
 def orphan_notes(target: Target, session: Session) -> list[str]:
     """A deploy's note, over its session: one line per inventory host outside the model's
-    that still holds it (an unreachable one is not the model's host: left out)."""
-    outside = outside_hosts(target)
-    rows = each_host(target, _orphan_look, hosts=outside, session=session) if outside else []
-    return [f"{r['host']}: {orphan_note(target.model.name, r['host'])}" for r in rows
-            if r["reachable"] and r["orphan"]]
+    that still holds it."""
+    return [f"{r['host']}: {orphan_note(target.model.name, r['host'])}"
+            for r in orphans(target, _orphan_look, session=session)]

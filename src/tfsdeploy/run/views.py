@@ -122,14 +122,8 @@ def canary_on(facts: HostFacts) -> dict[str, str] | None:
 
 def orphans(target: Target, *, connect: ConnectionFactory = SshConnection,
             session: Session | None = None) -> list[dict[str, Any]]:
-    """Status rows of the hosts outside the model's that still hold it (unreachable ones are
-    not the model's hosts: left out); over a run's ``session`` when given."""
-    outside = survey.outside_hosts(target)
-    if not outside:
-        return []
-    rows = survey.each_host(target, host_status, hosts=outside, connect=connect,
-                            session=session)
-    return [r for r in rows if r["reachable"] and r["orphan"]]
+    """Status rows of the hosts outside the model's that still hold it."""
+    return survey.orphans(target, host_status, connect=connect, session=session)
 
 
 def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
