@@ -254,11 +254,18 @@ class SshConnection:
         transport = self._transport()
         try:
             channel = self._open_session(transport)
-            channel.exec_command(shlex.join(argv))
+            # A command given no input reads /dev/null on the host, and no EOF is sent on its
+            # channel: paramiko sends a channel's EOF after releasing the channel's lock
+            # (Channel.shutdown), so the EOF of a command that ends at once can follow the
+            # CLOSE that answers the host's, and OpenSSH ends the whole connection on a
+            # packet naming a channel it has freed (channels.c: "ieof packet referred to
+            # nonexistent channel"; every command of every thread on it is lost).
+            channel.exec_command(shlex.join(argv) if stdin is not None
+                                 else f"{shlex.join(argv)} </dev/null")
             if stdin is not None:
                 _send_input(channel, stdin)
-            if not channel.closed:
-                channel.shutdown_write()
+                if not channel.closed:
+                    channel.shutdown_write()
             out, err = _drain(channel, time.monotonic() + limit)
             code = channel.recv_exit_status() if channel.exit_status_ready() else -1
             channel.close()
