@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from tfsdeploy.core.errors import ConfigError, Problem
@@ -377,18 +378,22 @@ def _listening(text: str) -> frozenset[int]:
 
 def gather(conn: Connection, model: str, paths: HostPaths, *,
            images: Sequence[str] = ()) -> HostFacts:
-    """Read one host's facts: one command, one container list, and ``images`` inspected."""
+    """Read one host's facts: one command and, while it runs (on a channel of its own), the
+    Engine's container lists and ``images`` inspected."""
     started = time.monotonic()
-    docker = conn.docker
-    result = conn.run(read_facts(paths), timeout=60)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        script = pool.submit(conn.run, read_facts(paths), timeout=60)
+        docker = conn.docker
+        version = docker.version()
+        containers = docker.containers(model)
+        present = {image: docker.image_present(image) for image in dict.fromkeys(images)}
+        scratch = docker.scratch()
+        result = script.result()
     if not result.ok:
         raise RuntimeError(f"{conn.host.name}: reading the host's state failed: "
                            f"{result.tail()}")
-    version = docker.version()
-    containers = docker.containers(model)
-    present = {image: docker.image_present(image) for image in dict.fromkeys(images)}
     facts = parse_facts(conn.host.name, result.stdout, containers, images=present,
-                        docker_version=version, scratch=docker.scratch())
+                        docker_version=version, scratch=scratch)
     facts = with_gpu_pids(conn, facts)
     return replace(facts, seconds=time.monotonic() - started)
 

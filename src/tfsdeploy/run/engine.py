@@ -13,6 +13,7 @@ previous release (2), the fleet not consistent (3).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -199,7 +200,19 @@ def emit(reporter: Reporter, kind: str, **data: Any) -> None:
 
 
 def run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
-    """Run a task list on one host, recording each step; raise on the first failure."""
+    """Run a task list on one host, recording each step; raise on the first failure. Each
+    step's audit lines are appended while the next step runs; the last append has ended
+    when this returns (or raises)."""
+    try:
+        _run_tasks(state, job, phase, tasks)
+    except BaseException:
+        with contextlib.suppress(Exception):  # what the failure says comes first
+            job.audit.wait()
+        raise
+    job.audit.wait()
+
+
+def _run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) -> None:
     operations = registry()
     if job.unreachable is not None:
         raise job.unreachable
@@ -209,7 +222,7 @@ def run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task]) 
         started = time.monotonic()
         try:
             outcome = run_step(job, task.action, operations[task.action], task.params,
-                               check=False, on_progress=state.progress)
+                               check=False, on_progress=state.progress, audit_later=True)
         except BaseException as error:
             seconds = time.monotonic() - started
             pause = is_pause(error)  # the canary holds its last weight: not a failure

@@ -284,9 +284,12 @@ def audit_lines(job: HostJob, step: str, changes: list[Change], *, failed: str =
 
 
 def run_step(job: HostJob, step: str, operation: Operation, params: dict[str, Any], *,
-             check: bool, on_progress: ProgressSink) -> StepOutcome:
+             check: bool, on_progress: ProgressSink, audit_later: bool = False
+             ) -> StepOutcome:
     """Drive one operation: apply its changes in order (or only collect them when ``check``);
-    the applied changes go to the host's audit log in one append, even when the step fails."""
+    the applied changes go to the host's audit log in one append, even when the step fails
+    (``audit_later``: a step that went well appends while the next one runs, ``job.audit``;
+    its caller waits for the last append)."""
     ops = operation(job, **params)
     applied: list[Change] = []
     seen: list[str] = []
@@ -317,15 +320,20 @@ def run_step(job: HostJob, step: str, operation: Operation, params: dict[str, An
         raise
     finally:
         if not check:
-            _audit(job, step, [c for c in applied if c.audited], failure)
+            _audit(job, step, [c for c in applied if c.audited], failure, later=audit_later)
     return StepOutcome("; ".join(s for s in (*seen, detail) if s), applied)
 
 
-def _audit(job: HostJob, step: str, changes: list[Change], failure: str) -> None:
+def _audit(job: HostJob, step: str, changes: list[Change], failure: str, *,
+           later: bool = False) -> None:
     lines = audit_lines(job, step, changes, failed=failure)
     if not lines:
         return
+    if later and not failure:
+        job.audit.later(job.conn, job.paths.audit_log, lines)
+        return
     try:
+        job.audit.wait()  # the earlier steps' lines first
         job.conn.run(append_lines(job.paths.audit_log, lines))
     except HostUnreachable:
         if not failure:

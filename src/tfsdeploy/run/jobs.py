@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,7 @@ from tfsdeploy.core.rollout.records import (
 )
 from tfsdeploy.core.tfserving.golden import GoldenExample
 from tfsdeploy.hosts.commands.containers import GpuRequest, parse_gpus
+from tfsdeploy.hosts.commands.files import append_lines
 from tfsdeploy.hosts.dockerapi import ContainerFact
 from tfsdeploy.hosts.facts import HostFacts, read_release_files
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory
@@ -138,6 +140,38 @@ def _delegated(name: str) -> property:
                     doc=f"The current instance's ``{name}``.")
 
 
+class AuditTrail:
+    """A host's audit appends in a run's steps, made one at a time and in order, each while
+    the next step runs (an append is a round trip and an fsync on the host: off the roll's
+    path). A new append, and the end of a host's task list, first wait for the one before;
+    an append that failed (the connection lost) is raised there."""
+
+    def __init__(self) -> None:
+        self._pending: Future[None] | None = None
+
+    def later(self, conn: Connection, path: str, lines: list[str]) -> None:
+        """Append ``lines`` to ``path`` on the host, once the previous append ended."""
+        self.wait()
+        done: Future[None] = Future()
+
+        def append() -> None:
+            try:
+                conn.run(append_lines(path, lines))
+            except BaseException as error:  # raised to the run by the next wait
+                done.set_exception(error)
+            else:
+                done.set_result(None)
+
+        threading.Thread(target=append, name=f"audit {conn.host.name}", daemon=True).start()
+        self._pending = done
+
+    def wait(self) -> None:
+        """Until the last append ended; raise what made it fail."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+
 @dataclass
 class HostJob:
     """One host's part of a run: what it runs, what was read of it, what was done.
@@ -174,6 +208,7 @@ class HostJob:
     # -> the slot serving each: they serve until finalize drains and removes them
     retiring: dict[int, str | None] = field(default_factory=dict)
     port_move: PortMove = field(default_factory=PortMove)  # old ports the proxy keeps
+    audit: AuditTrail = field(default_factory=AuditTrail)  # the steps' audit appends
     gateway_drained: bool = False  # the gateway hosts route none of the model's requests here
     gpu_reserved: bool = False  # this run took a window reservation on the host's GPUs
     # (instance, slot) of every server the proxy has in rotation while its health check fails
