@@ -516,6 +516,18 @@ def test_a_command_that_ends_before_reading_its_input_is_its_answer_not_a_lost_l
         runner.close()
 
 
+def test_a_command_without_input_is_the_login_shell_s_only_child(tb1: SshConnection) -> None:
+    """A command given no input reads /dev/null and is exec'd by the login shell, as one
+    without a redirection is: its parent is sshd's session, so a command killed by a signal
+    ends its channel with that signal. When the shell stayed as its parent (the redirection
+    without ``exec``), a generator killed mid-run came back as the shell's exit 137 and
+    "Killed" (test_accept_testbed's lost generator failed on it)."""
+    parent = tb1.run(["sh", "-c", 'cat "/proc/$PPID/comm"'])
+    assert parent.code == 0 and parent.stdout.strip().startswith("sshd"), parent
+    reads = tb1.run(["sh", "-c", "cat"])  # stdin is /dev/null: ends at once, with nothing
+    assert (reads.code, reads.stdout) == (0, ""), reads
+
+
 def test_commands_from_several_threads_on_one_connection_all_answer(tb1: SshConnection) -> None:
     """Short commands from four threads at once on one connection, for 8 s: each answers with
     its own output. Before commands without input read /dev/null, their EOF could cross the

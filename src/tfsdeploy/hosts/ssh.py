@@ -259,9 +259,12 @@ class SshConnection:
             # (Channel.shutdown), so the EOF of a command that ends at once can follow the
             # CLOSE that answers the host's, and OpenSSH ends the whole connection on a
             # packet naming a channel it has freed (channels.c: "ieof packet referred to
-            # nonexistent channel"; every command of every thread on it is lost).
+            # nonexistent channel"; every command of every thread on it is lost). ``exec``:
+            # the login shell becomes the command, as it does for a command without a
+            # redirection, so a command killed by a signal still ends its channel with the
+            # signal (not the shell's "Killed" and exit 137).
             channel.exec_command(shlex.join(argv) if stdin is not None
-                                 else f"{shlex.join(argv)} </dev/null")
+                                 else f"exec {shlex.join(argv)} </dev/null")
             if stdin is not None:
                 _send_input(channel, stdin)
                 if not channel.closed:
