@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import re
 import subprocess
@@ -305,26 +306,59 @@ def test_the_rate_limit_holds_within_five_percent(fleet: Fleet) -> None:
 
 
 def assert_rate_limited() -> None:
-    """At twice the limit, the gateway lets through the limit (within 5 %) and refuses the
-    rest with its own message (gRPC) or 429 (REST)."""
+    """At twice the limit, the gateway lets through what HAProxy's 1 s rate lets through for
+    the requests that really came (within 5 % of the limit), never more than the limit, and
+    refuses the rest with its own message (gRPC) or 429 (REST)."""
     burst = load(2.0 * RATE_LIMIT, rest=False, workers=8)
     try:
         time.sleep(6.5)
     finally:
         burst.stop()
     span = 5.0  # after the first second: the limit's 1 s window filled
-    window = burst.between(burst.t0 + 1.0, burst.t0 + 1.0 + span)
+    start, end = burst.t0 + 1.0, burst.t0 + 1.0 + span
+    window = [s for s in burst.samples if start <= s.sent < end]
     let_through = sum(s.ok for s in window) / span
     refused = [s for s in window if not s.ok]
+    # The limit is HAProxy's estimate, not a token bucket: a client that stalls across one of
+    # its 1 s periods leaves part of the limit unused (run 16 of wave 4: 56.4/s let through of
+    # 117.8/s sent by a client on a machine saturated by the fleet tier). So the floor is what
+    # the estimate lets through for the send times the client really had; the period's start
+    # is HAProxy's clock, unknown here, so every phase to 10 ms is tried.
+    arrivals = sorted(s.sent for s in burst.samples)
+    in_window = [start <= t < end for t in arrivals]
+    expected = [sum(passed and inside for passed, inside in
+                    zip(rate_limited(arrivals, RATE_LIMIT, phase), in_window, strict=True)) / span
+                for phase in (i / 100 for i in range(100))]
     print(f"\nrate limit {RATE_LIMIT}/s, sent {len(window) / span:.1f}/s: let through "
-          f"{let_through:.1f}/s, refused {len(refused) / span:.1f}/s")
-    assert abs(let_through - RATE_LIMIT) <= 0.05 * RATE_LIMIT
+          f"{let_through:.1f}/s, refused {len(refused) / span:.1f}/s; HAProxy's estimate for "
+          f"these send times lets through {min(expected):.1f}-{max(expected):.1f}/s")
+    assert let_through <= 1.05 * RATE_LIMIT
+    assert any(abs(let_through - e) <= 0.05 * RATE_LIMIT for e in expected), expected
     assert refused and all(s.error.startswith("RESOURCE_EXHAUSTED: rate limit of "
                                               f"{RATE_LIMIT} requests/s") for s in refused), \
         {s.error for s in refused}
     with ThreadPoolExecutor(max_workers=16) as pool:
         codes = list(pool.map(lambda _: rest_code(f"/v1/models/{MODEL}"), range(150)))
     assert 429 in codes and 200 in codes, codes
+
+
+def rate_limited(arrivals: list[float], limit: int, phase: float) -> list[bool]:
+    """Which of ``arrivals`` (sorted, in seconds) the gateway's rule lets through: HAProxy's
+    ``sc_gpc0_rate`` over a 1 s period counts the requests let through; a request passes
+    while the rate is under ``limit``. The rate is the current period's count plus the
+    previous period's, weighted by the part of the current period not yet elapsed
+    (src/freq_ctr.c, ``freq_ctr_total``); periods start at ``phase`` + whole seconds."""
+    period_start, current, previous = -math.inf, 0, 0
+    passed = []
+    for t in arrivals:
+        if t - period_start >= 1.0:
+            whole = math.floor(t - phase)
+            previous = current if whole + phase - period_start < 2.0 else 0
+            period_start, current = whole + phase, 0
+        rate = current + previous * (1.0 - (t - period_start))
+        passed.append(rate < limit)
+        current += rate < limit
+    return passed
 
 
 def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
