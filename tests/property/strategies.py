@@ -316,7 +316,6 @@ STEP_PARAMETERS: dict[str, st.SearchStrategy[Any]] = {
     "strategy": st.one_of(st.sampled_from(["dual-slot", "recreate", "blue-green", None]),
                           HOSTILE_TEXT),
     "to": st.one_of(st.sampled_from(["new", "old", "New", "blue", ""]), HOSTILE_TEXT),
-    "record_overhead": st.one_of(st.booleans(), HOSTILE_SCALARS),
     "job": HOSTILE_SCALARS,  # the operation's own first argument: never a task's parameter
 }
 
@@ -343,7 +342,6 @@ GOOD_STEP_PARAMETERS: dict[str, st.SearchStrategy[Any]] = {
     "skip_if_warm": st.booleans(), "rounds": st.integers(1, 50),
     "reserve_mib": st.integers(0, 1024), "strategy": st.sampled_from(["dual-slot", "recreate"]),
     "to": st.sampled_from(["new", "old"]),
-    "record_overhead": st.booleans(),
 }
 
 

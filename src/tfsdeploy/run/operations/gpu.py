@@ -122,10 +122,10 @@ def before_mib(job: HostJob, gpu: int) -> int:
                  if r.gpu == gpu and r.model == job.model.name), 0)
 
 
-def holdings(job: HostJob, *, warm: bool) -> tuple[list[Holding], str | None]:
-    """The new container's holding on each of its GPUs, read now (``warm``: after warmup,
-    judged against what the model's warm processes held beside their pools before); or why
-    it cannot be judged (None: it can)."""
+def holdings(job: HostJob) -> tuple[list[Holding], str | None]:
+    """The new container's holding on each of its GPUs after warmup, read now and judged
+    against what the model's warm processes held beside their pools before; or why it cannot
+    be judged (None: it can)."""
     reading = gpu_memory.read(job.conn, job.facts.gpus)
     pid = job.instance.pid  # as gate_available last inspected it
     held = reading.held(pid) if pid > 0 else {}
@@ -138,7 +138,7 @@ def holdings(job: HostJob, *, warm: bool) -> tuple[list[Holding], str | None]:
         return [], "nvidia-smi reports no per-process memory on this host ([N/A])"
     fraction = job.instance.fraction or 0.0
     return [Holding(gpu=g, planned_mib=pool_mib(fraction, cuda_mib(job, g)),
-                    held_mib=held.get(g, 0), before_mib=before_mib(job, g) if warm else 0)
+                    held_mib=held.get(g, 0), before_mib=before_mib(job, g))
             for g in job.instance.gpus], None
 
 
@@ -162,22 +162,30 @@ def _short(job: HostJob, found: list[Holding]) -> GateFailed | None:
 
 
 @operation("gate_gpu_memory")
-def gate_gpu_memory(job: HostJob, record_overhead: bool = False) -> Ops:
-    """The new container's processes hold at least their planned pool on each GPU, as
-    nvidia-smi on the host reports them (the gate fails, before any traffic moves, when the
-    allocator cut the pool); with ``record_overhead`` (after warmup) what they hold beside it
-    is recorded on the host for the next plan."""
+def gate_gpu_memory(job: HostJob) -> Ops:
+    """After warmup, the new container's processes hold at least their planned pool on each
+    GPU, as nvidia-smi on the host reports them (the gate fails, before any traffic moves,
+    when the allocator cut the pool); what they hold beside it is recorded on the host for
+    the next plan.
+
+    One read, after warmup, not one before it too: the allocator cuts a pool at its first
+    allocation, the model's load (``BFCAllocator::Extend``'s backpedal,
+    tsl/framework/bfc_allocator.cc; docs/gpu-memory.md), and a pool cut there holds no more
+    after warmup unless it got its memory back, which is what must be true when traffic
+    moves; and only after warmup can the holding be judged against what the model's warm
+    processes held beside their pools before, without which a small pool's cut can hide in
+    what it holds beside it."""
     skip = _gpu_instance(job)
     if skip:
         return skip
-    gate = "gpu_memory_warm" if record_overhead else "gpu_memory"
+    gate = "gpu_memory"
     found: list[Holding] = []
 
     def run() -> str:
         started = time.monotonic()
         with gate_errors(job, gate, started, step="gate_gpu_memory",
                          expected="the new process to hold its planned GPU pool"):
-            seen, unjudged = holdings(job, warm=record_overhead)
+            seen, unjudged = holdings(job)
             if unjudged:
                 record_gate(job, gate, started, True, f"not judged: {unjudged}")
                 return f"not judged: {unjudged}"
@@ -193,9 +201,9 @@ def gate_gpu_memory(job: HostJob, record_overhead: bool = False) -> Ops:
     yield Check(f"what {job.container}'s processes hold on GPU "
                 f"{','.join(map(str, job.instance.gpus))} (nvidia-smi on the host) >= the "
                 "planned pool", run)
-    if record_overhead:  # written on the host with the reservation's release
-        job.instance.overhead = [OverheadRecord(
-            gpu=h.gpu, model=job.model.name, release=job.run.release_id,
-            pool_mib=h.planned_mib, held_mib=h.held_mib, overhead_mib=h.beside_pool_mib,
-            at=now_iso()) for h in found]
+    # written on the host with the reservation's release
+    job.instance.overhead = [OverheadRecord(
+        gpu=h.gpu, model=job.model.name, release=job.run.release_id,
+        pool_mib=h.planned_mib, held_mib=h.held_mib, overhead_mib=h.beside_pool_mib,
+        at=now_iso()) for h in found]
     return ""  # the check says what it saw
