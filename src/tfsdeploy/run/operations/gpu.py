@@ -5,11 +5,10 @@ that reads what the new process really holds (``gate_gpu_memory``).
 A TFServing process started into a GPU with too little free memory does not fail: its
 allocator cuts the pool in 0.9x steps until something fits (BFCAllocator::Extend, measured on
 an H200: gpu facts in docs/gpu-memory.md), serves, and fails later under a bigger batch. So
-after the model is AVAILABLE, and again after warmup, nvidia-smi on the host is asked what the
-new container's processes hold; less than the planned pool fails the gate before any traffic
-moves. What the process holds beside its pool after warmup is recorded on the host (per card
-and model) when the window's reservation is given back: the next plan counts it where it
-exceeds ``gpu_context_mib``.
+after warmup, nvidia-smi on the host is asked what the new container's processes hold; less
+than the planned pool fails the gate before any traffic moves. What the process holds beside
+its pool is recorded on the host (per card and model) when the window's reservation is given
+back: the next plan counts it where it exceeds ``gpu_context_mib``.
 """
 
 from __future__ import annotations
