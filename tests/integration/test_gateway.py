@@ -320,10 +320,10 @@ def assert_rate_limited() -> None:
     let_through = sum(s.ok for s in window) / span
     refused = [s for s in window if not s.ok]
     # The limit is HAProxy's estimate, not a token bucket: a client that stalls across one of
-    # its 1 s periods leaves part of the limit unused (run 16 of wave 4: 56.4/s let through of
-    # 117.8/s sent by a client on a machine saturated by the fleet tier). So the floor is what
-    # the estimate lets through for the send times the client really had; the period's start
-    # is HAProxy's clock, unknown here, so every phase to 10 ms is tried.
+    # its 1 s periods leaves part of the limit unused (in a full run of the suite: 56.4/s let
+    # through of 117.8/s sent by a client on a machine saturated by the fleet tier). So the
+    # floor is what the estimate lets through for the send times the client really had; the
+    # period's start is HAProxy's clock, unknown here, so every phase to 10 ms is tried.
     arrivals = sorted(s.sent for s in burst.samples)
     in_window = [start <= t < end for t in arrivals]
     expected = [sum(passed and inside for passed, inside in

@@ -21,6 +21,11 @@ pytestmark = pytest.mark.testbed
 MODEL, OFFSET = "itguardblind", 3300
 COMMENT = f"tfsdeploy-guard-blind-{MODEL}"
 WATCH = ("--for-s", "3", "--interval-s", "1", "--min-requests", "5", "--slo-p99-ms", "1000")
+# A watch that must measure every host it can read: its first window needs the look at every
+# host (the watch's clock runs from before it) and two reads an interval apart. In a full run
+# of the suite on two busy cores the watch began 4.4 s into a 6 s run, which then ended after
+# the baseline read alone; 12 s leaves room for at least three windows at that pace.
+MEASURED_WATCH_S = "12"
 
 
 def _rules(host: str, op: str) -> list[str]:
@@ -73,7 +78,7 @@ def test_no_metrics_anywhere_is_exit_3(fleet: Fleet) -> None:
 
 def test_one_filtered_host_is_said_and_not_called_healthy(fleet: Fleet) -> None:
     with Prober(fleet), filtered(("tb2",)):
-        run = fleet.fab("guard", *WATCH, "--duration-s", "10", timeout=120)
+        run = fleet.fab("guard", *WATCH, "--duration-s", MEASURED_WATCH_S, timeout=120)
     assert run.code == 3, run.describe()
     out = run.out
     assert "not measured, so not known to be healthy: tb2: " in out, run.describe()
@@ -89,7 +94,7 @@ def test_proxy_variables_in_the_environment_are_not_used(fleet: Fleet) -> None:
     # --slo-p99-ms 0.001: every window with traffic breaches (never long enough to act),
     # so each breach line proves that host was measured
     argv = fleet.argv("guard", "--for-s", "1000", "--interval-s", "1", "--min-requests", "5",
-                      "--slo-p99-ms", "0.001", "--duration-s", "6")
+                      "--slo-p99-ms", "0.001", "--duration-s", MEASURED_WATCH_S)
     with Prober(fleet):
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
                               cwd=REPO)
@@ -131,7 +136,7 @@ class crash_loop:
 
 def test_a_crash_looping_release_is_not_measured(fleet: Fleet) -> None:
     with Prober(fleet, hosts=("tb2", "tb3")), crash_loop(fleet):
-        run = fleet.fab("guard", *WATCH, "--duration-s", "12", timeout=120)
+        run = fleet.fab("guard", *WATCH, "--duration-s", MEASURED_WATCH_S, timeout=120)
     assert run.code == 3, run.describe()
     assert "not measured, so not known to be healthy: tb1: " in run.out, run.describe()
     assert "no sustained SLO breach on tb2, tb3" in run.out, run.describe()

@@ -218,6 +218,21 @@ def test_a_paused_canary_as_fast_as_its_old_slot_is_left_alone() -> None:
     assert acted == [] and int(code) == 0 and message == "no sustained SLO breach"
 
 
+def test_a_watch_too_short_for_one_window_calls_no_host_healthy() -> None:
+    # one round (the baseline read), then the duration is over: nothing was measured (a busy
+    # deploy machine's start took most of a 6 s watch in a full run: exit 0, "no sustained
+    # SLO breach", without one window)
+    code, message, acted = _guard(None, paused=False, duration_s=4, interval_s=5)
+    assert acted == [] and int(code) == 3, message
+    assert message.startswith("not measured, so not known to be healthy: h1: no window "
+                              "measured in 0 s of watch: first reading of its process(es): "
+                              "a baseline"), message
+    assert message.endswith("no sustained SLO breach on no host"), message
+    # a second round a whole interval later measures the host: healthy
+    code, message, _ = _guard(None, paused=False, duration_s=6, interval_s=5)
+    assert int(code) == 0 and message == "no sustained SLO breach", message
+
+
 def test_a_sustained_breach_during_a_pause_aborts_instead_of_rolling_back() -> None:
     code, _, acted = _guard("blue", paused=True, slo_p99_ms=10)
     assert acted == ["abort"] and int(code) == 2

@@ -196,6 +196,7 @@ class Coverage:
     why: dict[str, str] = field(default_factory=dict)  # host -> why its last round measured nothing
     blind: dict[str, float] = field(default_factory=dict)  # host -> when it became unmeasured
     ever_blind: dict[str, str] = field(default_factory=dict)  # host -> why, for the verdict
+    watched_s: float = 0.0  # how long the watch has run, as of its last round
 
     def observe(self, host: str, now: float, measured: bool, why: str) -> str | None:
         """One round of ``host``; a line to report when it just became (or stopped being)
@@ -207,6 +208,7 @@ class Coverage:
                 return "measured again"
             return None
         self.why[host] = why
+        self.watched_s = max(self.watched_s, now - self.started)
         since = self.measured_at.get(host, self.started)
         if now - since >= self.blind_after_s and host not in self.blind:
             self.blind[host] = since
@@ -219,6 +221,17 @@ class Coverage:
     def nowhere(self, hosts: list[str]) -> bool:
         """Whether no host is measured now."""
         return bool(hosts) and all(h in self.blind for h in hosts)
+
+    def unmeasured(self, hosts: list[str]) -> dict[str, str]:
+        """Host -> why, for the verdict: each host that went unmeasured for ``blind_after_s``,
+        and each that no window measured at all (a watch that ended before its second read
+        of the host, or whose every round failed there)."""
+        found = dict(self.ever_blind)
+        for host in hosts:
+            if host not in self.measured_at and host not in found:
+                found[host] = (f"no window measured in {self.watched_s:.0f} s of watch: "
+                               f"{self.why.get(host, 'not read')}")
+        return found
 
 
 @dataclass
@@ -490,11 +503,13 @@ def _blind_message(run: Guarding, coverage: Coverage, now: float) -> str:
 
 
 def _verdict(run: Guarding, coverage: Coverage) -> tuple[ExitCode, str]:
-    """The end of the watch: no sustained breach, said only of the hosts it measured."""
-    if not coverage.ever_blind:
+    """The end of the watch: no sustained breach, said only of the hosts it measured (a host
+    no window measured is not called healthy, however short the watch)."""
+    missing = coverage.unmeasured([h.name for h in run.target.hosts])
+    if not missing:
         return ExitCode.OK, "no sustained SLO breach"
-    measured = [h.name for h in run.target.hosts if h.name not in coverage.ever_blind]
-    unmeasured = "; ".join(f"{h}: {why}" for h, why in sorted(coverage.ever_blind.items()))
+    measured = [h.name for h in run.target.hosts if h.name not in missing]
+    unmeasured = "; ".join(f"{h}: {why}" for h, why in sorted(missing.items()))
     return ExitCode.INCONSISTENT, (
         f"not measured, so not known to be healthy: {unmeasured}; no sustained SLO breach on "
         f"{', '.join(measured) if measured else 'no host'}")
