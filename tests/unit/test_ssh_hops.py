@@ -35,6 +35,7 @@ from tfsdeploy.core.errors import ConfigError, HostUnreachable
 from tfsdeploy.core.inventory.fleet import Host, HostVars, ResolvedHost
 from tfsdeploy.core.inventory.load import build_inventory
 from tfsdeploy.core.ssh.jump import JumpHost, jump_problem, parse_jump
+from tfsdeploy.hosts import hops
 from tfsdeploy.hosts.hops import (
     Backoff,
     Gate,
@@ -515,6 +516,73 @@ def test_beyond_the_servers_sessions_the_refused_ones_are_tried_again(tmp_path: 
     with sshd(HOST_KEY, max_sessions=4) as server:
         peak, counts = commands_at_once(tmp_path, server, 20)
     assert peak > 4 and counts.refused_sessions > 0 and counts.peak_sessions == 4
+
+
+# -- the TCP connection under a login -----------------------------------------------------------
+
+def test_a_host_is_dialled_with_nagle_off_before_its_first_byte(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # what the socket's options were when it connected: Nagle set afterwards (the old
+    # transport tuning) leaves the handshake's small messages waiting for delayed ACKs
+    seen: list[int] = []
+    connect = hops.TcpSocket.connect
+
+    def recorded(sock: hops.TcpSocket, address: Any) -> None:
+        seen.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+        connect(sock, address)
+
+    monkeypatch.setattr(hops.TcpSocket, "connect", recorded)
+    with sshd(HOST_KEY) as server:
+        (host,) = hosts(tmp_path, server, 1, known=[server.known_line()])
+        conn = SshConnection(host, links=Links())
+        try:
+            assert conn.run(["true"]).ok
+            assert isinstance(conn.transport().sock, hops.TcpSocket)
+        finally:
+            conn.close()
+    assert len(seen) == 1 and seen[0] != 0
+
+
+def test_a_jump_host_is_dialled_the_same_way(tmp_path: Path) -> None:
+    with sshd(JUMP_KEY) as jump, sshd(HOST_KEY, "127.0.0.2") as target:
+        (host,) = hosts(tmp_path, target, 1, known=[jump.known_line(), target.known_line()],
+                        ssh_proxy_jump=f"root@127.0.0.1:{jump.port}")
+        conn = SshConnection(host, links=Links())
+        try:
+            assert conn.run(["true"]).ok
+            hop = conn._hop  # the shared jump connection this host went through
+            assert hop is not None
+            assert isinstance(hop.conn.client.get_transport().sock, hops.TcpSocket)
+            assert isinstance(conn.transport().sock, paramiko.Channel)  # tunnelled
+        finally:
+            conn.close()
+
+
+@pytest.mark.skipif(hops.QUICKACK is None, reason="TCP_QUICKACK is Linux's")
+def test_every_read_acknowledges_at_once() -> None:
+    # after a string of small exchanges Linux delays its ACKs (pingpong mode; getsockopt
+    # TCP_QUICKACK reads 0 then); each read of ours asks for the next ACK at once again
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        sock = hops.dial("127.0.0.1", listener.getsockname()[1], 5.0)
+        peer, _ = listener.accept()
+        with sock, peer:
+            for _ in range(8):
+                peer.sendall(b"ping")
+                assert sock.recv(4) == b"ping"
+                sock.sendall(b"pong")
+                assert peer.recv(4) == b"pong"
+            peer.sendall(b"last")
+            assert sock.recv(4) == b"last"
+            assert sock.getsockopt(socket.IPPROTO_TCP, hops.QUICKACK) == 1
+
+
+def test_a_refused_port_is_said_as_paramiko_says_it(tmp_path: Path) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+    with pytest.raises(paramiko.ssh_exception.NoValidConnectionsError) as refused:
+        hops.dial("127.0.0.1", port, 5.0)
+    assert refused.value.errors.keys() == {("127.0.0.1", port)}
+    assert str(refused.value) == f"[Errno None] Unable to connect to port {port} on 127.0.0.1"
 
 
 # -- the inventory's settings ------------------------------------------------------------------

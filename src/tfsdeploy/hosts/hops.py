@@ -31,6 +31,7 @@ handshakes whichever run made them; the unit tests pass their own.
 from __future__ import annotations
 
 import contextlib
+import errno
 import random
 import socket
 import threading
@@ -239,7 +240,7 @@ class Hop:
 
     def _connect(self) -> None:
         try:
-            self.conn.open()
+            open_connection(self.conn)
         except Exception:
             # a refused key or a dropped connection leaves paramiko's transport thread and
             # socket running (SSHClient.connect raises without closing them)
@@ -266,6 +267,78 @@ class Hop:
             raise ConnectionResetError(
                 f"the jump host {self.name} closed the connection") from error
         return channel
+
+
+QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)  # Linux only
+
+
+class TcpSocket(socket.socket):
+    """The deploy machine's TCP connection to an SSH server, made by ``dial``: Nagle off from
+    its first byte, and each segment received acknowledged at once (TCP_QUICKACK, which Linux
+    clears as it goes: set again after every read; where the system has no such option, its
+    delayed ACKs stay).
+
+    Why: an SSH login is a string of small messages each waiting on the other side's.
+    paramiko sends the service request right behind its NEWKEYS, and with Nagle on it waited
+    for the server's ACK of NEWKEYS, which the server delays (40 ms on Linux). sshd keeps Nagle
+    on until a session starts (OpenSSH packet.c ``ssh_packet_set_interactive`` calls
+    ``set_nodelay``, from session.c); after the login it sends its host keys
+    (``hostkeys-00@openssh.com``, sshd.c ``notify_hostkeys``), so its answer to the first
+    channel open waited for our delayed ACK of those. Measured on the testbed
+    (``benchmarks/bench_ssh_connect.py``): a new connection and its first command took a
+    median 120 ms with paramiko's own socket, about 40 ms over this one."""
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data = super().recv(bufsize, flags)
+        if QUICKACK is not None:
+            with contextlib.suppress(OSError):
+                self.setsockopt(socket.IPPROTO_TCP, QUICKACK, 1)
+        return data
+
+
+def dial(host: str, port: int, timeout: float | None) -> TcpSocket:
+    """A TCP connection to ``host:port`` for an SSH login, as paramiko's SSHClient.connect
+    makes one (each stream address ``getaddrinfo`` gives, in turn; when every one refuses or
+    cannot be reached, paramiko's NoValidConnectionsError naming each; any other error as
+    raised), but a ``TcpSocket`` with its options set before the first byte."""
+    infos = socket.getaddrinfo(host, port, socket.AF_UNSPEC, socket.SOCK_STREAM)
+    addresses = [(i[0], i[4]) for i in infos if i[1] == socket.SOCK_STREAM] \
+        or [(i[0], i[4]) for i in infos]
+    failures: dict[tuple[Any, ...], Exception] = {}
+    for family, address in addresses:
+        sock = TcpSocket(family, socket.SOCK_STREAM)
+        try:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as error:
+            sock.close()
+            if error.errno not in (errno.ECONNREFUSED, errno.EHOSTUNREACH):
+                raise
+            failures[address] = error
+        except BaseException:
+            sock.close()
+            raise
+    raise paramiko.ssh_exception.NoValidConnectionsError(failures)
+
+
+def open_connection(conn: FabricConnection) -> None:
+    """``conn.open()``; a connection that goes straight to its host goes over a socket of
+    ours (``dial``), one through a gateway over the gateway's channel."""
+    if conn.gateway:
+        conn.open()
+        return
+    sock = dial(conn.host, int(conn.port), conn.connect_timeout)
+    conn.connect_kwargs["sock"] = sock
+    try:
+        conn.open()
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        conn.connect_kwargs.pop("sock", None)
 
 
 def tune(transport: paramiko.Transport | None) -> None:

@@ -47,6 +47,7 @@ from tfsdeploy.hosts.hops import (
     Sessions,
     chain,
     first_endpoint,
+    open_connection,
     session_refused,
     tune,
 )
@@ -221,7 +222,7 @@ class SshConnection:
 
     def _connect(self) -> None:
         try:
-            self._conn.open()
+            open_connection(self._conn)
         except Exception:
             # a refused key leaves paramiko's transport thread and socket running
             # (SSHClient.connect raises without closing, and Fabric's close() does nothing
