@@ -163,7 +163,17 @@ def test_the_rendered_directory_passes_haproxy_check(tmp_path: Path) -> None:
     assert "AVAILABLE" in config and "http-reuse always" in config
     # idle connections are purged every pool-purge-delay (default 5 s), and a connection
     # between two requests is idle: the gateway keeps them an hour
-    assert config.count("pool-purge-delay 3600000ms") == 8  # 2 models x 2 hosts x gRPC, REST
+    # 2 models x 2 hosts x gRPC, REST x checked and fail-open
+    assert config.count("pool-purge-delay 3600000ms") == 16
+    # no checked server usable (every host failed its checks): the unchecked twins, which
+    # neither check nor track
+    assert "use_backend m1-grpc-open if { req.hdr(host),field(1,:),lower -m str " \
+           "m1.models.example.com } { nbsrv(m1-grpc) eq 0 }" in config
+    assert "frontend m2-rest\n    bind :9501\n    use_backend m2-rest-open if " \
+           "{ nbsrv(m2-grpc) eq 0 }\n    default_backend m2-rest" in config
+    opened = config[config.index("\nbackend m1-grpc-open"):config.index("\nbackend m1-rest-open")]
+    assert "server s1 10.0.0.1:8500 proto h2 pool-purge-delay 3600000ms" in opened
+    assert "check" not in opened.replace("# ", "#").split("\n    server", 1)[1]
     # the rate: the requests let through, RESOURCE_EXHAUSTED / 429 beyond
     assert "if { sc_gpc0_rate(0) ge 1000 }" in config
     assert "m1.rate-limited.grpc.http" in files and "status 429" in config
@@ -197,6 +207,10 @@ m1-grpc,s2,0,0,0,1,,10,0,0,,0,,0,0,0,0,DRAIN
 m1-grpc,BACKEND,0,0,3,5,,10,0,0,,0,,0,0,0,0,UP
 m1-rest,s1,0,0,0,0,,0,0,0,,0,,0,0,0,0,UP
 m1-rest,s2,0,0,0,0,,0,0,0,,0,,0,0,0,0,MAINT
+m1-grpc-open,s1,0,0,0,0,,0,0,0,,0,,0,0,0,0,no check
+m1-grpc-open,s2,0,0,0,0,,0,0,0,,0,,0,0,0,0,DRAIN
+m1-rest-open,s1,0,0,0,0,,0,0,0,,0,,0,0,0,0,no check
+m1-rest-open,s2,0,0,0,0,,0,0,0,,0,,0,0,0,0,DRAIN
 m1-grpc-frontend,FRONTEND,0,0,0,0,,0,0,0,,0,,0,0,0,0,OPEN
 """
 
@@ -207,10 +221,14 @@ def test_stat_health_and_the_drains_a_reload_carries_over() -> None:
     inv = inventory(Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)]))
     plan = plan_gateway(inv)
     assert route_health(plan, servers) == {"m1": (1, 2)}  # a draining s2 takes no request
-    assert carried_state(servers, configured(plan)) == ["set server m1-grpc/s2 state drain",
-                                                        "set server m1-rest/s2 state maint"]
-    assert drain_commands("m1", "s2") == ["set server m1-grpc/s2 state drain",
-                                          "set server m1-rest/s2 state drain"]
+    # the unchecked twins ("no check") are no health: only the checked gRPC servers count
+    assert route_health(plan, servers[4:]) == {"m1": (0, 2)}
+    assert carried_state(servers, configured(plan)) == [
+        "set server m1-grpc/s2 state drain", "set server m1-grpc-open/s2 state drain",
+        "set server m1-rest/s2 state maint", "set server m1-rest-open/s2 state drain"]
+    assert drain_commands("m1", "s2") == [
+        "set server m1-grpc/s2 state drain", "set server m1-rest/s2 state drain",
+        "set server m1-grpc-open/s2 state drain", "set server m1-rest-open/s2 state drain"]
 
 
 def _drain(model: str, host: str) -> GatewayDrain:
@@ -225,9 +243,11 @@ def test_recorded_drains_reach_a_new_worker_and_one_that_lacks_them() -> None:
     fresh = parse_gateway_stat(STAT.replace("DRAIN", "UP").replace("MAINT", "UP"))
     recorded = [_drain("m1", "s2"), _drain("m1", "gone")]
     assert carried_state((), configured(plan), recorded) == [
-        "set server m1-grpc/s2 state drain", "set server m1-rest/s2 state drain"]
+        "set server m1-grpc/s2 state drain", "set server m1-grpc-open/s2 state drain",
+        "set server m1-rest/s2 state drain", "set server m1-rest-open/s2 state drain"]
     assert missing_drains(fresh, plan, recorded) == [
-        "set server m1-grpc/s2 state drain", "set server m1-rest/s2 state drain"]
+        "set server m1-grpc/s2 state drain", "set server m1-rest/s2 state drain",
+        "set server m1-grpc-open/s2 state drain", "set server m1-rest-open/s2 state drain"]
     assert missing_drains(parse_gateway_stat(STAT), plan, recorded) == []  # held already
     assert stale_drains(plan, recorded) == [_drain("m1", "gone")]
 
@@ -235,7 +255,8 @@ def test_recorded_drains_reach_a_new_worker_and_one_that_lacks_them() -> None:
 PREFIXED = ("# pxname,svname,qcur,qmax,scur,status\n"
             "ranker-grpc,s1,0,0,0,DRAIN\nranker-rest,s1,0,0,0,DRAIN\n"
             "ranker-eu-grpc,s1,0,0,4,UP\nranker-eu-rest,s1,0,0,0,UP\n"
-            "ranker-eu-grpc,s2,0,0,0,UP\nranker-eu-rest,s2,0,0,0,UP\n")
+            "ranker-eu-grpc,s2,0,0,0,UP\nranker-eu-rest,s2,0,0,0,UP\n"
+            "ranker-grpc-open,s1,0,0,0,DRAIN\nranker-eu-grpc-open,s1,0,0,0,no check\n")
 
 
 def test_models_whose_names_prefix_each_other_keep_their_own_backends() -> None:
@@ -243,7 +264,7 @@ def test_models_whose_names_prefix_each_other_keep_their_own_backends() -> None:
     matched whole."""
     servers = parse_gateway_stat(PREFIXED)
     assert [(s.backend, s.host) for s in servers if s.of("ranker")] == [
-        ("ranker-grpc", "s1"), ("ranker-rest", "s1")]
+        ("ranker-grpc", "s1"), ("ranker-rest", "s1"), ("ranker-grpc-open", "s1")]
     assert {s.host for s in servers if s.of("ranker-eu")} == {"s1", "s2"}
     inv = inventory(Gateway(routes=[Route("ranker", grpc_port=9500, rest_port=9501),
                                     Route("ranker-eu", grpc_port=9600, rest_port=9601)]),

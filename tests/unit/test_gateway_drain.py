@@ -33,6 +33,10 @@ gateway = Gateway(routes=[Route("hp2", grpc_port=9500, rest_port=9501)])
 '''
 
 
+# a model's backends on a gateway: the checked ones, then their fail-open twins
+KINDS = ("grpc", "rest", "grpc-open", "rest-open")
+
+
 class GatewayAdmin:
     """The runtime API of gw1's HAProxy: its servers' states and requests in flight; every
     command into ``log``. A server it lacks is refused as HAProxy does ("No such server.")."""
@@ -41,7 +45,7 @@ class GatewayAdmin:
         self.log = log
         self.refuse = False
         self.servers = servers if servers is not None else {
-            f"hp2-{kind}/{host}": "UP" for kind in ("grpc", "rest") for host in ("h1", "h2")}
+            f"hp2-{kind}/{host}": "UP" for kind in KINDS for host in ("h1", "h2")}
         self.sessions: dict[str, int] = {}
 
     def answer(self, argv: list[str], stdin: bytes | None) -> Result:
@@ -115,8 +119,9 @@ def test_retire_drains_the_host_at_the_gateway_before_its_proxy(world: dict[str,
                     connect=_connect(world["fleet"], log, GatewayAdmin(log)))
     assert result.exit_code == ExitCode.OK, result.message
     drain = log.index("gw1: set server hp2-grpc/h1 state drain")
-    assert log[drain + 1] == "gw1: set server hp2-rest/h1 state drain"
-    assert log[drain + 2] == "gw1: show stat"  # none in flight there: the drain is done
+    assert log[drain + 1:drain + 4] == [f"gw1: set server hp2-{kind}/h1 state drain"
+                                        for kind in KINDS[1:]]
+    assert log[drain + 4] == "gw1: show stat"  # none in flight there: the drain is done
     first_proxy = next(i for i, line in enumerate(log) if line.startswith("h1 proxy:"))
     assert drain < first_proxy, log
     assert not any("h2" in line for line in log if line.startswith("gw1: set"))
@@ -134,7 +139,7 @@ def test_recreate_drains_at_the_gateway_and_puts_the_host_back(world: dict[str, 
     gateway = [line for line in log if line.startswith("gw1: set")]
     assert gateway == [f"gw1: set server hp2-{kind}/{host} state {state}"
                        for host in ("h1", "h2") for state in ("drain", "ready")
-                       for kind in ("grpc", "rest")], gateway
+                       for kind in KINDS], gateway
     for host in ("h1", "h2"):
         drained = log.index(f"gw1: set server hp2-grpc/{host} state drain")
         out = next(i for i, line in enumerate(log)
@@ -241,14 +246,14 @@ def test_backends_are_matched_by_their_exact_names(world: dict[str, Any]) -> Non
     log: list[str] = []
     servers = {f"{model}-{kind}/{host}": "UP" for model, hosts in
                (("hp2", ("h1", "h2")), ("hp2-eu", ("h0", "h2"))) for host in hosts
-               for kind in ("grpc", "rest")}
+               for kind in KINDS}
     admin = GatewayAdmin(log, servers)
     admin.sessions["hp2-eu-grpc/h2"] = 5
     recorder = Recorder()
     result = _deploy(world, 2, admin, log, recorder, count=1)
     assert result.exit_code == ExitCode.OK, result.message
     assert [line for line in log if line.startswith("gw1: set")] == [
-        "gw1: set server hp2-grpc/h2 state drain", "gw1: set server hp2-rest/h2 state drain"]
+        f"gw1: set server hp2-{kind}/h2 state drain" for kind in KINDS]
     assert not [n for n in recorder.notes if "could not" in n], recorder.notes
     assert any(n.startswith("gateway gw1: h2 drained for hp2:") for n in recorder.notes)
     assert {k: v for k, v in admin.servers.items() if k.startswith("hp2-eu")} == {

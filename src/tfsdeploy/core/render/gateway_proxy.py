@@ -23,6 +23,11 @@ proxy image, Debian 12's haproxy 2.6.12):
   many failed checks in a row take the host out; ``observe layer4 error-limit 1 on-error
   mark-down`` takes it out at the first failed connection of live traffic, before its next
   check (section 5.2 ``observe``, ``on-error``).
+- Fail-open: ``nbsrv(<backend>)`` is the number of its usable servers (UP and not draining:
+  section 7.3.2 ``nbsrv``); while the checked gRPC backend has none, both frontends use the
+  ``-open`` twins, the same servers with no check (their ``show stat`` status is "no check").
+  A refused connection is retried after min(``timeout connect``, 1 s) (section 4.2
+  ``retries``), on another server with ``option redispatch``.
 - A server's health starts at ``rise`` when a worker starts (src/server.c, ``health = rise``),
   and a failed check below ``rise + fall - 1`` ... ``rise`` drops it to 0, DOWN (src/check.c,
   ``check_notify_failure``): without the previous worker's states every reload would leave
@@ -260,10 +265,16 @@ def files_digest(files: Mapping[str, str]) -> str:
     return digest.hexdigest()
 
 
-def model_backends(model: str) -> tuple[str, str]:
-    """The names of ``model``'s two backends (gRPC, REST): a server belongs to the model
-    only in these, matched whole (``ranker``'s are not ``ranker-eu``'s)."""
-    return f"{model}-grpc", f"{model}-rest"
+OPEN_SUFFIX = "-open"
+
+
+def model_backends(model: str) -> tuple[str, str, str, str]:
+    """The names of ``model``'s backends: the checked gRPC and REST ones, then their
+    fail-open twins (the same hosts unchecked, used while no checked server is usable): a
+    server belongs to the model only in these, matched whole (``ranker``'s are not
+    ``ranker-eu``'s). A drain or a ready is set on all four."""
+    grpc, rest = f"{model}-grpc", f"{model}-rest"
+    return grpc, rest, grpc + OPEN_SUFFIX, rest + OPEN_SUFFIX
 
 
 def drain_commands(model: str, host: str) -> list[str]:
@@ -281,7 +292,7 @@ def ready_commands(model: str, host: str) -> list[str]:
 class GatewayServer:
     """One server of a gateway backend as ``show stat`` reports it."""
 
-    backend: str  # <model>-grpc or <model>-rest
+    backend: str  # <model>-grpc or <model>-rest, or either's fail-open twin (<...>-open)
     host: str
     status: str  # UP, DOWN, DRAIN, MAINT, "UP 1/2" while rising ...
     sessions: int
@@ -309,7 +320,8 @@ def parse_gateway_stat(stat_csv: str) -> tuple[GatewayServer, ...]:
     found = []
     for row in rows:
         backend, name = row.get("pxname") or "", row.get("svname") or ""
-        if name in ("FRONTEND", "BACKEND", "") or not backend.endswith(("-grpc", "-rest")):
+        if name in ("FRONTEND", "BACKEND", "") or not backend.removesuffix(
+                OPEN_SUFFIX).endswith(("-grpc", "-rest")):
             continue
         try:
             sessions = int(row.get("scur") or 0)
