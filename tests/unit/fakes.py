@@ -26,6 +26,7 @@ A host can be made unreachable: then every call raises HostUnreachable.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -281,6 +282,19 @@ CUT = 0.729  # a pool the allocator cut three times (0.9 x 0.9 x 0.9)
 FRACTION_FLAG = "--per_process_gpu_memory_fraction="
 
 
+def _engine_change(method: Callable[..., Any]) -> Callable[..., Any]:
+    """A FakeDocker call that changes the Engine's state (its containers, the proxy they
+    start), made under the host's lock: the run's commands on the host read that state from
+    other threads (``LocalConnection.run`` writes the fake tools' outputs from it under the
+    lock, in the audit append that runs beside the next step), as the real Engine
+    serializes its own state."""
+    @functools.wraps(method)
+    def locked(self: FakeDocker, *args: Any, **kwargs: Any) -> Any:
+        with self.host.lock:
+            return method(self, *args, **kwargs)
+    return locked
+
+
 class FakeDocker:
     """``dockerapi.Docker`` over a fake host: every call is recorded in ``calls``."""
 
@@ -315,6 +329,7 @@ class FakeDocker:
                 if c.labels.get(f"{LABEL_PREFIX}.model") == model
                 or c.labels.get(f"{LABEL_PREFIX}.proxy") == model]
 
+    @_engine_change
     def containers(self, model: str) -> list[ContainerFact]:
         self._call("containers", model)
         for c in self.containers_of(model):
@@ -328,6 +343,7 @@ class FakeDocker:
                                  "Image": c.image}) for c in self.containers_of(model)]
         return sorted((f for f in facts if f is not None), key=lambda f: (f.release, f.name))
 
+    @_engine_change
     def run(self, spec: ContainerSpec) -> None:
         self._call("run", spec)
         if spec.name in self.by_name:
@@ -349,6 +365,7 @@ class FakeDocker:
             raise DockerFailed(f"{self.host.name}: {method} {name}: No such container")
         return self.by_name[name]
 
+    @_engine_change
     def start(self, name: str) -> None:
         self._call("start", name)
         container = self._get("start", name)
@@ -356,6 +373,7 @@ class FakeDocker:
         if container.spec and container.labels.get(f"{LABEL_PREFIX}.role") == "proxy":
             self._start_proxy(container.spec)
 
+    @_engine_change
     def stop(self, name: str) -> None:
         self._call("stop", name)
         if name in self.by_name:
@@ -363,6 +381,7 @@ class FakeDocker:
             if self.by_name[name].labels.get(f"{LABEL_PREFIX}.role") == "proxy":
                 self.host.proxy.stop()
 
+    @_engine_change
     def remove(self, name: str) -> None:
         self._call("remove", name)
         removed = self.by_name.pop(name, None)
@@ -413,6 +432,7 @@ class FakeDocker:
             return (1, problem) if problem else (0, "")
         return 0, ""
 
+    @_engine_change
     def kill(self, name: str, signal: str) -> None:
         """SIGUSR2 to the proxy: HAProxy's master-worker reload."""
         self._call("kill", (name, signal))
