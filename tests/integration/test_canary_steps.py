@@ -11,13 +11,15 @@ Model ``itcanarysteps`` on tb1..tb3, port offset 4900; versions as canary_suppor
 
 from __future__ import annotations
 
+import csv
+import io
 import time
 from collections.abc import Iterator
 
 import pytest
 from canary_support import Client, canary_fleet, deploy, serving
 from deploy_support import Fleet
-from testbed_support import HOSTS
+from testbed_support import HOSTS, ssh
 
 pytestmark = [pytest.mark.testbed]
 
@@ -32,6 +34,20 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     yield from canary_fleet(tmp_path_factory, MODEL, OFFSET, min_requests=10)
 
 
+def proxy_view(host: str = "tb1") -> str:
+    """What a share needs explained: the host proxy's servers (status, weight, times taken
+    out, seconds down, requests taken, retried, redispatched) and its last log lines."""
+    stat = ssh(host, f"echo 'show stat' | socat -t 2 - UNIX-CONNECT:/srv/tfsdeploy/{MODEL}/"
+                     "proxy-admin/admin.sock", check=False).stdout
+    rows = csv.DictReader(io.StringIO(stat.lstrip("# ")))
+    fields = ("pxname", "svname", "status", "weight", "chkdown", "downtime", "lbtot", "wretr",
+              "wredis")
+    lines = [" ".join(f"{f}={row.get(f)}" for f in fields) for row in rows
+             if row.get("type") == "2"]  # servers (0 frontend, 1 backend, 3 listener)
+    log = ssh(host, f"docker logs --tail 20 tfs-proxy-{MODEL} 2>&1", check=False).stdout
+    return "\n".join([*lines, log])
+
+
 def test_each_weight_gives_the_new_version_its_share(fleet: Fleet) -> None:
     fleet.deploy(1)
     with Client(fleet) as client:
@@ -39,11 +55,16 @@ def test_each_weight_gives_the_new_version_its_share(fleet: Fleet) -> None:
             run = deploy(fleet, 2, "--canary-weights", str(weight), "--step-s", "6",
                          "--pause")
             assert run.code == 6, run.describe()  # paused
-            share, seen = client.share_since(time.monotonic(), 2)
-            assert abs(share * 100 - weight) <= 3, (weight, share, seen)
-            status = fleet.fab("lock")
-            assert "paused canary" in status.out, status.describe()
-            aborted = fleet.fab("abort", "--json")
+            try:
+                share, seen = client.share_since(time.monotonic(), 2)
+                # one client, one request after another: round robin over the two slots
+                # alternates them at 50/50, so a share off by more than 3 points means a slot
+                # missed requests (out of rotation, or a request retried on the other)
+                assert abs(share * 100 - weight) <= 3, (weight, share, seen, proxy_view())
+                status = fleet.fab("lock")
+                assert "paused canary" in status.out, status.describe()
+            finally:  # a failed check leaves no paused canary to the next test
+                aborted = fleet.fab("abort", "--json")
             assert aborted.code == 0, aborted.describe()
             assert fleet.fab("lock").out.count("free") >= 1
             serving(fleet, 1)
