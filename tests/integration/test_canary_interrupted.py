@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from rollback_support import Fleet, Prober, fleet_fixture, json_from, release_of
-from testbed_support import HOSTS, ssh
+from testbed_support import HOSTS, proxy_stat
 
 from tfsdeploy.core.render.host_proxy import parse_stat
 
@@ -43,10 +43,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 def split_on_tb1() -> bool:
     """Whether tb1's proxy sends new gRPC requests to both slots (a canary's weights)."""
-    out = ssh("tb1", "echo 'show stat' | socat -t 2 - "
-                     f"UNIX-CONNECT:/srv/tfsdeploy/{MODEL}/proxy-admin/admin.sock",
-              check=False).stdout
-    ready = [s for s in parse_stat(out) if s.backend == "grpc" and s.takes_new_requests]
+    ready = [s for s in parse_stat(proxy_stat("tb1", MODEL))
+             if s.backend == "grpc" and s.takes_new_requests]
     return len(ready) == 2
 
 

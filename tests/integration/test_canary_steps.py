@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from canary_support import Client, canary_fleet, deploy, serving
 from deploy_support import Fleet
-from testbed_support import HOSTS, ssh
+from testbed_support import HOSTS, proxy_stat, ssh
 
 pytestmark = [pytest.mark.testbed]
 
@@ -37,9 +37,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def proxy_view(host: str = "tb1") -> str:
     """What a share needs explained: the host proxy's servers (status, weight, times taken
     out, seconds down, requests taken, retried, redispatched) and its last log lines."""
-    stat = ssh(host, f"echo 'show stat' | socat -t 2 - UNIX-CONNECT:/srv/tfsdeploy/{MODEL}/"
-                     "proxy-admin/admin.sock", check=False).stdout
-    rows = csv.DictReader(io.StringIO(stat.lstrip("# ")))
+    rows = csv.DictReader(io.StringIO(proxy_stat(host, MODEL).lstrip("# ")))
     fields = ("pxname", "svname", "status", "weight", "chkdown", "downtime", "lbtot", "wretr",
               "wredis")
     lines = [" ".join(f"{f}={row.get(f)}" for f in fields) for row in rows

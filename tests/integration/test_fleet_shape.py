@@ -18,14 +18,13 @@ import pytest
 from deploy_support import GOOD, Fleet, Traffic, fleet_fixture
 from rollback_support import json_from
 from test_per_gpu import ensure_wide_host
-from testbed_support import ADDRESSES, GPU_HOST, expected_y, grpc_predict, ssh
+from testbed_support import ADDRESSES, GPU_HOST, expected_y, grpc_predict, proxy_stat
 
 pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
 
 MODEL, OFFSET = "itshape", 3700
 MOVED = 3750  # the offset the last test moves the model to (12250-12271, one instance)
 WIDE = GPU_HOST
-ADMIN = f"/srv/tfsdeploy/{MODEL}/proxy-admin/admin.sock"
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +47,7 @@ def variant(fleet: Fleet, name: str, model_line: str) -> Path:
 
 def proxy_servers() -> set[str]:
     """The proxy's gRPC servers, from its admin socket."""
-    out = ssh(WIDE, f"echo 'show stat' | socat -t 2 - UNIX-CONNECT:{ADMIN}").stdout
+    out = proxy_stat(WIDE, MODEL, check=True)
     return {line.split(",")[1] for line in out.splitlines()
             if line.startswith("grpc,") and line.split(",")[1].startswith("i")}
 

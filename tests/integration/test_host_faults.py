@@ -46,6 +46,7 @@ from testbed_support import (
     forget_connection,
     outputs_y,
     predict_request,
+    proxy_stat,
     run_testbed,
     ssh,
 )
@@ -156,9 +157,8 @@ class Client:
 def proxy_servers() -> list[tuple[int, str, str]]:
     """(instance, slot, status) of each gRPC server of the model's proxy on the host, [] when
     its admin socket does not answer."""
-    out = ssh(HOST, f"echo 'show stat' | socat -t 2 - UNIX-CONNECT:{ADMIN}", check=False,
-              timeout=30).stdout
-    return [(s.instance, s.slot, s.status) for s in parse_stat(out) if s.backend == "grpc"]
+    return [(s.instance, s.slot, s.status) for s in parse_stat(proxy_stat(HOST, MODEL, timeout=30))
+            if s.backend == "grpc"]
 
 
 def proxy_log(fleet: Fleet) -> list[str]:

@@ -44,6 +44,8 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+from tfsdeploy.core.inventory.layout import HostPaths
+
 REPO = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("TFSDEPLOY_TESTBED_DIR", "/var/lib/tfsdeploy-testbed"))
 CACHE = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy"))
@@ -56,6 +58,7 @@ KNOWN_HOSTS = STATE / "ssh" / "known_hosts"
 # test worker beside it
 MUX_DIR = Path(tempfile.gettempdir()) / f"tfsdeploy-tests-ssh-{os.getuid()}-{os.getpid()}"
 REGISTRY = "10.87.0.1:5000"
+DATA_ROOT = "/srv/tfsdeploy"  # the data root of the suite's inventories, as the hosts see it
 # the testbed contract: tbN is 10.87.0.(10+N) up to tb10, then 10.87.0.(100+N) up to tb30,
 # a simulated 16 GiB GPU each
 ADDRESSES = {f"tb{n}": f"10.87.0.{10 + n if n <= 10 else 100 + n}" for n in range(1, 31)}
@@ -174,6 +177,14 @@ def ssh(host: str, command: str, *, check: bool = True, timeout: float = 120
         raise AssertionError(f"ssh {host} {command!r} -> {proc.returncode}\n"
                              f"stdout: {proc.stdout[-2000:]}\nstderr: {proc.stderr[-2000:]}")
     return proc
+
+
+def proxy_stat(host: str, model: str, *, check: bool = False, timeout: float = 120) -> str:
+    """``show stat`` (CSV) of ``model``'s proxy on ``host``, read from its admin socket on the
+    host; with ``check`` False, "" when the socket does not answer."""
+    socket = HostPaths(root=DATA_ROOT, model=model).admin_socket
+    return ssh(host, f"echo 'show stat' | socat -t 2 - UNIX-CONNECT:{socket}", check=check,
+               timeout=timeout).stdout
 
 
 def forget_connection(host: str) -> None:
