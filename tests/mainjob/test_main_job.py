@@ -41,7 +41,10 @@ from testbed_support import (
     fab_env,
 )
 
-pytestmark = pytest.mark.testbed
+# quiet: it judges its load generator's pace ("the load ran at its rate"), which three other
+# fleet workers on the same cores distort: CI's fleet phase once served its 224x224 Predicts in
+# 4.2 s at p99 and the client, two calls in flight per host, fell 60 s behind its schedule
+pytestmark = [pytest.mark.testbed, pytest.mark.quiet]
 
 MODEL = "resnet50"
 GRPC_PORT = 8500  # inventory/testbed.py: resnet50 has port offset 0
