@@ -36,6 +36,7 @@ from deploy_support import GOOD, Fleet, fleet_fixture, rest_predict, rest_status
 from test_per_gpu import ensure_wide_host
 from testbed_support import (
     ADDRESSES,
+    DATA_ROOT,
     GPU_HOST,
     REPO,
     SUITE_FLEET,
@@ -51,6 +52,7 @@ from testbed_support import (
     ssh,
 )
 
+from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.render.host_proxy import parse_stat
 
 pytestmark = [pytest.mark.testbed, pytest.mark.xdist_group("gpu-host")]
@@ -61,7 +63,7 @@ HOSTS = {HOST: ADDRESSES[HOST]}
 VOLUME_MIB = 8  # the model's versions live on a volume of their own this small
 SLOW_HEALTH_S = 90  # the health gate of deploy-slow.yml: a reboot lands inside it
 MODELS_DIR = f"/srv/tfsdeploy/models/{MODEL}"
-ADMIN = f"/srv/tfsdeploy/{MODEL}/proxy-admin/admin.sock"
+ADMIN = HostPaths(root=DATA_ROOT, model=MODEL).admin_socket  # what proxy_stat reads
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from rollback_support import Fleet, Prober, fleet_fixture, ssh_blocked
-from testbed_support import ALT_SSH_PORT, HOSTS, ssh
+from testbed_support import ALT_SSH_PORT, DATA_ROOT, HOSTS, ssh
 
 from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.hosts import lock
@@ -37,7 +37,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def kill_acquisition_midway(host: str) -> None:
     """Run the real acquisition on ``host`` and kill -9 it once its record's temporary file
     exists and before the rename (its ``mv`` sleeps): the state a killed acquisition leaves."""
-    paths = HostPaths(root="/srv/tfsdeploy", model=MODEL)
+    paths = HostPaths(root=DATA_ROOT, model=MODEL)
     record = lock.new_lock_record(f"deploy {MODEL}")
     argv = shlex.join(lock_commands.acquire(paths, record.model_dump_json()))
     script = (

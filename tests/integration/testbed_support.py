@@ -247,7 +247,7 @@ defaults = {{
     "ssh_user": "root",
     "ssh_key": {ssh_key!r},
     "ssh_known_hosts": {known_hosts!r},
-    "data_root": "/srv/tfsdeploy",
+    "data_root": "{data_root}",
     "image": "{registry}/tfserving-emulator:2.21.0",
     "tfserving_version": "2.21.0",
     "proxy_image": "{registry}/tfsdeploy-proxy:2.6",
@@ -281,7 +281,7 @@ from tfsdeploy.core.inventory.fleet import Gpu, Host
 hosts = [Host({host!r}, {address!r}, gpus=[Gpu(0, 16384, "Simulated Tesla T4")])]
 defaults = {{
     "ssh_user": "root", "ssh_key": {ssh_key!r}, "ssh_known_hosts": {known_hosts!r},
-    "data_root": "/srv/tfsdeploy", "image": "{registry}/tfserving-emulator:2.21.0",
+    "data_root": "{data_root}", "image": "{registry}/tfserving-emulator:2.21.0",
     "tfserving_version": "2.21.0", "proxy_image": "{registry}/tfsdeploy-proxy:2.6",
     "docker_gpus": "all", "gpu_safety_margin": 1.2, "gpu_headroom": 0.1,
 }}
@@ -314,7 +314,8 @@ def resnet50_inventory(path: Path, *, model: str, host: str, offset: int,
     timeout as given."""
     path.write_text(RESNET50_INVENTORY.format(
         model=model, host=host, address=ADDRESSES[host], ssh_key=str(SSH_KEY),
-        known_hosts=str(KNOWN_HOSTS), registry=REGISTRY, source=str(MODELS / "resnet50"),
+        known_hosts=str(KNOWN_HOSTS), data_root=DATA_ROOT, registry=REGISTRY,
+        source=str(MODELS / "resnet50"),
         golden=str(MODELS / "resnet50" / "catalog.json"), offset=offset, threads=threads,
         batch_timeout_micros=batch_timeout_micros))
     return path
@@ -335,7 +336,8 @@ def inventory_text(*, title: str, model: str, source: Path, golden: Path, offset
     gpus_expr = f"{gpus!r}.get(name, 1)" if isinstance(gpus, dict) else repr(gpus)
     return INVENTORY.format(
         title=title, model=model, hosts=hosts, ssh_key=str(SSH_KEY), extra_defaults=extra,
-        known_hosts=str(KNOWN_HOSTS), registry=REGISTRY, source=str(source),
+        known_hosts=str(KNOWN_HOSTS), data_root=DATA_ROOT, registry=REGISTRY,
+        source=str(source),
         golden=str(golden), offset=offset, warmup=warmup, rollout=rollout, groups=groups,
         slo_ms=slo_ms, memory_mib=memory_mib, gpu_mib=gpu_mib, gpus=gpus_expr)
 
