@@ -15,7 +15,7 @@ from emulator_support import Emulator, free_port, http, predict_request, stubs, 
 BATCHING = """max_batch_size { value: 16 }
 enable_large_batch_splitting { value: true }
 max_execution_batch_size { value: 8 }
-batch_timeout_micros { value: 400000 }
+batch_timeout_micros { value: 2000000 }
 max_enqueued_batches { value: 4 }
 num_batch_threads { value: 1 }
 thread_pool_name { value: "bench_pool" }
@@ -73,7 +73,7 @@ def test_partial_batch_waits_for_the_timeout(server: Any) -> None:
     after = batches(rest)
     assert after[1] - before[1] == 3
     assert after[0] - before[0] <= 2  # merged into one batch (rarely two)
-    assert min(latencies) >= 0.3  # nobody filled the batch: it ran at the 400 ms timeout
+    assert min(latencies) >= 1.9  # nobody filled the batch: it ran at the 2 s timeout
 
 
 def test_full_batch_runs_without_waiting(server: Any) -> None:
@@ -82,7 +82,9 @@ def test_full_batch_runs_without_waiting(server: Any) -> None:
     request = predict_request("hpt", [[1.0]] * 8)
     started = time.monotonic()
     predict.Predict(request, timeout=30)
-    assert time.monotonic() - started < 0.3  # a full batch (8 = execution limit) goes at once
+    # a full batch (8 = execution limit) goes at once; waiting for the timeout would take
+    # 2 s, and a stall of the fleet-free tiers at nice 19 has been seen to add 0.25 s
+    assert time.monotonic() - started < 1.0
     after = batches(rest)
     assert after == (before[0] + 1, before[1] + 8)
 
