@@ -282,8 +282,10 @@ def test_pad_variable_length_inputs(tmp_path, sources) -> None:
     # batching_util.cc AddPadding: dimensions after the 0th padded with the first element
     modelgen.copy_version(sources["hpt1"], tmp_path / "m", 1)
     params = write(tmp_path / "batching.config",
-                   "max_batch_size { value: 8 } batch_timeout_micros { value: 500000 } "
+                   "max_batch_size { value: 8 } batch_timeout_micros { value: 3000000 } "
                    "num_batch_threads { value: 1 } pad_variable_length_inputs: true")
+    # both requests must reach the queue within one batch window: 3 s covers a stall of the
+    # fleet-free tiers at nice 19 (0.25 s seen)
     running = serve(tmp_path, {"m": tmp_path / "m"}, "--enable_batching",
                     f"--batching_parameters_file={params}")
     try:
@@ -305,7 +307,7 @@ def test_grpc_max_threads_is_a_quota(tmp_path, sources) -> None:
     # answers the next one RESOURCE_EXHAUSTED (server_cc.cc "Server Threadpool Exhausted")
     modelgen.copy_version(sources["hpt1"], tmp_path / "m", 1)
     params = write(tmp_path / "batching.config",
-                   "max_batch_size { value: 64 } batch_timeout_micros { value: 1500000 } "
+                   "max_batch_size { value: 64 } batch_timeout_micros { value: 5000000 } "
                    "num_batch_threads { value: 1 }")
     running = serve(tmp_path, {"m": tmp_path / "m"}, "--enable_batching",
                     f"--batching_parameters_file={params}", "--grpc_max_threads=3",
@@ -314,7 +316,10 @@ def test_grpc_max_threads_is_a_quota(tmp_path, sources) -> None:
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             waiting = [pool.submit(running.predict.Predict, predict_request("m", [[1.0]]), 30)
                        for _ in range(2)]
-            time.sleep(0.5)  # both wait in the batch queue, each holding a gRPC thread
+            # both wait in the batch queue, each holding a gRPC thread, until the 5 s batch
+            # timeout: 1.5 s to get there, and 3.5 s for the call below, cover a stall of the
+            # fleet-free tiers at nice 19 (0.25 s seen)
+            time.sleep(1.5)
             status = get_model_status_pb2.GetModelStatusRequest()
             status.model_spec.name = "m"
             with pytest.raises(grpc.RpcError) as info:

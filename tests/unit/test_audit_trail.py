@@ -20,6 +20,8 @@ class SlowHost:
 
     delay: float = 0.05
     fail_at: int | None = None
+    gate: threading.Event | None = None  # when given, each append waits for it (5 s at most)
+    threads: set[str] = field(default_factory=set)
     appended: list[list[str]] = field(default_factory=list)
     at_once: int = 0
     most_at_once: int = 0
@@ -33,7 +35,10 @@ class SlowHost:
         with self.lock:
             self.at_once += 1
             self.most_at_once = max(self.most_at_once, self.at_once)
+        self.threads.add(threading.current_thread().name)
         try:
+            if self.gate is not None:
+                self.gate.wait(5)
             time.sleep(self.delay)
             if self.fail_at is not None and len(self.appended) >= self.fail_at:
                 raise HostUnreachable("h1: connection lost during `sh ...`")
@@ -44,19 +49,19 @@ class SlowHost:
 
 
 def test_appends_are_made_in_order_one_at_a_time_and_off_the_callers_path() -> None:
-    # later() starts a thread and returns: 0.1-0.3 ms here; 0.4 s leaves room for a stall of
-    # the fleet-free tiers at nice 19 beside the alone phase, and an append made in the
-    # caller's thread takes the whole 0.4 s
-    host, trail = SlowHost(delay=0.4), AuditTrail()
-    started = time.monotonic()
+    # the append waits until the test opens the gate: one made in the caller's thread would
+    # have finished (after the gate's 5 s) before later() returned
+    gate = threading.Event()
+    host, trail = SlowHost(delay=0.05, gate=gate), AuditTrail()
     trail.later(host, "/a.log", ["1a", "1b"])  # type: ignore[arg-type]
-    first_returned = time.monotonic() - started
+    assert host.appended == []  # the first append did not hold its step
+    gate.set()
     trail.later(host, "/a.log", ["2a", "2b"])  # type: ignore[arg-type]
     trail.later(host, "/a.log", ["3a", "3b"])  # type: ignore[arg-type]
     trail.wait()
-    assert first_returned < host.delay  # the first append did not hold its step
     assert host.appended == [["1a", "1b"], ["2a", "2b"], ["3a", "3b"]]
     assert host.most_at_once == 1
+    assert threading.current_thread().name not in host.threads
 
 
 def test_a_lost_append_is_raised_at_the_next_wait_and_only_once() -> None:

@@ -116,7 +116,9 @@ def render(directory: Path, s1_rest: int, s1_grpc: int, ports: dict[str, int]) -
         "inv.py", hosts=hosts, groups={"gateway": Group(["gw"])}, defaults={},
         models=[model("m1")],
         gateway=Gateway(routes=[Route("m1", grpc_port=ports["grpc"], rest_port=ports["rest"])],
-                        check_interval_ms=200, check_timeout_ms=100, rise=RISE, fall=FALL))
+                        # s1's checks go to this test's own HTTP server, which runs at nice 19
+                        # beside the fleet tiers in CI: 900 ms cover its stalls (0.25 s seen)
+                        check_interval_ms=1000, check_timeout_ms=900, rise=RISE, fall=FALL))
     plan = plan_gateway(inv)
     return render_gateway_files(plan, plan.hosts[0], files_dir=str(directory),
                                 admin_socket=str(directory / "admin.sock"),

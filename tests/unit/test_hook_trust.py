@@ -109,7 +109,12 @@ def events(receiver: Receiver) -> list[str]:
 
 
 @pytest.fixture()
-def receiver() -> Iterator[Receiver]:
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    from tfsdeploy.cli import around
+
+    # a run gives its notifications 0.8 s at its end; this receiver runs in the test's own
+    # process, at nice 19 beside the fleet tiers in CI, and these tests judge what it got
+    monkeypatch.setattr(around, "NOTIFY_CLOSE_S", 10.0)
     found = Receiver()
     yield found
     found.stop()
