@@ -22,7 +22,7 @@ from tfsdeploy.cli import output
 from tfsdeploy.cli.exits import debugging, run_command, unattended_outputs
 from tfsdeploy.cli.options import is_safe, options, safe_model, writable
 from tfsdeploy.cli.render import arithmetic_lines, write_renders
-from tfsdeploy.cli.render import summary_rows as render_rows
+from tfsdeploy.cli.render import summary_table as render_table
 from tfsdeploy.cli.terminal import guarded_output, hangup_survived
 from tfsdeploy.cli.unattended import INVALID_MODEL, update_textfile, write_json_file
 from tfsdeploy.cli.verbs import (
@@ -153,9 +153,9 @@ def cmd_render(args: RenderArgs) -> int:
     """`fab render`."""
     renders = render_release(target(args), args.version)
     written = write_renders(renders, Path(args.out))
+    headers, rows = render_table(renders)
     output.print_table(f"{args.model}: {len(renders)} host(s) rendered and validated into "
-                       f"{args.out}/", ("host", "address", "version", "GPU fraction",
-                                        "files"), render_rows(renders))
+                       f"{args.out}/", headers, rows)
     for line in arithmetic_lines(renders):
         print(line)
     print(f"{len(written)} files written; the TFServing files parsed with TFServing's "

@@ -38,6 +38,9 @@ def _instance_gpu(instance: InstancePlan, *, several: bool) -> str:
     return f"{label}{plan.fraction:.3f} (window {plan.window_total:.3f}/{plan.limit:.3f})"
 
 
+HOST_ROWS_UP_TO = 50  # more hosts than this: one row per distinct setting
+
+
 def summary_rows(renders: list[HostRender]) -> list[tuple[str, ...]]:
     """One row per host: name, address, version, GPU fraction and window, files."""
     rows: list[tuple[str, ...]] = []
@@ -47,6 +50,23 @@ def summary_rows(renders: list[HostRender]) -> list[tuple[str, ...]]:
         rows.append((r.host.name, r.host.address, str(r.version), gpu,
                      str(len(r.files) + 1)))  # + the proxy config
     return rows
+
+
+def summary_table(renders: list[HostRender]
+                  ) -> tuple[tuple[str, ...], list[tuple[str, ...]]]:
+    """The headers and rows ``fab render`` shows: a row per host up to ``HOST_ROWS_UP_TO``
+    hosts; beyond, a row per distinct (version, GPU fraction, files) with its hosts counted
+    and the first and last named (a thousand rows say less than a few; each host's files
+    are in its folder). Rendering a 1,000-row table took rich 0.6 s."""
+    rows = summary_rows(renders)
+    if len(rows) <= HOST_ROWS_UP_TO:
+        return ("host", "address", "version", "GPU fraction", "files"), rows
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for name, _address, *setting in rows:
+        groups.setdefault(tuple(setting), []).append(name)
+    grouped = [(str(len(names)), names[0] if len(names) == 1 else f"{names[0]} … {names[-1]}",
+                *setting) for setting, names in groups.items()]
+    return ("hosts", "first … last", "version", "GPU fraction", "files"), grouped
 
 
 def arithmetic_lines(renders: list[HostRender]) -> list[str]:

@@ -107,9 +107,12 @@ def write_durable_many(files: Mapping[Path, str | bytes], root: Path, *,
     directory, 5,000 files took 5.3 s of a 7.3 s render on this machine's disk."""
     temps: list[tuple[str, Path]] = []
     renamed = 0
+    made: set[Path] = set()  # each folder made once (a render writes five files into each)
     try:
         for path, data in files.items():
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.parent not in made:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                made.add(path.parent)
             temps.append((_write_temporary(path, data, mode=mode, fsync=False), path))
         sync_filesystem(root)
         for temp, path in temps:
