@@ -11,8 +11,6 @@ Model ``itcanarysteps`` on tb1..tb3, port offset 4900; versions as canary_suppor
 
 from __future__ import annotations
 
-import csv
-import io
 import time
 from collections.abc import Iterator
 
@@ -20,6 +18,8 @@ import pytest
 from canary_support import Client, canary_fleet, deploy, serving
 from deploy_support import Fleet
 from testbed_support import HOSTS, proxy_stat, ssh
+
+from tfsdeploy.core.render.haproxy_stat import stat_rows
 
 pytestmark = [pytest.mark.testbed]
 
@@ -37,7 +37,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 def proxy_view(host: str = "tb1") -> str:
     """What a share needs explained: the host proxy's servers (status, weight, times taken
     out, seconds down, requests taken, retried, redispatched) and its last log lines."""
-    rows = csv.DictReader(io.StringIO(proxy_stat(host, MODEL).lstrip("# ")))
+    rows = stat_rows(proxy_stat(host, MODEL))
     fields = ("pxname", "svname", "status", "weight", "chkdown", "downtime", "lbtot", "wretr",
               "wredis")
     lines = [" ".join(f"{f}={row.get(f)}" for f in fields) for row in rows

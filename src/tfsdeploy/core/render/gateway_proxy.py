@@ -53,9 +53,7 @@ proxy image, Debian 12's haproxy 2.6.12):
 
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -71,6 +69,7 @@ from tfsdeploy.core.inventory.layout import (
 )
 from tfsdeploy.core.inventory.load import Inventory
 from tfsdeploy.core.render.files import _environment, templates_dir
+from tfsdeploy.core.render.haproxy_stat import stat_int, stat_rows
 from tfsdeploy.core.rollout.records import GatewayDrain
 
 GATEWAY_CONTAINER = "tfs-gateway"
@@ -316,18 +315,14 @@ class GatewayServer:
 
 def parse_gateway_stat(stat_csv: str) -> tuple[GatewayServer, ...]:
     """The servers of the gateway's backends in ``show stat`` CSV."""
-    rows = csv.DictReader(io.StringIO(stat_csv.lstrip("# ")))
     found = []
-    for row in rows:
+    for row in stat_rows(stat_csv):
         backend, name = row.get("pxname") or "", row.get("svname") or ""
         if name in ("FRONTEND", "BACKEND", "") or not backend.removesuffix(
                 OPEN_SUFFIX).endswith(("-grpc", "-rest")):
             continue
-        try:
-            sessions = int(row.get("scur") or 0)
-        except ValueError:
-            sessions = 0
-        found.append(GatewayServer(backend, name, row.get("status") or "", sessions))
+        found.append(GatewayServer(backend, name, row.get("status") or "",
+                                   stat_int(row.get("scur"))))
     return tuple(found)
 
 

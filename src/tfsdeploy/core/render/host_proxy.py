@@ -13,8 +13,6 @@ is applied again to the new one (``restore_commands``).
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -30,6 +28,7 @@ from tfsdeploy.core.inventory.layout import (
     server_name,
 )
 from tfsdeploy.core.render.files import _environment, templates_dir
+from tfsdeploy.core.render.haproxy_stat import stat_int, stat_rows
 
 BACKENDS = ("grpc", "rest")
 FULL_WEIGHT = 100  # every server's weight in the config: a canary step of w % sets w / 100-w
@@ -127,18 +126,17 @@ class ServerState:
 
 def parse_stat(stat_csv: str) -> tuple[ServerState, ...]:
     """Our servers in ``show stat`` CSV (other proxies and rows are ignored)."""
-    rows = csv.DictReader(io.StringIO(stat_csv.lstrip("# ")))
     found = []
-    for row in rows:
+    for row in stat_rows(stat_csv):
         parsed = parse_server_name(row.get("svname") or "")
         if parsed is None or row.get("pxname") not in BACKENDS:
             continue
         found.append(ServerState(backend=row["pxname"], instance=parsed[0], slot=parsed[1],
-                                 status=row.get("status") or "", sessions=_int(row.get("scur")),
-                                 weight=_int(row.get("weight"), default=1),
-                                 user_weight=_int(row.get("uweight") or row.get("weight"),
+                                 status=row.get("status") or "", sessions=stat_int(row.get("scur")),
+                                 weight=stat_int(row.get("weight"), default=1),
+                                 user_weight=stat_int(row.get("uweight") or row.get("weight"),
                                                   default=FULL_WEIGHT),
-                                 port=_int((row.get("addr") or "").rpartition(":")[2])))
+                                 port=stat_int((row.get("addr") or "").rpartition(":")[2])))
     return tuple(found)
 
 
@@ -150,20 +148,14 @@ def parse_binds(stat_csv: str) -> dict[str, frozenset[int]]:
     of ``show stat`` (``option socket-stats``; ``addr`` is ``address:port``). Empty when it
     reports none (a worker loaded on a configuration written before the option)."""
     binds: dict[str, set[int]] = {}
-    for row in csv.DictReader(io.StringIO(stat_csv.lstrip("# "))):
+    for row in stat_rows(stat_csv):
         if row.get("type") != LISTENER_TYPE or row.get("pxname") not in BACKENDS:
             continue
-        port = _int((row.get("addr") or "").rpartition(":")[2])
+        port = stat_int((row.get("addr") or "").rpartition(":")[2])
         if port:
             binds.setdefault(row["pxname"], set()).add(port)
     return {name: frozenset(ports) for name, ports in binds.items()}
 
-
-def _int(text: str | None, default: int = 0) -> int:
-    try:
-        return int(text or default)
-    except ValueError:
-        return default
 
 
 def server_names(instances: Iterable[int]) -> frozenset[str]:
