@@ -132,10 +132,11 @@ def parse_stat(stat_csv: str) -> tuple[ServerState, ...]:
         if parsed is None or row.get("pxname") not in BACKENDS:
             continue
         found.append(ServerState(backend=row["pxname"], instance=parsed[0], slot=parsed[1],
-                                 status=row.get("status") or "", sessions=stat_int(row.get("scur")),
+                                 status=row.get("status") or "",
+                                 sessions=stat_int(row.get("scur")),
                                  weight=stat_int(row.get("weight"), default=1),
                                  user_weight=stat_int(row.get("uweight") or row.get("weight"),
-                                                  default=FULL_WEIGHT),
+                                                      default=FULL_WEIGHT),
                                  port=stat_int((row.get("addr") or "").rpartition(":")[2])))
     return tuple(found)
 
@@ -155,7 +156,6 @@ def parse_binds(stat_csv: str) -> dict[str, frozenset[int]]:
         if port:
             binds.setdefault(row["pxname"], set()).add(port)
     return {name: frozenset(ports) for name, ports in binds.items()}
-
 
 
 def server_names(instances: Iterable[int]) -> frozenset[str]:
