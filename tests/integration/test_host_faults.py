@@ -62,8 +62,9 @@ HOST = GPU_HOST
 HOSTS = {HOST: ADDRESSES[HOST]}
 VOLUME_MIB = 8  # the model's versions live on a volume of their own this small
 SLOW_HEALTH_S = 90  # the health gate of deploy-slow.yml: a reboot lands inside it
-MODELS_DIR = f"/srv/tfsdeploy/models/{MODEL}"
-ADMIN = HostPaths(root=DATA_ROOT, model=MODEL).admin_socket  # what proxy_stat reads
+PATHS = HostPaths(root=DATA_ROOT, model=MODEL)
+MODELS_DIR = PATHS.model_dir  # the versions' directory, which the volume tests mount over
+ADMIN = PATHS.admin_socket  # what proxy_stat reads
 
 
 @dataclass
@@ -218,7 +219,7 @@ def mount_volume() -> None:
     VOLUME_MIB in a file of the host (no blocks reserved for root: the toolkit writes as
     root), loop-mounted over it with its versions copied in (the serving containers keep the
     directory they were started with)."""
-    image, aside = f"/srv/tfsdeploy/{MODEL}-volume.img", f"/srv/tfsdeploy/{MODEL}-aside"
+    image, aside = f"{DATA_ROOT}/{MODEL}-volume.img", f"{DATA_ROOT}/{MODEL}-aside"
     ssh(HOST, f"mountpoint -q {MODELS_DIR} || (truncate -s {VOLUME_MIB}M {image} && "
               f"mkfs.ext4 -q -m 0 {image} && rm -rf {aside} && cp -a {MODELS_DIR} {aside} && "
               f"mount -o loop {image} {MODELS_DIR} && cp -a {aside}/. {MODELS_DIR}/ && "
@@ -226,7 +227,7 @@ def mount_volume() -> None:
 
 
 def unmount_volume() -> None:
-    ssh(HOST, f"umount {MODELS_DIR}; rm -f /srv/tfsdeploy/{MODEL}-volume.img; true",
+    ssh(HOST, f"umount {MODELS_DIR}; rm -f {DATA_ROOT}/{MODEL}-volume.img; true",
         check=False)
 
 
