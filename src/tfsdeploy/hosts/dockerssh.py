@@ -45,8 +45,8 @@ POOL_SIZE = 4
 # After the engine's end of a channel, how long to wait for dial-stdio's exit status (sshd
 # sends it right after EOF) to tell a clean close from a failure of dial-stdio itself.
 EXIT_STATUS_WAIT_S = 1.0
-# docker-py reads hijacked streams (attach, logs --follow) through ``fp.channel`` for base URLs
-# of this prefix (APIClient._get_raw_response_socket): our socket-like channel is found there.
+# docker-py reads hijacked streams (exec, attach) through ``fp.channel`` for base URLs of this
+# prefix (APIClient._get_raw_response_socket): our HijackedStream is found there.
 BASE_URL = "http+docker://ssh"
 
 
@@ -185,12 +185,34 @@ class _ChannelReader(io.RawIOBase):
 
 
 class ResponseFile(io.BufferedReader):
-    """What makefile returns: a buffered reader whose ``channel`` attribute is the socket,
-    where docker-py looks for a hijacked stream of an engine behind SSH (attach, logs)."""
+    """What makefile returns: a buffered reader whose ``channel`` attribute is where
+    docker-py reads a hijacked stream of an engine behind SSH (exec, attach)."""
 
     def __init__(self, raw: _ChannelReader, buffer_size: int) -> None:
         super().__init__(raw, buffer_size)
-        self.channel = raw.sock
+        self.channel = HijackedStream(self, raw.sock)
+
+
+class HijackedStream:
+    """The socket docker-py reads a hijacked stream from (``_get_raw_response_socket`` takes
+    ``response.raw._fp.fp.channel`` for an ssh base URL): first the bytes the response file
+    already holds, then the channel's; every other call goes to the socket.
+
+    http.client reads the 101 response's headers through the buffered file, and one read may
+    bring the stream's first frames with them. Read from the socket alone, those bytes were
+    lost: a `fab exec` whose output came in the same read as the headers printed exit code 0
+    and no output."""
+
+    def __init__(self, file: ResponseFile, sock: DialStdioSocket) -> None:
+        self._file = file
+        self._sock = sock
+
+    def recv(self, size: int) -> bytes:
+        """Up to ``size`` bytes: buffered ones first; b"" only at a clean end."""
+        return self._file.read1(size)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
 
 
 class _DialStdioConnection(HTTPConnection):
