@@ -47,6 +47,7 @@ from tfsdeploy.hosts.dockerssh import (
     DIAL_STDIO,
     DialStdioSocket,
     EngineUnreachable,
+    HijackedStream,
     PullFailed,
     PullProgress,
     docker_client,
@@ -293,7 +294,7 @@ def test_attach_carries_stdin_and_stdout(tb1: SshConnection) -> None:
     box = client.containers.run(PROXY_IMAGE, ["cat"], entrypoint=[], name=PREFIX + "attach",
                                 labels={LABEL: "attach"}, stdin_open=True, detach=True)
     sock = client.api.attach_socket(box.id, params={"stdin": 1, "stdout": 1, "stream": 1})
-    assert isinstance(sock, DialStdioSocket)
+    assert isinstance(sock, HijackedStream)  # the response file's bytes, then the channel's
     sock.settimeout(10)
     sock.sendall(b"hello over dial-stdio\n")
     frames = frames_iter(sock, tty=False)
