@@ -252,6 +252,11 @@ def test_run_inspect_stop_remove_a_proxy_container(tb1: SshConnection) -> None:
         client.containers.get(PREFIX + "run")
 
     box = run_chatty(client, "stop")
+    # the shell is PID 1: a signal it has no handler for is dropped, so the stop is sent only
+    # once the trap is set (``ready`` is printed after it)
+    stream = box.logs(stream=True, follow=True)
+    assert next(stream) == b"ready\n"
+    stream.close()
     started = time.monotonic()
     box.stop(timeout=20)
     stopped = time.monotonic() - started
