@@ -68,6 +68,19 @@ class Emulator:
         """Everything the server printed so far (stdout and stderr)."""
         return self.log_path.read_text(errors="replace")
 
+    def wait_output(self, text: str, timeout: float = 60.0) -> str:
+        """Everything printed once ``text`` is among it: a line printed after the event a test
+        waited for (a port that opened, a file the server polls) may still be on its way."""
+        deadline = time.monotonic() + timeout
+        while True:
+            exited = self.proc.poll() is not None  # before the read: its last lines are in
+            out = self.output()
+            if text in out:
+                return out
+            assert not exited, f"server exited {self.proc.returncode} without {text!r}:\n{out}"
+            assert time.monotonic() < deadline, f"{text!r} not printed in {timeout} s:\n{out}"
+            time.sleep(0.1)
+
     def wait_port(self, port: int, timeout: float = 90.0) -> None:
         """Wait until ``port`` accepts connections; fail with the log if the server died."""
         deadline = time.monotonic() + timeout

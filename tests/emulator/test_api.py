@@ -100,7 +100,10 @@ def outputs(response: Any, name: str) -> np.ndarray:
 # ------------------------------------------------------------------ flags seen by the server
 
 def test_unknown_flags_are_printed_and_ignored(api: Api) -> None:
-    out = api.server.output()
+    # server.cc starts the HTTP server, then logs this line (the real server's log shows
+    # evhttp's "Entering the event loop" before it): the REST port the fixture waited for can
+    # answer before the line is written
+    out = api.server.wait_output("Exporting HTTP/REST API at:localhost:")
     assert "unknown argument: --port\n" in out  # `--port 9000` is not `--port=9000`
     assert f"Running gRPC ModelServer at 0.0.0.0:{api.grpc_port} ..." in out
     assert "Exporting HTTP/REST API at:localhost:" in out
