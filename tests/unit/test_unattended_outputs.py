@@ -10,8 +10,10 @@ import errno
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -24,7 +26,7 @@ from tfsdeploy.cli.unattended import read_samples
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.rollout.records import LockRecord
 from tfsdeploy.run import deploy as cli_deploy
-from tfsdeploy.run import engine
+from tfsdeploy.run import engine, survey
 from tfsdeploy.run import views as cli_fleet
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.step import OPERATIONS, Ops
@@ -212,6 +214,47 @@ def test_a_hangup_while_the_post_hooks_run_ends_nothing(
     assert done.read_text() == "finished\n"
     (ran,) = [h for h in written["hooks"] if h["hook"] == "post-deploy"]
     assert ran["ok"], ran
+
+
+def test_a_note_read_that_hangs_is_left_at_its_deadline_and_the_result_recorded(
+        fab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a host that hangs while the deploy's notes read the fleet (its orphans) must not hold
+    # back the recorded result: the read is left at the notes' deadline, and says so
+    release = threading.Event()
+
+    def hanging(*args: Any) -> list[str]:
+        release.wait(120)
+        return ["a late note"]
+
+    monkeypatch.setattr(survey, "orphan_notes", hanging)
+    monkeypatch.setattr(engine, "NOTES_DEADLINE_S", 0.3)
+    try:
+        code, written, samples = fab("deploy", version="1")
+    finally:
+        release.set()
+    assert code == 0 and written["exit_code"] == 0 and exit_sample(samples) == 0
+    assert written["message"].endswith(
+        "; not read (the 0.3 s deadline passed first; recorded without it)"), written["message"]
+
+
+def test_a_sigterm_while_the_notes_are_read_leaves_them_and_records_the_roll_s_result(
+        fab: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    release = threading.Event()
+
+    def stopped_while_read(*args: Any) -> list[str]:
+        os.kill(os.getpid(), signal.SIGTERM)  # cron's timeout, a systemd stop
+        release.wait(120)
+        return ["a late note"]
+
+    monkeypatch.setattr(survey, "orphan_notes", stopped_while_read)
+    try:
+        code, written, samples = fab("deploy", version="1")
+    finally:
+        release.set()
+    assert code == 0 and written["exit_code"] == 0 and exit_sample(samples) == 0
+    assert written["message"].endswith(
+        "; not read (SIGTERM came first; recorded without it)"), written["message"]
+    assert "SIGTERM after the roll: its result stands as recorded" in capsys.readouterr().out
 
 
 def test_anything_failing_after_the_run_leaves_its_exit_code_and_outputs(

@@ -38,6 +38,7 @@ from tfsdeploy.run import executor, plans, survey
 from tfsdeploy.run.after import (
     NO_EPILOGUE,
     Epilogue,
+    LateSignals,
     Listener,
     NotePass,
     StepEvent,
@@ -582,9 +583,11 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
     refuse the run there); then the engine opens the connections, takes the lock, reads the
     facts, plans the jobs and runs the phases, on ``clock`` (the system's by default) made
     cancellable by Ctrl-C, SIGTERM and SIGHUP; the lock is released whatever happens. Then,
-    on the same connections, the ``epilogue``: its notes join the result, the result is
-    recorded, and only then do its after-passes run, under its deadline (a late signal is
-    said and ends them: ``run.after``); the connections are closed at the very end."""
+    on the same connections, the ``epilogue``: its notes join the result (within their own
+    deadline, NOTES_DEADLINE_S), the result is recorded, and only then do its after-passes
+    run, under its deadline; from the roll's end on, a signal is said and ends the notes and
+    the after-passes, never the recorded result (``run.after``); the connections are closed
+    at the very end."""
     if before is not None:
         before(plan)
     cancel = threading.Event()
@@ -597,7 +600,7 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
                 result = _locked(plan, session, reporter, cancel, epilogue.listeners)
                 if epilogue.summarize is not None:
                     result = epilogue.summarize(result)
-                _add_notes(result, _notes(plan, epilogue), session, reporter)
+            _add_notes(result, _notes(plan, epilogue), session, reporter, late)
             result.seconds = time.monotonic() - started
             if epilogue.record is not None:
                 epilogue.record(result)
@@ -617,19 +620,45 @@ def _notes(plan: RunPlan, epilogue: Epilogue) -> Sequence[NotePass]:
     return (*orphans, *epilogue.notes)
 
 
+# what a run's notes (orphans, gateway drift) may take together: the result is recorded after
+# them, so a host that hangs there must not hold the record back
+NOTES_DEADLINE_S = 30.0
+
+
 def _add_notes(result: RunResult, notes: Sequence[NotePass], session: Session,
-               reporter: Reporter) -> None:
+               reporter: Reporter, late: LateSignals) -> None:
     """The reads of the fleet (orphans, gateway drift), said and added to the result's
-    message before it is recorded; a read that fails is one note."""
+    message before it is recorded; a read that fails, or that is still going at the
+    notes' deadline or at a Ctrl-C or SIGTERM (said by ``late_signals``), is one note, and
+    the result is recorded without waiting for it."""
+    end = time.monotonic() + NOTES_DEADLINE_S
     for read in notes:
-        try:
-            lines = read(session)
-        except Exception as error:
-            lines = [f"not read ({type(error).__name__}: {error})"]
+        lines = _read_note(read, session, end, late)
         for line in lines:
             reporter.note(line)
         if lines:
             result.message += "; " + "; ".join(lines)
+
+
+def _read_note(read: NotePass, session: Session, end: float, late: LateSignals) -> list[str]:
+    """One note's lines, read in a thread of its own so that the deadline and a signal can
+    leave it (the session's close at the run's end ends what it left)."""
+    got: list[list[str]] = []
+
+    def body() -> None:
+        try:
+            got.append(list(read(session)))
+        except Exception as error:
+            got.append([f"not read ({type(error).__name__}: {error})"])
+
+    worker = threading.Thread(target=body, name="note", daemon=True)
+    worker.start()
+    while worker.is_alive() and not late.stop and time.monotonic() < end:
+        worker.join(timeout=0.05)
+    if got:
+        return got[0]
+    why = f"{late.stop} came" if late.stop else f"the {NOTES_DEADLINE_S:g} s deadline passed"
+    return [f"not read ({why} first; recorded without it)"]
 
 
 LOOK_DEADLINE_S = 300.0  # a look at the fleet (status, history, lock, exec, logs) ends by then
