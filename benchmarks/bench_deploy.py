@@ -10,7 +10,7 @@ Runs real deploys v1 -> v2 -> v1 of a small model (half_plus_two 1 and 2 under t
 - waits: time spent waiting on the server or on policy, not on the toolkit: the container
   start (``start_slot``), the model load (``gate_available``), ``gate_warmup``,
   ``gate_health`` (its minimum healthy time is policy) and ``drain_old``;
-- overhead = total - waits (target: under 2 s per host; with N instances per host, under 1 s
+- overhead = total - waits (target: at most 0.6 s per host; with N instances per host, under 1 s
   per instance);
 - with ``--gpus N`` (every host declared with N GPUs: one server per GPU, N instances rolled one
   after another on each host; the fleet needs them: ``scripts/testbed up --gpus N``), also the
@@ -47,7 +47,7 @@ from deploy_support import (  # noqa: E402 - the test helpers live beside the te
 from testbed_support import STATE, VENV_BIN, clean_model, ensure_fleet, fab_env  # noqa: E402
 
 WAITS = ("start_slot", "gate_available", "gate_warmup", "gate_health", "drain_old")
-TARGET_S = 1.0  # per host of one instance (the toolkit overhead bar: <= 1 s per host)
+TARGET_S = 0.6  # per host of one instance (the toolkit overhead bar: <= 0.6 s per host)
 INSTANCE_TARGET_S = 1.0  # per instance, when a host runs several
 
 
@@ -92,7 +92,7 @@ def print_deploy(label: str, result: dict[str, Any], wall: float,
           f"wall {wall:.1f} s (deploy {result['seconds']:.1f} s)")
     print(f"  {'host':<6}{'status':<10}{'total':>8}{'waits':>8}{'overhead':>10}")
     for name, f in figures.items():
-        flag = "" if f["overhead"] < target_s else f"  (> {target_s:g} s target)"
+        flag = "" if f["overhead"] <= target_s else f"  (> {target_s:g} s target)"
         print(f"  {name:<6}{result['hosts'][name]['status']:<10}{f['total']:>7.2f}s"
               f"{f['waits']:>7.2f}s{f['overhead']:>9.2f}s{flag}")
     steps: list[str] = []
@@ -123,7 +123,7 @@ def main() -> None:
                         help="GPUs declared per host: one server instance per GPU")
     parser.add_argument("--keep", action="store_true", help="leave the model on the hosts")
     parser.add_argument("--check", action="store_true",
-                        help=f"exit 1 when the median overhead per host is {TARGET_S:g} s or more")
+                        help=f"exit 1 when the median overhead per host is above {TARGET_S:g} s")
     args = parser.parse_args()
     ensure_fleet()
     short = fleet_short_of(args.gpus)
@@ -151,12 +151,12 @@ def main() -> None:
             clean_model(args.model)
     print(f"\ntoolkit overhead per host over the two roll-over deploys: median "
           f"{statistics.median(overheads):.2f} s, max {max(overheads):.2f} s "
-          f"(target < {host_target(args.gpus):g} s)")
+          f"(target <= {host_target(args.gpus):g} s)")
     if args.gpus > 1:
         print(f"per instance ({args.gpus} per host): median "
               f"{statistics.median(overheads) / args.gpus:.2f} s "
               f"(target < {INSTANCE_TARGET_S:g} s)")
-    if args.check and statistics.median(overheads) >= host_target(args.gpus):
+    if args.check and statistics.median(overheads) > host_target(args.gpus):
         sys.exit(1)
 
 

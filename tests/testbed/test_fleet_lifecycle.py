@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +91,48 @@ def test_up_recovers_after_kill_9_of_the_daemons(destructive: Testbed) -> None:
     gateway = after.get("gateway")  # type: ignore[union-attr]
     gateways = 1 if gateway and gateway["dockerd"] else 0
     assert len(containerds) == len(destructive.hosts) + gateways, containerds  # none from tb1
+
+
+def gone(pid: int, within_s: float) -> bool:
+    """Whether process ``pid`` has ended (a zombie counts as ended) within ``within_s``."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_conformance_tier_fails_when_its_host_s_docker_engine_is_stopped(
+        destructive: Testbed) -> None:
+    """A fleet whose Docker engine does not answer turns the conformance tier red: an error
+    naming the host and the engine, never a skip or a pass (tests/conformance/conftest.py
+    ``servers``, ``fleet_problem``). The tier is pointed at tb1 (TFSDEPLOY_CONFORMANCE_HOST),
+    whose dockerd is killed while its sshd keeps answering."""
+    code, before = status()
+    assert code == 0
+    dockerd = int(before["hosts"][0]["dockerd"])  # type: ignore[index]
+    os.kill(dockerd, signal.SIGKILL)
+    try:
+        assert gone(dockerd, within_s=30), f"tb1's dockerd ({dockerd}) outlived SIGKILL"
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+             "tests/conformance/test_model_server.py", "-k", "test_get_model_status"],
+            cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+            timeout=600, env=os.environ | {"TFSDEPLOY_CONFORMANCE_HOST": "tb1"})
+    finally:
+        up("--hosts", str(len(destructive.hosts)), "--no-images")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "the conformance tier cannot run: tb1's Docker engine does not answer" in out, out
+    summary = out.strip().splitlines()[-1]
+    assert re.fullmatch(r"(\d+ deselected, )?1 error in [\d.]+s", summary), out
+    code, after = status()
+    assert code == 0, after
 
 
 def test_gpu_memory_can_be_set_per_host(destructive: Testbed) -> None:

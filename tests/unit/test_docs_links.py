@@ -60,6 +60,17 @@ def test_the_readme_links_into_docs() -> None:
     assert {"docs/commands.md", "docs/runbook.md", "docs/inventory.md"} <= linked
 
 
+def test_the_readme_stays_a_front_page() -> None:
+    """The README is what the toolkit is, the two set-up commands, a first deploy, the exit
+    codes and links into docs/, in at most 200 lines; the rest lives in docs/."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200, "README.md is over 200 lines: move detail into docs/"
+    for heading in ("## Set-up on a fresh Debian 12 machine (as root)", "## A first deploy",
+                    "## Exit codes"):
+        assert f"\n{heading}\n" in text, heading
+    assert "bash scripts/demo" in text and "bash scripts/test" in text
+
+
 def test_a_wrong_link_is_caught() -> None:
     """The check itself fails on a missing page, a missing anchor; a heading's anchor is
     GitHub's (code spans, dots and slashes dropped; repeats numbered)."""
