@@ -19,6 +19,7 @@ from tfsdeploy.core.target import Target, load_target
 from tfsdeploy.hosts.ssh import Result
 from tfsdeploy.run.deploy import deploy
 from tfsdeploy.run.retire import retire
+from tfsdeploy.run.rollback import rollback
 
 from . import runs
 from .fakes import FakeFleet, FakeSlot, FrozenClock
@@ -215,6 +216,31 @@ def test_a_recreate_stopped_after_its_gateway_drain_is_put_back_by_the_next_depl
     assert note.startswith("gateway gw1: h1 back in rotation for hp2 (drained by "
                            f"`{record['run']}`"), note
     assert "recreate: its last serving instance is replaced in place" in note
+
+
+def test_a_recreate_stopped_after_its_gateway_drain_is_put_back_by_a_rollback(
+        world: dict[str, Any]) -> None:
+    """The same drain left behind, then `fab rollback` instead of a deploy: before its roll
+    the rollback puts h1 back in rotation at gw1 and removes the record."""
+    runs.run_deploy(world, 1, count=2)
+    runs.run_deploy(world, 2, count=2)
+    log: list[str] = []
+    admin = GatewayAdmin(log)
+    killed = _deploy(world, 3, admin, log,
+                     KillAfter(world["fleet"], "h1", "take_out_of_rotation"),
+                     strategy="recreate")
+    assert killed.exit_code != ExitCode.OK
+    _revive(world)
+    assert admin.servers["hp2-grpc/h1"] == "DRAIN" and set(drains(world)) == {"hp2/h1"}
+    recorder = Recorder()
+    back = rollback(_target(world), reporter=recorder,
+                    connect=_connect(world["fleet"], log, admin), clock=FrozenClock(),
+                    client_factory=FakeSlot)
+    assert back.exit_code == ExitCode.OK, back.message
+    assert admin.servers["hp2-grpc/h1"] == admin.servers["hp2-rest/h1"] == "UP", admin.servers
+    assert drains(world) == {}
+    assert any(n.startswith("gateway gw1: h1 back in rotation for hp2 (drained by ")
+               for n in recorder.notes), recorder.notes
 
 
 def test_a_host_taken_out_of_the_models_hosts_and_put_back(world: dict[str, Any]) -> None:
