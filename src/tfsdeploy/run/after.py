@@ -1,8 +1,9 @@
 """A run's end, in one order whatever its verb: the notes read of the fleet (orphans, gateway
-drift) join the result; the result is recorded (the JSON result, the textfile); only then do
-the after-passes run (the model's targets, post-hooks, notifications), under one deadline, on
-the run's own session. An after-pass never changes what was recorded, and a failure there is a
-line, never the run's exit code.
+drift) join the result, within their own deadline (``engine.NOTES_DEADLINE_S``: a read still
+going then, or at a Ctrl-C or SIGTERM, is one "not read" line); the result is recorded (the
+JSON result, the textfile); only then do the after-passes run (the model's targets,
+post-hooks, notifications), under one deadline, on the run's own session. An after-pass never
+changes what was recorded, and a failure there is a line, never the run's exit code.
 
 From the end of the roll to the process's exit, Ctrl-C, SIGTERM and SIGHUP are taken here,
 each said ("the result stands as recorded"), and the command ends with the run's own exit code
