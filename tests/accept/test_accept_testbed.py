@@ -193,7 +193,7 @@ def test_a_generator_lost_mid_run_fails_the_run_and_keeps_the_rest(fleet: ModelF
     assert gens["tb1"]["status"] == "ok" and gens["tb1"]["count"] == 1000  # kept
     assert data["count"] == 1000 and accept["merge"]["equal"]
     assert any("tb2 was lost mid-run" in w for w in accept["warnings"])
-    assert "inconclusive" in accept["verdict"]
+    assert accept["verdict"] == "inconclusive: load generation failed", run.describe()
     assert run_dirs_left(run_id) == {}
 
 

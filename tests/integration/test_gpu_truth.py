@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -119,11 +120,15 @@ def test_two_models_deployed_at_once_onto_one_gpu_never_overcommit_it(
     winner = next((n for n, c in codes.items() if c == 0), None)
     assert winner is not None, "\n".join(r.describe() for r in done.values())
     loser = "b" if winner == "a" else "a"
-    # the windows fit alone but not together: the second is refused before its process starts
-    # (preflight: exit 1; or, both past preflight at once, at its reservation: exit 2)
-    assert codes[loser] in (1, 2), done[loser].describe()
+    # the windows fit alone but not together: the second is refused before its process starts,
+    # by the step that saw the other window first: preflight's check_gpu (nothing changed:
+    # exit 1) or, both past preflight at once, its reservation (the host restored: exit 2)
     other = A if winner == "a" else B
     refusal = done[loser].out
+    refused_by = re.findall(r"\s(check_gpu|reserve_gpu)\s+failed\s", refusal)
+    assert len(set(refused_by)) == 1, done[loser].describe()
+    assert codes[loser] == {"check_gpu": 1, "reserve_gpu": 2}[refused_by[0]], \
+        done[loser].describe()
     assert f"other runs' windows open on this GPU: {other} release" in refusal, refusal
     winning, losing = (a, b) if winner == "a" else (b, a)
     winning.assert_serving(2)

@@ -20,6 +20,7 @@ import errno
 import io
 import json
 import math
+from collections import Counter
 from typing import Any
 
 from hypothesis import example, given
@@ -180,34 +181,53 @@ BOUNDED = bounded()
 
 @examples(400)
 @given(st.sampled_from(BOUNDED), st.data())
-def test_every_bounded_option_takes_its_range_and_refuses_the_rest(
-        case: tuple[str, str, Bound], data: st.DataObject) -> None:
+def bounded_option(outcomes: Counter[str], case: tuple[str, str, Bound],
+                   data: st.DataObject) -> None:
+    """One bounded option given one generated value, counted in ``outcomes``."""
     command, name, bound = case
     text = data.draw(_values(bound))
     flag = f"--{name.replace('_', '-')}"
     try:
         value = option_value(command, name, text)
     except ConfigError as refused:
+        outcomes["refused"] += 1
         (problem,) = refused.problems
         assert problem.field == flag and problem.fix and problem.message.startswith(flag)
         assert len(problem.message) < 1200  # a 5000-digit value is never written out whole
         return
+    outcomes["taken"] += 1
     assert math.isfinite(value)
     assert (bound.low < value if bound.above else bound.low <= value) and value <= bound.high
     assert not bound.whole or isinstance(value, int)
+
+
+def test_every_bounded_option_takes_its_range_and_refuses_the_rest() -> None:
+    outcomes: Counter[str] = Counter()
+    bounded_option(outcomes)
+    assert outcomes["taken"] and outcomes["refused"], outcomes
 
 
 @examples(150)
 @given(st.sampled_from(["d", "h", "m", "s", "ms"]),
        st.one_of(st.integers(0, 10**7), st.integers(10**9, 10**30),
                  st.sampled_from(["9" * 5000, "1" * 400, "0.5", "00"])))
-def test_a_since_span_is_taken_or_refused_located(unit: str, count: int | str) -> None:
+def since_span(outcomes: Counter[str], unit: str, count: int | str) -> None:
+    """One ``--since`` span, counted in ``outcomes``."""
     try:
         option_value("logs", "since", f"{count}{unit}")
     except ConfigError as refused:
+        outcomes["refused"] += 1
         (problem,) = refused.problems
         assert problem.field == "--since" and "before 1970" in problem.message
         assert len(problem.message) < 1200
+    else:
+        outcomes["taken"] += 1
+
+
+def test_a_since_span_is_taken_or_refused_located() -> None:
+    outcomes: Counter[str] = Counter()
+    since_span(outcomes)
+    assert outcomes["taken"] and outcomes["refused"], outcomes
 
 
 HUGE = st.one_of(st.integers(min_value=2**63, max_value=2**80),
@@ -234,8 +254,8 @@ PLACES: list[Any] = [
 @examples(200)
 @given(catalog_model(), st.lists(st.tuples(st.sampled_from(range(len(PLACES))), HUGE),
                                  min_size=1, max_size=3))
-def test_an_inventory_with_huge_integers_is_refused_located(
-        model: Any, placed: list[tuple[int, int]]) -> None:
+def huge_integers(outcomes: Counter[str], model: Any, placed: list[tuple[int, int]]) -> None:
+    """One inventory given huge integers in one to three places, counted in ``outcomes``."""
     from dataclasses import replace
 
     host: dict[str, Any] = {"gpu": Gpu(0, 16384), "vars": {}}
@@ -247,13 +267,22 @@ def test_an_inventory_with_huge_integers_is_refused_located(
     try:
         chosen = replace(model, **changes)
     except (TypeError, ValueError):
-        return  # the generated model is not one a dataclass takes
+        outcomes["not a model"] += 1  # the generated model is not one a dataclass takes
+        return
     try:
         build_inventory("inv.py", hosts=[Host("h1", "10.0.0.1", gpus=[host["gpu"]],
                                               vars=host["vars"])],
                         groups={}, defaults={}, models=[chosen])
     except ConfigError as refused:
+        outcomes["refused"] += 1
         assert all(p.field or p.file for p in refused.problems)
         assert len(str(refused)) < 20_000
         return
     raise AssertionError(f"a huge integer was accepted: {placed}")
+
+
+def test_an_inventory_with_huge_integers_is_refused_located() -> None:
+    outcomes: Counter[str] = Counter()
+    huge_integers(outcomes)
+    # most cases must reach the inventory's checks, not stop at the dataclass
+    assert outcomes["refused"] > outcomes["not a model"], outcomes
