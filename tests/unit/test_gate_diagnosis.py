@@ -115,3 +115,20 @@ def test_fab_deploy_prints_the_cause_and_fix(world: dict[str, Any],
     else:
         table = out[out.index("deploy hp2 v2"):]
         assert "cause: variable 'dense/kernel'" in table and "fix: re-export" in table
+
+
+def test_the_summary_s_gate_column_takes_the_steps_the_run_marked_as_gates() -> None:
+    """The gates column follows the run's own marking of each step (the operations'
+    registry), never a step's name: the canary's judged steps are a gate, the GPU holding
+    check is not."""
+    from tfsdeploy.run.engine import HostOutcome, RunResult
+
+    def step(name: str, seconds: float, gate: bool) -> dict[str, Any]:
+        return {"phase": "roll", "step": name, "ok": True, "seconds": seconds, "detail": "",
+                "gate": gate}
+
+    result = RunResult(MODEL, 2, "r2", hosts={"h1": HostOutcome("h1", "rolled", steps=[
+        step("start_slot", 1.0, False), step("gate_available", 2.0, True),
+        step("gate_gpu_memory", 0.1, False), step("canary_steps", 6.0, True)])})
+    (row,) = summary_rows(result)
+    assert row[2:4] == ("roll 9.1s", "available 2.0s canary_steps 6.0s")

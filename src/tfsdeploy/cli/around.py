@@ -23,6 +23,15 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.core.who import current_user
 from tfsdeploy.run import canary as cli_canary
 from tfsdeploy.run import rollback as cli_rollback
+from tfsdeploy.run.after import (
+    BatchStarted,
+    CanaryPausedOn,
+    GuardTriggered,
+    HostGateFailed,
+    HostRolled,
+    RunEvent,
+    RunStarted,
+)
 from tfsdeploy.run.jobs import Verb
 from tfsdeploy.runbook import hooks, notify
 
@@ -183,32 +192,30 @@ class EventReporter:
         if show is not None:
             show(host, update)
 
-    def event(self, kind: str, **data: Any) -> None:
+    def event(self, happened: RunEvent) -> None:
         """An engine (or guard) event as a notification."""
         if self.around is None:
             return
-        event = engine_event(kind, data)
+        event = engine_event(happened)
         if event is not None:
             self.around.notifier.send(event)
 
 
-def engine_event(kind: str, data: dict[str, Any]) -> notify.Event | None:
+def engine_event(happened: RunEvent) -> notify.Event | None:
     """The notification of an event the engine or the guard reports (None: not one)."""
-    match kind:
-        case "run_started":
+    match happened:
+        case RunStarted():
             return notify.run_started()
-        case "batch_started":
-            return notify.batch_started(data["batch"], data["batches"], data["hosts"])
-        case "host_rolled":
-            return notify.host_rolled(data["host"], release=data["release"],
-                                      seconds=data["seconds"])
-        case "gate_failed":
-            return notify.gate_failed(data["host"], data["gate"], data["message"])
-        case "paused":
-            return notify.paused(data["hosts"], weight=data["weight"])
-        case "guard_triggered":
-            return notify.guard_triggered(data["host"], data["message"],
-                                          action=data["action"])
+        case BatchStarted(batch=batch, batches=batches, hosts=hosts):
+            return notify.batch_started(batch, batches, list(hosts))
+        case HostRolled(host=host, release=release, seconds=seconds):
+            return notify.host_rolled(host, release=release, seconds=seconds)
+        case HostGateFailed(host=host, gate=gate, message=message):
+            return notify.gate_failed(host, gate, message)
+        case CanaryPausedOn(hosts=hosts, weight=weight):
+            return notify.paused(list(hosts), weight=weight)
+        case GuardTriggered(host=host, message=message, action=action):
+            return notify.guard_triggered(host, message, action=action)
     return None
 
 

@@ -173,10 +173,10 @@ def summary_rows(result: RunResult) -> list[tuple[str, ...]]:
         by_phase: dict[str, float] = {}
         for step in outcome.steps:
             by_phase[step["phase"]] = by_phase.get(step["phase"], 0.0) + step["seconds"]
-        gates = {s["step"]: s["seconds"] for s in outcome.steps if s["step"].startswith("gate_")}
+        gates = {s["step"]: s["seconds"] for s in outcome.steps if s.get("gate")}
         rows.append((name, outcome.status,
                      " ".join(f"{p} {s:.1f}s" for p, s in by_phase.items()),
-                     " ".join(f"{g[5:]} {s:.1f}s" for g, s in gates.items()),
+                     " ".join(f"{g.removeprefix('gate_')} {s:.1f}s" for g, s in gates.items()),
                      error_cell(outcome.error, outcome.diagnosis)))
     return rows
 

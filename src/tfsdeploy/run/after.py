@@ -62,6 +62,63 @@ class StepEvent:
     gate: bool = False  # the step is a gate (its failure is a gate's verdict)
 
 
+@dataclass(frozen=True)
+class RunStarted:
+    """The run has its lock and facts; its hosts are about to change."""
+
+    version: int
+    release: str
+
+
+@dataclass(frozen=True)
+class BatchStarted:
+    """A batch of a serial phase starts (1-based ``batch`` of ``batches``)."""
+
+    batch: int
+    batches: int
+    hosts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class HostRolled:
+    """A host serves the run's release (``seconds``: its roll phase)."""
+
+    host: str
+    release: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class HostGateFailed:
+    """A gate's verdict failed the host's roll."""
+
+    host: str
+    gate: str
+    message: str
+
+
+@dataclass(frozen=True)
+class CanaryPausedOn:
+    """The canary paused at its last weight on these hosts."""
+
+    hosts: tuple[str, ...]
+    weight: int
+
+
+@dataclass(frozen=True)
+class GuardTriggered:
+    """The guard judged an SLO broken on ``host`` and starts its ``action`` (rollback or
+    abort)."""
+
+    host: str
+    message: str
+    action: str
+
+
+RunEvent = RunStarted | BatchStarted | HostRolled | HostGateFailed | CanaryPausedOn | GuardTriggered
+"""What a run (or the guard) reports as it goes, typed for the reporters that take events
+(notifications match on the type, never on a name)."""
+
 Listener = Callable[[StepEvent, "Session"], None]
 """Told of every step of the run as it ends, with the run's session (the targets' writer)."""
 

@@ -37,10 +37,16 @@ from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.run import executor, plans, survey
 from tfsdeploy.run.after import (
     NO_EPILOGUE,
+    BatchStarted,
+    CanaryPausedOn,
     Epilogue,
+    HostGateFailed,
+    HostRolled,
     LateSignals,
     Listener,
     NotePass,
+    RunEvent,
+    RunStarted,
     StepEvent,
     late_signals,
     run_after_passes,
@@ -167,10 +173,10 @@ class RunState:
         if show is not None:
             show(host, update)
 
-    def event(self, kind: str, **data: Any) -> None:
+    def event(self, happened: RunEvent) -> None:
         """A run event (batch started, host rolled, gate failed) for reporters that take
         them (notifications)."""
-        emit(self.reporter, kind, **data)
+        emit(self.reporter, happened)
 
     def step(self, job: HostJob, phase: str, task: str, status: str, seconds: float,
              detail: str) -> None:
@@ -189,13 +195,13 @@ class RunState:
                                    f"{type(error).__name__}: {error}")
 
 
-def emit(reporter: Reporter, kind: str, **data: Any) -> None:
+def emit(reporter: Reporter, happened: RunEvent) -> None:
     """Give ``reporter`` a run event if it takes events; a reporter's failure never stops the
     run."""
     take = getattr(reporter, "event", None)
     if take is not None:
         try:
-            take(kind, **data)
+            take(happened)
         except Exception:  # notifications are best effort by design
             return
 
@@ -231,7 +237,7 @@ def _run_tasks(state: RunState, job: HostJob, phase: str, tasks: Sequence[Task])
             _record_step(job, phase, task.action, pause, seconds, detail)
             state.step(job, phase, task.action, "paused" if pause else "failed", seconds, detail)
             if not pause and is_gate(task.action):
-                state.event("gate_failed", host=job.name, gate=task.action, message=detail)
+                state.event(HostGateFailed(job.name, task.action, detail))
             raise
         finally:
             if job.touched:
@@ -386,8 +392,7 @@ def roll_batches(state: RunState, phase: Phase, jobs: list[HostJob]) -> bool:
     for number, batch in enumerate(batches, start=1):
         state.reporter.note(f"batch {number}/{len(batches)}: "
                            + ", ".join(j.name for j in batch))
-        state.event("batch_started", batch=number, batches=len(batches),
-                    hosts=[j.name for j in batch])
+        state.event(BatchStarted(number, len(batches), tuple(j.name for j in batch)))
         errors = run_parallel(state, phase, batch, phase.tasks)
         paused = [j for j in batch if is_pause(errors.get(j.name))]
         for job in paused:
@@ -400,8 +405,9 @@ def roll_batches(state: RunState, phase: Phase, jobs: list[HostJob]) -> bool:
             if error is None:
                 rolled.append(job)
                 state.outcome(job).status = "rolled"
-                state.event("host_rolled", host=job.name, release=state.context.release_id,
-                            seconds=sum(s.seconds for s in job.steps if s.phase == phase.name))
+                state.event(HostRolled(job.name, state.context.release_id,
+                                       sum(s.seconds for s in job.steps
+                                           if s.phase == phase.name)))
                 continue
             state.failed.add(job.name)
             state.outcome(job).error = describe(error)
@@ -434,7 +440,7 @@ def pause_roll(state: RunState, paused: list[HostJob], untouched: list[list[Host
             state.outcome(job).status = "pending"
     policy = state.context.canary
     weight = policy.weights[-1] if policy else 0
-    state.event("paused", hosts=[j.name for j in paused], weight=weight)
+    state.event(CanaryPausedOn(tuple(j.name for j in paused), weight))
     finish(state, ExitCode.PAUSED,
            f"canary paused at {weight}% on {', '.join(j.name for j in paused)}: "
            f"`fab promote --model {state.context.model.name}` finishes the roll, "
@@ -502,7 +508,7 @@ def finish(state: RunState, code: ExitCode, message: str) -> None:
     state.result.message = message
     for job in state.jobs:
         outcome = state.outcome(job)
-        outcome.steps = [s.model_dump() for s in job.steps]
+        outcome.steps = [s.model_dump() | {"gate": is_gate(s.step)} for s in job.steps]
         if job.canary_steps or job.canary_comparison is not None:
             outcome.canary = {"steps": job.canary_steps, "comparison": job.canary_comparison}
         if outcome.status == "pending" and code != ExitCode.PAUSED:
@@ -784,7 +790,7 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
                 if context.release_id else "")
         reporter.note(f"{plan.verb} {target.model.name}{what} on {len(jobs)} host(s); "
                       f"lock on {', '.join(s.host for s in taken)}")
-        emit(reporter, "run_started", version=context.version, release=context.release_id)
+        emit(reporter, RunStarted(context.version, context.release_id))
         for job in jobs:
             _facts_step(job, reporter)
         if session.gateway is not None and plan.verb in (Verb.DEPLOY, Verb.ROLLBACK):

@@ -52,6 +52,7 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.run import survey
+from tfsdeploy.run.after import GuardTriggered
 from tfsdeploy.run.canary import finish_canary
 from tfsdeploy.run.engine import Reporter, RunResult, emit
 from tfsdeploy.run.jobs import Verb
@@ -437,8 +438,7 @@ def _act(run: Guarding, host: str, why: str, seen: Look, judged: Mapping[str, st
     """Abort the canary under way now (it holds the lock, or a killed run left it split),
     else roll back the releases judged."""
     canary = seen.paused
-    emit(run.reporter, "guard_triggered", host=host, message=why,
-         action="rollback" if canary is None else "abort")
+    emit(run.reporter, GuardTriggered(host, why, "rollback" if canary is None else "abort"))
     if canary is None:
         return _roll_back(run, host, why, judged)
     run.reporter.note(f"{host}: {why}: aborting the {canary.described} of "

@@ -287,7 +287,7 @@ def test_the_release_runs_in_the_window_and_is_marked(
         "    time.sleep(1.5)\n")
     (root / "fabfile.py").write_text("from tasks import deploy\n")
     code = run_accept(AcceptOptions(model="m", inventory=str(inventory), target_qps=50.0,
-                                    duration="4s", start_margin="4s", release="1",
+                                    duration="8s", start_margin="4s", release="1",
                                     release_at="1s"), root=root, out=out)
     data = report(out)
     accept = data["tfsdeploy"]["accept"]
@@ -298,10 +298,10 @@ def test_the_release_runs_in_the_window_and_is_marked(
                                        "--inventory", str(inventory)]
     print(f"release from {release['startS']:.2f} s to {release['endS']:.2f} s")
     # started at --release-at (measured 1.00-1.01 s, load average 14 on 2 cores), ended after
-    # the stand-in's 1.5 s sleep (measured 3.11-3.33 s: fab's own start-up besides), inside
-    # the 4 s window
+    # the stand-in's 1.5 s sleep (measured 3.11-3.33 s: fab's own start-up besides; 4.6 s
+    # with a second suite's tiers on the same 2 cores), inside the 8 s window
     assert 0.9 <= release["startS"] <= 1.5, release
-    assert release["endS"] - release["startS"] >= 1.5 and release["endS"] <= 4.0, release
+    assert release["endS"] - release["startS"] >= 1.5 and release["endS"] <= 8.0, release
     assert "deploying m v1" in (out / "deploy.log").read_text()
     assert accept["rows"][3]["row"] == "p99 during release v1" and accept["rows"][3]["passed"]
     assert shaded_columns(out / "accept.png") is not None
