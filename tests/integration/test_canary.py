@@ -55,8 +55,9 @@ def test_a_release_answering_differently_is_stopped_by_the_comparison(fleet: Fle
     assert not client.failures, client.failures[:5]
     serving(fleet, 1)
     result: dict[str, Any] = json_from(run.stdout)
-    # tb1, the first host, failed its own first step: restored by its rescue, not reverted
-    assert result["hosts"]["tb1"]["status"] == "restored", result["hosts"]
+    # tb1, the canary host, took its share at 25% before the comparison ran
+    # (operations/canary.py: the weight, then the comparison): its rescue reverted it
+    assert result["hosts"]["tb1"]["status"] == "reverted", result["hosts"]
 
 
 def test_the_guard_aborts_a_paused_canary_slower_than_the_old_release(fleet: Fleet) -> None:
