@@ -190,6 +190,21 @@ def _revive(world: dict[str, Any]) -> None:
             shutil.rmtree(runs.paths(fake).lock_dir, ignore_errors=True)
 
 
+def _drained_by_a_stopped_recreate(world: dict[str, Any], version: int, admin: GatewayAdmin,
+                                   log: list[str]) -> dict[str, dict[str, Any]]:
+    """A recreate deploy of ``version`` killed (its process gone, its lock left) once h1 was
+    drained at gw1; the hosts reachable again. Returns the drain records it left."""
+    killed = _deploy(world, version, admin, log,
+                     KillAfter(world["fleet"], "h1", "take_out_of_rotation"),
+                     strategy="recreate")
+    assert killed.exit_code != ExitCode.OK
+    _revive(world)
+    assert admin.servers["hp2-grpc/h1"] == "DRAIN"
+    left = drains(world)
+    assert set(left) == {"hp2/h1"}, left
+    return left
+
+
 def test_a_recreate_stopped_after_its_gateway_drain_is_put_back_by_the_next_deploy(
         world: dict[str, Any]) -> None:
     """The drain outlives the run that made it (recorded on gw1); the next deploy, of the
@@ -198,13 +213,7 @@ def test_a_recreate_stopped_after_its_gateway_drain_is_put_back_by_the_next_depl
     runs.run_deploy(world, 1, count=2)
     log: list[str] = []
     admin = GatewayAdmin(log)
-    killed = _deploy(world, 2, admin, log,
-                     KillAfter(world["fleet"], "h1", "take_out_of_rotation"),
-                     strategy="recreate")
-    assert killed.exit_code != ExitCode.OK
-    _revive(world)
-    assert admin.servers["hp2-grpc/h1"] == "DRAIN"
-    left = drains(world)
+    left = _drained_by_a_stopped_recreate(world, 2, admin, log)
     recorder = Recorder()
     again = _deploy(world, 2, admin, log, recorder)
     assert again.exit_code == ExitCode.OK, again.message
@@ -226,12 +235,7 @@ def test_a_recreate_stopped_after_its_gateway_drain_is_put_back_by_a_rollback(
     runs.run_deploy(world, 2, count=2)
     log: list[str] = []
     admin = GatewayAdmin(log)
-    killed = _deploy(world, 3, admin, log,
-                     KillAfter(world["fleet"], "h1", "take_out_of_rotation"),
-                     strategy="recreate")
-    assert killed.exit_code != ExitCode.OK
-    _revive(world)
-    assert admin.servers["hp2-grpc/h1"] == "DRAIN" and set(drains(world)) == {"hp2/h1"}
+    _drained_by_a_stopped_recreate(world, 3, admin, log)
     recorder = Recorder()
     back = rollback(_target(world), reporter=recorder,
                     connect=_connect(world["fleet"], log, admin), clock=FrozenClock(),

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
@@ -216,22 +217,30 @@ def test_a_hangup_while_the_post_hooks_run_ends_nothing(
     assert ran["ok"], ran
 
 
-def test_a_note_read_that_hangs_is_left_at_its_deadline_and_the_result_recorded(
-        fab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    # a host that hangs while the deploy's notes read the fleet (its orphans) must not hold
-    # back the recorded result: the read is left at the notes' deadline, and says so
+def _deploy_with_orphan_notes(fab: Any, monkeypatch: pytest.MonkeyPatch,
+                              first: Callable[[], None]) -> Ran:
+    """`fab deploy --version 1` whose orphan notes' read does ``first``, then hangs (until
+    the deploy has returned)."""
     release = threading.Event()
 
     def hanging(*args: Any) -> list[str]:
+        first()
         release.wait(120)
         return ["a late note"]
 
     monkeypatch.setattr(survey, "orphan_notes", hanging)
-    monkeypatch.setattr(engine, "NOTES_DEADLINE_S", 0.3)
     try:
-        code, written, samples = fab("deploy", version="1")
+        return fab("deploy", version="1")
     finally:
         release.set()
+
+
+def test_a_note_read_that_hangs_is_left_at_its_deadline_and_the_result_recorded(
+        fab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a host that hangs while the deploy's notes read the fleet (its orphans) must not hold
+    # back the recorded result: the read is left at the notes' deadline, and says so
+    monkeypatch.setattr(engine, "NOTES_DEADLINE_S", 0.3)
+    code, written, samples = _deploy_with_orphan_notes(fab, monkeypatch, lambda: None)
     assert code == 0 and written["exit_code"] == 0 and exit_sample(samples) == 0
     assert written["message"].endswith(
         "; not read (the 0.3 s deadline passed first; recorded without it)"), written["message"]
@@ -239,18 +248,9 @@ def test_a_note_read_that_hangs_is_left_at_its_deadline_and_the_result_recorded(
 
 def test_a_sigterm_while_the_notes_are_read_leaves_them_and_records_the_roll_s_result(
         fab: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    release = threading.Event()
-
-    def stopped_while_read(*args: Any) -> list[str]:
-        os.kill(os.getpid(), signal.SIGTERM)  # cron's timeout, a systemd stop
-        release.wait(120)
-        return ["a late note"]
-
-    monkeypatch.setattr(survey, "orphan_notes", stopped_while_read)
-    try:
-        code, written, samples = fab("deploy", version="1")
-    finally:
-        release.set()
+    # cron's timeout, a systemd stop
+    code, written, samples = _deploy_with_orphan_notes(
+        fab, monkeypatch, lambda: os.kill(os.getpid(), signal.SIGTERM))
     assert code == 0 and written["exit_code"] == 0 and exit_sample(samples) == 0
     assert written["message"].endswith(
         "; not read (SIGTERM came first; recorded without it)"), written["message"]
