@@ -22,6 +22,7 @@ from typing import Any, Literal
 import pytest
 
 from tfsdeploy.cli import around as cli_around
+from tfsdeploy.cli import main as cli_main
 from tfsdeploy.cli.main import main
 from tfsdeploy.cli.unattended import read_samples
 from tfsdeploy.core.errors import ExitCode
@@ -321,6 +322,48 @@ def test_the_guard_s_textfile_and_exit_code_survive_a_closed_terminal(
         "log_file": None, "metrics_file": str(metrics)})
     assert code == ExitCode.ROLLED_BACK
     assert exit_sample(read_samples(str(metrics)), "guard") == 2
+
+
+def test_the_guard_records_its_json_result_and_textfile_before_its_after_passes(
+        world: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """`fab guard --json-file F --metrics-file P --json`: F and P hold the guard's own end
+    (exit 2, its message) before its after-passes run; an after-pass that fails changes
+    neither; stdout is the same JSON result."""
+    from tfsdeploy.run import guard as cli_guard
+
+    def rolled_back(*args: Any, **kwargs: Any) -> tuple[ExitCode, str]:
+        return ExitCode.ROLLED_BACK, "rolled back: the P99 broke the SLO on h1"
+
+    json_file, metrics = world["tmp"] / "guard.json", world["tmp"] / "guard.prom"
+    seen: dict[str, Any] = {}
+
+    def after_pass_that_fails(*args: Any, **kwargs: Any) -> None:
+        seen["json"] = json.loads(json_file.read_text())
+        seen["exit"] = exit_sample(read_samples(str(metrics)), "guard")
+        raise RuntimeError("the runbook's host is gone")
+
+    monkeypatch.setattr(cli_guard, "guard", rolled_back)
+    monkeypatch.setattr(cli_main, "_guard_after", after_pass_that_fails)
+    code = main("guard", {
+        "c": None, "model": MODEL, "inventory": inventory_file(world, count=2), "hosts": None,
+        "limit": None, "max_error_rate": "0.01", "slo_p99_ms": None, "for_s": "30",
+        "interval_s": "5", "duration_s": None, "min_requests": "20",
+        "count_client_errors": False, "lock_wait": "60", "hooks": None, "notify": None,
+        "json": True, "log_file": None, "json_file": str(json_file),
+        "metrics_file": str(metrics)})
+    assert code == ExitCode.ROLLED_BACK
+    recorded = seen["json"]
+    assert (recorded["command"], recorded["model"], recorded["exit_code"], recorded["result"],
+            recorded["message"]) == ("guard", MODEL, 2, "rolled_back",
+                                     "rolled back: the P99 broke the SLO on h1"), recorded
+    assert seen["exit"] == 2
+    assert json.loads(json_file.read_text()) == recorded
+    assert exit_sample(read_samples(str(metrics)), "guard") == 2
+    out, err = capsys.readouterr()
+    assert json.loads(out) == recorded
+    assert "after the run (its end already recorded): RuntimeError: the runbook's host is " \
+           "gone (in the guard's runbook)" in err
 
 
 def test_container_output_in_logs_and_exec_is_shown_escaped_behind_its_prefix(

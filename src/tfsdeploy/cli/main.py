@@ -210,15 +210,14 @@ def cmd_deploy(args: DeployArgs) -> int:
                                                           session=session)])
 
 
-def gateway_notes(args: Selected) -> None:
+def gateway_notes(chosen: Target) -> None:
     """A line on stderr per gateway host routing the model whose configuration no longer
     matches the inventory (nothing when no gateway routes it); never changes the exit code."""
-    from tfsdeploy.run.gateway import drift_notes
+    from tfsdeploy.run.views import gateway_drift
 
     with hangup_survived():
         try:
-            inventory = load_inventory(args.inventory)
-            for note in drift_notes(inventory, args.model):
+            for note in gateway_drift(chosen):
                 print(note, file=sys.stderr, flush=True)
         except (Exception, KeyboardInterrupt) as error:
             print(f"gateway: not compared ({type(error).__name__}: {error})", file=sys.stderr)
@@ -326,7 +325,8 @@ def cmd_status(args: StatusArgs) -> int:
     """`fab status`."""
     from tfsdeploy.run.views import status
 
-    rows = status(target(args), with_orphans=not args.hosts and not args.limit)
+    chosen = target(args)
+    rows = status(chosen, with_orphans=not args.hosts and not args.limit)
     if args.json:
         output.print_json(rows)
     else:
@@ -341,7 +341,7 @@ def cmd_status(args: StatusArgs) -> int:
                 print(f"{row['host']}: {note}")
             for found in row.get("scratch") or []:
                 print(f"{row['host']}: {found['note']}")
-    gateway_notes(args)
+    gateway_notes(chosen)
     return 0 if all(r["reachable"] and not r.get("down") for r in rows) else 3
 
 
@@ -359,7 +359,8 @@ def cmd_history(args: HistoryArgs) -> int:
 
 def cmd_guard(args: GuardArgs) -> int:
     """`fab guard`: when it acts, the rollback (or the abort of a paused canary) runs with the
-    hooks and events `fab rollback` (`fab abort`) has, after a ``guard_triggered`` event."""
+    hooks and events `fab rollback` (`fab abort`) has, after a ``guard_triggered`` event. Its
+    end is recorded first (the JSON result, the textfile), then its after-passes run."""
     from tfsdeploy.cli import around
     from tfsdeploy.run.guard import GuardPolicy, guard
 
@@ -370,7 +371,7 @@ def cmd_guard(args: GuardArgs) -> int:
                          count_client_errors=bool(args.count_client_errors),
                          lock_wait=args.lock_wait)
     chosen = target(args)
-    shown = around.EventReporter(output.reporter(False, args.log_file))
+    shown = around.EventReporter(output.reporter(args.json, args.log_file))
     hooked = shown.around = around.prepare("guard", chosen, hooks_dir=args.hooks,
                                            notify_urls=args.notify or ())
     act, abort = around.guard_actions(shown, chosen, lock_wait=policy.lock_wait)
@@ -380,8 +381,13 @@ def cmd_guard(args: GuardArgs) -> int:
         around.close(hooked)
         raise
     seconds = time.monotonic() - started
+    data = {"command": "guard", "model": chosen.model.name, "exit_code": int(code),
+            "result": ExitCode(code).name.lower(), "message": message,
+            "seconds": round(seconds, 3), "action": hooked.verb or None,
+            "run": hooked.outcome.as_dict() if hooked.outcome is not None else None}
     passes = [AfterPass("the guard's runbook", lambda _r, _s: _guard_after(
-        hooked, shown, chosen, code=int(code), message=message, seconds=seconds))]
+        hooked, shown, code=int(code), message=message, seconds=seconds, data=data,
+        json_file=args.json_file))]
     if hooked.verb:
         from tfsdeploy.run.targets import after_run
 
@@ -390,29 +396,31 @@ def cmd_guard(args: GuardArgs) -> int:
     with late_signals(shown) as late:
         # the guard's end is recorded first; then, when it acted, the model's targets (what
         # serves now) and its runbook's post-hooks, under the after-passes' deadline
-        record_run(None, args.metrics_file, {"exit_code": int(code)}, model=args.model,
+        record_run(args.json_file, args.metrics_file, data, model=args.model,
                    command="guard", seconds=seconds, release="", version=None)
         run_after_passes(passes, None, None, deadline_s=AFTER_DEADLINE_S, late=late,
                          reporter=shown)
-        print(message)
+        if args.json:
+            output.print_json(data)
+        else:
+            print(message)
     return int(code)
 
 
-def _guard_after(hooked: Any, shown: Any, chosen: Target, *, code: int, message: str,
-                 seconds: float) -> None:
+def _guard_after(hooked: Any, shown: Any, *, code: int, message: str, seconds: float,
+                 data: dict[str, Any], json_file: str | None) -> None:
     """The guard's runbook after it watched: when it acted, the hooks and events of its
-    rollback (or abort); else only its notifier closed."""
+    rollback (or abort), their outcomes added to the JSON result (its exit code and the
+    textfile stay as recorded); else only its notifier closed."""
     from tfsdeploy.cli import around
 
     if not hooked.verb:  # it never acted
         around.close(hooked)
         return
-    data = {"command": "guard", "model": chosen.model.name, "exit_code": code,
-            "result": ExitCode(code).name.lower(), "message": message,
-            "action": hooked.verb,
-            "run": hooked.outcome.as_dict() if hooked.outcome is not None else None}
-    around.after(hooked, shown, result=hooked.outcome, exit_code=code, seconds=seconds,
-                 message=message, data=data, json_file=None)
+    data |= around.after(hooked, shown, result=hooked.outcome, exit_code=code,
+                         seconds=seconds, message=message, data=data, json_file=None)
+    record_run(json_file, None, data, model=data["model"], command="guard", seconds=seconds,
+               release="", version=None)
 
 
 def cmd_bench(args: BenchArgs) -> int:

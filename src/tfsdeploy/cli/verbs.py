@@ -295,7 +295,7 @@ class HistoryArgs(Selected):
 
 
 @dataclass(frozen=True, kw_only=True)
-class GuardArgs(Selected, Runbook):
+class GuardArgs(Selected, Runbook, Unattended):
     command: ClassVar[str] = "guard"
     summary: ClassVar[str] = ("Watch TFServing's metrics and roll back automatically when the "
                               "SLO breaks.\n\nA paused canary that fails against its old "
@@ -318,10 +318,6 @@ class GuardArgs(Selected, Runbook):
     lock_wait: float = option("seconds its rollback or abort waits for another run's lock "
                               "(default 60)", value="SECONDS", default=60.0,
                               bound=LOCK_WAIT_BOUND)
-    log_file: str | None = option("also append the progress lines, time-stamped, to this file",
-                                  value="FILE", check="output_file")
-    metrics_file: str | None = option("update this Prometheus textfile (node_exporter textfile "
-                                      "collector)", value="FILE", check="output_file")
 
 
 SLO_MS = Bound(0, 3_600_000, above=True)

@@ -195,6 +195,16 @@ def status(target: Target, *, connect: ConnectionFactory = SshConnection,
     return engine.look(target, read, connect=connect)
 
 
+def gateway_drift(target: Target, *, connect: ConnectionFactory = SshConnection) -> list[str]:
+    """`fab status`'s gateway lines: one per gateway host routing the model whose
+    configuration no longer matches the inventory, read on the engine's look (its deadline,
+    Ctrl-C, SIGTERM, SIGHUP); nothing when no gateway routes the model."""
+    from tfsdeploy.run.gateway import drift_notes
+
+    return engine.look(target, lambda session: drift_notes(
+        target.inventory, target.model.name, session=session), connect=connect)
+
+
 def host_history(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
                  lines: int = 50) -> dict[str, Any]:
     """Retained releases with results, step durations and a failed one's diagnosis (cause
