@@ -179,6 +179,17 @@ def late_signals(reporter: Noting) -> Iterator[LateSignals]:
         yield seen
 
 
+def ended_by(work: Callable[[], None], end: float, late: LateSignals, *, name: str) -> bool:
+    """Run ``work`` in a thread of its own until it ends, ``end`` (``time.monotonic()``)
+    passes or a late Ctrl-C or SIGTERM asks to stop; whether it ended. What it leaves goes on
+    in its daemon thread (the run's close of its session ends what waits on a host)."""
+    worker = threading.Thread(target=work, name=name, daemon=True)
+    worker.start()
+    while worker.is_alive() and not late.stop and time.monotonic() < end:
+        worker.join(timeout=0.1)
+    return not worker.is_alive()
+
+
 def run_after_passes(passes: Sequence[AfterPass], result: Any, session: Session | None, *,
                      deadline_s: float, late: LateSignals, reporter: Noting) -> list[str]:
     """Run ``passes`` one after another, each in a thread of its own so that the deadline and
@@ -201,11 +212,7 @@ def run_after_passes(passes: Sequence[AfterPass], result: Any, session: Session 
             except BaseException as error:  # a line, never the run's exit code
                 errors.append(error)
 
-        worker = threading.Thread(target=body, name=f"after-{chosen.name}", daemon=True)
-        worker.start()
-        while worker.is_alive() and not late.stop and time.monotonic() < end:
-            worker.join(timeout=0.1)
-        if worker.is_alive():
+        if not ended_by(body, end, late, name=f"after-{chosen.name}"):
             why = late.stop or f"the {deadline_s:g} s deadline"
             cut.append(f"{chosen.name} cut short ({why})")
         elif failure:

@@ -48,6 +48,7 @@ from tfsdeploy.run.after import (
     RunEvent,
     RunStarted,
     StepEvent,
+    ended_by,
     late_signals,
     run_after_passes,
 )
@@ -647,8 +648,8 @@ def _add_notes(result: RunResult, notes: Sequence[NotePass], session: Session,
 
 
 def _read_note(read: NotePass, session: Session, end: float, late: LateSignals) -> list[str]:
-    """One note's lines, read in a thread of its own so that the deadline and a signal can
-    leave it (the session's close at the run's end ends what it left)."""
+    """One note's lines, read as an after-pass runs (``ended_by``: the deadline and a signal
+    can leave it)."""
     got: list[list[str]] = []
 
     def body() -> None:
@@ -657,10 +658,7 @@ def _read_note(read: NotePass, session: Session, end: float, late: LateSignals) 
         except Exception as error:
             got.append([f"not read ({type(error).__name__}: {error})"])
 
-    worker = threading.Thread(target=body, name="note", daemon=True)
-    worker.start()
-    while worker.is_alive() and not late.stop and time.monotonic() < end:
-        worker.join(timeout=0.05)
+    ended_by(body, end, late, name="note")
     if got:
         return got[0]
     why = f"{late.stop} came" if late.stop else f"the {NOTES_DEADLINE_S:g} s deadline passed"
