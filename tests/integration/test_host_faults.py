@@ -24,6 +24,7 @@ two GPUs.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import threading
 import time
@@ -52,6 +53,7 @@ from testbed_support import (
     ssh,
 )
 
+from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.layout import HostPaths
 from tfsdeploy.core.render.host_proxy import parse_stat
 
@@ -365,7 +367,6 @@ def test_a_host_that_lost_a_gpu_serves_again_and_fab_deploy_alone_reshapes_it(
         fleet: Fleet) -> None:
     before = running_instances(fleet)
     reboot("--gpus", "1")
-    up_at = time.monotonic()
     with Client(fleet) as client:
         client.wait(15)
         since = time.monotonic()
@@ -378,7 +379,6 @@ def test_a_host_that_lost_a_gpu_serves_again_and_fab_deploy_alone_reshapes_it(
     assert status.code == 3, status.describe()  # an instance down: a person must know
     assert "i1" in status.stdout and "down" in status.stdout, status.describe()
     assert client.failed(since) == [], client.summary(since)
-    assert up_at - 0 > 0
     assert run.code == 0, run.describe()
     assert sorted(running_instances(fleet)) == [0], (before, running_instances(fleet))
     assert [i for i, _, _ in proxy_servers()] == [0, 0]  # the proxy has i0's servers alone
@@ -395,7 +395,9 @@ def test_a_host_that_got_its_gpu_back_is_reshaped_by_a_deploy_run_right_after_th
     print(f"GPU back: `fab deploy` right after the reboot: exit {run.code} in "
           f"{run.seconds:.1f} s; client: {client.summary()}")
     assert run.code == 0, run.describe()
-    assert "back after" in run.out or "nothing coming back" in run.out, run.describe()
+    # whether the restarted containers were still loading when the facts were read depends on
+    # the machine's speed (idle: they were not, "nothing coming back"); the step ran and passed
+    assert re.search(r"preflight\s+await_restarts\s+ok", run.out), run.describe()
     assert sorted(running_instances(fleet)) == [0, 1]
     assert client.failed(since) == [], client.summary(since)
     fleet.assert_serving(2)
@@ -419,7 +421,11 @@ def test_a_host_rebooted_in_the_middle_of_a_deploy_converges_when_it_is_rerun(
     watched.wait_for(r"roll\s+gate_warmup\s+ok", timeout=300)
     reboot("--hard")
     interrupted = watched.finish(timeout=300)
-    assert interrupted.code != 0, interrupted.describe()
+    # the hard reboot closes the run's SSH connection in the health gate; the restore, on that
+    # connection, cannot reach the host either: inconsistent, the lock left on tb4 (said)
+    assert interrupted.code == ExitCode.INCONSISTENT, interrupted.describe()
+    assert re.search(r"restore\s+restore\s+failed .*the SSH connection is closed",
+                     interrupted.out), interrupted.describe()
     with Client(fleet) as client:
         rerun = deploy(fleet, 3)
         since = time.monotonic()

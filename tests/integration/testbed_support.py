@@ -121,19 +121,34 @@ def fleet_healthy() -> bool:
             and _images_in_registry())
 
 
+# set by scripts/test once it has brought the fleet up: from then on the fleet is the suite's,
+# and a fleet found unhealthy at a module's start was broken by an earlier test or the product
+SUITE_OWNS_FLEET = "TFSDEPLOY_SUITE_OWNS_FLEET"
+
+
 def ensure_fleet() -> None:
     """A healthy fleet: brought up when it is not (idempotent). A fleet command in progress
     (another session's `up` or `down`, a test's reboot of its host) is waited out by
     `scripts/testbed status`, which answers between such commands, never during one; a fleet
-    that `up` leaves unhealthy is an error."""
+    that `up` leaves unhealthy is an error.
+
+    Under scripts/test (``SUITE_OWNS_FLEET``), which brought the fleet up before any test, a
+    fleet found unhealthy is never repaired silently: it is brought back up for the modules
+    after this one, and this module fails with what `scripts/testbed status` said."""
     if os.geteuid() != 0:
         pytest.fail("the local fleet needs root (namespaces, bridges, dockerd)", pytrace=False)
     if fleet_healthy():
         return
+    found = run_testbed("status", timeout=300)
     proc = run_testbed("up", *SUITE_FLEET)
     if proc.returncode != 0 or not fleet_healthy():
         raise RuntimeError(f"the testbed does not come up (scripts/testbed up exit "
                            f"{proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    if os.environ.get(SUITE_OWNS_FLEET) == "1":
+        pytest.fail("the suite's fleet was unhealthy at this module's start (an earlier test "
+                    "or the product left it so; `scripts/testbed up` has repaired it for the "
+                    "modules after this one); `scripts/testbed status` said:\n"
+                    f"{found.stdout[-2000:]}{found.stderr[-1000:]}", pytrace=False)
 
 
 def netns(host: str, *argv: str) -> list[str]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import importlib.abc
+import importlib.machinery
 import io
 import math
 import socket
@@ -143,6 +145,36 @@ def place(value: str, tmp: Path) -> str:
     return value.replace(TMP, str(tmp)).replace("{project}", str(ROOT))
 
 
+class TensorFlowRefused(importlib.abc.MetaPathFinder):
+    """An import system in which every import of TensorFlow fails and is written down (the
+    deploy machine has no TensorFlow: no command may need it)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None
+                  ) -> importlib.machinery.ModuleSpec | None:
+        if fullname.partition(".")[0] == "tensorflow":
+            self.asked.append(fullname)
+            raise ImportError(f"{fullname}: the commands must run without TensorFlow")
+        return None
+
+
+@contextlib.contextmanager
+def tensorflow_refused() -> Iterator[TensorFlowRefused]:
+    """While inside, importing TensorFlow fails and is recorded, whether or not another test
+    of this process loaded it before (it is taken out of ``sys.modules`` and put back)."""
+    loaded = sys.modules.pop("tensorflow", None)
+    finder = TensorFlowRefused()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield finder
+    finally:
+        sys.meta_path.remove(finder)
+        if loaded is not None:
+            sys.modules["tensorflow"] = loaded
+
+
 def run(case: CliCase, tmp: Path) -> tuple[int, str]:
     """Parse as fab does, call the task's body as fab does; the exit code and the output."""
     out, err = io.StringIO(), io.StringIO()
@@ -258,14 +290,15 @@ def generated_commands(no_network: tuple[Attempts, Path], outcomes: Counter[str]
     ended in is counted in ``outcomes``."""
     attempts, tmp = no_network
     attempts.seen.clear()
-    tensorflow_before = "tensorflow" in sys.modules
     placed = {name: (None if value is None else [place(v, tmp) for v in value]
                      if isinstance(value, list) else place(value, tmp))
               for name, value in case.options.items()}
     bad = {name: value for name, value in placed.items()
            if name not in FLAGS and certainly_invalid(name, value)}
-    code, output = run(case, tmp)
+    with tensorflow_refused() as tensorflow:
+        code, output = run(case, tmp)
     outcomes[f"exit {code}"] += 1
+    assert tensorflow.asked == [], (tensorflow.asked, output)
     assert code in {int(c) for c in ExitCode}, (code, output)
     assert "Traceback" not in output and DEFECT not in output, output
     if "invalid input" in output:
@@ -277,8 +310,6 @@ def generated_commands(no_network: tuple[Attempts, Path], outcomes: Counter[str]
         # typed by options(); the others are found one check after another
         assert any(names_it(output, FLAG_NAMES[(case.command, name)], value)
                    for name, value in placed.items() if name not in FLAGS), (bad, output)
-    # (vacuous when another test of this run imported it first)
-    assert tensorflow_before or "tensorflow" not in sys.modules
 
 
 def test_every_command_with_generated_options_exits_with_a_documented_code(
