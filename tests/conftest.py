@@ -101,3 +101,18 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         safe = _utf8_safe(rendered)
         if safe != rendered:
             report.longrepr = safe
+
+
+# -- timing bounds (tests/bounds.py) -----------------------------------------------------------
+#
+# A test's timing bounds are recorded on it as properties, which the JUnit XML carries to
+# scripts/test-report's table: ``within`` learns here which test is running, from its set-up
+# (module fixtures started for it included) to its teardown.
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    from tests.bounds import recorded_on  # after ROOT is on sys.path, above
+
+    with recorded_on(item):
+        return (yield)

@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from tests.bounds import within
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from deploy_support import GOOD, assemble_source, assert_ports_free
@@ -152,7 +154,11 @@ def test_the_acceptance_run_passes_with_a_release_under_load(fleet: ModelFleet) 
     assert sum(r["count"] for r in accept["series"]) == data["count"]
     # the release ran inside the window, and the plot shows it there
     release = accept["release"]
-    assert release["exitCode"] == 0 and 6 <= release["startS"] < release["endS"] <= 40
+    assert release["exitCode"] == 0 and release["startS"] < release["endS"], release
+    # --release-at 15 % of the 40 s window: 6 s in (its lower limit); it must end inside it
+    # measured: see the timing-bounds table of scripts/test
+    within("release start in the window, s", release["startS"], at_least=6)
+    within("release end in the window, s", release["endS"], at_most=40)
     png = out / "accept.png"
     found = shaded_columns(png)
     want = expected_columns(accept["series"], **plot_arguments(data))
@@ -189,7 +195,9 @@ def test_a_generator_lost_mid_run_fails_the_run_and_keeps_the_rest(fleet: ModelF
     assert gens["tb2"]["status"] == "lost" and "process gone" in gens["tb2"]["error"]
     # killed 8 s into the window (after the 8 s margin), reported lost at 8.6 s (measured,
     # docs/acceptance.md): within 3 s before and 6 s after the kill
-    assert 5 <= gens["tb2"]["endedS"] <= 14
+    # measured: see the timing-bounds table of scripts/test
+    within("killed generator reported lost, s into the window", gens["tb2"]["endedS"],
+           at_least=5, at_most=14)
     assert gens["tb1"]["status"] == "ok" and gens["tb1"]["count"] == 1000  # kept
     assert data["count"] == 1000 and accept["merge"]["equal"]
     assert any("tb2 was lost mid-run" in w for w in accept["warnings"])
@@ -226,8 +234,15 @@ def test_a_generator_that_stalls_makes_the_run_inconclusive(fleet: ModelFleet) -
     rows = {r["row"]: r for r in accept["rows"]}
     assert rows["throughput"]["passed"] and rows["error rate"]["passed"], rows
     assert not rows["p99 every 1 s"]["passed"], rows
-    assert gens["tb2"]["maxSendLagMs"] >= 2500, gens["tb2"]
-    assert rows["p99 every 1 s"]["figure"] - gens["tb2"]["maxSendLagMs"] <= 1000, rows
+    # the 3 s stop is the lag's upper limit; 2500 ms: the stop, less a send due in it
+    # measured: see the timing-bounds table of scripts/test
+    within("stalled generator's send lag, ms", gens["tb2"]["maxSendLagMs"], at_least=2500,
+           detail=gens["tb2"])
+    # the SLO, 1000 ms: a P99 over it by more than the lag is the fleet's, not the stall's
+    # measured: see the timing-bounds table of scripts/test
+    within("P99 of the stalled seconds less the send lag, ms",
+           rows["p99 every 1 s"]["figure"] - gens["tb2"]["maxSendLagMs"], at_most=1000,
+           detail=rows)
     assert run_dirs_left(run_id) == {}
 
 
@@ -246,7 +261,11 @@ def test_a_release_that_breaks_the_slo_fails_the_release_row(fleet: ModelFleet) 
     release_row = accept["rows"][3]
     assert release_row["row"] == f"p99 during release v{SLOW_VERSION}"
     assert accept["release"]["exitCode"] == 0, run.describe()  # the deploy let it through
-    assert not release_row["passed"] and release_row["figure"] > SLO_MS, run.describe()
+    assert not release_row["passed"], run.describe()
+    # the slow version's own latency (the model's designed floor) puts it over the SLO
+    # measured: see the timing-bounds table of scripts/test
+    within("P99 during the slow release, ms", release_row["figure"], above=SLO_MS,
+           detail=run.describe())
     # the fleet failed, whatever the generators' own lag: exit 2
     assert run.code == 2, run.describe()
     assert accept["verdict"] == "fail", run.describe()

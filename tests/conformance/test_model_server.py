@@ -34,6 +34,8 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
+from tests.bounds import within
+
 pytestmark = SHARED_CONTAINERS
 
 VERSION = 123  # every shared model's version directory is 00000123
@@ -332,5 +334,8 @@ def test_docker_stop_waits_for_sigkill(servers: dict[str, Container], key: str) 
     name = servers[key].spec.name
     started = time.monotonic()
     ssh(f"docker stop -t 2 {name}")
-    assert time.monotonic() - started >= 2
+    # no handler ends it sooner: the stop waits out its 2 s grace period, then kills
+    # measured: see the timing-bounds table of scripts/test
+    within("docker stop of a server without a SIGTERM handler, s",
+           time.monotonic() - started, at_least=2)
     assert ssh(f"docker inspect -f '{{{{.State.ExitCode}}}}' {name}").stdout.strip() == "137"

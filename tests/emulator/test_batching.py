@@ -12,6 +12,8 @@ import modelgen
 import pytest
 from emulator_support import Emulator, free_port, http, predict_request, stubs, write
 
+from tests.bounds import within
+
 BATCHING = """max_batch_size { value: 16 }
 enable_large_batch_splitting { value: true }
 max_execution_batch_size { value: 8 }
@@ -76,7 +78,9 @@ def test_partial_batch_waits_for_the_timeout(server: Any) -> None:
     after = batches(rest)
     assert after[1] - before[1] == 3
     assert after[0] - before[0] <= 2  # merged into one batch (rarely two)
-    assert min(latencies) >= 1.9  # nobody filled the batch: it ran at the 2 s timeout
+    # nobody filled the batch: it ran at the 2 s timeout, a lower limit no machine shortens
+    # measured: see the timing-bounds table of scripts/test
+    within("fastest of a partial batch's requests, s", min(latencies), at_least=1.9)
 
 
 def test_full_batch_runs_without_waiting(server: Any) -> None:
@@ -87,7 +91,8 @@ def test_full_batch_runs_without_waiting(server: Any) -> None:
     predict.Predict(request, timeout=30)
     # a full batch (8 = execution limit) goes at once; waiting for the timeout would take
     # 2 s, and a stall of the fleet-free tiers at nice 19 has been seen to add 0.25 s
-    assert time.monotonic() - started < 1.0
+    # measured: see the timing-bounds table of scripts/test
+    within("full batch answered, s", time.monotonic() - started, below=1.0)
     after = batches(rest)
     assert after == (before[0] + 1, before[1] + 8)
 

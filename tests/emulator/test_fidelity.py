@@ -26,6 +26,8 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
+from tests.bounds import within
+
 FAILED = "Failed to start server. Error: "
 
 
@@ -198,7 +200,10 @@ def test_rest_api_timeout_in_ms_is_the_run_timeout(server: Server) -> None:
     started = time.monotonic()
     assert server.post("/v1/models/block:predict", {"instances": [1.0]}) == \
         (504, {"error": "Timed out waiting for notification"})
-    assert time.monotonic() - started < 10
+    # the request's timeout_in_ms (its lower limit) ends it, not the blocking model
+    # measured: see the timing-bounds table of scripts/test
+    within("REST predict past its run timeout answered, s", time.monotonic() - started,
+           below=10)
 
 
 def test_grpc_deadline_is_the_run_timeout(server: Server) -> None:

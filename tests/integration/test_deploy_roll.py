@@ -28,6 +28,8 @@ from deploy_support import (
 )
 from testbed_support import HOSTS, Run, ssh
 
+from tests.bounds import within
+
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itdeploy", 1000
@@ -174,7 +176,9 @@ def test_slow_version_hits_the_load_deadline_and_is_restored(fleet: Fleet) -> No
     assert run.code == 2, run.describe()
     assert "gate_available" in run.out and "deadline" in run.out, run.describe()
     # the slow version needs 25-60 s to warm up: the roll must give up at ~10 s, not wait
-    assert time.monotonic() - started < 120, run.describe()
+    # measured: see the timing-bounds table of scripts/test
+    within("deploy past its 10 s load deadline, s", time.monotonic() - started, below=120,
+           detail=run.describe())
     fleet.assert_serving(B[2])
     assert fleet.snapshot() == before
 

@@ -19,6 +19,8 @@ from deploy_load import SteadyLoad, Target
 from deploy_support import GOOD, Fleet, fleet_fixture
 from testbed_support import HOSTS
 
+from tests.bounds import within
+
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itzdt", 1300
@@ -68,8 +70,10 @@ def test_no_request_fails_through_a_v1_to_v2_roll(fleet: Fleet) -> None:
                           + "; ".join(f"{s.target} {s.error}" for s in failures[:5]))
     elapsed = load.stopped_at - load.t0
     sent = len(load.samples)
-    assert sent >= 0.8 * TOTAL_RATE * elapsed, (
-        f"the load ran: {sent} requests in {elapsed:.0f} s at {TOTAL_RATE}/s")
+    # the load paces TOTAL_RATE requests/s; 0.8: the pacer's lag on a busy machine
+    # measured: see the timing-bounds table of scripts/test
+    within("requests sent through the roll", sent, at_least=0.8 * TOTAL_RATE * elapsed,
+           detail=f"the load ran: {sent} requests in {elapsed:.0f} s at {TOTAL_RATE}/s")
     assert {s.y for s in load.samples} <= {V1_Y, V2_Y}, "every answer is v1's or v2's"
     for target in targets:
         mine = sorted((s for s in load.samples if s.target == target.name), key=lambda s: s.sent)

@@ -60,6 +60,8 @@ from testbed_support import (
     ssh,
 )
 
+from tests.bounds import within
+
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itgateway", 4500
@@ -267,7 +269,10 @@ def test_the_gateway_keeps_its_connections_to_each_host_under_steady_load(fleet:
         assert last[host] == first[host], f"{host}: connections changed under steady load"
     assert not failed(steady.samples), (failed(steady.samples)[:3], gateway_log())
     assert {s.y for s in steady.samples} == {V1_Y}
-    assert len(steady.samples) >= 0.8 * 100 * (2 + STEADY_S)
+    # the load paces 100 requests/s for 2 + STEADY_S s; 0.8: the pacer's lag, not its rate
+    # measured: see the timing-bounds table of scripts/test
+    within("requests sent under steady load", len(steady.samples),
+           at_least=0.8 * 100 * (2 + STEADY_S))
 
 
 def test_a_deploy_through_the_gateway_fails_no_request(fleet: Fleet) -> None:
@@ -369,10 +374,12 @@ def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
         assert server_status("tb2") == "UP"
         ssh("tb2", f"docker kill tfs-proxy-{MODEL}")
         killed = time.monotonic()
-        while server_status("tb2").startswith("UP"):
-            assert time.monotonic() - killed < 10, "tb2 never left the rotation"
+        while server_status("tb2").startswith("UP") and time.monotonic() - killed < 10:
             time.sleep(0.05)
         out_after = time.monotonic() - killed
+        # the checks' fall (CHECK_INTERVAL_MS) is 0.5 s; 10 s: it never left the rotation
+        # measured: see the timing-bounds table of scripts/test
+        within("tb2 out of the rotation after its proxy's kill (poll), s", out_after, below=10)
         time.sleep(2.0)
     finally:
         steady.stop()
@@ -382,7 +389,10 @@ def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
     print(f"\nproxy of tb2 killed: out of rotation after {out_after * 1000:.0f} ms (check "
           f"interval {CHECK_INTERVAL_MS} ms); {len(bad)} failed requests, {in_flight} in "
           f"flight at the kill; {len(steady.samples)} requests in all")
-    assert out_after <= CHECK_INTERVAL_MS / 1000 + 0.2  # + one read of the stat over socat
+    # the check interval (its lower limit) + one read of the stat over socat
+    # measured: see the timing-bounds table of scripts/test
+    within("tb2 out of the rotation after its proxy's kill, s", out_after,
+           at_most=CHECK_INTERVAL_MS / 1000 + 0.2)
     assert len(bad) <= in_flight, ([f"{s.error}" for s in bad[:5]], gateway_log())
     after = [s for s in steady.samples if s.sent > killed + out_after]
     assert after and all(s.ok for s in after)

@@ -16,6 +16,8 @@ import pytest
 from rollback_support import Fleet, Prober, fleet_fixture
 from testbed_support import HOSTS, REPO, Run, fab_env, netns, ssh
 
+from tests.bounds import within
+
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itguardblind", 3300
@@ -73,7 +75,9 @@ def test_no_metrics_anywhere_is_exit_3(fleet: Fleet) -> None:
     assert "cannot measure itguardblind: no serving process's metrics could be read" in \
         run.out, run.describe()
     assert "no sustained SLO breach" not in run.out
-    assert run.seconds < 90, "it says so once no host was measured for --for-s, not at the end"
+    # it says so once no host was measured for --for-s (3 s), not at the end (120 s)
+    # measured: see the timing-bounds table of scripts/test
+    within("guard with no metrics ended, s", run.seconds, below=90)
 
 
 def test_one_filtered_host_is_said_and_not_called_healthy(fleet: Fleet) -> None:

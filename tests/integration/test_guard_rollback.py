@@ -18,6 +18,8 @@ from rollback_support import (
 )
 from testbed_support import TWO_HOSTS
 
+from tests.bounds import within
+
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "rbk4", 600
@@ -52,7 +54,10 @@ def test_guard_with_good_traffic_exits_0_after_its_duration(fleet: Fleet,
                         "--metrics-file", str(metrics),
                         "--log-file", str(fleet.tmp / "guard.log"), timeout=120)
     assert run.code == 0, run.describe()
-    assert 11 <= run.seconds < 60, run.describe()
+    # --duration-s 12 is its lower limit; 60 s: the watch ended at its duration
+    # measured: see the timing-bounds table of scripts/test
+    within("guard's 12 s watch, s", run.seconds, at_least=11, below=60,
+           detail=run.describe())
     assert "no sustained SLO breach" in run.stdout, run.describe()
     assert prober.count() > 50 and not prober.failures(), prober.summary()
     assert not re.search(r"guard +slo +breach", run.stdout), run.describe()
@@ -71,7 +76,9 @@ def test_guard_rolls_back_on_an_injected_error_rate(fleet: Fleet,
     assert run.code == 2, run.describe()
     assert bad > 20, f"only {bad} bad requests were answered INVALID_ARGUMENT"
     assert re.search(r"error rate \d+\.\d+% > 5\.00%", run.stdout), run.describe()
-    assert run.seconds < 50, run.describe()
+    # the breach (--for-s 3) and the rollback, not the whole --duration-s 60
+    # measured: see the timing-bounds table of scripts/test
+    within("guard's rollback run, s", run.seconds, below=50, detail=run.describe())
     assert f"rolled back to {releases[1]}" in run.stdout, run.describe()
     # the good requests never failed, and every host now answers with v1
     assert not prober.failures(), prober.summary()

@@ -41,6 +41,8 @@ import pytest
 from deploy_support import GOOD, Fleet, fleet_fixture
 from testbed_support import ADDRESSES, VENV_BIN, api, fab_env, predict_request, ssh
 
+from tests.bounds import within
+
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itobserve", 4400
@@ -211,7 +213,9 @@ def test_a_deploy_labels_its_release_within_two_scrape_intervals(
     fleet.deploy(1)
     took = scraped(prometheus, 1)
     print(f"v1 scraped {took:.1f} s after its deploy")
-    assert took <= 2 * SCRAPE_S, took
+    # one scrape interval to the next scrape, one more for a target file read late
+    # measured: see the timing-bounds table of scripts/test
+    within("v1 scraped after its deploy, s", took, at_most=2 * SCRAPE_S)
     # written on tb1 over SSH, read here
     on_tb1 = ssh("tb1", f"cat {fleet.targets}/{MODEL}.json")  # type: ignore[attr-defined]
     targets = json.loads(on_tb1.stdout)
@@ -269,7 +273,9 @@ def test_a_release_slower_than_the_slo_fires_the_p99_alert_within_its_for(
             run = fleet.fab("deploy", "--version", "2")
             assert run.code == 0, run.describe()
             took = scraped(prometheus, 2)
-            assert took <= 2 * SCRAPE_S, took
+            # one scrape interval to the next scrape, one more for a target file read late
+            # measured: see the timing-bounds table of scripts/test
+            within("v2 scraped after its deploy, s", took, at_most=2 * SCRAPE_S)
             # above the SLO once two scrapes of v2 fill the window (the targets follow the
             # roll: that may be before the deploy ends): pending, then firing after its `for`
             prometheus.wait_for(lambda: watch.firing_seen is not None,
@@ -286,7 +292,9 @@ def test_a_release_slower_than_the_slo_fires_the_p99_alert_within_its_for(
     print(f"v2 scraped {took:.1f} s after its deploy, v1 out {took + gone:.1f} s after it; "
           f"P99 alert firing {pending_for:.1f} s after it went pending (for: {FOR_S} s)")
     # it waited its `for`, and fired at the evaluation after it (evaluations every 1 s)
-    assert FOR_S - 0.5 <= pending_for <= FOR_S + 2.5, pending_for
+    # measured: see the timing-bounds table of scripts/test
+    within("P99 alert pending before firing, s", pending_for, at_least=FOR_S - 0.5,
+           at_most=FOR_S + 2.5)
     assert not clients.failures, clients.failures[:5]
     # the latency alerts only: requests 300 ms slower also wait in the batching queue behind
     # each other (its alert may fire too); the SLO's burn-rate alerts may be pending (their

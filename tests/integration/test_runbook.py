@@ -25,6 +25,8 @@ from deploy_support import GOOD, Fleet, fleet_fixture
 from rollback_support import json_from
 from testbed_support import REPO, TWO_HOSTS, Run, fab_env, ssh
 
+from tests.bounds import within
+
 pytestmark = pytest.mark.testbed
 
 MODEL, OFFSET = "itrunbook", 1700
@@ -104,7 +106,11 @@ def test_a_dead_notification_receiver_adds_under_a_second(fleet: Fleet) -> None:
     report = json_from(noisy.stdout)["notifications"]
     # what the run waited for the receiver, as it measured it; the wall time a dead receiver
     # adds is a speed figure, printed by benchmarks/bench_notify.py (not a timed test)
-    assert not report["ok"] and report["waited_s"] < 1.0, report
+    assert not report["ok"], report
+    # a refused connection answers at once: no retry waits out a timeout
+    # measured: see the timing-bounds table of scripts/test
+    within("run's wait for a refused receiver, s", report["waited_s"], below=1.0,
+           detail=report)
     print(f"\ndead receiver: run took {took:.1f} s, the same run without it "
           f"{quiet.seconds:.1f} s")
 

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.bounds import within
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 
 from deploy_load import SteadyLoad, Target
@@ -105,8 +107,10 @@ def test_the_demo_rolls_resnet50_v1_then_v2_with_no_failed_request(fresh_fleet: 
     print(f"\nmain job: {len(load.samples)} Predict requests through the roll, {summary}")
     assert not failures, (f"{len(failures)} failed requests; first: "
                           + "; ".join(f"{s.target} {s.error}" for s in failures[:5]))
-    assert len(load.samples) >= 0.8 * RATE_PER_HOST * len(targets) * (
-        load.stopped_at - load.t0), "the load ran at its rate"
+    # the load paces RATE_PER_HOST requests/s per host; 0.8: the pacer's lag on a busy machine
+    # measured: see the timing-bounds table of scripts/test
+    within("requests sent through the main job", len(load.samples),
+           at_least=0.8 * RATE_PER_HOST * len(targets) * (load.stopped_at - load.t0))
     assert {s.y for s in load.samples} <= {1.0, 2.0}, "every answer came from version 1 or 2"
     for target in targets:
         mine = sorted((s for s in load.samples if s.target == target.name), key=lambda s: s.sent)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from testbed.models import generate, half_plus_two, savedmodel
+from tests.bounds import within
 
 ROOT = Path(__file__).resolve().parents[2]
 ONLY = ["half_plus_two"]
@@ -40,7 +41,9 @@ def test_second_run_is_fast_and_rewrites_nothing(fresh: Path) -> None:
     before = snapshot(fresh)
     start = time.perf_counter()
     results = quiet(fresh)
-    assert time.perf_counter() - start < 2.0
+    # a cached model is only hashed and compared; making one again takes TensorFlow seconds
+    # measured: see the timing-bounds table of scripts/test
+    within("second make of cached models, s", time.perf_counter() - start, below=2.0)
     assert [(r.key, r.action) for r in results] == [
         (f"half_plus_two/{v}", "cached") for v in (1, 2, 3)
     ]

@@ -32,7 +32,8 @@ models = [Model(name="hp2", source="{source}", golden="{golden}",
                 batching=Batching(max_batch_size=8, allowed_batch_sizes=(8,)),
                 rollout=Rollout(serial={serial}, on_failure="{on_failure}",
                                 max_fail_percentage={max_fail}, min_healthy_s=1,
-                                load_timeout_s=30, window_s={window}, keep_releases={keep}))]
+                                load_timeout_s=30, window_s={window}, keep_releases={keep},
+                                deadline_s={deadline}))]
 '''
 
 
@@ -56,13 +57,14 @@ class Recorder:
 def inventory_file(world: dict[str, Any], *, serial: str = '(1, "100%")',
                    on_failure: str = "revert", max_fail: float = 0, window: float = 0,
                    keep: int = 3, host_vars: dict[str, dict[str, Any]] | None = None,
-                   count: int = 4, gpus: int = 1) -> str:
+                   count: int = 4, gpus: int = 1, deadline: float | None = None) -> str:
     """The inventory of ``count`` fake hosts (``gpus`` GPUs each: one server per GPU) with
-    this rollout policy."""
+    this rollout policy (``deadline``: its ``deadline_s``)."""
     text = INVENTORY.format(source=world["source"], golden=world["golden"],
                             hosts=world["tmp"], serial=serial, on_failure=on_failure,
                             max_fail=max_fail, window=window, keep=keep,
-                            host_vars=host_vars or {}, count=count, gpus=gpus)
+                            host_vars=host_vars or {}, count=count, gpus=gpus,
+                            deadline=deadline)
     path = world["tmp"] / f"inv-{hashlib.sha256(text.encode()).hexdigest()[:12]}.py"
     path.write_text(text)
     return str(path)

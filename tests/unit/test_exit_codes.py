@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -155,7 +154,7 @@ def test_rollback_to_a_release_with_every_host_unreachable_exits_3(
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT],
                          ids=["SIGHUP", "SIGTERM", "SIGINT"])
 def test_hangup_terminate_and_ctrl_c_ask_the_run_to_stop(signum: signal.Signals) -> None:
-    cancel, recorder = threading.Event(), Recorder()
+    cancel, recorder = engine.Stop(), Recorder()
     before = signal.getsignal(signum)
     with engine.interrupts_cancel(cancel, recorder):
         os.kill(os.getpid(), signum)
@@ -192,6 +191,46 @@ def test_a_hangup_mid_roll_restores_and_releases_the_lock(world: dict[str, Any])
     for host in fleet.hosts.values():
         assert host.running(MODEL) == [first.release_id]
         assert not Path(paths(host).lock_dir).exists()
+
+
+def test_a_run_past_its_deadline_stops_restores_and_releases_the_lock(
+        world: dict[str, Any]) -> None:
+    """rollout.deadline_s: the deadline passes while h1's new slot starts (a step that outlasts
+    it, as a hung host would); the run stops there as at SIGTERM: h1 restored, the hosts not
+    reached skipped, the lock released, and the message says the deadline stopped it."""
+    first = run_deploy(world, 1)
+
+    class Outlasts(Recorder):
+        def step(self, host: str, phase: str, task: str, status: str, seconds: float,
+                 detail: str) -> None:
+            super().step(host, phase, task, status, seconds, detail)
+            if (host, task) == ("h1", "start_slot"):  # held until the deadline has passed
+                end = time.monotonic() + 30
+                while not any("deadline" in n for n in self.notes) and time.monotonic() < end:
+                    time.sleep(0.01)
+
+    recorder = Outlasts()
+    # the fake run reaches h1's start_slot 0.27-0.29 s after it starts (idle machine): 3 s
+    # leaves a margin of 10 for a busy one, and the step above waits for the deadline
+    result = run_deploy(world, 2, recorder, deadline=3.0)
+    assert result.exit_code == ExitCode.ROLLED_BACK, result.message
+    assert result.message.startswith(
+        "stopped at its 3 s deadline (rollout.deadline_s); every host serves its previous "
+        "release"), result.message
+    assert [n for n in recorder.notes if "deadline" in n] == [
+        "the run's 3 s deadline passed: finishing the current steps, then restoring; the "
+        "lock is released at the end"]
+    assert {n: o.status for n, o in result.hosts.items()} == {
+        "h1": "restored", "h2": "skipped", "h3": "skipped", "h4": "skipped"}
+    fleet: FakeFleet = world["fleet"]
+    for host in fleet.hosts.values():
+        assert host.running(MODEL) == [first.release_id]
+        assert not Path(paths(host).lock_dir).exists()
+
+
+def test_a_run_within_its_deadline_is_not_stopped(world: dict[str, Any]) -> None:
+    result = run_deploy(world, 1, deadline=60.0)
+    assert result.exit_code == ExitCode.OK, result.message
 
 
 def test_the_proxy_admin_is_reached_through_socat_on_its_unix_socket_only(
@@ -239,7 +278,7 @@ class Stream(io.StringIO):
 
 stream = Stream()
 reporter = LineReporter(stream)
-cancel = threading.Event()
+cancel = engine.Stop()
 with engine.interrupts_cancel(cancel, reporter):
     reporter.note("a progress line")
     cancel.wait(10)

@@ -167,7 +167,8 @@ def test_a_port_move_renders_both_stable_ports_and_keeps_the_old_server_address(
     inventory = tmp_path / "inv.py"
     inventory.write_text(INVENTORY.format(
         source=tmp_path, golden=tmp_path / "g.json", hosts=tmp_path, serial='(1,)',
-        on_failure="revert", max_fail=0, window=0, keep=3, host_vars={}, count=1, gpus=1))
+        on_failure="revert", max_fail=0, window=0, keep=3, host_vars={}, count=1, gpus=1,
+        deadline=None))
     inv = load_inventory(str(inventory))
     host, model = inv.hosts[0], inv.models["hp2"]
     text = render_proxy_config(host, model, model_ports(host, model), {0: "green"},

@@ -73,7 +73,9 @@ class GatewayAdmin:
 def _target(world: dict[str, Any], *, strategy: str = "dual-slot", count: int = 2,
             hosts: str | None = None) -> Target:
     text = Path(runs.inventory_file(world, count=count)).read_text()
-    text = text.replace('keep_releases=3)', f'keep_releases=3, strategy="{strategy}")')
+    recreate = text.replace('keep_releases=3,', f'keep_releases=3, strategy="{strategy}",')
+    assert recreate != text, "the fake inventory's Rollout(...) no longer reads as expected"
+    text = recreate
     path = world["tmp"] / f"inv-gateway-{strategy}-{count}.py"
     path.write_text(text + GATEWAY.format(root=world["tmp"] / "gw1" / "r"))
     return load_target(MODEL, inventory=str(path), hosts=hosts)

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.bounds import within
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.run import engine
 from tfsdeploy.run.jobs import Session
@@ -49,7 +50,9 @@ def test_a_look_ends_at_its_deadline(world: dict[str, Any]) -> None:
     started = time.monotonic()
     with pytest.raises(engine.LookStopped) as stopped:
         engine.look(target(world, count=1), lambda session: time.sleep(30), deadline_s=0.3)
-    assert time.monotonic() - started < 5
+    # the 0.3 s deadline (its lower limit) ends it, not the 30 s body
+    # measured: see the timing-bounds table of scripts/test
+    within("look past its deadline ended, s", time.monotonic() - started, below=5)
     assert stopped.value.exit_code == ExitCode.INCONSISTENT
     assert "ended at its 0.3 s deadline" in str(stopped.value)
 

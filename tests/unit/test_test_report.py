@@ -1,12 +1,15 @@
 """scripts/test-report on JUnit files as pytest writes them: every skip printed with its
 reason; a skip the allowlist does not name, and a tier that collected tests and ran none,
-fail the run (exit 1); an allowlist that is not valid is exit 2."""
+fail the run (exit 1); an allowlist that is not valid is exit 2; every timing bound a test
+recorded is listed, tightest margin first."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from xml.sax.saxutils import quoteattr
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "test-report"
@@ -81,3 +84,44 @@ def test_the_repository_s_allowlist_is_valid(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(SCRIPT), str(junit)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def bound(what: str, measured: float, **limits: float) -> str:
+    value = json.dumps({"what": what, "measured": measured, **limits})
+    return f'<property name="timing bound" value={quoteattr(value)}/>'
+
+
+def test_the_timing_bounds_are_listed_tightest_margin_first(tmp_path: Path) -> None:
+    timed = ('<testcase classname="tests.unit.test_a" name="test_timed" time="1.0"><properties>'
+             + bound("the roll, s", 2.0, below=10) + bound("stop, s", 0.8, below=1)
+             + bound("pending, s", 6.0, at_least=4.5, at_most=7.5)
+             + '<property name="other" value="x"/></properties></testcase>')
+    proc = report(tmp_path, [timed, OTHER_RAN])
+    assert proc.returncode == 0, proc.stdout
+    section = proc.stdout.split("== timing bounds: 3", 1)[1].split("== skips", 1)[0]
+    lines = [line.strip() for line in section.splitlines()[1:]]
+    assert lines == ["1.25x  stop, s: measured 0.8, bound < 1",
+                     "tests/unit/test_a.py::test_timed",
+                     "1.25x  pending, s: measured 6, bound >= 4.5, <= 7.5",
+                     "tests/unit/test_a.py::test_timed",
+                     "5.00x  the roll, s: measured 2, bound < 10",
+                     "tests/unit/test_a.py::test_timed"]
+
+
+def test_a_bound_past_its_limit_shows_a_margin_below_one(tmp_path: Path) -> None:
+    failed = ('<testcase classname="tests.unit.test_a" name="test_slow" time="3.0">'
+              '<properties>' + bound("the roll, s", 3.0, below=1) + '</properties>'
+              '<failure message="the roll, s: measured 3, bound &lt; 1">x</failure></testcase>')
+    proc = report(tmp_path, [failed, OTHER_RAN])
+    assert proc.returncode == 0, proc.stdout  # the failure fails the run in pytest, not here
+    assert "0.33x  the roll, s: measured 3, bound < 1" in proc.stdout
+
+
+def test_a_margin_over_zero_is_infinite(tmp_path: Path) -> None:
+    timed = ('<testcase classname="tests.unit.test_a" name="test_timed" time="1.0"><properties>'
+             + bound("wait, s", 0.0, below=1) + bound("gap, s", 0.5, at_least=0)
+             + '</properties></testcase>')
+    proc = report(tmp_path, [timed, OTHER_RAN])
+    assert proc.returncode == 0, proc.stdout
+    assert "infx  wait, s: measured 0, bound < 1" in proc.stdout
+    assert "infx  gap, s: measured 0.5, bound >= 0" in proc.stdout

@@ -72,7 +72,23 @@ from tfsdeploy.run.signals import handled
 
 
 class Interrupted(Exception):
-    """Ctrl-C, SIGTERM or SIGHUP arrived: stop at the next step boundary and restore."""
+    """Ctrl-C, SIGTERM or SIGHUP arrived, or the run's deadline passed: stop at the next step
+    boundary and restore."""
+
+
+class Stop(threading.Event):
+    """A run's cancellation: set by a signal or by the run's deadline, with why (what the run's
+    message says)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.why = "interrupted"
+
+    def stop(self, why: str) -> None:
+        """Ask the run to stop, for ``why`` (kept from the first ask)."""
+        if not self.is_set():
+            self.why = why
+            self.set()
 
 if TYPE_CHECKING:
     from tfsdeploy.hosts.dockerssh import PullProgress
@@ -151,7 +167,7 @@ class RunState:
     context: RunContext
     jobs: list[HostJob]
     reporter: Reporter
-    cancel: threading.Event
+    cancel: Stop
     serial: Sequence[int | str]
     max_fail_percentage: float
     on_failure: str
@@ -370,7 +386,7 @@ def run_fleet_phase(state: RunState, phase: Phase, jobs: list[HostJob]) -> list[
         state.failed.add(job.name)
     if state.cancel.is_set():
         code = _stopped_code(state)
-        finish(state, code, f"interrupted during {phase.name}; "
+        finish(state, code, f"{state.cancel.why} during {phase.name}; "
                + ("no serving container was changed" if code == ExitCode.INVALID
                   else "the fleet may be mixed: look at the hosts"))
         return None
@@ -462,7 +478,7 @@ def stop_roll(state: RunState, phase: Phase, rolled: list[HostJob],
             reverted_ok &= status == "reverted"
     restored_ok = all(state.result.hosts[n].status in ("restored", "reverted")
                       for n in state.failed if n in state.result.hosts)
-    why = "interrupted" if state.cancel.is_set() else "a gate failed"
+    why = state.cancel.why if state.cancel.is_set() else "a gate failed"
     if state.on_failure == "revert" and reverted_ok and restored_ok:
         finish(state, ExitCode.ROLLED_BACK, f"{why}; every host serves its previous release")
     else:
@@ -519,7 +535,7 @@ def finish(state: RunState, code: ExitCode, message: str) -> None:
 # -- a run: connections, lock, facts, signals ---------------------------------------------
 
 @contextmanager
-def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[None]:
+def interrupts_cancel(cancel: Stop, reporter: Reporter) -> Iterator[None]:
     """Ctrl-C, SIGTERM (cron, systemd) and SIGHUP (the operator's SSH session dropped) ask the
     run to stop: the current steps finish, the hosts are restored, the lock is released. The
     handler never raises, so a second signal cannot cut a restore or the release short."""
@@ -527,12 +543,38 @@ def interrupts_cancel(cancel: threading.Event, reporter: Reporter) -> Iterator[N
         if cancel.is_set():
             reporter.note("already stopping: restoring, then releasing the lock")
             return
-        cancel.set()
+        cancel.stop("interrupted")
         reporter.note(f"{signal.Signals(signum).name}: finishing the current steps, then "
                       "restoring; the lock is released at the end")
 
     with handled(handler):
         yield
+
+
+@contextmanager
+def deadline_stops(cancel: Stop, reporter: Reporter, deadline_s: float | None
+                   ) -> Iterator[None]:
+    """The run's overall deadline (the model's ``rollout.deadline_s``; None: none): once it
+    passes, the run stops as at a signal (the current steps finish, the hosts are restored, the
+    lock is released), and its message says that the deadline stopped it."""
+    if deadline_s is None:
+        yield
+        return
+
+    def passed() -> None:
+        if cancel.is_set():
+            return
+        cancel.stop(f"stopped at its {deadline_s:g} s deadline (rollout.deadline_s)")
+        reporter.note(f"the run's {deadline_s:g} s deadline passed: finishing the current "
+                      "steps, then restoring; the lock is released at the end")
+
+    timer = threading.Timer(deadline_s, passed)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def gather_facts(target: Target, conns: Mapping[str, Connection], images: Sequence[str],
@@ -597,13 +639,14 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
     at the very end."""
     if before is not None:
         before(plan)
-    cancel = threading.Event()
+    cancel = Stop()
     session = open_session(plan.target, connect,
                            CancellableClock(clock or SystemClock(), cancel), client_factory)
     started = time.monotonic()
     try:
         with late_signals(reporter) as late:
-            with interrupts_cancel(cancel, reporter):
+            with interrupts_cancel(cancel, reporter), \
+                    deadline_stops(cancel, reporter, plan.target.model.rollout.deadline_s):
                 result = _locked(plan, session, reporter, cancel, epilogue.listeners)
                 if epilogue.summarize is not None:
                     result = epilogue.summarize(result)
@@ -727,7 +770,7 @@ def look(target: Target, body: Callable[[Session], Looked], *,
 
 
 def _take_lock(plan: RunPlan, session: Session, reporter: Reporter, record: LockRecord,
-               sites: list[lock.LockSite]) -> list[lock.LockSite]:
+               sites: list[lock.LockSite], cancel: Stop) -> list[lock.LockSite]:
     """The fleet lock on a majority of the model's hosts (a promote or abort takes the one
     its paused canary holds)."""
     target = plan.target
@@ -741,7 +784,7 @@ def _take_lock(plan: RunPlan, session: Session, reporter: Reporter, record: Lock
             error.exit_code = ExitCode.INCONSISTENT
         raise
     except Interrupted:
-        raise TfsDeployError("interrupted while waiting for the lock; nothing was "
+        raise TfsDeployError(f"{cancel.why} while waiting for the lock; nothing was "
                              "changed") from None
 
 
@@ -763,7 +806,7 @@ def clear_finished_canary_parts(plan: RunPlan, rest: list[lock.LockSite], facts:
                           f"left on {site.host}")
 
 
-def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threading.Event,
+def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: Stop,
             listeners: Sequence[Listener] = ()) -> RunResult:
     """Under the lock: the facts, the plan, the phases; the lock given back (or handed to a
     paused canary) and the version archive removed, whatever happens."""
@@ -773,7 +816,7 @@ def _locked(plan: RunPlan, session: Session, reporter: Reporter, cancel: threadi
              for h in target.model_hosts]
     paused = next((h.paused for _, h in lock.paused_parts(sites)), "") if plan.take_over \
         else ""
-    taken = _take_lock(plan, session, reporter, record, sites)
+    taken = _take_lock(plan, session, reporter, record, sites, cancel)
     outcome: RunResult | None = None
     context: RunContext | None = None
     try:
@@ -844,7 +887,7 @@ def _facts_step(job: HostJob, reporter: Reporter) -> None:
 
 
 def run_roll(plan: RunPlan, context: RunContext, jobs: list[HostJob], reporter: Reporter,
-             cancel: threading.Event, listeners: Sequence[Listener] = (),
+             cancel: Stop, listeners: Sequence[Listener] = (),
              session: Session | None = None) -> RunResult:
     """The phases over the planned jobs, under the playbook's policy (or the model's);
     ``listeners`` are told of every step, with the run's ``session``."""

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 
 from tests.accept.plotcheck import shaded_columns
+from tests.bounds import within
 from tfsdeploy.accept import rows
 from tfsdeploy.accept.loadgen import LocalRunner
 from tfsdeploy.accept.plan import AcceptOptions
@@ -300,8 +301,12 @@ def test_the_release_runs_in_the_window_and_is_marked(
     # started at --release-at (measured 1.00-1.01 s, load average 14 on 2 cores), ended after
     # the stand-in's 1.5 s sleep (measured 3.11-3.33 s: fab's own start-up besides; 4.6 s
     # with a second suite's tiers on the same 2 cores), inside the 8 s window
-    assert 0.9 <= release["startS"] <= 1.5, release
-    assert release["endS"] - release["startS"] >= 1.5 and release["endS"] <= 8.0, release
+    # measured: see the timing-bounds table of scripts/test
+    within("release start, s into the window", release["startS"], at_least=0.9, at_most=1.5,
+           detail=release)
+    within("release run, s", release["endS"] - release["startS"], at_least=1.5,
+           detail=release)
+    within("release end, s into the window", release["endS"], at_most=8.0, detail=release)
     assert "deploying m v1" in (out / "deploy.log").read_text()
     assert accept["rows"][3]["row"] == "p99 during release v1" and accept["rows"][3]["passed"]
     assert shaded_columns(out / "accept.png") is not None

@@ -160,6 +160,11 @@ class Rollout:
     # only 1 is accepted (the host keeps instances - 1 serving; with "recreate" the one
     # rolling is out)
     max_unavailable: Annotated[int, Strict(), Field(ge=1, le=64)] = 1
+    # the most a run of this model may take, lock wait included (None: no limit): past it the
+    # run stops as at SIGTERM, restores what it changed and releases the lock
+    # (run.engine.deadline_stops); unattended runs set one above their longest roll
+    deadline_s: Annotated[float | None, Strict(),
+                          Field(gt=0, le=ONE_WEEK_S, allow_inf_nan=False)] = None
     # weighted steps on the first batch, judged new slot against old on live traffic
     # (canary.CanaryPolicy, checked by canary.validate_canary; None: no canary steps)
     canary: Annotated[CanaryPolicy | None, SkipValidation] = None
