@@ -16,6 +16,10 @@ os.chdir(ROOT)
 for path in (ROOT, ROOT / "src"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
+# and so do the Python processes the tests start (``python -c``): the venv's install is
+# editable from whichever checkout ran scripts/setup last, which need not be this one
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [str(ROOT / "src"), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 # Ctrl-C as a terminal delivers it. A suite started in the background (``bash scripts/test &``,
 # nohup, some CI runners) inherits SIGINT ignored, Python then leaves it ignored, and so does

@@ -74,7 +74,7 @@ def test_fab_observe_s_files_and_the_targets_a_run_rewrites(
     monkeypatch.setattr(targets, "running_processes", lambda _target, _session=None: (
         [ServingProcess("h1", 0, "blue", "r1", 1)], []))
     target = Target(inventory, inventory.model("m"), inventory.hosts)
-    assert targets.publish_targets(target) == [str(tmp_path / "targets" / "m.json")]
+    assert targets.publish_now(target) == [str(tmp_path / "targets" / "m.json")]
     assert_durable(calls, [tmp_path / "targets" / "m.json"])
 
 

@@ -156,7 +156,7 @@ def test_rollback_to_a_release_with_every_host_unreachable_exits_3(
 def test_hangup_terminate_and_ctrl_c_ask_the_run_to_stop(signum: signal.Signals) -> None:
     cancel, recorder = engine.Stop(), Recorder()
     before = signal.getsignal(signum)
-    with engine.interrupts_cancel(cancel, recorder):
+    with engine.interrupts_cancel(cancel, recorder.note):
         os.kill(os.getpid(), signum)
         for _ in range(200):
             if cancel.is_set():
@@ -279,7 +279,7 @@ class Stream(io.StringIO):
 stream = Stream()
 reporter = LineReporter(stream)
 cancel = engine.Stop()
-with engine.interrupts_cancel(cancel, reporter):
+with engine.interrupts_cancel(cancel, reporter.note):
     reporter.note("a progress line")
     cancel.wait(10)
     reporter.note("another progress line")

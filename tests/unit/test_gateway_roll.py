@@ -3,10 +3,14 @@ refuses (`haproxy -c`) changes no host; a good one is written and reloaded host 
 the drains the old worker held and the recorded ones set again; a new worker with a model that
 has no serving host UP puts that host back on its previous files and stops the roll (exit 2).
 The same command run again after a kill between writing and reloading, or between reloading
-and setting the drains, converges."""
+and setting the drains, converges. A SIGTERM while a host waits for its backends puts that host
+back (exit 2); one between two hosts stops before the second (exit 3)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +67,17 @@ class FakeGatewayHost:
     states: dict[str, str] = field(default_factory=dict)  # "backend/server" -> status
     events: list[str] = field(default_factory=list)
     server_state: str = ""  # the servers' states written for the next worker
+    # SIGTERM to this process at the first `show stat` of the next new worker (once)
+    sigterm_after_reload: bool = False
+    armed: bool = False
+
+    def stat_read(self) -> None:
+        """A `show stat` came: the armed SIGTERM is sent, and the signal's thread given the
+        time to handle it (the run's Stop set) before the answer."""
+        if self.armed:
+            self.armed = self.sigterm_after_reload = False
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
 
     def show_servers_state(self) -> str:
         """`show servers state` (version 1) of the running worker's servers."""
@@ -77,6 +92,7 @@ class FakeGatewayHost:
 
     def reload(self) -> None:
         self.running, self.pid, self.loaded = True, self.pid + 1, dict(self.live)
+        self.armed = self.sigterm_after_reload
         servers = [line.split()[1] for line in self.live.get(GATEWAY_FILE, "").splitlines()
                    if line.strip().startswith("server ")]
         backends = [line.split()[1] for line in self.live.get(GATEWAY_FILE, "").splitlines()
@@ -103,6 +119,7 @@ class FakeConnection:
                 elif command == "show servers state":
                     out += fake.show_servers_state()
                 elif command == "show stat":
+                    fake.stat_read()
                     out += "# pxname,svname,scur,status\n" + "".join(
                         f"{k.split('/')[0]},{k.split('/')[1]},0,{v}\n"
                         for k, v in fake.states.items())
@@ -229,6 +246,39 @@ def test_a_new_worker_with_no_serving_host_up_puts_the_host_back() -> None:
     assert fakes["gw1"].live == before  # the previous files, reloaded
     assert "m1.rate-limited.grpc.http" not in fakes["gw2"].live  # the roll stopped there
 
+
+
+def test_a_sigterm_while_a_host_waits_for_its_backends_puts_it_back() -> None:
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    _roll(_plan(), fakes)
+    before = dict(fakes["gw1"].live)
+    fakes["gw1"].dark = True  # the new worker's gate waits ...
+    fakes["gw1"].sigterm_after_reload = True  # ... and a SIGTERM comes in its first read
+    result, lines = _roll(_plan(limit=50), fakes)
+    assert result.exit_code == ExitCode.ROLLED_BACK, result.hosts
+    assert result.hosts == {"gw1": "interrupted"}
+    assert "SIGTERM: finishing the current steps, then restoring; the lock is released at the " \
+        "end" in lines
+    assert "gw1: FAILED: interrupted" in lines
+    assert fakes["gw1"].live == before and fakes["gw1"].loaded == before  # reloaded on them
+    assert "m1.rate-limited.grpc.http" not in fakes["gw2"].live  # never reached
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the engine's handler is gone
+
+
+def test_a_sigterm_between_two_hosts_stops_before_the_second() -> None:
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    _roll(_plan(), fakes)
+    fakes["gw1"].sigterm_after_reload = True  # in gw1's gate, which then passes
+    result, lines = _roll(_plan(limit=50), fakes)
+    assert result.exit_code == ExitCode.INCONSISTENT, result.hosts
+    assert result.hosts["gw2"] == "not rolled: interrupted"
+    assert "m1.rate-limited.grpc.http" in fakes["gw1"].loaded  # gw1 finished its roll
+    assert "m1.rate-limited.grpc.http" not in fakes["gw2"].live
+    assert "interrupted before gw2: gw1 run the new configuration, gw2 and the hosts after it " \
+        "the previous one: run `fab gateway` again" in lines
+    again, _ = _roll(_plan(limit=50), fakes)  # the same command again converges
+    assert again.exit_code == ExitCode.OK, again.hosts
+    assert "m1.rate-limited.grpc.http" in fakes["gw2"].loaded
 
 
 def test_files_written_but_never_loaded_are_loaded_by_the_next_run() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -293,3 +294,77 @@ def test_a_refused_rollback_message_names_both_releases() -> None:
     facts = {"h1": HostFacts(host="h1")}
     with pytest.raises(TfsDeployError, match=f"h1: judged {A}, live now no single release"):
         plans.refuse_changed("m", facts, {"h1": A})
+
+
+# -- a signal ends the watch, with what it saw ---------------------------------------------------
+
+def test_a_signal_between_two_rounds_ends_the_watch_with_exit_1_and_no_action(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`fab guard` as cron's `timeout` stops it: SIGTERM while it waits between rounds (in
+    ``watch``, under the engine's handling) ends the watch at once, said, not acted on, and
+    the handler is given back."""
+    import os
+    import signal
+
+    from tfsdeploy.run import guard as guarding
+
+    hosts = list(_addresses())
+    readers = Readers(slow=False)
+    rounds: list[float] = []
+
+    def read(address: str, port: int, path: str, model_name: str) -> Any:
+        if not rounds or rounds[-1] != readers.now:
+            rounds.append(readers.now)
+            if len(rounds) == 2:
+                os.kill(os.getpid(), signal.SIGTERM)
+        return readers.read(address, port, path, model_name)
+
+    real = guarding.guard
+
+    def with_fakes(*args: Any, sleep: Callable[[float], None], **kwargs: Any) -> Any:
+        def waits(seconds: float) -> None:  # the watch's own wait, on fake time
+            began = time.monotonic()
+            sleep(0.5)  # the real wait: a signal (its thread sets the stop) ends it at once
+            if time.monotonic() - began >= 0.5:
+                readers.sleep(seconds)
+        return real(*args, sleep=waits, read=read, clock=lambda: readers.now,
+                    look=lambda _: Look(None, {h: A for h in hosts}), **kwargs)
+
+    monkeypatch.setattr(guarding, "guard", with_fakes)
+    recorder, acted = Recorder(), []
+    code, message = guarding.watch(_target(), GuardPolicy(for_s=10, interval_s=5,
+                                                          duration_s=120, min_requests=1),
+                                   reporter=recorder, act=lambda judged: acted.append(judged))
+    assert code == ExitCode.INVALID, message
+    assert message == ("SIGTERM: the guard stopped after 5 s of watching, before its duration "
+                       "ended; it had not acted: nothing was changed")
+    assert acted == [] and len(rounds) == 2
+    assert "SIGTERM: finishing the current steps, then restoring; the lock is released at the " \
+        "end" in recorder.notes
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_look_at_the_hosts_that_a_signal_ends_ends_the_watch() -> None:
+    from tfsdeploy.run.engine import LookStopped, Stop
+
+    def looks() -> Look:
+        raise LookStopped("the look at m's hosts ended at SIGHUP", "SIGHUP")
+
+    target, stop = _target(), Stop()
+    code, message = guard(target, GuardPolicy(for_s=10, interval_s=5, duration_s=120),
+                          reporter=Recorder(), look=lambda _: looks(), stop=stop)
+    assert (code, message) == (ExitCode.INVALID, "SIGHUP: the guard stopped after 0 s of "
+                               "watching, before its duration ended; it had not acted: "
+                               "nothing was changed")
+    assert stop.is_set() and stop.signal == "SIGHUP"
+
+
+def test_a_look_that_outlives_its_deadline_is_an_error_not_a_stop() -> None:
+    from tfsdeploy.run.engine import LookStopped, Stop
+
+    def looks() -> Look:
+        raise LookStopped("the look at m's hosts ended at its 300 s deadline")
+
+    with pytest.raises(LookStopped):
+        guard(_target(), GuardPolicy(for_s=10, interval_s=5, duration_s=120),
+              reporter=Recorder(), look=lambda _: looks(), stop=Stop())

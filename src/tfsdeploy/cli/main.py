@@ -362,7 +362,7 @@ def cmd_guard(args: GuardArgs) -> int:
     hooks and events `fab rollback` (`fab abort`) has, after a ``guard_triggered`` event. Its
     end is recorded first (the JSON result, the textfile), then its after-passes run."""
     from tfsdeploy.cli import around
-    from tfsdeploy.run.guard import GuardPolicy, guard
+    from tfsdeploy.run.guard import GuardPolicy, watch
 
     started = time.monotonic()
     policy = GuardPolicy(max_error_rate=args.max_error_rate, slo_p99_ms=args.slo_p99_ms,
@@ -376,7 +376,7 @@ def cmd_guard(args: GuardArgs) -> int:
                                            notify_urls=args.notify or ())
     act, abort = around.guard_actions(shown, chosen, lock_wait=policy.lock_wait)
     try:
-        code, message = guard(chosen, policy, reporter=shown, act=act, abort=abort)
+        code, message = watch(chosen, policy, reporter=shown, act=act, abort=abort)
     except BaseException:
         around.close(hooked)
         raise

@@ -22,7 +22,7 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.run.targets import (
     LOCAL_TARGETS,
     local_targets_dir,
-    publish_targets,
+    publish_now,
     scraped_targets_dir,
 )
 
@@ -80,6 +80,6 @@ def observe(inventory: Inventory, model: str | None, out: Path, *, targets: bool
         beside = scraped_targets_dir(inventory) == LOCAL_TARGETS
         for entry in models:
             chosen = Target(inventory, entry, inventory.select(None, model=entry))
-            published += publish_targets(
+            published += publish_now(
                 chosen, local_only=out / "prometheus" / LOCAL_TARGETS if beside else None)
     return written, published

@@ -19,7 +19,7 @@ from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.facts import HostFacts
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.loadtest.cli import run_bench
-from tfsdeploy.run import survey
+from tfsdeploy.run import engine, survey
 
 PATHS = ("report", "sweep_plot")
 PASSED_WHEN_GIVEN = ("rps", "procs", "min_qps", *PATHS)
@@ -61,7 +61,7 @@ def pick_data_version(live: Mapping[str, int | None], available: list[int]
 def data_version(target: Target, requested: Any, *,
                  connect: ConnectionFactory = SshConnection) -> tuple[int, str]:
     """``--version`` when given, else the version the selected hosts serve (see
-    pick_data_version); with the line that says which."""
+    pick_data_version, read on the engine's look); with the line that says which."""
     model = target.model
     if requested is not None:
         version = choose_version(model, requested, target.inventory.path)
@@ -78,7 +78,8 @@ def data_version(target: Target, requested: Any, *,
              ) -> dict[str, Any]:
         return {"version": live_version(facts)}
 
-    rows = survey.each_host(target, look, connect=connect)
+    rows = engine.look(target, lambda session: survey.each_host(target, look, session=session),
+                       connect=connect)
     live = {r["host"]: r.get("version") for r in rows}
     found, line = pick_data_version(live, available)
     assert found is not None  # the source holds a version

@@ -83,11 +83,12 @@ class Stop(threading.Event):
     def __init__(self) -> None:
         super().__init__()
         self.why = "interrupted"
+        self.signal = ""  # the signal's name ("": the deadline, or not stopped)
 
-    def stop(self, why: str) -> None:
+    def stop(self, why: str, signal_name: str = "") -> None:
         """Ask the run to stop, for ``why`` (kept from the first ask)."""
         if not self.is_set():
-            self.why = why
+            self.why, self.signal = why, signal_name
             self.set()
 
 if TYPE_CHECKING:
@@ -535,28 +536,28 @@ def finish(state: RunState, code: ExitCode, message: str) -> None:
 # -- a run: connections, lock, facts, signals ---------------------------------------------
 
 @contextmanager
-def interrupts_cancel(cancel: Stop, reporter: Reporter) -> Iterator[None]:
+def interrupts_cancel(cancel: Stop, note: Callable[[str], None]) -> Iterator[None]:
     """Ctrl-C, SIGTERM (cron, systemd) and SIGHUP (the operator's SSH session dropped) ask the
     run to stop: the current steps finish, the hosts are restored, the lock is released. The
     handler never raises, so a second signal cannot cut a restore or the release short."""
     def handler(signum: int) -> None:
         if cancel.is_set():
-            reporter.note("already stopping: restoring, then releasing the lock")
+            note("already stopping: restoring, then releasing the lock")
             return
-        cancel.stop("interrupted")
-        reporter.note(f"{signal.Signals(signum).name}: finishing the current steps, then "
-                      "restoring; the lock is released at the end")
+        cancel.stop("interrupted", signal.Signals(signum).name)
+        note(f"{signal.Signals(signum).name}: finishing the current steps, then restoring; "
+             "the lock is released at the end")
 
     with handled(handler):
         yield
 
 
 @contextmanager
-def deadline_stops(cancel: Stop, reporter: Reporter, deadline_s: float | None
-                   ) -> Iterator[None]:
-    """The run's overall deadline (the model's ``rollout.deadline_s``; None: none): once it
-    passes, the run stops as at a signal (the current steps finish, the hosts are restored, the
-    lock is released), and its message says that the deadline stopped it."""
+def deadline_stops(cancel: Stop, note: Callable[[str], None], deadline_s: float | None,
+                   *, setting: str = "rollout.deadline_s") -> Iterator[None]:
+    """The run's overall deadline (``setting`` in the inventory; None: none): once it passes,
+    the run stops as at a signal (the current steps finish, the hosts are restored, the lock is
+    released), and its message says that the deadline stopped it."""
     if deadline_s is None:
         yield
         return
@@ -564,9 +565,9 @@ def deadline_stops(cancel: Stop, reporter: Reporter, deadline_s: float | None
     def passed() -> None:
         if cancel.is_set():
             return
-        cancel.stop(f"stopped at its {deadline_s:g} s deadline (rollout.deadline_s)")
-        reporter.note(f"the run's {deadline_s:g} s deadline passed: finishing the current "
-                      "steps, then restoring; the lock is released at the end")
+        cancel.stop(f"stopped at its {deadline_s:g} s deadline ({setting})")
+        note(f"the run's {deadline_s:g} s deadline passed: finishing the current steps, then "
+             "restoring; the lock is released at the end")
 
     timer = threading.Timer(deadline_s, passed)
     timer.daemon = True
@@ -645,8 +646,8 @@ def run(plan: RunPlan, *, reporter: Reporter, connect: ConnectionFactory = SshCo
     started = time.monotonic()
     try:
         with late_signals(reporter) as late:
-            with interrupts_cancel(cancel, reporter), \
-                    deadline_stops(cancel, reporter, plan.target.model.rollout.deadline_s):
+            with interrupts_cancel(cancel, reporter.note), \
+                    deadline_stops(cancel, reporter.note, plan.target.model.rollout.deadline_s):
                 result = _locked(plan, session, reporter, cancel, epilogue.listeners)
                 if epilogue.summarize is not None:
                     result = epilogue.summarize(result)
@@ -726,11 +727,12 @@ class LookStopped(TfsDeployError):
 
 def look(target: Target, body: Callable[[Session], Looked], *,
          connect: ConnectionFactory = SshConnection,
-         deadline_s: float | None = LOOK_DEADLINE_S) -> Looked:
+         deadline_s: float | None = LOOK_DEADLINE_S,
+         left: str = "nothing was changed") -> Looked:
     """A read of the fleet on the engine's own session (status, history, lock, logs, exec):
     the connections ``body`` asks for are opened on first use and closed at the end, and
     the read ends at Ctrl-C, SIGTERM or SIGHUP, or at ``deadline_s`` (None: none), with
-    LookStopped saying which (exit 3: what was read is not whole)."""
+    LookStopped saying which (exit 3: what was read is not whole) and what it ``left``."""
     cancel = threading.Event()
     session = Session(connections={}, clock=CancellableClock(SystemClock(), cancel),
                       connect=connect, ended=cancel)
@@ -762,11 +764,36 @@ def look(target: Target, body: Callable[[Session], Looked], *,
         signal_name = stopped[-1] if stopped else None
         why = signal_name or f"its {deadline_s:g} s deadline"
         raise LookStopped(f"the look at {target.model.name}'s hosts ended at {why} before "
-                          "every host answered; nothing was changed", signal_name)
+                          f"every host answered; {left}", signal_name)
     kind, value = outcome[0]
     if kind == "error":
         raise value
     return value  # type: ignore[no-any-return]
+
+
+Done = TypeVar("Done")
+
+
+def operate(body: Callable[[Session, Stop], Done], *, note: Callable[[str], None],
+            connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
+            deadline_s: float | None = None, setting: str = "") -> Done:
+    """A pass that changes hosts outside a model's run (``fab gateway``) on the engine's own
+    session: the connections ``body`` asks for (``session.connection``) are opened on first
+    use and closed at the end, whatever happens. Ctrl-C, SIGTERM, SIGHUP and ``deadline_s``
+    (``setting`` names it) stop it as they stop a run: ``Stop`` is set, with why, and the
+    session's clock raises Interrupted at its next wait; ``body`` finishes or restores what it
+    was changing (its restores wait on a clock of their own: a second signal cannot cut them)
+    and returns. The handler never raises."""
+    cancel = Stop()
+    session = Session(connections={}, clock=CancellableClock(clock or SystemClock(), cancel),
+                      connect=connect)
+    try:
+        with interrupts_cancel(cancel, note), \
+                deadline_stops(cancel, note, deadline_s, setting=setting):
+            return body(session, cancel)
+    finally:
+        session.ended.set()
+        close_session(session)
 
 
 def _take_lock(plan: RunPlan, session: Session, reporter: Reporter, record: LockRecord,

@@ -14,6 +14,12 @@ host), or ends with exit 4 naming the holder; ``--check`` and ``--diff`` only re
 configuration that fails on any host (rendering, ``haproxy -c``) stops the run before any
 live file changes (exit 1). A host whose new worker has a model with no serving host up gets
 its previous files back and is reloaded on them (exit 2); when that also fails, exit 3.
+
+The run is the engine's (``engine.operate``): its connections, and Ctrl-C, SIGTERM and SIGHUP,
+which stop it as they stop a deploy. A signal while a host rolls ends that host's wait, the
+host gets its previous files back (exit 2, as for a failed gate); one between hosts stops
+before the next (exit 1 when no host was changed yet, else 3: the gateway hosts run different
+configurations until `fab gateway` runs again, which converges).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from tfsdeploy.hosts import lock as locks
 from tfsdeploy.hosts.dockerapi import DockerFailed
 from tfsdeploy.hosts.proxyadmin import ProxyRefused
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.run import engine
 from tfsdeploy.run.jobs import Session
 
 Say = Callable[[str], None]
@@ -83,37 +90,59 @@ def file_diff(host: str, live: dict[str, str], wanted: dict[str, str]) -> str:
 def roll_gateway(plan: GatewayPlan, *, say: Say, check: bool = False, diff: bool = False,
                  connect: ConnectionFactory = SshConnection,
                  clock: Clock | None = None) -> GatewayResult:
-    """The whole run (see the module's docstring)."""
+    """The whole run (see the module's docstring), on the engine's session."""
+    steady = clock or SystemClock()
+    return engine.operate(
+        lambda session, stop: _run(plan, session, _Roll(stop, steady, say), check=check,
+                                   diff=diff),
+        note=say, connect=connect, clock=steady)
+
+
+@dataclass(frozen=True)
+class _Roll:
+    """What a roll needs beside the session: the engine's stop, a clock for restores (never
+    cancelled) and where its lines go."""
+
+    stop: engine.Stop
+    steady: Clock
+    say: Say
+
+
+def _run(plan: GatewayPlan, session: Session, roll: _Roll, *, check: bool,
+         diff: bool) -> GatewayResult:
     result = GatewayResult()
-    clock = clock or SystemClock()
     wanted = files_for(plan)
-    conns: dict[str, Connection] = {}
     current = ""  # the host a failure before any live change is reported on
     held: tuple[list[locks.LockSite], LockRecord] | None = None
+    changed: list[str] = []  # the hosts rolled so far
+    say = roll.say
     try:
-        for host in plan.hosts:
-            conns[host.name] = connect(host)
+        conns = {host.name: session.connection(host) for host in plan.hosts}
         if not check:
-            held = _take_lock(plan, conns, clock)
+            held = _take_lock(plan, conns, session.clock)
         lives = {}
         for host in plan.hosts:
             current = host.name
             conn, paths = conns[host.name], gateway_paths(host)
             lives[host.name] = gw.live_files(conn, paths)
-            changed = lives[host.name] != wanted[host.name]
+            differs = lives[host.name] != wanted[host.name]
             if diff:
                 result.diffs[host.name] = file_diff(host.name, lives[host.name],
                                                     wanted[host.name])
             if check:
-                result.hosts[host.name] = "would change" if changed else "up to date"
+                result.hosts[host.name] = "would change" if differs else "up to date"
                 continue
             _prepare(conn, host, plan, wanted[host.name], say)
         if check:
             return result
         for host in plan.hosts:
+            if roll.stop.is_set():
+                _stopped(result, roll, changed, host.name)
+                return result
             result.hosts[host.name] = _roll_host(conns[host.name], host, plan,
                                                  wanted[host.name], lives[host.name],
-                                                 clock=clock, say=say)
+                                                 clock=session.clock, roll=roll)
+            changed.append(host.name)
     except _HostFailed as failure:
         result.hosts[failure.host] = failure.message
         result.exit_code = failure.code
@@ -129,9 +158,20 @@ def roll_gateway(plan: GatewayPlan, *, say: Say, check: bool = False, diff: bool
     finally:
         if held is not None:
             locks.release_sites(*held)
-        for conn in conns.values():
-            conn.close()
     return result
+
+
+def _stopped(result: GatewayResult, roll: _Roll, changed: list[str], next_host: str) -> None:
+    """A signal or the deadline came between two hosts: the roll ends before ``next_host``."""
+    if changed:
+        result.exit_code = ExitCode.INCONSISTENT
+        what = (f"{', '.join(changed)} run the new configuration, {next_host} and the hosts "
+                "after it the previous one: run `fab gateway` again")
+    else:
+        result.exit_code = ExitCode.INVALID
+        what = "no gateway host was changed"
+    result.hosts[next_host] = f"not rolled: {roll.stop.why}"
+    roll.say(f"{roll.stop.why} before {next_host}: {what}")
 
 
 GATEWAY_LOCK = "gateway"  # the lock's home on a gateway host: <data_root>/gateway
@@ -171,12 +211,14 @@ def _prepare(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
 
 def _roll_host(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
                files: dict[str, str], live: dict[str, str], *, clock: Clock,
-               say: Say) -> str:
+               roll: _Roll) -> str:
     """One gateway host: current only when its files are the rendered ones AND its running
     worker was loaded on them (the digest recorded once it answered: a run killed between
     writing the files and the reload leaves equal files and the old worker); else written
     (when they differ), started or reloaded, the digest recorded, the drains set again, the
-    gate. Recorded drains the worker lacks are set in either case."""
+    gate. Recorded drains the worker lacks are set in either case. A stop (a signal, its wait
+    ended by ``clock``) restores the host as a failed gate does."""
+    say = roll.say
     paths, image = gateway_paths(host), gateway_image(plan, host)
     digest, recorded, running = files_digest(files), gw.drains(conn, paths), gw.running(conn)
     if files == live and running and gw.loaded_digest(conn, paths) == digest:
@@ -194,9 +236,10 @@ def _roll_host(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
         say(f"{host.name}: {done}")
         _carry(conn, host, before, recorded, configured(plan), say)
         health = _wait_for_backends(conn, host, plan, clock=clock)
-    except FAILURES as error:
-        code = _restore(conn, host, plan, live, before, recorded, clock)
-        raise _HostFailed(host.name, str(error), code) from error
+    except (*FAILURES, engine.Interrupted) as error:
+        why = roll.stop.why if isinstance(error, engine.Interrupted) else str(error)
+        code = _restore(conn, host, plan, live, before, recorded, roll.steady)
+        raise _HostFailed(host.name, why, code) from error
     _forget_stale(conn, host, plan, recorded, say)
     say(f"{host.name}: serving: {health}")
     return f"{done}; {health}"
@@ -282,26 +325,20 @@ def _health_line(plan: GatewayPlan, servers: tuple[GatewayServer, ...]) -> str:
     return _health_text(route_health(plan, servers))
 
 
-def drift_notes(inventory: Inventory, model: str, *,
-                connect: ConnectionFactory = SshConnection,
-                session: Session | None = None) -> list[str]:
+def drift_notes(inventory: Inventory, model: str, *, session: Session) -> list[str]:
     """One line per gateway host routing ``model`` whose live files differ from what the
-    inventory renders now (or that cannot be read): what `fab status` and `fab deploy` say
-    (a deploy reads them over its own ``session``)."""
+    inventory renders now (or that cannot be read): what `fab status` and `fab deploy` say,
+    read over the engine's ``session`` (the look's, or the deploy's)."""
     if inventory.gateway is None or inventory.gateway.route(model) is None:
         return []
     plan = plan_gateway(inventory)
     notes = []
     for host in plan.hosts:
-        conn = session.connection(host) if session is not None else connect(host)
         try:
-            live = gw.live_files(conn, gateway_paths(host))
+            live = gw.live_files(session.connection(host), gateway_paths(host))
         except FAILURES as error:
             notes.append(f"gateway {host.name}: its configuration could not be read ({error})")
             continue
-        finally:
-            if session is None:
-                conn.close()
         if not live:
             notes.append(f"gateway {host.name}: no gateway configured there yet (run "
                          "`fab gateway`)")

@@ -22,6 +22,13 @@ each canary host, over the last ``for_s`` seconds, with the model's canary polic
 of the canary steps). A failing verdict, or any sustained SLO breach, aborts the canary (`fab
 abort`: the canary hosts back on the old slot at 100 %, the lock freed) instead of rolling
 back.
+
+The watch runs under the engine's signal handling (``watch``: ``engine.operate``): Ctrl-C,
+SIGTERM or SIGHUP ends it at once, between two rounds or during a look at the hosts, with exit 1
+and what it saw until then (it had not acted: nothing was changed), so that cron's ``timeout``
+or a systemd stop still leaves its recorded result. Its looks at the hosts are the engine's
+(``engine.look``: their connections closed at the end, their deadline); a rollback or abort it
+hands over is an engine run, with that run's own handling of a signal.
 """
 
 from __future__ import annotations
@@ -51,7 +58,7 @@ from tfsdeploy.core.observe.guard import (
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.hosts.facts import HostFacts
-from tfsdeploy.run import survey
+from tfsdeploy.run import engine, survey
 from tfsdeploy.run.after import GuardTriggered
 from tfsdeploy.run.canary import finish_canary
 from tfsdeploy.run.engine import Reporter, RunResult, emit
@@ -295,7 +302,7 @@ def look_at_fleet(target: Target) -> Look:
     def look(target: Target, host: ResolvedHost, conn: Any, facts: Any) -> dict[str, Any]:
         return {"facts": facts}
 
-    rows = survey.each_host(target, look)
+    rows = engine.look(target, lambda session: survey.each_host(target, look, session=session))
     facts: dict[str, HostFacts] = {r["host"]: r["facts"] for r in rows if r["reachable"]}
     live = {host: f.serving_release for host, f in facts.items() if f.serving_release}
     return Look(canary_of(facts), live)
@@ -338,16 +345,20 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
           sleep: Callable[[float], None] = time.sleep,
           look: Callable[[Target], Look] = look_at_fleet,
           abort: AbortAction | None = None,
-          clock: Callable[[], float] = time.monotonic) -> tuple[ExitCode, str]:
+          clock: Callable[[], float] = time.monotonic,
+          stop: engine.Stop | None = None) -> tuple[ExitCode, str]:
     """Watch until a sustained breach (then roll back what it judged, or abort the canary
     under way) or the duration ends; exit 3 when it could not measure a host (it never
-    reports health it did not see)."""
+    reports health it did not see); exit 1 when ``stop`` is set first (a signal)."""
     run = Guarding(target, policy, reporter, act, abort, read, look,
                    slo=policy.slo_p99_ms or target.model.latency_slo_ms,
                    canary_policy=target.model.rollout.canary or CanaryPolicy(),
                    history=History(keep_s=policy.for_s))
     start = clock()
-    watch = Watch(look(target), start)
+    seen = _look(look, target, stop)
+    if seen is None:
+        return _stopped(stop, 0.0)
+    watch = Watch(seen, start)
     # a host's first window needs two reads an interval apart, each of which may take up to
     # the read's timeout on a busy host: blind only after that much time without one
     coverage = Coverage(start, blind_after_s=max(
@@ -355,8 +366,13 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
     _announce(run, watch)
     while policy.duration_s is None or clock() - start < policy.duration_s:
         now = clock()
+        if stop is not None and stop.is_set():
+            return _stopped(stop, now - start)
         if now - watch.looked_at >= policy.paused_refresh_s:
-            watch = Watch(look(target), now, watch.pinned)
+            seen = _look(look, target, stop)
+            if seen is None:
+                return _stopped(stop, now - start)
+            watch = Watch(seen, now, watch.pinned)
         rounds = read_fleet(target, read)
         for host in target.hosts:
             ended = _host_round(run, watch, coverage, host.name, rounds[host.name], now)
@@ -366,6 +382,41 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
             return ExitCode.INCONSISTENT, _blind_message(run, coverage, now)
         sleep(policy.interval_s)
     return _verdict(run, coverage)
+
+
+def watch(target: Target, policy: GuardPolicy, *, reporter: Reporter,
+          act: RollbackAction | None = None,
+          abort: AbortAction | None = None) -> tuple[ExitCode, str]:
+    """`fab guard`'s watch under the engine's signal handling (see the module's docstring):
+    a signal ends its wait between rounds at once."""
+    return engine.operate(
+        lambda _session, stop: guard(target, policy, reporter=reporter, act=act, abort=abort,
+                                     sleep=lambda seconds: _wait(stop, seconds), stop=stop),
+        note=reporter.note)
+
+
+def _wait(stop: engine.Stop, seconds: float) -> None:
+    """The guard's wait between two rounds, ended at once by a signal."""
+    stop.wait(seconds)
+
+
+def _look(look: Callable[[Target], Look], target: Target, stop: engine.Stop | None
+          ) -> Look | None:
+    """A look at the hosts; None when a signal ended it (the guard then stops)."""
+    try:
+        return look(target)
+    except engine.LookStopped as ended:
+        if stop is None or ended.signal_name is None:  # its deadline: the guard cannot see
+            raise
+        stop.stop("interrupted", ended.signal_name)
+        return None
+
+
+def _stopped(stop: engine.Stop | None, watched_s: float) -> tuple[ExitCode, str]:
+    name = (stop.signal or stop.why) if stop is not None else "stopped"
+    return ExitCode.INVALID, (f"{name}: the guard stopped after {watched_s:.0f} s of watching, "
+                              "before its duration ended; it had not acted: nothing was "
+                              "changed")
 
 
 def _announce(run: Guarding, watch: Watch) -> None:

@@ -21,9 +21,8 @@ from tfsdeploy.core.localfiles import write_durable
 from tfsdeploy.core.observe.prometheus import ServingProcess, target_groups, targets_file
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.commands.files import ABSENT, read_if_present
-from tfsdeploy.hosts.ssh import Connection
-from tfsdeploy.hosts.ssh import SshConnection as connect
-from tfsdeploy.run import survey
+from tfsdeploy.hosts.ssh import ConnectionFactory, SshConnection
+from tfsdeploy.run import engine, survey
 from tfsdeploy.run.after import AFTER_DEADLINE_S, AfterPass, StepEvent
 from tfsdeploy.run.jobs import Session
 
@@ -49,10 +48,10 @@ def scraped_targets_dir(inventory: Inventory) -> str:
 
 # -- the targets -----------------------------------------------------------------------------
 
-def running_processes(target: Target, session: Session | None = None
+def running_processes(target: Target, session: Session
                       ) -> tuple[list[ServingProcess], list[str]]:
     """The model's running server containers on every host of the model, and the hosts that
-    could not be read (over a run's ``session`` when given)."""
+    could not be read (over the engine's ``session``: a run's, or a look's)."""
     def look(_t: Any, _h: Any, _c: Any, facts: Any) -> dict[str, Any]:
         return {"processes": [ServingProcess(facts.host, c.instance, c.slot, c.release,
                                              c.version)
@@ -95,10 +94,10 @@ def _previous_local(path: Path) -> list[dict[str, Any]]:
         return []
 
 
-def publish_targets(target: Target, *, local_only: Path | None = None,
-                    session: Session | None = None) -> list[str]:
+def publish_targets(target: Target, *, session: Session, local_only: Path | None = None
+                    ) -> list[str]:
     """Rewrite the model's file_sd file in every place the inventory names (or only in
-    ``local_only``), over a run's ``session`` when given; returns where it was written. A
+    ``local_only``), over the engine's ``session``; returns where it was written. A
     host that could not be read keeps the groups the file had for it (the local file, else
     the first monitoring host's that holds one); when no monitoring host can say what that
     was, their files are left as they are (stderr says so): a host is never dropped from the
@@ -130,26 +129,28 @@ def publish_targets(target: Target, *, local_only: Path | None = None,
     return written
 
 
-def _connection(host: ResolvedHost, session: Session | None) -> tuple[Connection, bool]:
-    """A connection to ``host`` and whether it is this call's own (to close)."""
-    return (session.connection(host), False) if session is not None else (connect(host), True)
+def publish_now(target: Target, *, local_only: Path | None = None,
+                connect: ConnectionFactory = SshConnection) -> list[str]:
+    """publish_targets outside a run (`fab observe --targets`, the guard's targets after it
+    acted), on the engine's look: its connections, closed at the end, its deadline, and
+    Ctrl-C, SIGTERM and SIGHUP, which end it (LookStopped)."""
+    return engine.look(
+        target, lambda session: publish_targets(target, local_only=local_only,
+                                                session=session),
+        connect=connect, left="each place holds its previous targets file or the new one "
+                              "(files are replaced whole)")
 
 
 def _previous_remote(monitors: Sequence[ResolvedHost], monitoring: Monitoring, name: str,
-                     session: Session | None) -> list[dict[str, Any]] | None:
+                     session: Session) -> list[dict[str, Any]] | None:
     """The targets file as the first monitoring host that holds one has it; [] when a host
     answered that it has none yet and none other has it; None when none could be read (an
     unreadable file counts as not read)."""
     answered = False
     for host in monitors:
         try:
-            conn, own = _connection(host, session)
-            try:
-                result = conn.run(read_if_present(f"{monitoring.targets_dir}/{name}"),
-                                  timeout=30)
-            finally:
-                if own:
-                    conn.close()
+            result = session.connection(host).run(
+                read_if_present(f"{monitoring.targets_dir}/{name}"), timeout=30)
         except Exception:
             continue
         found = groups_in(result.stdout) if result.ok else None
@@ -160,18 +161,14 @@ def _previous_remote(monitors: Sequence[ResolvedHost], monitoring: Monitoring, n
 
 
 def _upload(host: ResolvedHost, monitoring: Monitoring, name: str, text: str,
-            session: Session | None) -> list[str]:
+            session: Session) -> list[str]:
     final = f"{monitoring.targets_dir}/{name}"
     try:
-        conn, own = _connection(host, session)
-        try:
-            conn.run(["mkdir", "-p", monitoring.targets_dir], timeout=30)
-            temp = f"{monitoring.targets_dir}/.{name}.tmp"
-            conn.put_bytes(text.encode(), temp, mode=0o644)
-            conn.run(["mv", "-f", temp, final], timeout=30)  # file_sd reads whole files
-        finally:
-            if own:
-                conn.close()
+        conn = session.connection(host)
+        conn.run(["mkdir", "-p", monitoring.targets_dir], timeout=30)
+        temp = f"{monitoring.targets_dir}/.{name}.tmp"
+        conn.put_bytes(text.encode(), temp, mode=0o644)
+        conn.run(["mv", "-f", temp, final], timeout=30)  # file_sd reads whole files
     except Exception as error:  # one unreachable Prometheus host never stops the others
         print(f"tfsdeploy: the targets could not be written to {host.name}:{final}: "
               f"{type(error).__name__}: {error}", file=sys.stderr)
@@ -236,12 +233,16 @@ def retargets(target: Target) -> bool:
 
 def after_run(target: Target, session: Session | None = None) -> None:
     """After a deploy, rollback, promote or abort: the model's targets rewritten where the
-    inventory names a place; a failure is one line on stderr (it never changes the run's
+    inventory names a place (over the run's ``session``; the guard's, whose runs are over,
+    on a look of their own); a failure is one line on stderr (it never changes the run's
     exit code)."""
     if not retargets(target):
         return
     try:
-        publish_targets(target, session=session)
+        if session is None:
+            publish_now(target)
+        else:
+            publish_targets(target, session=session)
     except Exception as error:
         print(f"tfsdeploy: the Prometheus targets of {target.model.name} could not be "
               f"rewritten: {type(error).__name__}: {error}", file=sys.stderr)

@@ -10,7 +10,9 @@ toolkit's open-loop load generator (``core.tune.Ramp``), reads the server's own 
 CPU time around the step that met the SLO, and removes the instance.
 The live release is never touched. Every scratch instance of the model is removed on every
 ending: the search's end, an error, Ctrl-C, SIGTERM or SIGHUP (a second signal does not cut
-the clean-up short).
+the clean-up short). The search runs on the engine's session (``engine.operate``: its
+connection to the host, and the signals, which stop the search at its next safe point, never
+in the middle of an SSH or Docker call).
 
 One tune of a model per host at a time: the tune lock on the host (``hosts.scratch``) is taken
 first, and each scratch instance carries its token. A second tune is refused (exit 4, naming
@@ -22,11 +24,8 @@ prune or retire of the model removes it.
 from __future__ import annotations
 
 import math
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -73,7 +72,8 @@ from tfsdeploy.hosts.scratch import ScratchLeft, TuneHeld
 from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
 from tfsdeploy.loadtest.cli import measure_once, warmup_payloads
 from tfsdeploy.loadtest.payloads import PayloadError, Payloads
-from tfsdeploy.run.signals import handled
+from tfsdeploy.run import engine
+from tfsdeploy.run.jobs import Session
 
 Note = Callable[[str], None]
 
@@ -130,32 +130,41 @@ def tune(target: Target, host: ResolvedHost, options: TuneOptions, *, note: Note
     """Search ``target.model``'s configurations on ``host`` (see the module docstring), under
     the model's tune lock on the host (``hosts.scratch``): a second tune is refused with
     TuneHeld, naming the first, before it removes or starts anything."""
+    return engine.operate(
+        lambda session, stop: _tune(target, host, options, session, stop, note=note),
+        note=note, connect=connect)
+
+
+def _tune(target: Target, host: ResolvedHost, options: TuneOptions, session: Session,
+          stop: engine.Stop, *, note: Note) -> TuneResult:
     model = target.model
     paths = host_paths(host, model)
     record = new_lock_record(f"fab tune --host {host.name}")
-    stop = _Stop()
-    conn = connect(host)
+    conn = session.connection(host)
     taken = False
     try:
-        with _stops_noted(stop, note):
-            taken, holder = scratch.attempt(conn, paths, record, on_stale=note)
-            if not taken:
-                raise TuneHeld(scratch.held_message(model.name, host.name, holder, paths))
-            facts = gather(conn, model.name, paths)
-            _remove_scratch(conn, model, paths, note, leftover=True)
-            stop.check()
-            return _search_on(target, host, conn, facts, options, note=note, stop=stop,
-                              run=record.token)
-    finally:
-        with _signals_noted(note):
-            if taken:
-                _clean_up(conn, host, paths, model, record.token, note=note, connect=connect)
-            else:
-                conn.close()
+        taken, holder = scratch.attempt(conn, paths, record, on_stale=note)
+        if not taken:
+            raise TuneHeld(scratch.held_message(model.name, host.name, holder, paths))
+        facts = gather(conn, model.name, paths)
+        _remove_scratch(conn, model, paths, note, leftover=True)
+        _check(stop)
+        return _search_on(target, host, conn, facts, options, note=note, stop=stop,
+                          run=record.token)
+    finally:  # a signal now is only said (engine.interrupts_cancel): the removal goes on
+        if taken:
+            _clean_up(conn, host, paths, model, record.token, note=note, session=session)
+
+
+def _check(stop: engine.Stop) -> None:
+    """At a safe point of the search: raise TuneStopped when a signal came."""
+    if stop.is_set():
+        raise TuneStopped(f"{stop.signal or stop.why}: stopped; the scratch instances are "
+                          "removed, the live release was never touched")
 
 
 def _clean_up(conn: Connection, host: ResolvedHost, paths: HostPaths, model: Model,
-              token: str, *, note: Note, connect: ConnectionFactory) -> None:
+              token: str, *, note: Note, session: Session) -> None:
     """Remove the scratch instances, then give the tune lock back; on a fresh connection
     when a signal broke the first one mid-call (an interrupted Docker call leaves its stream
     unusable)."""
@@ -164,13 +173,12 @@ def _clean_up(conn: Connection, host: ResolvedHost, paths: HostPaths, model: Mod
     except ScratchLeft:
         raise
     except Exception:  # any failure of the old connection: try a new one
-        fresh = connect(host)
+        assert session.connect is not None  # engine.operate's session opens connections
+        fresh = session.connect(host)
         try:
             _finish(fresh, model, paths, token, note)
         finally:
             fresh.close()
-    finally:
-        conn.close()
 
 
 def _finish(conn: Connection, model: Model, paths: HostPaths, token: str, note: Note) -> None:
@@ -181,7 +189,7 @@ def _finish(conn: Connection, model: Model, paths: HostPaths, token: str, note: 
 
 
 def _search_on(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts,
-               options: TuneOptions, *, note: Note, stop: _Stop, run: str) -> TuneResult:
+               options: TuneOptions, *, note: Note, stop: engine.Stop, run: str) -> TuneResult:
     model = target.model
     live = facts.serving(0)
     if live is None:
@@ -273,7 +281,7 @@ class _Bench:
     co_located: list[Model]
     options: TuneOptions
     note: Note
-    stop: _Stop
+    stop: engine.Stop
     run: str  # the tune lock's token: each scratch instance is labelled with it
     made: int = 0
     deadline: float = math.inf  # the end of the budget (time.monotonic()): no step beyond it
@@ -292,7 +300,7 @@ class _Bench:
         return self.model.warmup.timeout_s / 4 + self.options.probe_s + 4 * self.options.step_s
 
     def trial(self, config: Config) -> Trial:
-        self.stop.check()
+        _check(self.stop)
         started = time.monotonic()
         index = self.made
         self.made += 1
@@ -341,7 +349,7 @@ class _Bench:
         client = probes.SlotClient(self.host.address, self.ports[0], self.model.name)
 
         def check() -> Verdict:
-            self.stop.check()
+            _check(self.stop)
             state = self.conn.docker.state(name)
             if state is not None and state.status in ("exited", "dead"):
                 return Verdict.fail(f"the scratch instance exited ({state.exit_code}): "
@@ -369,7 +377,7 @@ class _Bench:
         rate: float | None = first_rate(float(probe["rps"]))
         cut = False
         while rate is not None:
-            self.stop.check()
+            _check(self.stop)
             if not step_fits(len(points), time.monotonic(), self.deadline,
                              self.options.step_s):
                 cut = True
@@ -405,7 +413,7 @@ class _Bench:
         if report.get("endReason") == "cancel":
             raise TuneStopped("SIGINT: stopped during a load step; the scratch instances are "
                               "removed, the live release was never touched")
-        self.stop.check()
+        _check(self.stop)
         return report
 
     def _server_reads(self, name: str) -> tuple[str | None, tuple[float, float] | None,
@@ -479,42 +487,3 @@ def _remove_scratch(conn: Connection, model: Model, paths: HostPaths, note: Note
             note(f"removed {name}, a scratch instance an earlier fab tune left")
 
 
-class _Stop:
-    """Ctrl-C, SIGTERM or SIGHUP asked the search to stop: noted by the handler, acted on at
-    the next safe point (``check``), never in the middle of an SSH or Docker call."""
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.signal = ""
-
-    def check(self) -> None:
-        """Raise TuneStopped when a signal came."""
-        if self.event.is_set():
-            raise TuneStopped(f"{self.signal}: stopped; the scratch instances are removed, "
-                              "the live release was never touched")
-
-
-@contextmanager
-def _stops_noted(stop: _Stop, note: Note) -> Iterator[None]:
-    """Ctrl-C, SIGTERM and SIGHUP end the search at its next safe point (the clean-up runs
-    in ``finally``). During a load step the load generator takes Ctrl-C itself: it ends the
-    step, whose report says so."""
-    def handler(signum: int) -> None:
-        if stop.event.is_set():
-            return
-        stop.signal = signal.Signals(signum).name
-        stop.event.set()  # before the note: a note that fails must not keep the search going
-        note(f"{stop.signal}: stopping after the current step")
-
-    with handled(handler):
-        yield
-
-
-@contextmanager
-def _signals_noted(note: Note) -> Iterator[None]:
-    """During the clean-up a signal is only noted: it must not cut the removal short."""
-    def handler(signum: int) -> None:
-        note(f"{signal.Signals(signum).name}: removing the scratch instances first")
-
-    with handled(handler):
-        yield
