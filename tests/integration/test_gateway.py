@@ -270,7 +270,8 @@ def test_the_gateway_keeps_its_connections_to_each_host_under_steady_load(fleet:
     assert not failed(steady.samples), (failed(steady.samples)[:3], gateway_log())
     assert {s.y for s in steady.samples} == {V1_Y}
     # the load paces 100 requests/s for 2 + STEADY_S s; 0.8: the pacer's lag, not its rate
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 754 requests, margin 1.18x;
+    # scripts/test prints it every run
     within("requests sent under steady load", len(steady.samples),
            at_least=0.8 * 100 * (2 + STEADY_S))
 
@@ -378,7 +379,8 @@ def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
             time.sleep(0.05)
         out_after = time.monotonic() - killed
         # the checks' fall (CHECK_INTERVAL_MS) is 0.5 s; 10 s: it never left the rotation
-        # measured: see the timing-bounds table of scripts/test
+        # measured in a full run (2 cores, 4 workers beside it): 0.00690 s, margin 1450x;
+        # scripts/test prints it every run
         within("tb2 out of the rotation after its proxy's kill (poll), s", out_after, below=10)
         time.sleep(2.0)
     finally:
@@ -390,7 +392,8 @@ def test_a_host_whose_proxy_dies_leaves_the_rotation_within_one_check_interval(
           f"interval {CHECK_INTERVAL_MS} ms); {len(bad)} failed requests, {in_flight} in "
           f"flight at the kill; {len(steady.samples)} requests in all")
     # the check interval (its lower limit) + one read of the stat over socat
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 0.00690 s, margin 101x;
+    # scripts/test prints it every run
     within("tb2 out of the rotation after its proxy's kill, s", out_after,
            at_most=CHECK_INTERVAL_MS / 1000 + 0.2)
     assert len(bad) <= in_flight, ([f"{s.error}" for s in bad[:5]], gateway_log())

@@ -55,7 +55,8 @@ def test_guard_with_good_traffic_exits_0_after_its_duration(fleet: Fleet,
                         "--log-file", str(fleet.tmp / "guard.log"), timeout=120)
     assert run.code == 0, run.describe()
     # --duration-s 12 is its lower limit; 60 s: the watch ended at its duration
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 13.8 s, margin 1.26x;
+    # scripts/test prints it every run
     within("guard's 12 s watch, s", run.seconds, at_least=11, below=60,
            detail=run.describe())
     assert "no sustained SLO breach" in run.stdout, run.describe()
@@ -77,7 +78,8 @@ def test_guard_rolls_back_on_an_injected_error_rate(fleet: Fleet,
     assert bad > 20, f"only {bad} bad requests were answered INVALID_ARGUMENT"
     assert re.search(r"error rate \d+\.\d+% > 5\.00%", run.stdout), run.describe()
     # the breach (--for-s 3) and the rollback, not the whole --duration-s 60
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 12.1 s, margin 4.14x;
+    # scripts/test prints it every run
     within("guard's rollback run, s", run.seconds, below=50, detail=run.describe())
     assert f"rolled back to {releases[1]}" in run.stdout, run.describe()
     # the good requests never failed, and every host now answers with v1

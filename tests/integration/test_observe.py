@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -42,6 +41,7 @@ from deploy_support import GOOD, Fleet, fleet_fixture
 from testbed_support import ADDRESSES, VENV_BIN, api, fab_env, predict_request, ssh
 
 from tests.bounds import within
+from tests.ports import free_port
 
 pytestmark = pytest.mark.testbed
 
@@ -58,12 +58,6 @@ MONITORING = (f"Monitoring(hosts='tb1', targets_dir={{targets!r}}, scrape_interv
               "alert_for_s=6)")
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 TESTBED_PROMETHEUS = "http://10.87.0.1:9090"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class Prometheus:
@@ -214,7 +208,8 @@ def test_a_deploy_labels_its_release_within_two_scrape_intervals(
     took = scraped(prometheus, 1)
     print(f"v1 scraped {took:.1f} s after its deploy")
     # one scrape interval to the next scrape, one more for a target file read late
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 0.0147 s, margin 815x;
+    # scripts/test prints it every run
     within("v1 scraped after its deploy, s", took, at_most=2 * SCRAPE_S)
     # written on tb1 over SSH, read here
     on_tb1 = ssh("tb1", f"cat {fleet.targets}/{MODEL}.json")  # type: ignore[attr-defined]
@@ -274,7 +269,8 @@ def test_a_release_slower_than_the_slo_fires_the_p99_alert_within_its_for(
             assert run.code == 0, run.describe()
             took = scraped(prometheus, 2)
             # one scrape interval to the next scrape, one more for a target file read late
-            # measured: see the timing-bounds table of scripts/test
+            # measured in a full run (2 cores, 4 workers beside it): 0.00397 s, margin 3020x;
+            # scripts/test prints it every run
             within("v2 scraped after its deploy, s", took, at_most=2 * SCRAPE_S)
             # above the SLO once two scrapes of v2 fill the window (the targets follow the
             # roll: that may be before the deploy ends): pending, then firing after its `for`
@@ -292,7 +288,8 @@ def test_a_release_slower_than_the_slo_fires_the_p99_alert_within_its_for(
     print(f"v2 scraped {took:.1f} s after its deploy, v1 out {took + gone:.1f} s after it; "
           f"P99 alert firing {pending_for:.1f} s after it went pending (for: {FOR_S} s)")
     # it waited its `for`, and fired at the evaluation after it (evaluations every 1 s)
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 6.11 s, margin 1.11x;
+    # scripts/test prints it every run
     within("P99 alert pending before firing, s", pending_for, at_least=FOR_S - 0.5,
            at_most=FOR_S + 2.5)
     assert not clients.failures, clients.failures[:5]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS = Path(os.environ.get("TFSDEPLOY_CACHE", "/var/cache/tfsdeploy")) / "models"
@@ -31,13 +32,6 @@ class Server:
     grpc: str
     rest: str
     process: subprocess.Popen[str]
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (the server binds it a moment later)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _read_line_until(proc: subprocess.Popen[str], marker: str, timeout_s: float) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.ports import free_port as _free_port
 from tfsdeploy.core.inventory.fleet import Group, Host
 from tfsdeploy.core.inventory.gateway import Gateway, Route
 from tfsdeploy.core.inventory.load import build_inventory
@@ -34,12 +35,6 @@ from .test_gateway import model
 
 DOMAIN = "models.example.com"
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port as _free_port
 from tfsdeploy.core.inventory.fleet import Group, Host
 from tfsdeploy.core.inventory.gateway import Gateway, Route
 from tfsdeploy.core.inventory.load import build_inventory
@@ -35,12 +36,6 @@ RISE, FALL = 2, 2
 FIELDS = ["be_id", "be_name", "srv_id", "srv_name", "srv_addr", "srv_op_state",
           "srv_admin_state", "srv_uweight", "srv_iweight", "srv_time_since_last_change",
           "srv_check_status", "srv_check_result", "srv_check_health"]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class _Status(http.server.BaseHTTPRequestHandler):

@@ -134,7 +134,8 @@ def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     assert "timed out after 1s" in result.describe()
     assert result.output_tail == "started"
     # timeout, SIGTERM grace, slack for a loaded machine
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 1.00 s, margin 4.99x;
+    # scripts/test prints it every run
     within("stuck hook stopped, s", elapsed, below=1.0 + 2.0 + 2.0)
     child = int(pids.read_text())
     gone_by = time.monotonic() + 2.0  # a signal is delivered asynchronously
@@ -191,7 +192,8 @@ def test_background_process_holding_the_output_does_not_hold_the_run(tmp_path: P
                       hook_env(FACTS, END), timeout_s=20)
     assert result.ok and result.output_tail == "done"
     # the hook exits at once; the background sleep 30 must not hold the run
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 0.507 s, margin 19.7x;
+    # scripts/test prints it every run
     within("hook with a background child ended, s", time.monotonic() - started, below=10)
 
 
@@ -341,7 +343,8 @@ def test_hook_output_is_printed_line_by_line_as_it_comes(
     first, second = "pre-deploy | checking the change ticket", "pre-deploy | ticket CHG1 approved"
     assert first in said and second in said, notes.notes
     # the hook sleeps 1 s between its lines (the lower limit): each shown when written
-    # measured: see the timing-bounds table of scripts/test
+    # measured in a full run (2 cores, 4 workers beside it): 1.00 s, margin 1.25x;
+    # scripts/test prints it every run
     within("hook's lines shown apart, s", said[second] - said[first], above=0.8)
     (done,) = [text for text in said if text.startswith("hook pre-deploy hook")]
     assert said[done] >= said[second]

@@ -47,7 +47,8 @@ def check(target: Target, *, version: int | str | None = None, playbook: str | N
     plan = plans.deploy_plan(target, version=version, playbook=playbook)
     _, planned, jobs = engine.check(plan, connect=connect, diff=diff)
     rows = [host_plan(job, planned[job.name], diff=diff) for job in jobs]
-    return rows + [orphan_plan(row) for row in orphans(target, connect=connect)]
+    left = engine.look(target, lambda session: orphans(target, session=session), connect=connect)
+    return rows + [orphan_plan(row) for row in left]
 
 
 def orphan_plan(status: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The read-only commands' pass over the hosts (status, history, lock, logs, exec, bench's data
-version, the guard's look for a paused canary): one connection per host, its facts read once,
-a look taken at them while the connection is open, the connection closed. An unreachable host
-is shown as such, never skipped."""
+version, the guard's look for a paused canary), over the engine's session (a run's, or
+``engine.look``'s, which closes its connections): one connection per host, its facts read once,
+a look taken at them. An unreachable host is shown as such, never skipped."""
 
 from __future__ import annotations
 
@@ -13,42 +13,34 @@ from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.layout import host_paths
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts.facts import HostFacts, gather
-from tfsdeploy.hosts.ssh import Connection, ConnectionFactory, SshConnection
+from tfsdeploy.hosts.ssh import Connection
 from tfsdeploy.run.jobs import Session
 
 Look = Callable[[Target, ResolvedHost, Connection, HostFacts], dict[str, Any]]
 MAX_AT_ONCE = 16
 
 
-def visit(target: Target, host: ResolvedHost, look: Look, *,
-          connect: ConnectionFactory = SshConnection, keep: bool = False) -> dict[str, Any]:
-    """``look`` at one host's facts: ``host``, ``address``, ``reachable`` and what the look
-    found, or the ``error`` that made the host unreachable. ``keep``: the connection is a
-    run's, left open for it."""
-    conn: Connection | None = None
+def visit(target: Target, host: ResolvedHost, look: Look, session: Session) -> dict[str, Any]:
+    """``look`` at one host's facts, over the session's connection to it (left open: the
+    session closes it): ``host``, ``address``, ``reachable`` and what the look found, or the
+    ``error`` that made the host unreachable."""
     try:
-        conn = connect(host)
+        conn = session.connection(host)
         facts = gather(conn, target.model.name, host_paths(host, target.model))
         return {"host": host.name, "address": host.address, "reachable": True,
                 **look(target, host, conn, facts)}
     except Exception as error:  # shown as such, never skipped
         return {"host": host.name, "address": host.address, "reachable": False,
                 "error": f"{type(error).__name__}: {error}"}
-    finally:
-        if conn is not None and not keep:
-            conn.close()
 
 
-def each_host(target: Target, look: Look, *, hosts: tuple[ResolvedHost, ...] | None = None,
-              connect: ConnectionFactory = SshConnection,
-              session: Session | None = None) -> list[dict[str, Any]]:
-    """``look`` at every selected host (or ``hosts``) at once, in their order; with
-    ``session``, over a run's connections (left open for it)."""
+def each_host(target: Target, look: Look, *, session: Session,
+              hosts: tuple[ResolvedHost, ...] | None = None) -> list[dict[str, Any]]:
+    """``look`` at every selected host (or ``hosts``) at once, in their order, over the
+    engine's ``session`` (a run's or a look's)."""
     chosen = hosts or target.hosts
-    opener = session.connection if session is not None else connect
     with ThreadPoolExecutor(max_workers=max(1, min(MAX_AT_ONCE, len(chosen)))) as pool:
-        return list(pool.map(lambda h: visit(target, h, look, connect=opener,
-                                             keep=session is not None), chosen))
+        return list(pool.map(lambda h: visit(target, h, look, session), chosen))
 
 
 # -- hosts outside the model's that still hold it ----------------------------------------------
@@ -77,15 +69,14 @@ def _orphan_look(target: Target, host: ResolvedHost, conn: Connection, facts: Ho
     return {"orphan": is_orphan(target, host, facts)}
 
 
-def orphans(target: Target, look: Look, *, connect: ConnectionFactory = SshConnection,
-            session: Session | None = None) -> list[dict[str, Any]]:
+def orphans(target: Target, look: Look, *, session: Session) -> list[dict[str, Any]]:
     """``look``'s rows of the inventory's hosts outside the model's that still hold it (its
-    row says ``orphan``; an unreachable host is not the model's host: left out); over a
-    run's ``session`` when given."""
+    row says ``orphan``; an unreachable host is not the model's host: left out); over the
+    engine's ``session`` (a run's or a look's)."""
     outside = outside_hosts(target)
     if not outside:
         return []
-    rows = each_host(target, look, hosts=outside, connect=connect, session=session)
+    rows = each_host(target, look, hosts=outside, session=session)
     return [r for r in rows if r["reachable"] and r["orphan"]]
 
 

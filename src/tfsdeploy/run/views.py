@@ -120,10 +120,10 @@ def canary_on(facts: HostFacts) -> dict[str, str] | None:
     return {"release": release, "state": state}
 
 
-def orphans(target: Target, *, connect: ConnectionFactory = SshConnection,
-            session: Session | None = None) -> list[dict[str, Any]]:
-    """Status rows of the hosts outside the model's that still hold it."""
-    return survey.orphans(target, host_status, connect=connect, session=session)
+def orphans(target: Target, *, session: Session) -> list[dict[str, Any]]:
+    """Status rows of the hosts outside the model's that still hold it, read over the
+    engine's ``session``."""
+    return survey.orphans(target, host_status, session=session)
 
 
 def host_status(target: Target, host: ResolvedHost, conn: Connection, facts: HostFacts
@@ -368,7 +368,7 @@ def logs(target: Target, *, lines: int, since: str | None, follow: bool,
 
     def read(session: Session) -> list[tuple[str, str]]:
         def one(host: ResolvedHost) -> None:
-            row = survey.visit(target, host, look, connect=session.connection, keep=True)
+            row = survey.visit(target, host, look, session)
             errors = row["errors"] if row["reachable"] else [(host.name, row["error"])]
             # after Ctrl-C (or the look's end), a stream its close cut is no failure
             if not (stopping.is_set() or session.ended.is_set()):

@@ -1,0 +1,48 @@
+"""A free TCP port on 127.0.0.1 for a server a test starts (test support).
+
+A port that ``bind(("127.0.0.1", 0))`` returns comes from the kernel's ephemeral range, the
+range it also gives every outgoing connection its local port from: in the seconds between the
+test closing its probe and the server binding the port (an emulator imports TensorFlow first),
+a connection of another test (a load generator's, an SSH client's) may take it, and the server
+then fails with "Address already in use" (seen once in a full run). ``free_port`` picks below
+that range, where the kernel hands out nothing by itself, from a block of its own per xdist
+worker, so that two workers never probe the same port either.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+from pathlib import Path
+
+LOWEST = 20000
+BLOCKS = 8  # xdist workers that get a block of their own (more share them, round robin)
+
+
+def ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default: 32768)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port() -> int:
+    """A TCP port nothing is bound to on 127.0.0.1 right now, below the ephemeral range, in
+    this worker's block (see the module's docstring)."""
+    top = ephemeral_low()
+    if top - LOWEST < BLOCKS * 100:
+        raise RuntimeError(f"the ephemeral range starts at {top}: too low for the tests' ports "
+                           f"(they need {LOWEST}..{LOWEST + BLOCKS * 100})")
+    size = (top - LOWEST) // BLOCKS
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = LOWEST + (int(worker) if worker.isdigit() else 0) % BLOCKS * size
+    for port in random.sample(range(first, first + size), k=min(size, 200)):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port among 200 tried in {first}..{first + size - 1}")
