@@ -70,6 +70,14 @@ class FakeGatewayHost:
     # SIGTERM to this process at the first `show stat` of the next new worker (once)
     sigterm_after_reload: bool = False
     armed: bool = False
+    sigterm_at_check: bool = False  # ... or at its `haproxy -c`
+
+    def checked(self) -> None:
+        """Its configuration was checked: the SIGTERM armed for it is sent (once)."""
+        if self.sigterm_at_check:
+            self.sigterm_at_check = False
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
 
     def stat_read(self) -> None:
         """A `show stat` came: the armed SIGTERM is sent, and the signal's thread given the
@@ -127,6 +135,7 @@ class FakeConnection:
                     fake.states[command.split()[2]] = command.split()[-1].upper()
         elif argv[:2] == ["docker", "run"]:
             fake.events.append("haproxy -c")
+            fake.checked()
             code, out = (1, "[ALERT] parsing [haproxy.cfg:12]: unknown keyword") \
                 if fake.refuse else (0, "Configuration file is valid")
         elif argv[:2] == ["sh", "-c"] and "for f in */*" in argv[2]:
@@ -274,11 +283,32 @@ def test_a_sigterm_between_two_hosts_stops_before_the_second() -> None:
     assert result.hosts["gw2"] == "not rolled: interrupted"
     assert "m1.rate-limited.grpc.http" in fakes["gw1"].loaded  # gw1 finished its roll
     assert "m1.rate-limited.grpc.http" not in fakes["gw2"].live
-    assert "interrupted before gw2: gw1 run the new configuration, gw2 and the hosts after it " \
+    assert "interrupted before gw2: gw1 runs the new configuration, gw2 and the hosts after it " \
         "the previous one: run `fab gateway` again" in lines
     again, _ = _roll(_plan(limit=50), fakes)  # the same command again converges
     assert again.exit_code == ExitCode.OK, again.hosts
     assert "m1.rate-limited.grpc.http" in fakes["gw2"].loaded
+
+
+def test_a_sigterm_while_the_hosts_are_checked_changes_no_host() -> None:
+    fakes = {"gw1": FakeGatewayHost("gw1", sigterm_at_check=True), "gw2": FakeGatewayHost("gw2")}
+    result, lines = _roll(_plan(), fakes)
+    assert result.exit_code == ExitCode.INVALID, result.hosts
+    assert result.hosts == {"gw2": "not rolled: interrupted"}
+    assert "interrupted before gw2: no gateway host was changed" in lines
+    for fake in fakes.values():
+        assert not fake.live and not fake.running
+
+
+def test_a_failed_gate_after_a_host_changed_is_exit_3() -> None:
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    _roll(_plan(), fakes)
+    before = dict(fakes["gw2"].live)
+    fakes["gw2"].dark = True
+    result, _ = _roll(_plan(limit=50), fakes)
+    assert result.exit_code == ExitCode.INCONSISTENT, result.hosts  # gw1 runs the new one
+    assert "m1.rate-limited.grpc.http" in fakes["gw1"].loaded
+    assert fakes["gw2"].live == before and fakes["gw2"].loaded == before
 
 
 def test_files_written_but_never_loaded_are_loaded_by_the_next_run() -> None:

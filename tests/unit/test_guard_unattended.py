@@ -339,9 +339,38 @@ def test_a_signal_between_two_rounds_ends_the_watch_with_exit_1_and_no_action(
     assert message == ("SIGTERM: the guard stopped after 5 s of watching, before its duration "
                        "ended; it had not acted: nothing was changed")
     assert acted == [] and len(rounds) == 2
-    assert "SIGTERM: finishing the current steps, then restoring; the lock is released at the " \
-        "end" in recorder.notes
+    assert "SIGTERM: ending the watch before it acts" in recorder.notes
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_signal_during_the_round_that_would_act_ends_the_watch_unacted() -> None:
+    """A SIGTERM while the round whose breach is sustained reads the metrics: the guard does
+    not start the rollback a SIGKILL could then cut short."""
+    import os
+    import signal
+
+    from tfsdeploy.run.engine import Stop
+
+    hosts = list(_addresses())
+    readers, rounds, acted = Readers(slow=True), [], []
+
+    def read(address: str, port: int, path: str, model_name: str) -> Any:
+        if not rounds or rounds[-1] != readers.now:
+            rounds.append(readers.now)
+            if len(rounds) == 3:  # the breach began at the second: sustained at the third
+                stop.stop("interrupted", "SIGTERM")
+        return readers.read(address, port, path, model_name)
+
+    stop = Stop()
+    code, message = guard(_target(), GuardPolicy(for_s=5, interval_s=5, duration_s=120,
+                                                 min_requests=1),
+                          reporter=Recorder(), read=read, sleep=readers.sleep,
+                          look=lambda _: Look(None, {h: A for h in hosts}),
+                          act=lambda judged: acted.append(judged), clock=lambda: readers.now,
+                          stop=stop)
+    assert (code, acted, len(rounds)) == (ExitCode.INVALID, [], 3), message
+    assert message.startswith("SIGTERM: the guard stopped after 10 s of watching")
+    assert os.getpid() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 def test_a_look_at_the_hosts_that_a_signal_ends_ends_the_watch() -> None:

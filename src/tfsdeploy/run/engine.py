@@ -84,12 +84,17 @@ class Stop(threading.Event):
         super().__init__()
         self.why = "interrupted"
         self.signal = ""  # the signal's name ("": the deadline, or not stopped)
+        self._asked = threading.Lock()  # the signals' thread and the deadline's timer
 
-    def stop(self, why: str, signal_name: str = "") -> None:
-        """Ask the run to stop, for ``why`` (kept from the first ask)."""
-        if not self.is_set():
+    def stop(self, why: str, signal_name: str = "") -> bool:
+        """Ask the run to stop, for ``why`` (kept from the first ask); whether this ask was
+        the first."""
+        with self._asked:
+            if self.is_set():
+                return False
             self.why, self.signal = why, signal_name
             self.set()
+            return True
 
 if TYPE_CHECKING:
     from tfsdeploy.hosts.dockerssh import PullProgress
@@ -535,18 +540,25 @@ def finish(state: RunState, code: ExitCode, message: str) -> None:
 
 # -- a run: connections, lock, facts, signals ---------------------------------------------
 
+# what a run says at its first stop signal, and at any later one
+RUN_STOPPING = ("finishing the current steps, then restoring; the lock is released at the end",
+                "already stopping: restoring, then releasing the lock")
+
+
 @contextmanager
-def interrupts_cancel(cancel: Stop, note: Callable[[str], None]) -> Iterator[None]:
+def interrupts_cancel(cancel: Stop, note: Callable[[str], None],
+                      saying: tuple[str, str] = RUN_STOPPING) -> Iterator[None]:
     """Ctrl-C, SIGTERM (cron, systemd) and SIGHUP (the operator's SSH session dropped) ask the
-    run to stop: the current steps finish, the hosts are restored, the lock is released. The
+    run to stop: the current steps finish, the hosts are restored, the lock is released (what
+    the run does then is ``saying``: after the first signal's name, and at a later one). The
     handler never raises, so a second signal cannot cut a restore or the release short."""
+    first, again = saying
+
     def handler(signum: int) -> None:
-        if cancel.is_set():
-            note("already stopping: restoring, then releasing the lock")
-            return
-        cancel.stop("interrupted", signal.Signals(signum).name)
-        note(f"{signal.Signals(signum).name}: finishing the current steps, then restoring; "
-             "the lock is released at the end")
+        if cancel.stop("interrupted", signal.Signals(signum).name):
+            note(f"{signal.Signals(signum).name}: {first}")
+        else:
+            note(again)
 
     with handled(handler):
         yield
@@ -563,11 +575,8 @@ def deadline_stops(cancel: Stop, note: Callable[[str], None], deadline_s: float 
         return
 
     def passed() -> None:
-        if cancel.is_set():
-            return
-        cancel.stop(f"stopped at its {deadline_s:g} s deadline ({setting})")
-        note(f"the run's {deadline_s:g} s deadline passed: finishing the current steps, then "
-             "restoring; the lock is released at the end")
+        if cancel.stop(f"stopped at its {deadline_s:g} s deadline ({setting})"):
+            note(f"the run's {deadline_s:g} s deadline passed: {RUN_STOPPING[0]}")
 
     timer = threading.Timer(deadline_s, passed)
     timer.daemon = True
@@ -576,6 +585,7 @@ def deadline_stops(cancel: Stop, note: Callable[[str], None], deadline_s: float 
         yield
     finally:
         timer.cancel()
+        timer.join()  # a deadline passing right now is said before the run goes on
 
 
 def gather_facts(target: Target, conns: Mapping[str, Connection], images: Sequence[str],
@@ -621,7 +631,9 @@ def close_session(session: Session) -> None:
         conn.close()
     for conn in (session.gateway.connections.values() if session.gateway else ()):
         conn.close()
-    for conn in session.opened.values():
+    with session.opening:  # a pass still opening one (a look left at its end) waits
+        opened = list(session.opened.values())
+    for conn in opened:
         conn.close()
 
 
@@ -715,8 +727,9 @@ Looked = TypeVar("Looked")
 
 
 class LookStopped(TfsDeployError):
-    """A look at the fleet was stopped (Ctrl-C, SIGTERM, SIGHUP) or outlived its deadline;
-    nothing was changed by it."""
+    """A look at the fleet was stopped (Ctrl-C, SIGTERM, SIGHUP) or outlived its deadline (its
+    message says what it left: a read changes nothing; a publish of targets replaces files
+    whole)."""
 
     exit_code = ExitCode.INCONSISTENT
 
@@ -760,7 +773,7 @@ def look(target: Target, body: Callable[[Session], Looked], *,
     finally:
         cancel.set()  # the look is over: what fails from here failed because of the close
         close_session(session)  # a read still blocked on a host is freed by its close
-    if worker.is_alive() or not outcome:
+    if worker.is_alive() or not outcome or stopped:  # a signal is never swallowed
         signal_name = stopped[-1] if stopped else None
         why = signal_name or f"its {deadline_s:g} s deadline"
         raise LookStopped(f"the look at {target.model.name}'s hosts ended at {why} before "
@@ -776,20 +789,19 @@ Done = TypeVar("Done")
 
 def operate(body: Callable[[Session, Stop], Done], *, note: Callable[[str], None],
             connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
-            deadline_s: float | None = None, setting: str = "") -> Done:
-    """A pass that changes hosts outside a model's run (``fab gateway``) on the engine's own
-    session: the connections ``body`` asks for (``session.connection``) are opened on first
-    use and closed at the end, whatever happens. Ctrl-C, SIGTERM, SIGHUP and ``deadline_s``
-    (``setting`` names it) stop it as they stop a run: ``Stop`` is set, with why, and the
-    session's clock raises Interrupted at its next wait; ``body`` finishes or restores what it
-    was changing (its restores wait on a clock of their own: a second signal cannot cut them)
-    and returns. The handler never raises."""
+            saying: tuple[str, str] = RUN_STOPPING) -> Done:
+    """A pass outside a model's run (``fab gateway``, ``fab tune``, the guard's watch) on the
+    engine's own session: the connections ``body`` asks for (``session.connection``) are
+    opened on first use and closed at the end, whatever happens. Ctrl-C, SIGTERM and SIGHUP
+    stop it as they stop a run (``saying``: what it then does): ``Stop`` is set, with why, and
+    the session's clock raises Interrupted at its next wait; ``body`` finishes or restores what
+    it was changing (its restores wait on a clock of their own: a second signal cannot cut
+    them) and returns. The handler never raises."""
     cancel = Stop()
     session = Session(connections={}, clock=CancellableClock(clock or SystemClock(), cancel),
                       connect=connect)
     try:
-        with interrupts_cancel(cancel, note), \
-                deadline_stops(cancel, note, deadline_s, setting=setting):
+        with interrupts_cancel(cancel, note, saying):
             return body(session, cancel)
     finally:
         session.ended.set()

@@ -13,13 +13,15 @@ gateway hosts (``hosts.lock``, in ``<data_root>/gateway/lock``: no model lives o
 host), or ends with exit 4 naming the holder; ``--check`` and ``--diff`` only read. A
 configuration that fails on any host (rendering, ``haproxy -c``) stops the run before any
 live file changes (exit 1). A host whose new worker has a model with no serving host up gets
-its previous files back and is reloaded on them (exit 2); when that also fails, exit 3.
+its previous files back and is reloaded on them (exit 2); when that also fails, or when an
+earlier host already took the new configuration, exit 3.
 
 The run is the engine's (``engine.operate``): its connections, and Ctrl-C, SIGTERM and SIGHUP,
-which stop it as they stop a deploy. A signal while a host rolls ends that host's wait, the
-host gets its previous files back (exit 2, as for a failed gate); one between hosts stops
-before the next (exit 1 when no host was changed yet, else 3: the gateway hosts run different
-configurations until `fab gateway` runs again, which converges).
+which stop it as they stop a deploy. A signal while a host rolls ends that host's wait, and the
+host gets its previous files back, as for a failed gate; one while the hosts are read, checked
+or prepared, or between two hosts, stops before the next. Either way: exit 1 when no host was
+changed, 2 when the one changing was put back and none before it changed, else 3 (the gateway
+hosts run different configurations until `fab gateway` runs again, which converges).
 """
 
 from __future__ import annotations
@@ -123,6 +125,9 @@ def _run(plan: GatewayPlan, session: Session, roll: _Roll, *, check: bool,
         lives = {}
         for host in plan.hosts:
             current = host.name
+            if roll.stop.is_set():  # nothing changed yet
+                _stopped(result, roll, [], host.name)
+                return result
             conn, paths = conns[host.name], gateway_paths(host)
             lives[host.name] = gw.live_files(conn, paths)
             differs = lives[host.name] != wanted[host.name]
@@ -139,13 +144,16 @@ def _run(plan: GatewayPlan, session: Session, roll: _Roll, *, check: bool,
             if roll.stop.is_set():
                 _stopped(result, roll, changed, host.name)
                 return result
-            result.hosts[host.name] = _roll_host(conns[host.name], host, plan,
-                                                 wanted[host.name], lives[host.name],
-                                                 clock=session.clock, roll=roll)
-            changed.append(host.name)
+            result.hosts[host.name], touched = _roll_host(
+                conns[host.name], host, plan, wanted[host.name], lives[host.name],
+                clock=session.clock, roll=roll)
+            if touched:
+                changed.append(host.name)
     except _HostFailed as failure:
         result.hosts[failure.host] = failure.message
-        result.exit_code = failure.code
+        # hosts before it already run the new configuration: not every host is back
+        result.exit_code = max(failure.code, ExitCode.INCONSISTENT) if changed \
+            else failure.code
         say(f"{failure.host}: FAILED: {failure.message}")
     except (locks.LockHeld, locks.LockQuorumLost) as refused:
         result.hosts["lock"] = str(refused)
@@ -165,8 +173,9 @@ def _stopped(result: GatewayResult, roll: _Roll, changed: list[str], next_host: 
     """A signal or the deadline came between two hosts: the roll ends before ``next_host``."""
     if changed:
         result.exit_code = ExitCode.INCONSISTENT
-        what = (f"{', '.join(changed)} run the new configuration, {next_host} and the hosts "
-                "after it the previous one: run `fab gateway` again")
+        what = (f"{', '.join(changed)} {'runs' if len(changed) == 1 else 'run'} the new "
+                f"configuration, {next_host} and the hosts after it the previous one: run "
+                "`fab gateway` again")
     else:
         result.exit_code = ExitCode.INVALID
         what = "no gateway host was changed"
@@ -211,18 +220,19 @@ def _prepare(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
 
 def _roll_host(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
                files: dict[str, str], live: dict[str, str], *, clock: Clock,
-               roll: _Roll) -> str:
+               roll: _Roll) -> tuple[str, bool]:
     """One gateway host: current only when its files are the rendered ones AND its running
     worker was loaded on them (the digest recorded once it answered: a run killed between
     writing the files and the reload leaves equal files and the old worker); else written
     (when they differ), started or reloaded, the digest recorded, the drains set again, the
     gate. Recorded drains the worker lacks are set in either case. A stop (a signal, its wait
-    ended by ``clock``) restores the host as a failed gate does."""
+    ended by ``clock``) restores the host as a failed gate does. Returns what happened and
+    whether the host's worker was changed (False: it was up to date)."""
     say = roll.say
     paths, image = gateway_paths(host), gateway_image(plan, host)
     digest, recorded, running = files_digest(files), gw.drains(conn, paths), gw.running(conn)
     if files == live and running and gw.loaded_digest(conn, paths) == digest:
-        return _up_to_date(conn, host, plan, recorded, say)
+        return _up_to_date(conn, host, plan, recorded, say), False
     if files == live and running:
         say(f"{host.name}: its worker was not loaded on these files (a run stopped before "
             "its reload): reloading")
@@ -242,7 +252,7 @@ def _roll_host(conn: Connection, host: ResolvedHost, plan: GatewayPlan,
         raise _HostFailed(host.name, why, code) from error
     _forget_stale(conn, host, plan, recorded, say)
     say(f"{host.name}: serving: {health}")
-    return f"{done}; {health}"
+    return f"{done}; {health}", True
 
 
 def _up_to_date(conn: Connection, host: ResolvedHost, plan: GatewayPlan,

@@ -338,6 +338,30 @@ class Guarding:
     breach: Breach = field(default_factory=Breach)
     last: dict[str, Readings] = field(default_factory=dict)
     history: History = field(default_factory=lambda: History(keep_s=0.0))
+    stop: engine.Stop | None = None  # set by a signal (``watch``): the guard ends, unacted
+
+
+class _StopNow(Exception):
+    """A signal came (``Guarding.stop``): the watch ends before it acts."""
+
+
+def _go_on(run: Guarding) -> None:
+    """Raise _StopNow once a signal came."""
+    if run.stop is not None and run.stop.is_set():
+        raise _StopNow
+
+
+def _seen(run: Guarding) -> Look:
+    """A look at the hosts (what each serves, the canary under way); a signal, before it or
+    one that ended it, raises _StopNow. A look past its own deadline is an error."""
+    _go_on(run)
+    try:
+        return run.look(run.target)
+    except engine.LookStopped as ended:
+        if run.stop is None or ended.signal_name is None:  # its deadline: the guard is blind
+            raise
+        run.stop.stop("interrupted", ended.signal_name)
+        raise _StopNow from None
 
 
 def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
@@ -353,12 +377,20 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
     run = Guarding(target, policy, reporter, act, abort, read, look,
                    slo=policy.slo_p99_ms or target.model.latency_slo_ms,
                    canary_policy=target.model.rollout.canary or CanaryPolicy(),
-                   history=History(keep_s=policy.for_s))
+                   history=History(keep_s=policy.for_s), stop=stop)
     start = clock()
-    seen = _look(look, target, stop)
-    if seen is None:
-        return _stopped(stop, 0.0)
-    watch = Watch(seen, start)
+    try:
+        return _watch(run, start, clock=clock, sleep=sleep)
+    except _StopNow:
+        return _stopped(stop, clock() - start)
+
+
+def _watch(run: Guarding, start: float, *, clock: Callable[[], float],
+           sleep: Callable[[float], None]) -> tuple[ExitCode, str]:
+    """The rounds until the guard acts, goes blind or its duration ends (a signal: _StopNow,
+    checked before each look, after each round of reads and before it acts)."""
+    policy, target = run.policy, run.target
+    watch = Watch(_seen(run), start)
     # a host's first window needs two reads an interval apart, each of which may take up to
     # the read's timeout on a busy host: blind only after that much time without one
     coverage = Coverage(start, blind_after_s=max(
@@ -366,14 +398,11 @@ def guard(target: Target, policy: GuardPolicy, *, reporter: Reporter,
     _announce(run, watch)
     while policy.duration_s is None or clock() - start < policy.duration_s:
         now = clock()
-        if stop is not None and stop.is_set():
-            return _stopped(stop, now - start)
+        _go_on(run)
         if now - watch.looked_at >= policy.paused_refresh_s:
-            seen = _look(look, target, stop)
-            if seen is None:
-                return _stopped(stop, now - start)
-            watch = Watch(seen, now, watch.pinned)
-        rounds = read_fleet(target, read)
+            watch = Watch(_seen(run), now, watch.pinned)
+        rounds = read_fleet(target, run.read)
+        _go_on(run)
         for host in target.hosts:
             ended = _host_round(run, watch, coverage, host.name, rounds[host.name], now)
             if ended is not None:
@@ -392,24 +421,16 @@ def watch(target: Target, policy: GuardPolicy, *, reporter: Reporter,
     return engine.operate(
         lambda _session, stop: guard(target, policy, reporter=reporter, act=act, abort=abort,
                                      sleep=lambda seconds: _wait(stop, seconds), stop=stop),
-        note=reporter.note)
+        note=reporter.note, saying=GUARD_STOPPING)
+
+
+# what the guard says at a signal (it holds no lock and has changed nothing while it watches)
+GUARD_STOPPING = ("ending the watch before it acts", "already ending the watch")
 
 
 def _wait(stop: engine.Stop, seconds: float) -> None:
     """The guard's wait between two rounds, ended at once by a signal."""
     stop.wait(seconds)
-
-
-def _look(look: Callable[[Target], Look], target: Target, stop: engine.Stop | None
-          ) -> Look | None:
-    """A look at the hosts; None when a signal ended it (the guard then stops)."""
-    try:
-        return look(target)
-    except engine.LookStopped as ended:
-        if stop is None or ended.signal_name is None:  # its deadline: the guard cannot see
-            raise
-        stop.stop("interrupted", ended.signal_name)
-        return None
 
 
 def _stopped(stop: engine.Stop | None, watched_s: float) -> tuple[ExitCode, str]:
@@ -454,7 +475,7 @@ def _host_round(run: Guarding, watch: Watch, coverage: Coverage, host: str, read
             run.reporter.step(host, "guard", "slo", "breach", 0.0, why)
             if not breaching:  # the release that breaches: what a rollback may act on
                 if watch.looked_at != now:  # one look per round, however many hosts start
-                    watch.seen, watch.looked_at = run.look(run.target), now
+                    watch.seen, watch.looked_at = _seen(run), now
                 watch.pinned[host] = watch.seen.live.get(host)
         else:
             watch.pinned.pop(host, None)
@@ -464,7 +485,7 @@ def _host_round(run: Guarding, watch: Watch, coverage: Coverage, host: str, read
                              policy.for_s)
     if failed:
         run.reporter.step(host, "guard", "canary", "fail", 0.0, failed)
-        return _act(run, host, failed, run.look(run.target), {})
+        return _act(run, host, failed, _seen(run), {})
     return None
 
 
@@ -472,7 +493,7 @@ def _decide(run: Guarding, watch: Watch, host: str, why: str, now: float
             ) -> tuple[ExitCode, str] | None:
     """A sustained breach: act on the release that breached, unless another one took over
     the host meanwhile (the breach then starts again, judging the new one)."""
-    seen = run.look(run.target)
+    seen = _seen(run)
     pinned, live = watch.pinned.get(host), seen.live.get(host)
     if pinned is not None and live != pinned:
         run.reporter.step(host, "guard", "slo", "changed", 0.0,
@@ -487,7 +508,8 @@ def _decide(run: Guarding, watch: Watch, host: str, why: str, now: float
 def _act(run: Guarding, host: str, why: str, seen: Look, judged: Mapping[str, str]
          ) -> tuple[ExitCode, str]:
     """Abort the canary under way now (it holds the lock, or a killed run left it split),
-    else roll back the releases judged."""
+    else roll back the releases judged; never once a signal came (it ends the watch)."""
+    _go_on(run)
     canary = seen.paused
     emit(run.reporter, GuardTriggered(host, why, "rollback" if canary is None else "abort"))
     if canary is None:

@@ -170,6 +170,8 @@ def _upload(host: ResolvedHost, monitoring: Monitoring, name: str, text: str,
         conn.put_bytes(text.encode(), temp, mode=0o644)
         conn.run(["mv", "-f", temp, final], timeout=30)  # file_sd reads whole files
     except Exception as error:  # one unreachable Prometheus host never stops the others
+        if session.ended.is_set():  # the look ended (a signal, its deadline): it says so
+            return []
         print(f"tfsdeploy: the targets could not be written to {host.name}:{final}: "
               f"{type(error).__name__}: {error}", file=sys.stderr)
         return []

@@ -132,7 +132,12 @@ def tune(target: Target, host: ResolvedHost, options: TuneOptions, *, note: Note
     TuneHeld, naming the first, before it removes or starts anything."""
     return engine.operate(
         lambda session, stop: _tune(target, host, options, session, stop, note=note),
-        note=note, connect=connect)
+        note=note, connect=connect, saying=TUNE_STOPPING)
+
+
+# what a tune says at a signal: the live release is never touched, its scratch instances go
+TUNE_STOPPING = ("stopping after the current step; the scratch instances are removed first",
+                 "already stopping: removing the scratch instances first")
 
 
 def _tune(target: Target, host: ResolvedHost, options: TuneOptions, session: Session,
