@@ -193,6 +193,14 @@ def _roll(plan: Any, fakes: dict[str, FakeGatewayHost], **options: Any) -> Any:
     return result, lines
 
 
+def _rolled_once() -> dict[str, FakeGatewayHost]:
+    """Two gateway hosts that a first `fab gateway` configured and started."""
+    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
+    first, _ = _roll(_plan(), fakes)
+    assert first.exit_code == ExitCode.OK, first.hosts
+    return fakes
+
+
 def test_a_configuration_one_host_refuses_changes_no_host() -> None:
     fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2", refuse=True)}
     result, lines = _roll(_plan(), fakes)
@@ -245,8 +253,7 @@ def test_check_and_diff_touch_nothing() -> None:
 
 
 def test_a_new_worker_with_no_serving_host_up_puts_the_host_back() -> None:
-    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
-    _roll(_plan(), fakes)
+    fakes = _rolled_once()
     before = dict(fakes["gw1"].live)
     fakes["gw1"].dark = True
     result, _ = _roll(_plan(limit=50), fakes)
@@ -258,8 +265,7 @@ def test_a_new_worker_with_no_serving_host_up_puts_the_host_back() -> None:
 
 
 def test_a_sigterm_while_a_host_waits_for_its_backends_puts_it_back() -> None:
-    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
-    _roll(_plan(), fakes)
+    fakes = _rolled_once()
     before = dict(fakes["gw1"].live)
     fakes["gw1"].dark = True  # the new worker's gate waits ...
     fakes["gw1"].sigterm_after_reload = True  # ... and a SIGTERM comes in its first read
@@ -275,8 +281,7 @@ def test_a_sigterm_while_a_host_waits_for_its_backends_puts_it_back() -> None:
 
 
 def test_a_sigterm_between_two_hosts_stops_before_the_second() -> None:
-    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
-    _roll(_plan(), fakes)
+    fakes = _rolled_once()
     fakes["gw1"].sigterm_after_reload = True  # in gw1's gate, which then passes
     result, lines = _roll(_plan(limit=50), fakes)
     assert result.exit_code == ExitCode.INCONSISTENT, result.hosts
@@ -301,8 +306,7 @@ def test_a_sigterm_while_the_hosts_are_checked_changes_no_host() -> None:
 
 
 def test_a_failed_gate_after_a_host_changed_is_exit_3() -> None:
-    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
-    _roll(_plan(), fakes)
+    fakes = _rolled_once()
     before = dict(fakes["gw2"].live)
     fakes["gw2"].dark = True
     result, _ = _roll(_plan(limit=50), fakes)
@@ -314,8 +318,7 @@ def test_a_failed_gate_after_a_host_changed_is_exit_3() -> None:
 def test_files_written_but_never_loaded_are_loaded_by_the_next_run() -> None:
     """A run killed between writing a host's files and its reload leaves the new files and
     the old worker: the same command run again reloads it (equal files are not current)."""
-    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
-    _roll(_plan(), fakes)
+    fakes = _rolled_once()
     limited = _plan(limit=50)
     fakes["gw1"].live = files_for(limited)["gw1"]  # what the killed run wrote
     assert fakes["gw1"].loaded != fakes["gw1"].live
@@ -334,8 +337,7 @@ def test_recorded_drains_are_set_on_a_worker_that_lacks_them() -> None:
     """A run killed after its reload, before it set the drains again: the new worker runs
     the files (up to date) with every server ready; the drain recorded on the host is set
     on it by the next run, and a record of a server the configuration no longer has goes."""
-    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
-    _roll(_plan(), fakes)
+    fakes = _rolled_once()
     for fake in fakes.values():
         fake.drains = {"m1/s2": GatewayDrain(model="m1", host="s2", reason="recreate",
                                              run="deploy m1 r1").model_dump_json(),
@@ -353,8 +355,7 @@ def test_recorded_drains_are_set_on_a_worker_that_lacks_them() -> None:
 def test_the_gate_counts_only_servers_that_take_requests() -> None:
     """s1 never passes its check behind the new worker and s2 is drained there: no server of
     m1 takes a request, the gate fails and the host goes back to its previous files."""
-    fakes = {"gw1": FakeGatewayHost("gw1"), "gw2": FakeGatewayHost("gw2")}
-    _roll(_plan(), fakes)
+    fakes = _rolled_once()
     before = dict(fakes["gw1"].live)
     fakes["gw1"].states["m1-grpc/s2"] = "DRAIN"  # a deploy drained s2 there
     fakes["gw1"].dark_servers = {"s1"}
