@@ -25,6 +25,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, text_format
 from google.protobuf.descriptor import Descriptor, EnumDescriptor, FieldDescriptor
 from google.protobuf.message import Message
 
+from tests.bounds import within
 from tfsdeploy.core.tfserving import api as tfsapi
 from tfsdeploy.core.tfserving import configs
 from tfsdeploy.core.tfserving.definitions import FILES, TRIMMED
@@ -519,7 +520,10 @@ def test_cli_start_does_not_import_tensorflow() -> None:
     """)
     _, loaded, loaded_sub, seconds = line.split()
     assert (loaded, loaded_sub) == ("False", "False")
-    assert float(seconds) < 1.0
+    # CPU time, not wall: importing TensorFlow alone takes several CPU-seconds, the CLI's
+    # own modules a tenth of one
+    within("CPU time to import and build the load generator's CLI, s", float(seconds),
+           below=1.0)
 
 
 def test_bytes_identical_to_official_predict_request() -> None:

@@ -122,6 +122,10 @@ def test_a_model_placed_on_a_gateway_host_is_refused() -> None:
     (Gateway(routes=[Route("m1")], domain="Models.Example"), "gateway.domain"),
     (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)], check_interval_ms=True),
      "gateway.check_interval_ms"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)], deadline_s=0.0),
+     "gateway.deadline_s"),
+    (Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501)], deadline_s=1e9),
+     "gateway.deadline_s"),
 ])
 def test_values_are_typed_and_bounded(gateway: object, field: str) -> None:
     found = problems(gateway)

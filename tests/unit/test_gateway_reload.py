@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.bounds import within
 from tests.ports import free_port as _free_port
 from tfsdeploy.core.inventory.fleet import Group, Host
 from tfsdeploy.core.inventory.gateway import Gateway, Route
@@ -170,8 +171,13 @@ def test_a_reload_keeps_each_servers_health_and_age(
     states = gw.states()
     s1, s2 = states[("m1-grpc", "s1")], states[("m1-grpc", "s2")]
     assert s1["srv_check_health"] == RISE + FALL - 1 and s1["srv_op_state"] == 2, states
-    assert s1["srv_time_since_last_change"] >= 2, states
-    assert s2["srv_op_state"] == 0 and s2["srv_time_since_last_change"] >= 2, states
+    # ages, in HAProxy's whole seconds, after 2.5 s of sleep: a state not carried over reads
+    # 0 on the new worker, so 2 separates the two cases whatever the machine's load adds
+    within("age of s1's state on the new worker, s", s1["srv_time_since_last_change"],
+           at_least=2, detail=states)
+    assert s2["srv_op_state"] == 0, states
+    within("age of s2's state on the new worker, s", s2["srv_time_since_last_change"],
+           at_least=2, detail=states)
     # the REST servers track the gRPC ones: theirs carried too
     assert states[("m1-rest", "s1")]["srv_op_state"] == 2, states
     assert "m1-grpc/s1 is DOWN" not in gw.log(), gw.log()
@@ -188,8 +194,12 @@ def test_a_server_whose_ports_change_starts_afresh(
     moved = render(gw.directory, gw.s1_rest, _free_port(), ports)
     gw.reload(moved)
     states = gw.states()
-    assert states[("m1-grpc", "s1")]["srv_time_since_last_change"] < 2, states
-    assert states[("m1-grpc", "s2")]["srv_time_since_last_change"] >= 2, states
+    # as above: the moved server starts afresh (age 0, or 1 if a second ticked over before
+    # the admin socket answered), the kept one keeps its 2.5 s
+    within("age of the moved s1 on the new worker, s",
+           states[("m1-grpc", "s1")]["srv_time_since_last_change"], below=2, detail=states)
+    within("age of the kept s2 on the new worker, s",
+           states[("m1-grpc", "s2")]["srv_time_since_last_change"], at_least=2, detail=states)
     served = gw.admin("show servers state m1-grpc")
     assert f" {moved.split('server s1 127.0.0.1:')[1].split()[0]} " in served, served
 

@@ -71,9 +71,12 @@ class FakeGatewayHost:
     sigterm_after_reload: bool = False
     armed: bool = False
     sigterm_at_check: bool = False  # ... or at its `haproxy -c`
+    check_s: float = 0.0  # how long its `haproxy -c` takes
 
     def checked(self) -> None:
-        """Its configuration was checked: the SIGTERM armed for it is sent (once)."""
+        """Its configuration was checked (in ``check_s``): the SIGTERM armed for it is sent
+        (once)."""
+        time.sleep(self.check_s)
         if self.sigterm_at_check:
             self.sigterm_at_check = False
             os.kill(os.getpid(), signal.SIGTERM)
@@ -176,13 +179,14 @@ class FakeConnection:
         pass
 
 
-def _plan(limit: int | None = None) -> Any:
+def _plan(limit: int | None = None, deadline_s: float | None = None) -> Any:
     hosts = [Host("s1", "10.0.0.1"), Host("s2", "10.0.0.2"), Host("gw1", "10.0.0.9"),
              Host("gw2", "10.0.0.10")]
     inv = build_inventory("inv.py", hosts=hosts, groups={"gateway": Group(["gw1", "gw2"])},
                           defaults={}, models=[model("m1")],
                           gateway=Gateway(routes=[Route("m1", grpc_port=9500, rest_port=9501,
-                                                        rate_limit_rps=limit)]))
+                                                        rate_limit_rps=limit)],
+                                          deadline_s=deadline_s))
     return plan_gateway(inv)
 
 
@@ -303,6 +307,22 @@ def test_a_sigterm_while_the_hosts_are_checked_changes_no_host() -> None:
     assert "interrupted before gw2: no gateway host was changed" in lines
     for fake in fakes.values():
         assert not fake.live and not fake.running
+
+
+def test_the_gateways_deadline_stops_the_run_as_a_signal_does() -> None:
+    # the deadline passes in gw1's 3 s check (what comes before it, on fakes, takes
+    # milliseconds: 1 s leaves a busy machine's stalls room)
+    fakes = {"gw1": FakeGatewayHost("gw1", check_s=3.0), "gw2": FakeGatewayHost("gw2")}
+    result, lines = _roll(_plan(deadline_s=1.0), fakes)
+    assert result.exit_code == ExitCode.INVALID, result.hosts
+    assert result.hosts == {"gw2": "not rolled: stopped at its 1 s deadline "
+                                   "(gateway.deadline_s)"}
+    assert "the run's 1 s deadline passed: finishing the current steps, then restoring; " \
+        "the lock is released at the end" in lines
+    for fake in fakes.values():
+        assert not fake.live and not fake.running
+    again, _ = _roll(_plan(deadline_s=30), fakes)  # with time enough, it converges
+    assert again.exit_code == ExitCode.OK, again.hosts
 
 
 def test_a_failed_gate_after_a_host_changed_is_exit_3() -> None:

@@ -71,3 +71,41 @@ def test_a_failing_look_raises_its_own_error(world: dict[str, Any]) -> None:
 
     with pytest.raises(ValueError, match="no such thing"):
         engine.look(target(world, count=1), body)
+
+
+class Hanging:
+    """A connection whose every call hangs until it is closed (a host that stopped answering
+    mid-read), then fails as a closed transport does; the first call of all sends SIGTERM to
+    this process (the check is then surely reading, under the look's handler)."""
+
+    def __init__(self, name: str, closed: list[str], calls: list[str]) -> None:
+        self.name, self._closed, self._calls = name, closed, calls
+        self._freed = threading.Event()
+
+    def close(self) -> None:
+        self._closed.append(self.name)
+        self._freed.set()
+
+    def __getattr__(self, attribute: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append(self.name)
+            if len(self._calls) == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            self._freed.wait()
+            raise OSError("the connection was closed")
+        return call
+
+
+def test_a_check_is_a_look_it_ends_at_sigterm_and_closes_its_connections(
+        world: dict[str, Any]) -> None:
+    from tfsdeploy.run import plans
+
+    plan = plans.deploy_plan(target(world, count=2), version=1)
+    closed: list[str] = []
+    calls: list[str] = []
+    with pytest.raises(engine.LookStopped) as stopped:
+        engine.check(plan, connect=lambda host: Hanging(host.name, closed, calls))
+    assert "ended at SIGTERM before every host answered; nothing was changed" in \
+        str(stopped.value)
+    assert stopped.value.signal_name == "SIGTERM"
+    assert sorted(closed) == ["h1", "h2"]  # each host's one connection, closed once

@@ -43,7 +43,8 @@ mv -T "$work" "$1" 2>/dev/null || rm -rf "$work"
 
 # $1 pid file; the rest is the command, which keeps this shell's pid (exec)
 PID_SCRIPT = 'echo $$ > "$1"; shift; exec "$@"'
-STOP_SCRIPT = 'pid=$(cat "$1" 2>/dev/null) && kill -INT "$pid" 2>/dev/null; true'
+# exit 3: no pid file yet (the generator has not started: ask again); 0: asked, or gone
+STOP_SCRIPT = 'pid=$(cat "$1" 2>/dev/null) || exit 3; kill -INT "$pid" 2>/dev/null; true'
 ALIVE_SCRIPT = 'kill -0 "$(cat "$1")" 2>/dev/null'
 ENV_UNUSED_MINUTES = 1440
 # $1 env dir in use, $2 env root, $3 its key: keep it fresh, drop others unused for a day
@@ -159,7 +160,8 @@ def alive(pid_file: str) -> list[str]:
 
 
 def stop(pid_file: str) -> list[str]:
-    """SIGINT to the generator: it ends its window and still writes its results."""
+    """SIGINT to the generator: it ends its window and still writes its results (exit 3: it
+    has not started yet)."""
     return ["sh", "-c", STOP_SCRIPT, "sh", pid_file]
 
 

@@ -266,12 +266,14 @@ def run_generator(gen: GeneratorHost, argv: list[str], *, timeout_s: float,
     return outcome
 
 
-def stop_generator(gen: GeneratorHost) -> None:
-    """Ask a running generator to end its window now (it still writes its results)."""
+def stop_generator(gen: GeneratorHost) -> bool:
+    """Ask a running generator to end its window now (it still writes its results); whether
+    it was asked (False: it had not started yet, or its host did not answer)."""
     try:
-        gen.runner.run(commands.stop(gen.files.pid), timeout=20)
+        return gen.runner.run(commands.stop(gen.files.pid), timeout=20).ok
     except Exception as err:  # interrupting: report and go on to the other hosts
         print(f"accept: {gen.name}: could not stop the generator: {err}", file=sys.stderr)
+        return False
 
 
 def cleanup(gen: GeneratorHost) -> str | None:

@@ -9,8 +9,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
+from typing import Protocol
 
 from tfsdeploy.accept import commands, loadgen, plot, rows
 from tfsdeploy.accept.bundle import Bundle, BundleError, ensure_bundle
@@ -55,6 +56,28 @@ from tfsdeploy.loadtest import payloads
 GRACE_S = 60.0  # beyond the window and the last request's deadline, for results to arrive
 EXIT_INTERRUPTED = 130
 RunnerFactory = Callable[[ResolvedHost], HostRunner]
+
+
+class Stopping(Protocol):
+    """A run's stop (the engine's ``Stop``, set by Ctrl-C, SIGTERM or SIGHUP): whether it was
+    asked, and by which signal."""
+
+    signal: str
+
+    def is_set(self) -> bool:
+        """Whether the run was asked to stop."""
+
+
+# what `fab accept` says at a stop signal (it runs on the engine's session: engine.operate),
+# and at a later one
+ACCEPT_STOPPING = ("ending the run once the set-up steps under way are done: every generator's "
+                   "window ends, their figures are reported, their hosts cleaned up; a deploy "
+                   "under way is waited for",
+                   "already stopping: the generators' windows are ending")
+
+
+class _StopAsked(Exception):
+    """The run's stop was asked during the window."""
 TablePrinter = Callable[[str, Sequence[str], Sequence[Sequence[str]]], None]
 
 
@@ -155,28 +178,53 @@ def load_spec(plan: AcceptPlan, gen: GeneratorHost, start_at_s: float) -> comman
         warmup=WARMUP_PER_TARGET * connections, name=f"{plan.model.name} from {gen.name}")
 
 
+RESTOP_S = 2.0  # after a stop, how often a generator still running is asked again
+
+
 def _collect(futures: dict[Future[GeneratorOutcome], GeneratorHost], abort: threading.Event,
-             loads: dict[str, commands.LoadSpec]) -> list[GeneratorOutcome]:
-    """Each generator's outcome as it ends; a failed one cancels a release not yet begun."""
+             loads: dict[str, commands.LoadSpec], stop: Stopping | None = None,
+             restop: Callable[[GeneratorHost], None] | None = None) -> list[GeneratorOutcome]:
+    """Each generator's outcome as it ends; a failed one cancels a release not yet begun.
+    A ``stop`` asked while they run raises _StopAsked. After one, ``restop`` is given the
+    generators still running every RESTOP_S (one asked before it had started, its pid file
+    not yet written, would run its whole window)."""
     outcomes: dict[str, GeneratorOutcome] = {}
-    for future in as_completed(futures):
-        gen = futures[future]
-        outcome = future.result()
-        load = loads[gen.name]
-        outcome.procs, outcome.workers, outcome.warmup = load.procs, load.workers, load.warmup
-        outcomes[gen.name] = outcome
-        if not outcome.measured:
-            abort.set()
-            say(f"{gen.name}: {outcome.status}: {outcome.error}")
-        else:
-            say(f"{gen.name}: done, {sum(r.ok.count + r.err.count for r in outcome.results)} "
-                "requests")
+    pending = set(futures)
+    asked = time.monotonic()
+    while pending:
+        if stop is not None and stop.is_set():
+            raise _StopAsked
+        done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+        for future in done:
+            _collected(future, futures[future], abort, loads, outcomes)
+        if restop is not None and pending and time.monotonic() - asked >= RESTOP_S:
+            asked = time.monotonic()
+            for future in pending:
+                restop(futures[future])
     return [outcomes[g.name] for g in futures.values()]
 
 
+def _collected(future: Future[GeneratorOutcome], gen: GeneratorHost, abort: threading.Event,
+               loads: dict[str, commands.LoadSpec],
+               outcomes: dict[str, GeneratorOutcome]) -> None:
+    """One generator's outcome kept, and said."""
+    outcome = future.result()
+    load = loads[gen.name]
+    outcome.procs, outcome.workers, outcome.warmup = load.procs, load.workers, load.warmup
+    outcomes[gen.name] = outcome
+    if not outcome.measured:
+        abort.set()
+        say(f"{gen.name}: {outcome.status}: {outcome.error}")
+    else:
+        say(f"{gen.name}: done, {sum(r.ok.count + r.err.count for r in outcome.results)} "
+            "requests")
+
+
 def run_window(plan: AcceptPlan, gens: Sequence[GeneratorHost], start_at_s: float, *,
-               root: Path, out_dir: Path) -> tuple[list[GeneratorOutcome], ReleaseOutcome | None]:
-    """Every generator's share from the common start; the release at its time."""
+               root: Path, out_dir: Path, stop: Stopping | None = None
+               ) -> tuple[list[GeneratorOutcome], ReleaseOutcome | None]:
+    """Every generator's share from the common start; the release at its time. Ctrl-C, or
+    the run's ``stop``, ends every generator's window (Interrupted, with their figures)."""
     loads = {g.name: load_spec(plan, g, start_at_s) for g in gens}
     timeout = plan.start_margin_s + plan.duration_s + plan.timeout_s + GRACE_S
     abort = threading.Event()
@@ -195,13 +243,18 @@ def run_window(plan: AcceptPlan, gens: Sequence[GeneratorHost], start_at_s: floa
                 at_wall_s=start_at_s + plan.release.at_s, start_wall_s=start_at_s,
                 log=out_dir / "deploy.log", abort=abort)
         try:
-            outcomes = _collect(futures, abort, loads)
-        except KeyboardInterrupt:
-            say("interrupted: ending every generator's window (their figures are kept)")
+            outcomes = _collect(futures, abort, loads, stop)
+        except (KeyboardInterrupt, _StopAsked) as asked:
+            if isinstance(asked, KeyboardInterrupt):  # the engine's stop said it already
+                say("interrupted: ending every generator's window (their figures are kept)")
             abort.set()
-            for gen in gens:
-                loadgen.stop_generator(gen)
-            outcomes = _collect(futures, abort, loads)
+            unasked = {g.name for g in gens if not loadgen.stop_generator(g)}
+
+            def restop(gen: GeneratorHost) -> None:  # once: a second SIGINT cuts its results
+                if gen.name in unasked and loadgen.stop_generator(gen):
+                    unasked.discard(gen.name)
+
+            outcomes = _collect(futures, abort, loads, restop=restop)
             raise Interrupted(outcomes, release_future) from None
         if release_future is not None and not release_future.done():
             say("waiting for the deploy to finish (a deploy is never cut short)")
@@ -289,10 +342,12 @@ def new_run_id() -> str:
 
 def run_accept(options: AcceptOptions, *, root: Path, out: Path | None = None,
                runner_factory: RunnerFactory = SshConnection,
-               show_table: TablePrinter | None = None) -> int:
+               show_table: TablePrinter | None = None, stop: Stopping | None = None) -> int:
     """The whole acceptance run; returns the exit code. ``show_table`` prints the report's
     tables for people (the command passes its table printer; without it only the report
-    files hold them)."""
+    files hold them). ``stop`` (the engine's, when the command runs on its session) ends the
+    set-up before the window (exit 1, nothing measured) or the window early (exit 130, the
+    figures reported); the generator hosts are cleaned up either way."""
     inventory = load_inventory(options.inventory)
     plan = build_plan(options, inventory)
     requests = serialized_requests(plan)
@@ -302,17 +357,23 @@ def run_accept(options: AcceptOptions, *, root: Path, out: Path | None = None,
     _announce(plan)
     say(f"run {run_id}; report in {out_dir}")
     gens = prepare_all(plan, requests, run_id, runner_factory)
+    if stop is not None and stop.is_set():
+        problems = _cleanup_all(gens)
+        raise LoadgenError(f"{stop.signal or 'stopped'} during the generators' set-up: nothing "
+                           "was measured; " + ("; ".join(problems) if problems else
+                                                "every generator host was cleaned up"))
     start_at = time.time() + plan.start_margin_s
     release: ReleaseOutcome | None = None
     interrupted = False
     try:
-        outcomes, release = run_window(plan, gens, start_at, root=root, out_dir=out_dir)
-    except Interrupted as stop:
+        outcomes, release = run_window(plan, gens, start_at, root=root, out_dir=out_dir,
+                                       stop=stop)
+    except Interrupted as ended:
         interrupted = True
-        outcomes = stop.outcomes
-        if stop.release is not None:
+        outcomes = ended.outcomes
+        if ended.release is not None:
             say("waiting for the deploy to finish (a deploy is never cut short)")
-            release = stop.release.result()
+            release = ended.release.result()
     finally:
         problems = _cleanup_all(gens)
     return write_report(plan, outcomes, release, start_at_s=start_at, out_dir=out_dir,

@@ -564,9 +564,12 @@ def cmd_retire(args: RetireArgs) -> int:
 
 
 def cmd_accept(args: AcceptArgs) -> int:
-    """`fab accept` (docs/acceptance.md)."""
+    """`fab accept` (docs/acceptance.md), on the engine's session (``engine.operate``): its
+    generator hosts' connections are the session's, closed at the end, and Ctrl-C, SIGTERM
+    and SIGHUP end the window as the engine stops a run."""
     from tfsdeploy.accept.plan import AcceptOptions
-    from tfsdeploy.accept.run import run_accept
+    from tfsdeploy.accept.run import ACCEPT_STOPPING, run_accept, say
+    from tfsdeploy.run import engine
 
     accept = AcceptOptions(
         model=safe_model(args.model), inventory=args.inventory,
@@ -575,8 +578,12 @@ def cmd_accept(args: AcceptArgs) -> int:
         slo_p99_ms=args.slo_p99_ms, max_error_rate_pct=args.max_error_rate,
         data_version=args.data_version, start_margin=args.start_margin,
         timeout=args.timeout, concurrency=args.concurrency, procs=args.procs)
-    return run_accept(accept, root=ROOT, out=Path(args.out) if args.out else None,
-                      show_table=output.print_table)
+    return engine.operate(
+        lambda session, stop: run_accept(accept, root=ROOT,
+                                         out=Path(args.out) if args.out else None,
+                                         runner_factory=session.connection,
+                                         show_table=output.print_table, stop=stop),
+        note=say, saying=ACCEPT_STOPPING)
 
 
 def cmd_gateway(args: GatewayArgs) -> int:

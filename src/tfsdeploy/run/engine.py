@@ -566,17 +566,19 @@ def interrupts_cancel(cancel: Stop, note: Callable[[str], None],
 
 @contextmanager
 def deadline_stops(cancel: Stop, note: Callable[[str], None], deadline_s: float | None,
-                   *, setting: str = "rollout.deadline_s") -> Iterator[None]:
+                   *, setting: str = "rollout.deadline_s",
+                   saying: tuple[str, str] = RUN_STOPPING) -> Iterator[None]:
     """The run's overall deadline (``setting`` in the inventory; None: none): once it passes,
     the run stops as at a signal (the current steps finish, the hosts are restored, the lock is
-    released), and its message says that the deadline stopped it."""
+    released; what it does then is ``saying``'s first), and its message says that the
+    deadline stopped it."""
     if deadline_s is None:
         yield
         return
 
     def passed() -> None:
         if cancel.stop(f"stopped at its {deadline_s:g} s deadline ({setting})"):
-            note(f"the run's {deadline_s:g} s deadline passed: {RUN_STOPPING[0]}")
+            note(f"the run's {deadline_s:g} s deadline passed: {saying[0]}")
 
     timer = threading.Timer(deadline_s, passed)
     timer.daemon = True
@@ -589,9 +591,12 @@ def deadline_stops(cancel: Stop, note: Callable[[str], None], deadline_s: float 
 
 
 def gather_facts(target: Target, conns: Mapping[str, Connection], images: Sequence[str],
-                 forks: int) -> Facts:
-    """Every selected host's facts, read at once (an unreachable host gives its error)."""
+                 forks: int, ended: threading.Event | None = None) -> Facts:
+    """Every selected host's facts, read at once (an unreachable host gives its error); once
+    ``ended`` is set (a look's end), a host not yet begun is not read."""
     def one(host: ResolvedHost) -> HostFacts | HostUnreachable:
+        if ended is not None and ended.is_set():  # its connection is closed: never reopen it
+            return HostUnreachable(f"{host.name}: not read (the look ended first)")
         try:
             return gather(conns[host.name], target.model.name, host_paths(host, target.model),
                           images=images)
@@ -741,20 +746,23 @@ class LookStopped(TfsDeployError):
 def look(target: Target, body: Callable[[Session], Looked], *,
          connect: ConnectionFactory = SshConnection,
          deadline_s: float | None = LOOK_DEADLINE_S,
-         left: str = "nothing was changed") -> Looked:
-    """A read of the fleet on the engine's own session (status, history, lock, logs, exec):
-    the connections ``body`` asks for are opened on first use and closed at the end, and
-    the read ends at Ctrl-C, SIGTERM or SIGHUP, or at ``deadline_s`` (None: none), with
-    LookStopped saying which (exit 3: what was read is not whole) and what it ``left``."""
-    cancel = threading.Event()
-    session = Session(connections={}, clock=CancellableClock(SystemClock(), cancel),
-                      connect=connect, ended=cancel)
-    stopped: list[str] = []
+         left: str = "nothing was changed",
+         whole: bool = False) -> Looked:
+    """A read of the fleet on the engine's own session (status, history, lock, logs, exec,
+    a check): the connections ``body`` asks for are opened on first use (``whole``: the
+    session of a run, one connection per host of the model and per selected host, and the
+    gateway's) and closed at the end, and the read ends at Ctrl-C, SIGTERM or SIGHUP, or at
+    ``deadline_s`` (None: none), with LookStopped saying which (exit 3: what was read is not
+    whole) and what it ``left``."""
+    cancel = Stop()
+    clock = CancellableClock(SystemClock(), cancel)
+    session = open_session(target, connect, clock, None) if whole else \
+        Session(connections={}, clock=clock, connect=connect)
+    session.ended = cancel  # set at a signal, at the deadline, or when the look is over
     outcome: list[Any] = []
 
     def handler(signum: int) -> None:
-        stopped.append(signal.Signals(signum).name)
-        cancel.set()
+        cancel.stop("interrupted", signal.Signals(signum).name)
 
     def work() -> None:
         try:
@@ -771,10 +779,11 @@ def look(target: Target, body: Callable[[Session], Looked], *,
                     end is None or time.monotonic() < end):
                 worker.join(timeout=0.1)
     finally:
-        cancel.set()  # the look is over: what fails from here failed because of the close
+        unfinished = worker.is_alive()  # before the close frees it with a partial result
+        over = not cancel.stop("over")  # a signal that came first is kept, never swallowed
         close_session(session)  # a read still blocked on a host is freed by its close
-    if worker.is_alive() or not outcome or stopped:  # a signal is never swallowed
-        signal_name = stopped[-1] if stopped else None
+    if unfinished or not outcome or over:
+        signal_name = cancel.signal or None
         why = signal_name or f"its {deadline_s:g} s deadline"
         raise LookStopped(f"the look at {target.model.name}'s hosts ended at {why} before "
                           f"every host answered; {left}", signal_name)
@@ -789,19 +798,22 @@ Done = TypeVar("Done")
 
 def operate(body: Callable[[Session, Stop], Done], *, note: Callable[[str], None],
             connect: ConnectionFactory = SshConnection, clock: Clock | None = None,
-            saying: tuple[str, str] = RUN_STOPPING) -> Done:
+            saying: tuple[str, str] = RUN_STOPPING, deadline_s: float | None = None,
+            setting: str = "") -> Done:
     """A pass outside a model's run (``fab gateway``, ``fab tune``, the guard's watch) on the
     engine's own session: the connections ``body`` asks for (``session.connection``) are
     opened on first use and closed at the end, whatever happens. Ctrl-C, SIGTERM and SIGHUP
     stop it as they stop a run (``saying``: what it then does): ``Stop`` is set, with why, and
     the session's clock raises Interrupted at its next wait; ``body`` finishes or restores what
     it was changing (its restores wait on a clock of their own: a second signal cannot cut
-    them) and returns. The handler never raises."""
+    them) and returns. The handler never raises. Past ``deadline_s`` (the inventory's
+    ``setting``; None: none) it stops the same way, its ``why`` naming the deadline."""
     cancel = Stop()
     session = Session(connections={}, clock=CancellableClock(clock or SystemClock(), cancel),
                       connect=connect)
     try:
-        with interrupts_cancel(cancel, note, saying):
+        with interrupts_cancel(cancel, note, saying), \
+                deadline_stops(cancel, note, deadline_s, setting=setting, saying=saying):
             return body(session, cancel)
     finally:
         session.ended.set()
@@ -989,11 +1001,16 @@ def check(plan: RunPlan, *, connect: ConnectionFactory = SshConnection, diff: bo
                      list[HostJob]]:
     """``--check``: read the facts, plan the jobs, list every host's steps (with ``diff``, read
     the live release's files of each host, kept as ``job.live_files``); no lock is taken and
-    nothing is changed."""
-    session = open_session(plan.target, connect, SystemClock(), None)
-    try:
+    nothing is changed. It is a look (``look``, with no deadline: ``--diff`` reads each host's
+    files in turn): its connections are closed at its end, and Ctrl-C, SIGTERM or SIGHUP end
+    it with LookStopped; a host not yet read then is not read."""
+    def body(session: Session) -> tuple[RunContext | None,
+                                        dict[str, list[PlannedStep] | HostUnreachable],
+                                        list[HostJob]]:
         facts = gather_facts(plan.target, session.connections, plan.images,
-                             plan.playbook.forks)
+                             plan.playbook.forks, session.ended)
+        if session.ended.is_set():
+            raise Interrupted
         context, jobs = plan.planner(facts, session)
         context.check = True
         plans: dict[str, list[PlannedStep] | HostUnreachable] = {}
@@ -1002,10 +1019,12 @@ def check(plan: RunPlan, *, connect: ConnectionFactory = SshConnection, diff: bo
             plans[job.name] = seen if isinstance(seen, HostUnreachable) else \
                 plan_host(plan.playbook, job)
             if diff and not isinstance(seen, HostUnreachable):
+                if session.ended.is_set():
+                    raise Interrupted
                 job.live_files = live_files(session, job)
         return context, plans, jobs
-    finally:
-        close_session(session)
+
+    return look(plan.target, body, connect=connect, whole=True, deadline_s=None)
 
 
 def live_files(session: Session, job: HostJob) -> dict[str, str]:

@@ -17,9 +17,10 @@ its previous files back and is reloaded on them (exit 2); when that also fails, 
 earlier host already took the new configuration, exit 3.
 
 The run is the engine's (``engine.operate``): its connections, and Ctrl-C, SIGTERM and SIGHUP,
-which stop it as they stop a deploy. A signal while a host rolls ends that host's wait, and the
-host gets its previous files back, as for a failed gate; one while the hosts are read, checked
-or prepared, or between two hosts, stops before the next. Either way: exit 1 when no host was
+which stop it as they stop a deploy, as does the gateway's ``deadline_s`` when it passes. A
+signal while a host rolls ends that host's wait, and the host gets its previous files back, as
+for a failed gate; one while the hosts are read, checked or prepared, or between two hosts,
+stops before the next. Either way: exit 1 when no host was
 changed, 2 when the one changing was put back and none before it changed, else 3 (the gateway
 hosts run different configurations until `fab gateway` runs again, which converges).
 """
@@ -97,7 +98,8 @@ def roll_gateway(plan: GatewayPlan, *, say: Say, check: bool = False, diff: bool
     return engine.operate(
         lambda session, stop: _run(plan, session, _Roll(stop, steady, say), check=check,
                                    diff=diff),
-        note=say, connect=connect, clock=steady)
+        note=say, connect=connect, clock=steady, deadline_s=plan.gateway.deadline_s,
+        setting="gateway.deadline_s")
 
 
 @dataclass(frozen=True)

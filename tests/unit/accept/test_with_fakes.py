@@ -313,9 +313,12 @@ def test_the_release_runs_in_the_window_and_is_marked(
     assert shaded_columns(out / "accept.png") is not None
 
 
-def test_ctrl_c_ends_the_window_and_still_reports(setup: tuple[Path, Path]) -> None:
-    """SIGINT to ``fab accept`` (as a terminal's Ctrl-C reaches its process group): the
-    generator ends its window early, its figures are reported, exit 130."""
+@pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM"])
+def test_a_stop_signal_ends_the_window_and_still_reports(setup: tuple[Path, Path],
+                                                         sent: str) -> None:
+    """SIGINT to ``fab accept``'s process group (as a terminal's Ctrl-C reaches it), or
+    SIGTERM to its process alone (as systemd or cron's ``timeout`` send it): the generator
+    ends its window early, its figures are reported, exit 130."""
     inventory, out = setup
     fab = Path(sys.executable).with_name("fab")
     proc = subprocess.Popen([str(fab), "accept", "--model", "m", "--inventory", str(inventory),
@@ -327,12 +330,16 @@ def test_ctrl_c_ends_the_window_and_still_reports(setup: tuple[Path, Path]) -> N
         if "accept: load from" in line:
             break
     time.sleep(3 + 3)  # the margin, then 3 s of load
-    os.killpg(proc.pid, signal.SIGINT)
+    if sent == "SIGINT":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        os.kill(proc.pid, signal.SIGTERM)
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, rest
+    assert f"accept: {sent}: ending every generator's window" in rest, rest
     data = report(out)
     accept = data["tfsdeploy"]["accept"]
-    print(f"requests before Ctrl-C ended the window: {data['count']}")
+    print(f"requests before {sent} ended the window: {data['count']}")
     # about 3 s of 50 QPS, not 30 s (measured 151-153 requests, load average 14)
     assert 50 <= data["count"] <= 250, rest
     assert accept["exitCode"] == 130 and accept["merge"]["equal"]

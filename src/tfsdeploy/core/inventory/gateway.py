@@ -26,7 +26,14 @@ from pydantic import ConfigDict, Field, Strict
 from tfsdeploy.core.errors import Problem
 from tfsdeploy.core.inventory.catalog import CHECKED, Model
 from tfsdeploy.core.inventory.fleet import ResolvedHost
-from tfsdeploy.core.inventory.schema import GroupName, ImageReference, ModelName, Port, rule
+from tfsdeploy.core.inventory.schema import (
+    ONE_WEEK_S,
+    GroupName,
+    ImageReference,
+    ModelName,
+    Port,
+    rule,
+)
 
 _LABEL = r"(?!-)[a-z0-9-]{1,63}(?<!-)"
 _DOMAIN = re.compile(rf"{_LABEL}(\.{_LABEL})+")
@@ -86,6 +93,11 @@ class Gateway:
     rise: Annotated[int, Strict(), Field(ge=1, le=100)] = 2
     fall: Annotated[int, Strict(), Field(ge=1, le=100)] = 2
     image: ImageReference | None = None  # None: each gateway host's proxy_image
+    # the most a `fab gateway` run may take, lock included (None: no limit): past it the run
+    # stops as at SIGTERM, at its next wait or between two hosts (the host rolling gets its
+    # previous files back; none after it rolls); a command under way finishes first
+    deadline_s: Annotated[float | None, Strict(),
+                          Field(gt=0, le=ONE_WEEK_S, allow_inf_nan=False)] = None
 
     def __post_init__(self) -> None:
         if isinstance(self.routes, list):
