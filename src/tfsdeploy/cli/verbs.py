@@ -502,7 +502,7 @@ class AcceptArgs(Args):
     data_version: str | None = option("version whose warmup records are the requests "
                                       "(default: the newest)", value="VERSION")
     start_margin: str | None = option("time given to the generators to start before the "
-                                      "common start (15s)", value="DURATION")
+                                      "common start (default 15s)", value="DURATION")
     timeout: str | None = option("deadline per request (default 10s)", value="DURATION")
     concurrency: int | None = option("requests in flight per generator (default: from its rate "
                                      "and the SLO)", value="N",
