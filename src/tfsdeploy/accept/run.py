@@ -56,6 +56,7 @@ from tfsdeploy.loadtest import payloads
 GRACE_S = 60.0  # beyond the window and the last request's deadline, for results to arrive
 EXIT_INTERRUPTED = 130
 RunnerFactory = Callable[[ResolvedHost], HostRunner]
+TablePrinter = Callable[[str, Sequence[str], Sequence[Sequence[str]]], None]
 
 
 class Stopping(Protocol):
@@ -78,7 +79,6 @@ ACCEPT_STOPPING = ("ending the run once the set-up steps under way are done: eve
 
 class _StopAsked(Exception):
     """The run's stop was asked during the window."""
-TablePrinter = Callable[[str, Sequence[str], Sequence[Sequence[str]]], None]
 
 
 def say(text: str) -> None:

@@ -780,9 +780,9 @@ def look(target: Target, body: Callable[[Session], Looked], *,
                 worker.join(timeout=0.1)
     finally:
         unfinished = worker.is_alive()  # before the close frees it with a partial result
-        over = not cancel.stop("over")  # a signal that came first is kept, never swallowed
+        stopped_before = not cancel.stop("over")  # a signal or the deadline came first: kept
         close_session(session)  # a read still blocked on a host is freed by its close
-    if unfinished or not outcome or over:
+    if unfinished or not outcome or stopped_before:
         signal_name = cancel.signal or None
         why = signal_name or f"its {deadline_s:g} s deadline"
         raise LookStopped(f"the look at {target.model.name}'s hosts ended at {why} before "
