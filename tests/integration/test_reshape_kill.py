@@ -12,18 +12,24 @@ the first stable ports predicts from start to end. The kills:
 - after the reload signal (seen on the host: another worker answers the admin socket), before
   the old worker's runtime state is set on the new one;
 - after the reshape step (its progress line).
+Then a worker loaded on another configuration than the file's with the same servers and ports
+(a setting changed): the next deploy reloads it and records what it loaded.
 Each time the same deploy run again exits 0, the proxy listens on the new and every old
 stable port (tb3's `ss`), and the new one answers with the deployed version.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
 from collections.abc import Callable, Iterator
 
 import pytest
 from deploy_support import GOOD, Fleet, Traffic, assert_ports_free, fleet_fixture
 from testbed_support import ADDRESSES, STATE, FileCue, expected_y, grpc_predict, netns
+
+from tfsdeploy.core.render.host_proxy import shape_digest
 
 pytestmark = pytest.mark.testbed
 
@@ -32,6 +38,7 @@ MOVES = (5450, 5520, 5550)  # one offset per kill point (5500 would bind 14000: 
 # scratch port, which test_tune_scratch.py's tune on tb3 may hold at the same time)
 ROOT = STATE / "hosts" / HOST / "srv" / MODEL  # the model's files as the root namespace sees
 CONFIG = ROOT / "proxy" / "haproxy.cfg"
+LOADED = ROOT / "proxy" / "loaded"  # the configuration the running worker was loaded on
 ADMIN = ROOT / "proxy-admin" / "admin.sock"
 
 
@@ -122,4 +129,29 @@ def test_a_reshape_killed_at_each_step_converges_when_run_again(fleet: Fleet) ->
           f"{client.ok} answers, {len(client.failures)} failed")
     assert not client.failures, client.failures[:5]
     assert client.ok > 100, client.ok
+
+    # the model's next deploy drops the old ports (a reload); then, under a client of the
+    # ports it kept, the worker was loaded on a configuration other than haproxy.cfg's with
+    # the same servers and ports (a setting a newer toolkit changed; faked in the record of
+    # what it loaded): the deploy after reloads it, seamlessly, and records the file's
+    last = moved_inventory(fleet, MOVES[-1])
+    version = 3 - version
+    dropped = fleet.fab("deploy", "--version", str(version), inventory=last)
+    assert dropped.code == 0, dropped.describe()
+    assert listening() == {8500 + MOVES[-1], 8501 + MOVES[-1]}, listening()
+    assert LOADED.read_text() == shape_digest(CONFIG.read_text()) + "\n"
+    LOADED.write_text(shape_digest(CONFIG.read_text() + "\n# another setting\n") + "\n")
+    before = worker()
+    with Traffic(dataclasses.replace(fleet, offset=MOVES[-1]), HOST, rest=True) as kept:
+        settled = fleet.fab("deploy", "--version", str(3 - version), inventory=last)
+    assert settled.code == 0, settled.describe()
+    assert re.search(rf"{HOST} +roll +reshape_proxy +ok .* reloaded: .*its worker was not "
+                     "loaded on this configuration", settled.out), settled.describe()
+    assert worker() not in (before, None), "the proxy was not reloaded"
+    assert LOADED.read_text() == shape_digest(CONFIG.read_text()) + "\n"
+    print(f"a setting the worker was not loaded on: reloaded by the next deploy; a client of "
+          f":{8500 + MOVES[-1]}/:{8501 + MOVES[-1]}: {kept.ok} answers, "
+          f"{len(kept.failures)} failed")
+    assert not kept.failures, kept.failures[:5]
+    assert kept.ok > 20, kept.ok
 

@@ -102,6 +102,46 @@ def test_the_same_shape_never_reloads_the_proxy(world: dict[str, Any]) -> None:
     assert fleet["h1"].docker.called("kill") == []
 
 
+def _reshape_detail(recorder: Recorder) -> str:
+    return recorder.details[recorder.steps.index(("h1", "roll", "reshape_proxy", "ok"))]
+
+
+def test_a_worker_not_loaded_on_the_file_is_reloaded_once(world: dict[str, Any]) -> None:
+    """The proxy's worker runs another configuration than the one the plan needs, with the
+    same servers and ports (a setting changed in a newer toolkit, or a run stopped between
+    writing haproxy.cfg and reloading it): the next deploy reloads it, records what it
+    loaded, and the one after does not reload."""
+    from pathlib import Path
+
+    from tfsdeploy.core.render.host_proxy import shape_digest
+
+    from .runs import paths
+
+    first = run_deploy(world, 1, count=1)
+    assert first.exit_code == ExitCode.OK, first.message
+    fleet: FakeFleet = world["fleet"]
+    host = fleet["h1"]
+    loaded = Path(paths(host).proxy_loaded)
+    config = Path(paths(host).proxy_dir) / "haproxy.cfg"
+    # the first start recorded the file's configuration, less the slots' runtime state
+    assert loaded.read_text() == shape_digest(config.read_text()) + "\n"
+    assert host.proxy.reloads == 0
+    loaded.write_text(shape_digest(config.read_text() + "\n# another setting\n") + "\n")
+
+    recorder = Recorder()
+    second = run_deploy(world, 2, recorder, count=1)
+    assert second.exit_code == ExitCode.OK, second.message
+    assert host.proxy.reloads == 1
+    assert "its worker was not loaded on this configuration" in _reshape_detail(recorder)
+    assert loaded.read_text() == shape_digest(config.read_text()) + "\n"
+
+    recorder = Recorder()
+    third = run_deploy(world, 1, recorder, count=1)
+    assert third.exit_code == ExitCode.OK, third.message
+    assert host.proxy.reloads == 1
+    assert "proxy has the servers and ports" in _reshape_detail(recorder)
+
+
 def test_check_lists_the_reload_a_gpu_added_needs_and_changes_nothing(
         world: dict[str, Any]) -> None:
     from tfsdeploy.run.deploy import check
@@ -210,7 +250,8 @@ def test_a_port_move_killed_at_its_reload_converges_when_run_again(
     running worker only the old ones; the same deploy again reads the worker, not the file,
     and reloads. After it: the worker binds both, the host's current release is still the
     one behind the old ports; the same deploy again keeps them (only the model's next deploy
-    drops them)."""
+    drops them): the worker binds them, but the record of what it loaded is the one before,
+    so the same deploy reloads once more."""
     from pathlib import Path
 
     from tfsdeploy.core.errors import HostUnreachable
@@ -257,8 +298,10 @@ def test_a_port_move_killed_at_its_reload_converges_when_run_again(
     assert again.exit_code == ExitCode.OK, again.message
     assert host.proxy.bound == {8500, 8501, 8600, 8601}
     reshape = recorder.details[recorder.steps.index(("h1", "roll", "reshape_proxy", "ok"))]
-    assert ("proxy has the servers and ports" in reshape) if reloaded else \
-        ("reloaded" in reshape and ":8500" in reshape), reshape
+    # killed after the reload but before its record (proxy/loaded): the worker binds the
+    # ports already, yet nothing says it runs the file, so the same deploy reloads once more
+    assert ("reloaded" in reshape and "its worker was not loaded on this configuration"
+            in reshape) if reloaded else ("reloaded" in reshape and ":8500" in reshape), reshape
     third = move(Recorder(), version=1)  # the model's next deploy: the old ports go
     assert third.exit_code == ExitCode.OK, third.message
     assert host.proxy.bound == {8600, 8601}

@@ -73,6 +73,10 @@ class ProxyFact:
     # the running worker's listening ports per frontend (its listener rows; empty when it
     # reports none): what it binds, whatever its haproxy.cfg on disk says now
     binds: tuple[tuple[str, frozenset[int]], ...] = ()
+    # the digest of the configuration the running worker was started or reloaded on, as
+    # recorded once it answered ("" when none is: an older toolkit's proxy, or a run killed
+    # before the record); host_proxy.shape_digest
+    loaded: str = ""
 
     def serving_slot(self, instance: int = 0) -> str | None:
         """The one slot of ``instance`` that takes new gRPC requests (None: none or both)."""
@@ -276,7 +280,7 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
     return HostFacts(
         host=host, containers=tuple(c for c in containers
                                     if c.role == "proxy" or is_release_id(c.release)),
-        proxy=_proxy(containers, _body(sections, "proxy")),
+        proxy=_proxy(containers, _body(sections, "proxy"), _body(sections, "proxyloaded")),
         releases=tuple(sorted(releases, key=lambda r: r.id)), broken=tuple(broken),
         current=link if is_release_id(link) else None,
         live_files=_sums(_body(sections, "live")),
@@ -295,12 +299,14 @@ def parse_facts(host: str, text: str, containers: Sequence[ContainerFact], *,
         docker_version=docker_version, gpu_truth=gpu_truth(sections))
 
 
-def _proxy(containers: Sequence[ContainerFact], stat: str) -> ProxyFact:
+def _proxy(containers: Sequence[ContainerFact], stat: str, loaded: str) -> ProxyFact:
     proxy = next((c for c in containers if c.role == "proxy"), None)
     servers = parse_stat(stat) if stat else ()
     binds = tuple(sorted(parse_binds(stat).items())) if stat else ()
+    digest = loaded.strip()
     return ProxyFact(running=bool(proxy and proxy.running), servers=servers,
-                     answered=bool(servers), binds=binds)
+                     answered=bool(servers), binds=binds,
+                     loaded=digest if re.fullmatch(r"[0-9a-f]{64}", digest) else "")
 
 
 def _lock_digest(sections: dict[str, list[tuple[str, str]]]) -> str:
@@ -432,7 +438,7 @@ def reread_serving(conn: Connection, facts: HostFacts, model: str, paths: HostPa
         stat = ""
     return replace(facts, containers=tuple(c for c in containers if c.role == "proxy"
                                            or is_release_id(c.release)),
-                   proxy=_proxy(containers, stat))
+                   proxy=_proxy(containers, stat, facts.proxy.loaded))
 
 
 def with_gpu_pids(conn: Connection, facts: HostFacts) -> HostFacts:

@@ -9,6 +9,7 @@ On a host (``data_root`` defaults to /srv/tfsdeploy)::
     <data_root>/<model>/current -> releases/<id>  the release taking traffic
     <data_root>/<model>/versions/<version>.sha256 digest of each staged version's files
     <data_root>/<model>/proxy/haproxy.cfg         the per-host traffic switch's config
+    <data_root>/<model>/proxy/loaded              the config its running worker was loaded on
     <data_root>/<model>/proxy-admin/admin.sock    the switch's admin API (root-only directory)
     <data_root>/<model>/audit.log                 one JSON line per change, append-only
     <data_root>/<model>/lock/                     the model's part of the fleet lock
@@ -117,6 +118,12 @@ class HostPaths:
     def proxy_dir(self) -> str:
         """The proxy's config directory (mounted read-only into the proxy container)."""
         return f"{self.home}/proxy"
+
+    @property
+    def proxy_loaded(self) -> str:
+        """The digest of the configuration the proxy's running worker was started or reloaded
+        on (``host_proxy.shape_digest``), written once it answered."""
+        return f"{self.proxy_dir}/loaded"
 
     @property
     def audit_log(self) -> str:

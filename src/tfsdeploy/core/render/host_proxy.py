@@ -13,6 +13,7 @@ is applied again to the new one (``restore_commands``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -201,6 +202,18 @@ class ConfigPorts:
         """A server's gRPC and REST ports (None: the configuration lacks it)."""
         grpc, rest = self.servers.get(("grpc", name)), self.servers.get(("rest", name))
         return (grpc, rest) if grpc is not None and rest is not None else None
+
+
+def shape_digest(text: str) -> str:
+    """The digest of a proxy configuration less its servers' runtime state: which slot of an
+    instance serves (a server line's ``disabled``) is set on the admin socket, and the file is
+    rewritten with it after each switch, so that a restarted proxy comes back on the same
+    slots; everything else (servers, ports, binds, every setting) is what a worker loads. The
+    running worker runs the file's configuration when the digest recorded after its start or
+    its last reload (``HostPaths.proxy_loaded``) is this one."""
+    shape = "\n".join(line.removesuffix(" disabled") if line.lstrip().startswith("server ")
+                      else line for line in text.splitlines())
+    return hashlib.sha256(shape.encode()).hexdigest()
 
 
 def config_ports(text: str) -> ConfigPorts:

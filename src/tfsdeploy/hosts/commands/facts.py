@@ -40,6 +40,7 @@ echo "@@disk"; p=$models; while [ ! -e "$p" ]; do p=$(dirname "$p"); done; df -P
 ''' + FACTS_SH + r'''
 echo "@@listen"; ss -ltnH 2>/dev/null
 echo "@@proxycfg"; cat "$home/proxy/haproxy.cfg" 2>/dev/null
+echo "@@proxyloaded"; cat "$home/proxy/loaded" 2>/dev/null
 echo "@@proxy"
 [ -S "$sock" ] && command -v socat >/dev/null &&
   echo "show stat" | socat -t 2 - "UNIX-CONNECT:$sock" 2>/dev/null

@@ -18,6 +18,7 @@ from tfsdeploy.core.render.host_proxy import (
     parse_stat,
     render_proxy_config,
     set_state,
+    shape_digest,
     switch_commands,
     weight_commands,
 )
@@ -147,6 +148,15 @@ def proxy_config(job: HostJob) -> WriteFile:
     return WriteFile(f"{job.paths.proxy_dir}/haproxy.cfg", text.encode())
 
 
+def mark_loaded(job: HostJob, written: WriteFile) -> WriteFile:
+    """The record that the proxy's running worker was started or reloaded on ``written``
+    (its shape digest), written once it answered: a run killed between writing a
+    configuration and loading it leaves the record of the one before, and the next run
+    reloads (``shape.reload_reasons``)."""
+    return WriteFile(job.paths.proxy_loaded,
+                     f"{shape_digest(written.data.decode())}\n".encode())
+
+
 def wait_for_proxy(job: HostJob) -> Check:
     """A check that the proxy's admin socket answers (the proxy started)."""
     def run() -> str:
@@ -193,7 +203,8 @@ def _start_proxy(job: HostJob) -> Ops:
     yield Command.of(mkdir(paths.admin_dir, mode="0700"),
                      f"create {paths.admin_dir} (root only)")
     job.switched = job.took_traffic = True
-    yield proxy_config(job)
+    written = proxy_config(job)
+    yield written
     if job.facts.proxy_container:
         yield RemoveContainer(job.facts.proxy_container.name)
     job.proxy_started = True
@@ -201,6 +212,7 @@ def _start_proxy(job: HostJob) -> Ops:
                                   paths=paths),
                        where=f"on :{job.ports.grpc}/:{job.ports.rest} -> {job.new_slot}")
     yield wait_for_proxy(job)
+    yield mark_loaded(job, written)
     return f"proxy started on :{job.ports.grpc}/:{job.ports.rest} -> {job.new_slot}"
 
 

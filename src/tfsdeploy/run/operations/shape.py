@@ -7,7 +7,10 @@ servers: when the plan has an instance the running proxy lacks (a GPU added, ``p
 per_gpu, a wider ``gpus`` list), ``reshape_proxy`` rewrites the proxy's configuration with the
 servers of every instance, old and new, and reloads it seamlessly before the host's first
 instance rolls: the instances serving now keep their slot, the new ones start in maintenance
-until their own switch. An instance the plan drops (a GPU removed, per_gpu -> ``host``) keeps
+until their own switch; it does the same when the running worker was not loaded on the
+configuration the plan needs (a setting changed, or a run was stopped between writing a
+configuration and reloading it: ``proxy/loaded`` records what each start or reload loaded).
+An instance the plan drops (a GPU removed, per_gpu -> ``host``) keeps
 serving its old release through the roll; ``remove_instances``, in finalize, once every batch
 passed, drains it, takes it out of rotation and reloads the proxy without it; ``retire_old``
 then stops its container (kept for rollback, which brings the instance back).
@@ -16,11 +19,17 @@ then stops its container (kept for rollback, which brings the instance back).
 from __future__ import annotations
 
 from tfsdeploy.core.inventory.layout import parse_server_name, proxy_name
-from tfsdeploy.core.render.host_proxy import config_ports, proxy_instances, server_names, set_state
+from tfsdeploy.core.render.host_proxy import (
+    config_ports,
+    proxy_instances,
+    server_names,
+    set_state,
+    shape_digest,
+)
 from tfsdeploy.run.changes import ProxyCommands, ReloadProxy
 from tfsdeploy.run.jobs import HostJob
 from tfsdeploy.run.operations.preflight import live_server_ports, proxy_binds
-from tfsdeploy.run.operations.roll import drain_check, proxy_config, proxy_running
+from tfsdeploy.run.operations.roll import drain_check, mark_loaded, proxy_config, proxy_running
 from tfsdeploy.run.operations.step import Ops, operation
 
 
@@ -56,6 +65,11 @@ def reload_reasons(job: HostJob, text: str) -> list[str]:
     had = set().union(*bound.values()) if bound else set()
     if wanted_binds - had - job.facts.listening or (bound and wanted_binds != had):
         reasons.append(f"stable ports :{', :'.join(map(str, sorted(wanted_binds)))} bound")
+    if not reasons and job.facts.proxy.loaded != shape_digest(text):
+        reasons.append("its worker was not loaded on this configuration (a setting changed, "
+                       "or a run stopped between writing it and the reload)"
+                       if job.facts.proxy.loaded else
+                       "no record of the configuration its worker was loaded on")
     return reasons
 
 
@@ -81,6 +95,7 @@ def reshape_proxy(job: HostJob) -> Ops:
                       f"reload the proxy seamlessly: {'; '.join(reasons)} (new servers in "
                       f"maintenance until their switch; {_listed(live & wanted)} kept as "
                       "they are)")
+    yield mark_loaded(job, written)
     return out + f"proxy reloaded for {_listed(wanted)}: {'; '.join(reasons)}"
 
 
@@ -116,7 +131,9 @@ def remove_instances(job: HostJob) -> Ops:
         yield ProxyCommands(tuple(set_state(index, slot, "maint")),
                             f"proxy: instance {index}: {slot} out of rotation")
     job.retiring = {}
-    yield proxy_config(job)
+    written = proxy_config(job)
+    yield written
     yield ReloadProxy(proxy_name(job.model.name), server_names(planned(job)),
                       f"reload the proxy seamlessly without the servers of {_listed(gone)}")
+    yield mark_loaded(job, written)
     return f"{_listed(gone)} drained and removed from the proxy"
