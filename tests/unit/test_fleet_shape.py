@@ -297,7 +297,7 @@ def test_a_port_move_killed_at_its_reload_converges_when_run_again(
     again = move(recorder)
     assert again.exit_code == ExitCode.OK, again.message
     assert host.proxy.bound == {8500, 8501, 8600, 8601}
-    reshape = recorder.details[recorder.steps.index(("h1", "roll", "reshape_proxy", "ok"))]
+    reshape = _reshape_detail(recorder)
     # killed after the reload but before its record (proxy/loaded): the worker binds the
     # ports already, yet nothing says it runs the file, so the same deploy reloads once more
     assert ("reloaded" in reshape and "its worker was not loaded on this configuration"
