@@ -258,19 +258,31 @@ def _follow_until_ctrl_c(chosen: Any, fleet_: FakeFleet) -> tuple[int, list[str]
     is a KeyboardInterrupt here and the test fails). A stream that blocked the others would
     never bring the 12th line: a Ctrl-C after 20 s ends the read then, with fewer lines."""
     shown: list[str] = []
+    ended = threading.Event()
 
     def out(line: str) -> None:
         shown.append(line)
         if len(shown) == 12:
             signal.raise_signal(signal.SIGINT)
 
+    def outside_the_look(signum: int, frame: Any) -> None:
+        # the look's own handler replaces this one while it runs; a Ctrl-C raised by a
+        # thread just as the look ended (the 20 s one on a slow machine) lands here instead
+        # of as a KeyboardInterrupt in whichever test runs next
+        if not ended.is_set():
+            raise KeyboardInterrupt
+
     late = threading.Timer(20, signal.raise_signal, (signal.SIGINT,))
+    before = signal.signal(signal.SIGINT, outside_the_look)
     late.start()
     try:
         code = fleet.logs(chosen, lines=5, since=None, follow=True, out=out,
                           connect=fleet_.connect)
     finally:
+        ended.set()
         late.cancel()
+        late.join()  # it sent its signal or never will; the main thread takes it below
+        signal.signal(signal.SIGINT, before)
     return code, shown
 
 

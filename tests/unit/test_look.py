@@ -59,9 +59,14 @@ def test_a_look_ends_at_its_deadline(world: dict[str, Any]) -> None:
 
 
 def test_a_look_ends_at_sigterm_and_says_so(world: dict[str, Any]) -> None:
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    def body(session: Session) -> None:
+        # sent from the look's own body, so surely under its handler (a timer started before
+        # the look could fire first on a slow machine and end the test process)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)
+
     with pytest.raises(engine.LookStopped) as stopped:
-        engine.look(target(world, count=1), lambda session: time.sleep(30), deadline_s=None)
+        engine.look(target(world, count=1), body, deadline_s=None)
     assert "ended at SIGTERM" in str(stopped.value)
 
 
