@@ -15,13 +15,14 @@ import pytest
 
 from tfsdeploy.core.errors import ExitCode
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
+from tfsdeploy.core.observe.guard import GuardPolicy
 from tfsdeploy.hosts import lock
 from tfsdeploy.hosts.facts import gather
 from tfsdeploy.run import plans
 from tfsdeploy.run.canary import finish_canary
 from tfsdeploy.run.deploy import deploy
 from tfsdeploy.run.engine import RunResult
-from tfsdeploy.run.guard import GuardPolicy, Look, PausedCanary, canary_of, guard
+from tfsdeploy.run.guard import Look, PausedCanary, canary_of, guard
 from tfsdeploy.run.jobs import Verb
 from tfsdeploy.run.operations import canary as canary_ops
 from tfsdeploy.run.views import status

@@ -176,8 +176,9 @@ class FakeFleet:
 
 def _guard(slow_slot: str | None, paused: bool, **policy: Any) -> tuple[Any, Any, list[str]]:
     from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
+    from tfsdeploy.core.observe.guard import GuardPolicy
     from tfsdeploy.run.engine import RunResult
-    from tfsdeploy.run.guard import GuardPolicy, Look, PausedCanary, guard
+    from tfsdeploy.run.guard import Look, PausedCanary, guard
 
     from .helpers import model
     from .runs import Recorder

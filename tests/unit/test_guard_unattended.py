@@ -15,12 +15,12 @@ import pytest
 
 from tfsdeploy.core.errors import ExitCode, TfsDeployError
 from tfsdeploy.core.inventory.layout import host_port
-from tfsdeploy.core.observe.guard import parse_metrics
+from tfsdeploy.core.observe.guard import GuardPolicy, parse_metrics
 from tfsdeploy.core.target import Target
 from tfsdeploy.hosts import probes
 from tfsdeploy.run import plans
 from tfsdeploy.run.engine import RunResult
-from tfsdeploy.run.guard import GuardPolicy, Look, guard, scrape
+from tfsdeploy.run.guard import Look, guard, scrape
 from tfsdeploy.run.rollback import rollback
 
 from .fakes import FakeFleet, FakeSlot, FrozenClock

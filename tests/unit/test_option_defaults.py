@@ -3,9 +3,9 @@
 An option declares its default once, in ``cli.verbs``; its help text says it in words. Where
 the option is left None and the command takes its default further down (the acceptance
 plan's constants, the pull semaphore, the canary policy), the help's figure must be that
-constant; where a policy object repeats a declared default (``GuardPolicy``, ``TuneOptions``,
-``AcceptOptions``), it must repeat it exactly. A default changed in one place and not the
-other fails here."""
+constant. Where a run's policy object holds the default too (``GuardPolicy``, ``TuneOptions``,
+``AcceptOptions``), ``cli.verbs`` takes it from that object: the two are checked equal here all
+the same, the seconds a policy holds against the duration text an option shows."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 
 from tfsdeploy.accept import plan as accept_plan
-from tfsdeploy.accept.plan import AcceptOptions, parse_seconds
+from tfsdeploy.accept.options import AcceptOptions
+from tfsdeploy.accept.plan import parse_seconds
 from tfsdeploy.cli.verbs import VERBS, AcceptArgs, GuardArgs, TuneArgs, declared, meta
 from tfsdeploy.core.inventory.canary_policy import CanaryPolicy
-from tfsdeploy.run.guard import GuardPolicy
+from tfsdeploy.core.observe.guard import GuardPolicy
+from tfsdeploy.core.timetext import duration_seconds, duration_text
+from tfsdeploy.core.tuning.options import TuneOptions
 from tfsdeploy.run.jobs import DEFAULT_MAX_PULLS
-from tfsdeploy.run.tune import TuneOptions
 
 # a figure the help states: "(default 0.01", "(default 30 s)", "(default 5m)", "(default 25%)"
 STATED = re.compile(r"\(default:? (?:the policy's, )?(\d[\d.]*)\s*(%|s|m|ms|h)?\b")
@@ -102,3 +104,20 @@ def test_accepts_options_repeat_fab_accepts_defaults() -> None:
     shared = (set(declared_) & set(options)) - {"model"}
     assert {"duration", "interval"} <= shared
     assert {k: options[k] for k in shared} == {k: declared_[k] for k in shared}
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(600.0, "10m"), (5.0, "5s"), (5400.0, "90m"),
+                                               (7200.0, "2h"), (1.5, "1.5s"), (90.0, "90s")])
+def test_a_policy_s_seconds_are_said_as_the_duration_they_are(seconds: float,
+                                                               text: str) -> None:
+    assert duration_text(seconds) == text
+    assert duration_seconds(text) == seconds
+
+
+def test_tune_and_accept_take_their_text_defaults_from_the_policies() -> None:
+    by_name = {one.name: one.default for one in declared(TuneArgs)}
+    assert duration_seconds(by_name["budget"]) == TuneOptions().budget_s
+    assert duration_seconds(by_name["step"]) == TuneOptions().step_s
+    accept = {one.name: one.default for one in declared(AcceptArgs)}
+    assert (accept["duration"], accept["interval"]) == (AcceptOptions(model="m").duration,
+                                                        AcceptOptions(model="m").interval)

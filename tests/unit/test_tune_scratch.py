@@ -16,6 +16,7 @@ import pytest
 from tfsdeploy.core.errors import ConfigError, ExitCode
 from tfsdeploy.core.inventory.layout import HostPaths, Ports
 from tfsdeploy.core.rollout.records import LockRecord
+from tfsdeploy.core.tuning.options import TuneOptions
 from tfsdeploy.hosts import lock, scratch
 from tfsdeploy.hosts.commands.containers import (
     GpuRequest,
@@ -27,7 +28,7 @@ from tfsdeploy.hosts.dockerapi import sdk_arguments
 from tfsdeploy.run import views
 from tfsdeploy.run.prune import prune
 from tfsdeploy.run.retire import retire
-from tfsdeploy.run.tune import TuneOptions, tune
+from tfsdeploy.run.tune import tune
 
 from . import runs
 from .fakes import FakeFleet, FakeHost

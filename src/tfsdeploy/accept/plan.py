@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tfsdeploy.accept.options import AcceptOptions
 from tfsdeploy.core.errors import ConfigError, Problem, shown
 from tfsdeploy.core.inventory.catalog import Model
 from tfsdeploy.core.inventory.fleet import ResolvedHost
@@ -33,27 +34,6 @@ LOCAL = "local"  # the generator on this machine, when no --loadgens group is gi
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-@dataclass(frozen=True)
-class AcceptOptions:
-    """What ``fab accept`` was asked for (strings as typed; parsed by ``build_plan``)."""
-
-    model: str
-    inventory: str | None = None
-    target_qps: float | None = None
-    duration: str = "5m"
-    interval: str = "1s"
-    release: str | int | None = None
-    release_at: str | None = None
-    loadgens: str | None = None
-    slo_p99_ms: float | None = None
-    max_error_rate_pct: float | None = None
-    data_version: str | int | None = None
-    start_margin: str | None = None
-    timeout: str | None = None
-    concurrency: int | None = None
-    procs: int | None = None
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ from tfsdeploy.accept.merge import (
     slice_of,
     slices,
 )
+from tfsdeploy.accept.options import AcceptOptions
 from tfsdeploy.accept.plan import (
     WARMUP_PER_TARGET,
-    AcceptOptions,
     AcceptPlan,
     GeneratorSpec,
     build_plan,

@@ -362,7 +362,8 @@ def cmd_guard(args: GuardArgs) -> int:
     hooks and events `fab rollback` (`fab abort`) has, after a ``guard_triggered`` event. Its
     end is recorded first (the JSON result, the textfile), then its after-passes run."""
     from tfsdeploy.cli import around
-    from tfsdeploy.run.guard import GuardPolicy, watch
+    from tfsdeploy.core.observe.guard import GuardPolicy
+    from tfsdeploy.run.guard import watch
 
     started = time.monotonic()
     policy = GuardPolicy(max_error_rate=args.max_error_rate, slo_p99_ms=args.slo_p99_ms,
@@ -567,7 +568,7 @@ def cmd_accept(args: AcceptArgs) -> int:
     """`fab accept` (docs/acceptance.md), on the engine's session (``engine.operate``): its
     generator hosts' connections are the session's, closed at the end, and Ctrl-C, SIGTERM
     and SIGHUP end the window as the engine stops a run."""
-    from tfsdeploy.accept.plan import AcceptOptions
+    from tfsdeploy.accept.options import AcceptOptions
     from tfsdeploy.accept.run import ACCEPT_STOPPING, run_accept, say
     from tfsdeploy.run import engine
 

@@ -17,8 +17,9 @@ from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.localfiles import write_durable
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.timetext import duration_seconds
+from tfsdeploy.core.tuning.options import TuneOptions
 from tfsdeploy.loadtest import plotting
-from tfsdeploy.run.tune import TuneOptions, TuneResult, tune
+from tfsdeploy.run.tune import TuneResult, tune
 
 HEADERS = ("#", "configuration", "QPS at SLO", "P50 ms", "P95 ms", "P99 ms", "batch",
            "queue %", "CPU cores", "")

@@ -6,14 +6,28 @@ class (the signature invoke parses, the help), ``cli.options`` types the text a 
 into an instance (bounds and formats checked, every bad option named at once), ``cli.main``
 runs the command with that instance, and the docs check compares docs/commands.md with them.
 
-Light on purpose: `fab --list` imports this module (dataclasses only; pydantic is imported
-when an option is checked).
+A default that a run's policy object also holds (``GuardPolicy``, ``TuneOptions``,
+``AcceptOptions``) is taken from that object, so it is written in one place.
+
+Light on purpose: `fab --list` imports this module (dataclasses, and those three light
+modules; pydantic is imported when an option is checked).
 """
 
 from __future__ import annotations
 
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar
+
+from tfsdeploy.accept.options import AcceptOptions
+from tfsdeploy.core.observe.guard import GuardPolicy
+from tfsdeploy.core.timetext import duration_text
+from tfsdeploy.core.tuning.options import TuneOptions
+
+# the policies whose defaults these options are (declared there once; the runs take them from
+# the same objects)
+GUARD = GuardPolicy()
+TUNE = TuneOptions()
+ACCEPT = AcceptOptions(model="")
 
 ONE_DAY_S = 86_400.0
 ONE_WEEK_S = 7 * ONE_DAY_S
@@ -300,24 +314,28 @@ class GuardArgs(Selected, Runbook, Unattended):
     summary: ClassVar[str] = ("Watch TFServing's metrics and roll back automatically when the "
                               "SLO breaks.\n\nA paused canary that fails against its old "
                               "release is aborted instead.")
-    max_error_rate: float = option("act above this rate of server errors (default 0.01 = 1%)",
-                                   value="RATE", default=0.01, bound=Bound(0, 1))
+    max_error_rate: float = option(
+        f"act above this rate of server errors (default {GUARD.max_error_rate:g} = "
+        f"{GUARD.max_error_rate:.0%})", value="RATE", default=GUARD.max_error_rate,
+        bound=Bound(0, 1))
     slo_p99_ms: float | None = option("act above this P99 in ms (default: the model's latency "
                                       "SLO)", value="MS", bound=Bound(0, 3_600_000, above=True))
-    for_s: float = option("only after the breach lasted this long (default 30 s)",
-                          value="SECONDS", default=30.0, bound=Bound(0, ONE_DAY_S))
-    interval_s: float = option("seconds between metric reads (default 5)", value="SECONDS",
-                               default=5.0, bound=Bound(0.1, 3600))
+    for_s: float = option(f"only after the breach lasted this long (default {GUARD.for_s:g} s)",
+                          value="SECONDS", default=GUARD.for_s, bound=Bound(0, ONE_DAY_S))
+    interval_s: float = option(f"seconds between metric reads (default {GUARD.interval_s:g})",
+                               value="SECONDS", default=GUARD.interval_s, bound=Bound(0.1, 3600))
     duration_s: float | None = option("stop watching after this long (default: until a "
                                       "rollback)", value="SECONDS",
                                       bound=Bound(0, ONE_WEEK_S, above=True))
-    min_requests: int = option("ignore windows with fewer requests (default 20)", value="N",
-                               default=20, bound=Bound(1, 1_000_000_000, whole=True))
+    min_requests: int = option(f"ignore windows with fewer requests (default "
+                               f"{GUARD.min_requests})", value="N", default=GUARD.min_requests,
+                               bound=Bound(1, 1_000_000_000, whole=True))
     count_client_errors: bool = option("count client errors (malformed requests) too; by "
-                                       "default only the server's errors count", default=False)
+                                       "default only the server's errors count",
+                                       default=GUARD.count_client_errors)
     lock_wait: float = option("seconds its rollback or abort waits for another run's lock "
-                              "(default 60)", value="SECONDS", default=60.0,
-                              bound=LOCK_WAIT_BOUND)
+                              f"(default {GUARD.lock_wait:g})", value="SECONDS",
+                              default=GUARD.lock_wait, bound=LOCK_WAIT_BOUND)
 
 
 SLO_MS = Bound(0, 3_600_000, above=True)
@@ -363,11 +381,13 @@ class TuneArgs(Args):
     inventory: str | None = option(INVENTORY, value="FILE")
     host: str | None = option("the host to measure on, one of the model's (default: its "
                               "first)", value="HOST")
-    budget: str = option("time the search may take, e.g. 10m (default 10m); the catalog's "
-                         "configuration is always measured", value="DURATION", default="10m",
-                         check="duration")
-    step: str = option("each rate step's measured window, e.g. 5s (default 5s)",
-                       value="DURATION", default="5s", check="duration")
+    budget: str = option("time the search may take, e.g. 10m (default "
+                         f"{duration_text(TUNE.budget_s)}); the catalog's configuration is "
+                         "always measured", value="DURATION",
+                         default=duration_text(TUNE.budget_s), check="duration")
+    step: str = option("each rate step's measured window, e.g. 5s (default "
+                       f"{duration_text(TUNE.step_s)})", value="DURATION",
+                       default=duration_text(TUNE.step_s), check="duration")
     trials: int | None = option("at most this many trials, the catalog's included (default: as "
                                 "many as the budget holds)", value="N",
                                 bound=Bound(1, 10_000, whole=True))
@@ -485,16 +505,16 @@ class AcceptArgs(Args):
     inventory: str | None = option(INVENTORY, value="FILE")
     target_qps: float | None = option("open-loop rate the fleet must sustain, in all (default "
                                       "100)", value="QPS", bound=RATE)
-    duration: str = option("how long, e.g. 60s, 5m (default 5m)", value="DURATION",
-                           default="5m", check="duration")
+    duration: str = option(f"how long, e.g. 60s, 5m (default {ACCEPT.duration})",
+                           value="DURATION", default=ACCEPT.duration, check="duration")
     release: str | None = option("deploy this version in the middle of the window (fab deploy "
                                  "--version)", value="VERSION")
     release_at: str | None = option("when the release starts: seconds (20s) or share of the "
                                     "window (default 25%)", value="OFFSET")
     loadgens: str | None = option("inventory hosts or group running the generators (default: "
                                   "this machine)", value="HOSTS")
-    interval: str = option("P99 must hold in every interval of this length (default 1s)",
-                           value="DURATION", default="1s")
+    interval: str = option("P99 must hold in every interval of this length (default "
+                           f"{ACCEPT.interval})", value="DURATION", default=ACCEPT.interval)
     slo_p99_ms: float | None = option("P99 limit in ms (default: the model's latency_slo_ms in "
                                       "the catalog)", value="MS", bound=SLO_MS)
     max_error_rate: float | None = option("error-rate limit in percent (default 0.01)",

@@ -21,6 +21,15 @@ def duration_seconds(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2) or "s"]
 
 
+def duration_text(seconds: float) -> str:
+    """A whole number of seconds as the shortest duration text ``duration_seconds`` reads
+    back (600 -> ``10m``, 5 -> ``5s``, 5400 -> ``90m``)."""
+    for unit in ("h", "m"):
+        if seconds and seconds % _UNITS[unit] == 0:
+            return f"{seconds / _UNITS[unit]:g}{unit}"
+    return f"{seconds:g}s"
+
+
 def since_seconds(text: str, now: float) -> float:
     """``--since``: a span back from ``now`` (``30s``, ``10m``, ``2h``, ``1h30m``, ``1d``) or
     an RFC 3339 time (``2026-11-30T23:28:00Z``), as the Unix time the Docker Engine takes.

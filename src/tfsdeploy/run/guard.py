@@ -47,6 +47,7 @@ from tfsdeploy.core.inventory.gpu import instance_gpus
 from tfsdeploy.core.inventory.layout import model_ports, other_slot
 from tfsdeploy.core.observe.guard import (
     Breach,
+    GuardPolicy,
     Scrape,
     Window,
     bucket_deltas,
@@ -65,24 +66,6 @@ from tfsdeploy.run.engine import Reporter, RunResult, emit
 from tfsdeploy.run.jobs import Verb
 from tfsdeploy.run.plans import canary_under_way, interrupted_canary
 from tfsdeploy.run.rollback import rollback
-
-
-@dataclass(frozen=True)
-class GuardPolicy:
-    """When to act."""
-
-    max_error_rate: float = 0.01
-    slo_p99_ms: float | None = None  # None: the model's latency SLO
-    for_s: float = 30.0
-    interval_s: float = 5.0
-    duration_s: float | None = None  # None: until a rollback (or forever)
-    min_requests: int = 20
-    lock_wait: float = 60.0
-    # client errors (malformed requests) count only when asked: anyone able to send bad
-    # requests could otherwise roll a good release back
-    count_client_errors: bool = False
-    # how often a paused canary is looked for again (SSH to every host)
-    paused_refresh_s: float = 60.0
 
 
 @dataclass(frozen=True)

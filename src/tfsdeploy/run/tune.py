@@ -45,8 +45,8 @@ from tfsdeploy.core.render.files import FLAGS, HostRender, placements, render_ho
 from tfsdeploy.core.rollout.gates import GateFailed, SystemClock, Verdict, poll
 from tfsdeploy.core.target import Target
 from tfsdeploy.core.tfserving.warmup_records import WarmupError
+from tfsdeploy.core.tuning.options import TuneOptions
 from tfsdeploy.core.tuning.search import (
-    DEFAULT_MIN_GAIN,
     Config,
     Ramp,
     RatePoint,
@@ -82,19 +82,6 @@ class TuneStopped(TfsDeployError):
     """Ctrl-C, SIGTERM or SIGHUP: the search stopped; the scratch instances are removed."""
 
     exit_code = ExitCode.ROLLED_BACK
-
-
-@dataclass(frozen=True)
-class TuneOptions:
-    """How long things may take: the search's budget, each rate step's window, the closed-loop
-    probe that sets the first rate, and the QPS gain a change must bring."""
-
-    budget_s: float = 600.0
-    max_trials: int | None = None  # None: as many as the budget holds
-    step_s: float = 5.0
-    probe_s: float = 2.0
-    min_gain: float = DEFAULT_MIN_GAIN
-    procs: int = 1
 
 
 @dataclass

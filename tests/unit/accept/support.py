@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from tfsdeploy.accept.merge import OK, GeneratorOutcome
-from tfsdeploy.accept.plan import AcceptOptions, AcceptPlan, build_plan
+from tfsdeploy.accept.options import AcceptOptions
+from tfsdeploy.accept.plan import AcceptPlan, build_plan
 from tfsdeploy.core.inventory.catalog import Model, Signature, TensorSpec
 from tfsdeploy.core.inventory.fleet import Group, Host
 from tfsdeploy.core.inventory.load import Inventory, build_inventory

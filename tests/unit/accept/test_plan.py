@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tfsdeploy.accept.options import AcceptOptions
 from tfsdeploy.accept.plan import (
     LOCAL,
-    AcceptOptions,
     build_plan,
     generator_procs,
     generator_workers,

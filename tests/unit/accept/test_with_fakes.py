@@ -37,7 +37,7 @@ from tests.accept.plotcheck import shaded_columns
 from tests.bounds import within
 from tfsdeploy.accept import rows
 from tfsdeploy.accept.loadgen import LocalRunner
-from tfsdeploy.accept.plan import AcceptOptions
+from tfsdeploy.accept.options import AcceptOptions
 from tfsdeploy.accept.run import run_accept
 from tfsdeploy.core.errors import ConfigError
 from tfsdeploy.core.inventory.fleet import ResolvedHost

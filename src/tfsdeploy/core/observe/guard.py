@@ -27,6 +27,25 @@ LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
+class GuardPolicy:
+    """When `fab guard` acts. Its defaults are `fab guard`'s (``cli.verbs.GuardArgs`` takes
+    each from here)."""
+
+    max_error_rate: float = 0.01
+    slo_p99_ms: float | None = None  # None: the model's latency SLO
+    for_s: float = 30.0
+    interval_s: float = 5.0
+    duration_s: float | None = None  # None: until a rollback (or forever)
+    min_requests: int = 20
+    lock_wait: float = 60.0
+    # client errors (malformed requests) count only when asked: anyone able to send bad
+    # requests could otherwise roll a good release back
+    count_client_errors: bool = False
+    # how often a paused canary is looked for again (SSH to every host)
+    paused_refresh_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class Scrape:
     """The counters of one model at one moment."""
 

@@ -32,8 +32,8 @@ from tfsdeploy.core.inventory.fleet import ResolvedHost
 from tfsdeploy.core.inventory.gpu import GpuPlan
 from tfsdeploy.core.render.files import render_host
 from tfsdeploy.core.render.validate import timeout_budget_us, validate_model, validate_render
+from tfsdeploy.core.tuning.options import DEFAULT_MIN_GAIN
 
-DEFAULT_MIN_GAIN = 0.05
 MAX_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 TIMEOUT_STEPS = 5  # the SLO/3 budget halved 0..4 times, and 0
 
