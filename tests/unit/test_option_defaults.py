@@ -113,11 +113,3 @@ def test_a_policy_s_seconds_are_said_as_the_duration_they_are(seconds: float,
     assert duration_text(seconds) == text
     assert duration_seconds(text) == seconds
 
-
-def test_tune_and_accept_take_their_text_defaults_from_the_policies() -> None:
-    by_name = {one.name: one.default for one in declared(TuneArgs)}
-    assert duration_seconds(by_name["budget"]) == TuneOptions().budget_s
-    assert duration_seconds(by_name["step"]) == TuneOptions().step_s
-    accept = {one.name: one.default for one in declared(AcceptArgs)}
-    assert (accept["duration"], accept["interval"]) == (AcceptOptions(model="m").duration,
-                                                        AcceptOptions(model="m").interval)
